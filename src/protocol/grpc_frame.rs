@@ -1,0 +1,240 @@
+//! gRPC length-prefixed message framing (sans-I/O).
+//!
+//! Every gRPC message on an HTTP/2 stream is `flag:u8 | length:u32be | message`.
+//! [`FrameDecoder`] takes the stream's DATA chunks as they arrive (split or
+//! coalesced arbitrarily) and yields whole messages. A message that lies inside
+//! one chunk is returned as a slice of that chunk (no copy); only a message that
+//! straddles chunks is gathered into a new buffer.
+//!
+//! Memory is bounded by the caller draining [`FrameDecoder::next_message`]
+//! after each push: a declared length above `max_message` is an error before
+//! any of its body is buffered.
+
+use std::collections::VecDeque;
+
+use bytes::{Buf, Bytes, BytesMut};
+
+/// Size of the gRPC message prefix.
+pub const HEADER_LEN: usize = 5;
+
+/// Default largest message accepted (the gRPC-Go default receive limit).
+pub const DEFAULT_MAX_MESSAGE: usize = 4 * 1024 * 1024;
+
+/// Why a byte stream is not a valid sequence of gRPC messages.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    #[error("gRPC message of {len} bytes exceeds the limit of {max} bytes")]
+    TooLarge { len: usize, max: usize },
+    #[error("compressed gRPC message received but no compression was negotiated")]
+    CompressionNotNegotiated,
+    #[error("invalid gRPC compressed-flag byte {0:#04x}")]
+    BadFlag(u8),
+    #[error("stream ended inside a gRPC message ({buffered} bytes buffered)")]
+    Truncated { buffered: usize },
+}
+
+/// Incremental decoder for a stream of gRPC messages.
+#[derive(Debug)]
+pub struct FrameDecoder {
+    max_message: usize,
+    chunks: VecDeque<Bytes>,
+    buffered: usize,
+    /// Length of the message whose header has been consumed.
+    pending_len: Option<usize>,
+}
+
+impl FrameDecoder {
+    pub fn new(max_message: usize) -> Self {
+        Self {
+            max_message,
+            chunks: VecDeque::new(),
+            buffered: 0,
+            pending_len: None,
+        }
+    }
+
+    /// Bytes received but not yet returned as messages.
+    pub fn buffered(&self) -> usize {
+        self.buffered
+    }
+
+    /// Appends a chunk of the stream.
+    pub fn push(&mut self, chunk: Bytes) {
+        if !chunk.is_empty() {
+            self.buffered += chunk.len();
+            self.chunks.push_back(chunk);
+        }
+    }
+
+    /// Call at end of stream: an error if a message was cut short.
+    pub fn finish(&self) -> Result<(), FrameError> {
+        if self.buffered == 0 && self.pending_len.is_none() {
+            Ok(())
+        } else {
+            Err(FrameError::Truncated {
+                buffered: self.buffered,
+            })
+        }
+    }
+
+    /// Returns the next whole message, `Ok(None)` if more input is needed.
+    pub fn next_message(&mut self) -> Result<Option<Bytes>, FrameError> {
+        let len = match self.pending_len {
+            Some(len) => len,
+            None => {
+                if self.buffered < HEADER_LEN {
+                    return Ok(None);
+                }
+                let mut header = [0u8; HEADER_LEN];
+                self.copy_out(&mut header);
+                match header[0] {
+                    0 => {}
+                    1 => return Err(FrameError::CompressionNotNegotiated),
+                    other => return Err(FrameError::BadFlag(other)),
+                }
+                let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+                if len > self.max_message {
+                    return Err(FrameError::TooLarge {
+                        len,
+                        max: self.max_message,
+                    });
+                }
+                self.pending_len = Some(len);
+                len
+            }
+        };
+        if self.buffered < len {
+            return Ok(None);
+        }
+        self.pending_len = None;
+        self.buffered -= len;
+        Ok(Some(self.take(len)))
+    }
+
+    /// Copies `out.len()` bytes from the front (header bytes only).
+    fn copy_out(&mut self, out: &mut [u8]) {
+        let mut filled = 0;
+        while filled < out.len() {
+            let front = self.chunks.front_mut().expect("buffered count is exact");
+            let n = front.len().min(out.len() - filled);
+            out[filled..filled + n].copy_from_slice(&front[..n]);
+            front.advance(n);
+            filled += n;
+            if front.is_empty() {
+                self.chunks.pop_front();
+            }
+        }
+        self.buffered -= out.len();
+    }
+
+    /// Takes `len` bytes from the front: a zero-copy slice when they sit in
+    /// one chunk.
+    fn take(&mut self, len: usize) -> Bytes {
+        if len == 0 {
+            return Bytes::new();
+        }
+        let front = self.chunks.front_mut().expect("buffered count is exact");
+        if front.len() >= len {
+            let out = front.split_to(len);
+            if front.is_empty() {
+                self.chunks.pop_front();
+            }
+            return out;
+        }
+        let mut out = BytesMut::with_capacity(len);
+        while out.len() < len {
+            let front = self.chunks.front_mut().expect("buffered count is exact");
+            let n = front.len().min(len - out.len());
+            out.extend_from_slice(&front[..n]);
+            front.advance(n);
+            if front.is_empty() {
+                self.chunks.pop_front();
+            }
+        }
+        out.freeze()
+    }
+}
+
+/// The 5-byte prefix of an uncompressed message of `len` bytes.
+pub fn header(len: usize) -> [u8; HEADER_LEN] {
+    let l = u32::try_from(len).expect("gRPC messages are < 4 GiB");
+    let b = l.to_be_bytes();
+    [0, b[0], b[1], b[2], b[3]]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn framed(msgs: &[&[u8]]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for m in msgs {
+            out.extend_from_slice(&header(m.len()));
+            out.extend_from_slice(m);
+        }
+        out
+    }
+
+    #[test]
+    fn coalesced_and_empty_messages() {
+        let mut d = FrameDecoder::new(100);
+        d.push(Bytes::from(framed(&[b"abc", b"", b"hello"])));
+        assert_eq!(d.next_message().unwrap().unwrap(), &b"abc"[..]);
+        assert_eq!(d.next_message().unwrap().unwrap(), &b""[..]);
+        assert_eq!(d.next_message().unwrap().unwrap(), &b"hello"[..]);
+        assert_eq!(d.next_message().unwrap(), None);
+        d.finish().unwrap();
+    }
+
+    #[test]
+    fn byte_at_a_time() {
+        let wire = framed(&[b"first message", b"second"]);
+        let mut d = FrameDecoder::new(100);
+        let mut got = Vec::new();
+        for b in wire {
+            d.push(Bytes::copy_from_slice(&[b]));
+            while let Some(m) = d.next_message().unwrap() {
+                got.push(m);
+            }
+        }
+        assert_eq!(got, vec![&b"first message"[..], &b"second"[..]]);
+    }
+
+    #[test]
+    fn message_inside_one_chunk_is_not_copied() {
+        let chunk = Bytes::from(framed(&[b"payload bytes"]));
+        let start = chunk.as_ptr() as usize;
+        let mut d = FrameDecoder::new(100);
+        d.push(chunk.clone());
+        let m = d.next_message().unwrap().unwrap();
+        assert_eq!(m.as_ptr() as usize, start + HEADER_LEN);
+    }
+
+    #[test]
+    fn oversized_is_rejected_before_buffering_body() {
+        let mut d = FrameDecoder::new(10);
+        d.push(Bytes::copy_from_slice(&header(11)));
+        assert_eq!(
+            d.next_message(),
+            Err(FrameError::TooLarge { len: 11, max: 10 })
+        );
+    }
+
+    #[test]
+    fn compressed_and_bad_flags() {
+        let mut d = FrameDecoder::new(10);
+        d.push(Bytes::from_static(&[1, 0, 0, 0, 1, 0]));
+        assert_eq!(d.next_message(), Err(FrameError::CompressionNotNegotiated));
+        let mut d = FrameDecoder::new(10);
+        d.push(Bytes::from_static(&[7, 0, 0, 0, 0]));
+        assert_eq!(d.next_message(), Err(FrameError::BadFlag(7)));
+    }
+
+    #[test]
+    fn truncated_stream_is_reported() {
+        let mut d = FrameDecoder::new(10);
+        d.push(Bytes::from_static(&[0, 0, 0, 0, 4, 1]));
+        assert_eq!(d.next_message().unwrap(), None);
+        assert!(matches!(d.finish(), Err(FrameError::Truncated { .. })));
+    }
+}

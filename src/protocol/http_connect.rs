@@ -1,0 +1,189 @@
+//! The HTTP CONNECT frontend's request parser and responses (sans-I/O).
+//!
+//! kube-apiserver's EgressSelector sends `CONNECT host:port HTTP/1.1` plus a
+//! few headers; the tunnel answers `200` only once the agent's dial
+//! succeeded, then both sides speak raw bytes. Like Go's `net/http` (which
+//! ANP uses), the dial address is the request-target's authority.
+
+/// Largest request head accepted, like a conservative `MaxHeaderBytes`.
+pub const MAX_HEAD: usize = 16 * 1024;
+const MAX_HEADERS: usize = 64;
+
+/// A parsed CONNECT request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectRequest {
+    /// `host:port` to dial.
+    pub address: String,
+    /// Bytes of the head, including the blank line; anything after it already
+    /// belongs to the tunneled stream.
+    pub head_len: usize,
+}
+
+/// Why a request is refused, with the HTTP status to answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConnectError {
+    #[error("method {0} not allowed: this proxy only supports CONNECT")]
+    MethodNotAllowed(String),
+    #[error("malformed request: {0}")]
+    Malformed(String),
+    #[error("request head exceeds {MAX_HEAD} bytes")]
+    TooLarge,
+}
+
+impl ConnectError {
+    pub fn status(&self) -> u16 {
+        match self {
+            ConnectError::MethodNotAllowed(_) => 405,
+            ConnectError::Malformed(_) => 400,
+            ConnectError::TooLarge => 431,
+        }
+    }
+}
+
+/// Parses a request head. `Ok(None)` means more bytes are needed.
+pub fn parse(buf: &[u8]) -> Result<Option<ConnectRequest>, ConnectError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let status = req
+        .parse(buf)
+        .map_err(|e| ConnectError::Malformed(e.to_string()))?;
+    let head_len = match status {
+        httparse::Status::Complete(n) => n,
+        httparse::Status::Partial if buf.len() >= MAX_HEAD => return Err(ConnectError::TooLarge),
+        httparse::Status::Partial => return Ok(None),
+    };
+    if head_len > MAX_HEAD {
+        return Err(ConnectError::TooLarge);
+    }
+    let method = req.method.unwrap_or_default();
+    if method != "CONNECT" {
+        return Err(ConnectError::MethodNotAllowed(method.to_string()));
+    }
+    let target = req.path.unwrap_or_default();
+    if target.is_empty() || target.starts_with('/') || target.contains('/') {
+        return Err(ConnectError::Malformed(format!(
+            "CONNECT target {target:?} is not host:port"
+        )));
+    }
+    let (host, port) = target
+        .rsplit_once(':')
+        .ok_or_else(|| ConnectError::Malformed(format!("CONNECT target {target:?} has no port")))?;
+    if host.is_empty() || port.parse::<u16>().is_err() {
+        return Err(ConnectError::Malformed(format!(
+            "CONNECT target {target:?} is not host:port"
+        )));
+    }
+    Ok(Some(ConnectRequest {
+        address: target.to_string(),
+        head_len,
+    }))
+}
+
+/// The success line sent once the tunnel is up.
+pub const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection Established\r\n\r\n";
+
+/// An error response with a plain-text body; the connection closes after it.
+pub fn error_response(status: u16, body: &str) -> Vec<u8> {
+    let reason = match status {
+        400 => "Bad Request",
+        405 => "Method Not Allowed",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Error",
+    };
+    format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Maps an agent's dial error to the status ANP's frontend answers with.
+/// (ANP's `mapDialErrorToHTTPStatus`: timeouts 504, no agent or no file
+/// descriptors 503, anything else 502.)
+pub fn dial_error_status(agent_error: &str) -> u16 {
+    let e = agent_error.to_ascii_lowercase();
+    if ["i/o timeout", "deadline exceeded", "timeout", "timed out"]
+        .iter()
+        .any(|s| e.contains(s))
+    {
+        504
+    } else if e.contains("no agent available") || e.contains("too many open files") {
+        503
+    } else {
+        502
+    }
+}
+
+/// Largest error body sent back, as ANP's writer truncates.
+pub const MAX_ERROR_BODY: usize = 4096;
+
+/// Truncates an error body the way ANP does.
+pub fn truncate_error_body(body: &str) -> String {
+    if body.len() <= MAX_ERROR_BODY {
+        return body.to_string();
+    }
+    let mut cut = MAX_ERROR_BODY;
+    while !body.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}\n[error response truncated]\n", &body[..cut])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_connect_with_trailing_bytes() {
+        let buf = b"CONNECT node1:10250 HTTP/1.1\r\nHost: node1:10250\r\n\r\nHELLO";
+        let r = parse(buf).unwrap().unwrap();
+        assert_eq!(r.address, "node1:10250");
+        assert_eq!(&buf[r.head_len..], b"HELLO");
+        let v6 = parse(b"CONNECT [fd00::1]:80 HTTP/1.1\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(v6.address, "[fd00::1]:80");
+    }
+
+    #[test]
+    fn partial_then_complete() {
+        assert_eq!(parse(b"CONNECT a:1 HTTP/1.1\r\nHost: a").unwrap(), None);
+    }
+
+    #[test]
+    fn refusals_have_statuses() {
+        let e = parse(b"GET / HTTP/1.1\r\n\r\n").unwrap_err();
+        assert_eq!(e.status(), 405);
+        assert_eq!(parse(b"\x00\x01garbage\r\n\r\n").unwrap_err().status(), 400);
+        assert_eq!(
+            parse(b"CONNECT nohost HTTP/1.1\r\n\r\n")
+                .unwrap_err()
+                .status(),
+            400
+        );
+        assert_eq!(
+            parse(b"CONNECT /x HTTP/1.1\r\n\r\n").unwrap_err().status(),
+            400
+        );
+        let mut big = b"CONNECT a:1 HTTP/1.1\r\n".to_vec();
+        big.extend(std::iter::repeat_n(b'x', MAX_HEAD));
+        assert_eq!(parse(&big).unwrap_err(), ConnectError::TooLarge);
+    }
+
+    #[test]
+    fn error_responses_are_well_formed() {
+        let r = String::from_utf8(error_response(502, "dial tcp: refused")).unwrap();
+        assert!(r.starts_with("HTTP/1.1 502 Bad Gateway\r\n"));
+        assert!(r.ends_with("\r\n\r\ndial tcp: refused"));
+        assert_eq!(
+            dial_error_status("dial tcp 1.2.3.4:5: socket: too many open files"),
+            503
+        );
+        assert_eq!(dial_error_status("dial timeout"), 504);
+        assert_eq!(dial_error_status("connection refused"), 502);
+    }
+}

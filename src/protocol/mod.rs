@@ -1,0 +1,35 @@
+//! The tunnel protocol, sans-I/O: gRPC framing, ANP Packets, the HTTP CONNECT
+//! head, agent identifiers, routing and the per-connection state machines.
+//!
+//! Nothing here touches a socket, a runtime or a clock: every type takes
+//! bytes or events in and gives bytes or actions out, so it runs in unit
+//! tests and fuzz targets as is. Nothing here depends on other modules of
+//! this crate.
+
+pub mod agent_tunnel;
+pub mod grpc_frame;
+pub mod http_connect;
+pub mod identifiers;
+pub mod packet;
+pub mod routing;
+pub mod server_tunnel;
+
+/// Protobuf types generated from `proto/` (see `tests/codegen.rs`).
+#[allow(clippy::all, missing_docs)]
+pub mod pb {
+    include!("pb.rs");
+}
+
+/// gRPC method of the agent connection.
+pub const AGENT_CONNECT_PATH: &str = "/AgentService/Connect";
+/// gRPC method of the konnectivity-client frontend.
+pub const PROXY_PATH: &str = "/ProxyService/Proxy";
+
+/// Metadata keys (HTTP/2 header names are lower case on the wire).
+pub const AGENT_ID_HEADER: &str = "agentid";
+pub const AGENT_IDENTIFIERS_HEADER: &str = "agentidentifiers";
+pub const SERVER_ID_HEADER: &str = "serverid";
+pub const SERVER_COUNT_HEADER: &str = "servercount";
+/// edgetunnel extension: features both ends support (`half-close`).
+pub const FEATURES_HEADER: &str = "x-edgetunnel-features";
+pub const FEATURE_HALF_CLOSE: &str = "half-close";

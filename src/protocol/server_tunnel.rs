@@ -1,0 +1,319 @@
+//! Server side of one agent connection (sans-I/O): which frontend waits for
+//! which dial (keyed by the dial's `random`) and which frontend owns which
+//! open connection (keyed by the agent's `connectID`).
+//!
+//! The runtime feeds it the agent's packets and the frontends' requests and
+//! carries out the returned actions; it never blocks and owns no sockets.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use bytes::Bytes;
+
+use super::packet::{self, Frame};
+
+/// Extension (negotiated, see [`crate::protocol::FEATURES_HEADER`]): a DATA
+/// packet with no payload and this error text means "no more data in this
+/// direction" (TCP half-close). Go peers never see it.
+pub const HALF_CLOSE_MARK: &str = "EOF";
+
+/// What the runtime must do after an agent packet.
+#[derive(Debug, PartialEq)]
+pub enum ServerAction<F> {
+    /// Tell the frontend its dial succeeded.
+    DialSucceeded { frontend: F, connect_id: i64 },
+    /// Tell the frontend its dial failed with the agent's message.
+    DialFailed { frontend: F, error: String },
+    /// Hand payload to the frontend.
+    Data { frontend: F, payload: Bytes },
+    /// The agent will send no more data on this connection (half-close).
+    PeerFinished { frontend: F },
+    /// The connection is gone; tell the frontend and forget it.
+    Closed { frontend: F, error: String },
+    /// The agent is draining: route no new dials to it.
+    Drain,
+    /// Send this packet back to the agent.
+    Reply(Frame),
+    /// Nothing to do; worth a log line.
+    Ignored(String),
+}
+
+/// Pending dials and open connections of one agent connection.
+pub struct ServerTunnel<F> {
+    pending: HashMap<i64, F>,
+    open: HashMap<i64, F>,
+    /// connectIDs we sent CLOSE_REQ for, to ignore their trailing packets
+    /// without answering each one (bounded).
+    closing: HashSet<i64>,
+    closing_order: VecDeque<i64>,
+}
+
+const MAX_CLOSING: usize = 4096;
+
+impl<F> Default for ServerTunnel<F> {
+    fn default() -> Self {
+        Self {
+            pending: HashMap::new(),
+            open: HashMap::new(),
+            closing: HashSet::new(),
+            closing_order: VecDeque::new(),
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("a dial with random {0} is already pending on this agent")]
+pub struct DuplicateRandom(pub i64);
+
+impl<F: Clone> ServerTunnel<F> {
+    pub fn pending_dials(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn open_connections(&self) -> usize {
+        self.open.len()
+    }
+
+    /// Records a dial about to be sent as DIAL_REQ.
+    pub fn begin_dial(
+        &mut self,
+        random: i64,
+        address: &str,
+        frontend: F,
+    ) -> Result<Frame, DuplicateRandom> {
+        if self.pending.contains_key(&random) {
+            return Err(DuplicateRandom(random));
+        }
+        self.pending.insert(random, frontend);
+        Ok(packet::dial_request("tcp", address, random))
+    }
+
+    /// The frontend gave up on a pending dial (timeout, disconnect): returns
+    /// the DIAL_CLS to send, if the dial was still pending.
+    pub fn cancel_dial(&mut self, random: i64) -> Option<Frame> {
+        self.pending
+            .remove(&random)
+            .map(|_| packet::dial_close(random))
+    }
+
+    /// The frontend closed an open connection: returns the CLOSE_REQ to send.
+    pub fn close(&mut self, connect_id: i64) -> Option<Frame> {
+        self.open.remove(&connect_id)?;
+        self.remember_closing(connect_id);
+        Some(packet::close_request(connect_id))
+    }
+
+    /// Forgets everything (the agent connection ended): every frontend that
+    /// was waiting or connected, to be told.
+    pub fn drain_all(&mut self) -> Vec<F> {
+        let mut all: Vec<F> = self.pending.drain().map(|(_, f)| f).collect();
+        all.extend(self.open.drain().map(|(_, f)| f));
+        all
+    }
+
+    /// Whether `connect_id` is open here.
+    pub fn is_open(&self, connect_id: i64) -> bool {
+        self.open.contains_key(&connect_id)
+    }
+
+    fn remember_closing(&mut self, connect_id: i64) {
+        if self.closing.insert(connect_id) {
+            self.closing_order.push_back(connect_id);
+            if self.closing_order.len() > MAX_CLOSING {
+                if let Some(old) = self.closing_order.pop_front() {
+                    self.closing.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// Handles one packet from the agent.
+    pub fn on_agent_frame(&mut self, frame: Frame) -> ServerAction<F> {
+        match frame {
+            Frame::DialResponse(rsp) => {
+                let Some(frontend) = self.pending.remove(&rsp.random) else {
+                    if rsp.error.is_empty() && rsp.connect_id != 0 {
+                        // The dialer is gone: close what the agent opened.
+                        self.remember_closing(rsp.connect_id);
+                        return ServerAction::Reply(packet::close_request(rsp.connect_id));
+                    }
+                    return ServerAction::Ignored(format!(
+                        "DIAL_RSP for unknown dial random={}",
+                        rsp.random
+                    ));
+                };
+                if !rsp.error.is_empty() {
+                    return ServerAction::DialFailed {
+                        frontend,
+                        error: rsp.error,
+                    };
+                }
+                if rsp.connect_id == 0 || self.open.contains_key(&rsp.connect_id) {
+                    return ServerAction::DialFailed {
+                        frontend,
+                        error: format!("agent answered with unusable connectID {}", rsp.connect_id),
+                    };
+                }
+                self.open.insert(rsp.connect_id, frontend.clone());
+                ServerAction::DialSucceeded {
+                    frontend,
+                    connect_id: rsp.connect_id,
+                }
+            }
+            Frame::Data(d) => match self.open.get(&d.connect_id) {
+                Some(f) if d.data.is_empty() && d.error == HALF_CLOSE_MARK => {
+                    ServerAction::PeerFinished {
+                        frontend: f.clone(),
+                    }
+                }
+                Some(f) => ServerAction::Data {
+                    frontend: f.clone(),
+                    payload: d.data,
+                },
+                None if self.closing.contains(&d.connect_id) => {
+                    ServerAction::Ignored(format!("DATA for closing connectID {}", d.connect_id))
+                }
+                None => {
+                    self.remember_closing(d.connect_id);
+                    ServerAction::Reply(packet::close_request(d.connect_id))
+                }
+            },
+            Frame::CloseResponse(c) => {
+                self.closing.remove(&c.connect_id);
+                match self.open.remove(&c.connect_id) {
+                    Some(frontend) => ServerAction::Closed {
+                        frontend,
+                        error: c.error,
+                    },
+                    None => ServerAction::Ignored(format!(
+                        "CLOSE_RSP for unknown connectID {}",
+                        c.connect_id
+                    )),
+                }
+            }
+            Frame::DialClose(c) => match self.pending.remove(&c.random) {
+                Some(frontend) => ServerAction::DialFailed {
+                    frontend,
+                    error: "dial closed by agent".to_string(),
+                },
+                None => ServerAction::Ignored(format!("DIAL_CLS for unknown random {}", c.random)),
+            },
+            Frame::Drain => ServerAction::Drain,
+            Frame::DialRequest(_) | Frame::CloseRequest(_) => ServerAction::Ignored(format!(
+                "agent sent {} which only servers send",
+                frame.name()
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dial_data_close_lifecycle() {
+        let mut t: ServerTunnel<u8> = ServerTunnel::default();
+        t.begin_dial(7, "a:1", 1).unwrap();
+        assert_eq!(t.begin_dial(7, "a:1", 2), Err(DuplicateRandom(7)));
+        assert_eq!(
+            t.on_agent_frame(packet::dial_response(7, 100, "")),
+            ServerAction::DialSucceeded {
+                frontend: 1,
+                connect_id: 100
+            }
+        );
+        assert_eq!(
+            t.on_agent_frame(packet::data(100, Bytes::from_static(b"hi"))),
+            ServerAction::Data {
+                frontend: 1,
+                payload: Bytes::from_static(b"hi")
+            }
+        );
+        assert_eq!(
+            t.on_agent_frame(packet::close_response(100, "")),
+            ServerAction::Closed {
+                frontend: 1,
+                error: String::new()
+            }
+        );
+        assert_eq!(t.open_connections(), 0);
+    }
+
+    #[test]
+    fn failed_and_cancelled_dials() {
+        let mut t: ServerTunnel<u8> = ServerTunnel::default();
+        t.begin_dial(1, "a:1", 1).unwrap();
+        assert_eq!(
+            t.on_agent_frame(packet::dial_response(1, 0, "connection refused")),
+            ServerAction::DialFailed {
+                frontend: 1,
+                error: "connection refused".into()
+            }
+        );
+        t.begin_dial(2, "a:1", 2).unwrap();
+        assert_eq!(t.cancel_dial(2), Some(packet::dial_close(2)));
+        // The late answer opens a connection nobody wants: close it.
+        assert_eq!(
+            t.on_agent_frame(packet::dial_response(2, 55, "")),
+            ServerAction::Reply(packet::close_request(55))
+        );
+        // ...and its stray DATA is ignored, not answered again.
+        assert!(matches!(
+            t.on_agent_frame(packet::data(55, Bytes::new())),
+            ServerAction::Ignored(_)
+        ));
+    }
+
+    #[test]
+    fn unknown_ids_and_wrong_direction() {
+        let mut t: ServerTunnel<u8> = ServerTunnel::default();
+        assert_eq!(
+            t.on_agent_frame(packet::data(9, Bytes::from_static(b"x"))),
+            ServerAction::Reply(packet::close_request(9))
+        );
+        assert!(matches!(
+            t.on_agent_frame(packet::close_response(9, "")),
+            ServerAction::Ignored(_)
+        ));
+        assert!(matches!(
+            t.on_agent_frame(packet::dial_response(3, 0, "x")),
+            ServerAction::Ignored(_)
+        ));
+        assert!(matches!(
+            t.on_agent_frame(packet::close_request(1)),
+            ServerAction::Ignored(_)
+        ));
+        assert_eq!(t.on_agent_frame(Frame::Drain), ServerAction::Drain);
+    }
+
+    #[test]
+    fn zero_or_duplicate_connect_id_fails_the_dial() {
+        let mut t: ServerTunnel<u8> = ServerTunnel::default();
+        t.begin_dial(1, "a:1", 1).unwrap();
+        t.on_agent_frame(packet::dial_response(1, 5, ""));
+        t.begin_dial(2, "a:1", 2).unwrap();
+        assert!(matches!(
+            t.on_agent_frame(packet::dial_response(2, 5, "")),
+            ServerAction::DialFailed { frontend: 2, .. }
+        ));
+    }
+
+    #[test]
+    fn half_close_mark_and_teardown() {
+        let mut t: ServerTunnel<u8> = ServerTunnel::default();
+        t.begin_dial(1, "a:1", 1).unwrap();
+        t.on_agent_frame(packet::dial_response(1, 5, ""));
+        let mut eof = packet::data(5, Bytes::new());
+        if let Frame::Data(d) = &mut eof {
+            d.error = HALF_CLOSE_MARK.into();
+        }
+        assert_eq!(
+            t.on_agent_frame(eof),
+            ServerAction::PeerFinished { frontend: 1 }
+        );
+        assert_eq!(t.close(5), Some(packet::close_request(5)));
+        assert_eq!(t.close(5), None);
+        t.begin_dial(3, "a:1", 3).unwrap();
+        assert_eq!(t.drain_all(), vec![3]);
+    }
+}
