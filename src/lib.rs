@@ -5,4 +5,11 @@
 //! `engine` is the data-plane runtime glue (workers, listeners, TLS, HTTP/2,
 //! relays); the roles (`server`, `agent`) are built from those two.
 
+pub mod admin;
+pub mod agent;
+pub mod certs;
+pub mod cli;
+pub mod engine;
+pub mod metrics;
 pub mod protocol;
+pub mod server;

@@ -1,1 +1,42 @@
-fn main() {}
+use clap::Parser;
+use edgetunnel::cli::{CertsCommand, Cli, Command};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn main() {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&cli.log)
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result: Result<(), Box<dyn std::error::Error + Send + Sync>> = match cli.command {
+        Command::Server(args) => args.into_config().and_then(edgetunnel::server::run),
+        Command::Agent(args) => args.into_config().and_then(edgetunnel::agent::run),
+        Command::Certs(CertsCommand::Init {
+            dir,
+            server_names,
+            agent_name,
+        }) => {
+            let spec = edgetunnel::certs::CertsSpec {
+                server_names,
+                agent_name,
+            };
+            edgetunnel::certs::init(&dir, &spec)
+                .map(|_| {
+                    println!(
+                        "wrote ca.crt, server.crt/key, agent.crt/key to {}",
+                        dir.display()
+                    )
+                })
+                .map_err(Into::into)
+        }
+    };
+    if let Err(e) = result {
+        eprintln!("edgetunnel: {e}");
+        std::process::exit(1);
+    }
+}

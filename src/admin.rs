@@ -1,0 +1,64 @@
+//! The admin listener: `/metrics`, `/healthz`, `/readyz` over HTTP/1.1.
+//! Tiny and self-contained; one request per connection.
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+
+use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
+use monoio::net::TcpListener;
+
+/// What the admin endpoints report.
+pub trait AdminState: 'static {
+    fn metrics(&self) -> String;
+    /// `Ok(text)` when ready, `Err(reason)` otherwise.
+    fn ready(&self) -> Result<String, String>;
+}
+
+/// Serves the admin endpoints on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, state: Rc<dyn AdminState>) {
+    loop {
+        let Ok((mut stream, peer)) = listener.accept().await else {
+            continue;
+        };
+        let state = state.clone();
+        monoio::spawn(async move {
+            let buf = Vec::with_capacity(4096);
+            let (res, buf) = stream.read(buf).await;
+            let Ok(n) = res else { return };
+            let response = respond(&buf[..n], &*state, peer);
+            let _ = stream.write_all(response.into_bytes()).await;
+        });
+    }
+}
+
+fn respond(req: &[u8], state: &dyn AdminState, peer: SocketAddr) -> String {
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut r = httparse::Request::new(&mut headers);
+    let path = match r.parse(req) {
+        Ok(_) => r.path.unwrap_or("/").split('?').next().unwrap_or("/"),
+        Err(_) => return reply(400, "text/plain", "bad request\n"),
+    };
+    tracing::trace!(%peer, path, "admin request");
+    match path {
+        "/metrics" => reply(200, "text/plain; version=0.0.4", &state.metrics()),
+        "/healthz" => reply(200, "text/plain", "ok"),
+        "/readyz" => match state.ready() {
+            Ok(t) => reply(200, "text/plain", &t),
+            Err(t) => reply(500, "text/plain", &t),
+        },
+        _ => reply(404, "text/plain", "404 page not found\n"),
+    }
+}
+
+fn reply(status: u16, content_type: &str, body: &str) -> String {
+    let reason = match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        _ => "Internal Server Error",
+    };
+    format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}

@@ -1,0 +1,390 @@
+//! One agent-to-server connection: TLS, HTTP/2, the Connect stream, and the
+//! relays for the local connections dialed on the server's behalf.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::channel::mpsc;
+use futures::{SinkExt, StreamExt};
+use monoio::io::{AsyncWriteRent, IntoPollIo, Splitable};
+use rustls::pki_types::ServerName;
+use tokio_rustls::TlsConnector;
+
+use super::{BoxError, ServerSlots};
+use crate::engine::grpc::{self, PacketReceiver, PacketSender, SendBuf};
+use crate::engine::listener;
+use crate::engine::relay::{self, ChunkReader};
+use crate::protocol::agent_tunnel::{AgentAction, AgentTunnel, DialOutcome};
+use crate::protocol::packet::{self, Encoded, Frame};
+use crate::protocol::server_tunnel::HALF_CLOSE_MARK;
+use crate::protocol::{self as proto};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+const OUT_QUEUE: usize = 1024;
+const CONN_QUEUE: usize = 64;
+
+/// How a connection ended without an error.
+pub(crate) enum Ended {
+    /// Served until the server went away.
+    Served,
+    /// The server was already connected through another slot.
+    Duplicate,
+    /// We shut down (SIGTERM).
+    Shutdown,
+}
+
+#[derive(Clone)]
+struct ConnHandle {
+    tx: mpsc::Sender<ConnEvent>,
+}
+
+enum ConnEvent {
+    Data(Bytes),
+    ShutdownWrite,
+    Close,
+}
+
+struct Shared {
+    tunnel: RefCell<AgentTunnel<ConnHandle>>,
+    ctl: mpsc::UnboundedSender<Frame>,
+    out: mpsc::Sender<Encoded>,
+    half_close: bool,
+    dial_timeout: Duration,
+}
+
+pub(crate) async fn run(slots: Rc<ServerSlots>) -> Result<Ended, BoxError> {
+    let cfg = &slots.cfg;
+    let addr = slots.addr.clone();
+    let setup = async {
+        let tcp = monoio::net::TcpStream::connect(addr.as_str()).await?;
+        listener::nodelay(&tcp);
+        let io = tcp.into_poll_io()?;
+        let host = cfg
+            .server_name
+            .clone()
+            .unwrap_or_else(|| crate::protocol::routing::dest_host(&addr).to_string());
+        let name = ServerName::try_from(host)?;
+        let tls = TlsConnector::from(slots.tls.clone())
+            .connect(name, io)
+            .await?;
+        let (client, conn) = h2::client::Builder::new()
+            .initial_window_size(grpc::STREAM_WINDOW)
+            .initial_connection_window_size(grpc::CONNECTION_WINDOW)
+            .max_frame_size(grpc::MAX_FRAME)
+            .max_send_buffer_size(grpc::MAX_SEND_BUFFER)
+            .handshake::<_, SendBuf>(tls)
+            .await?;
+        Ok::<_, BoxError>((client, conn))
+    };
+    let (client, mut conn) = monoio::time::timeout(CONNECT_TIMEOUT, setup)
+        .await
+        .map_err(|_| "connect/handshake timed out")??;
+    let mut ping = conn.ping_pong();
+    let mut metadata = vec![
+        (proto::AGENT_ID_HEADER, cfg.agent_id.clone()),
+        (proto::AGENT_IDENTIFIERS_HEADER, cfg.identifiers.encode()),
+    ];
+    if cfg.half_close {
+        metadata.push((
+            proto::FEATURES_HEADER,
+            proto::FEATURE_HALF_CLOSE.to_string(),
+        ));
+    }
+    if let Some(t) = &cfg.token {
+        metadata.push(("authorization", format!("Bearer {t}")));
+    }
+    let req = grpc::request_head(&addr, proto::AGENT_CONNECT_PATH, &metadata)?;
+    let mut client = client.ready().await?;
+    let (resp, send) = client.send_request(req, false)?;
+    let resp = futures::select! {
+        r = futures::FutureExt::fuse(resp) => r?,
+        c = futures::FutureExt::fuse(&mut conn) => { c?; return Err("server closed during setup".into()) }
+    };
+    if resp.status() != 200 {
+        return Err(format!("server answered HTTP {}", resp.status()).into());
+    }
+    if let Some(e) = grpc::status_error(resp.headers()) {
+        return Err(e.into());
+    }
+    let header = |k: &str| {
+        resp.headers()
+            .get(k)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let server_id = header(proto::SERVER_ID_HEADER).unwrap_or_default();
+    let server_count: usize = header(proto::SERVER_COUNT_HEADER)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let half_close = cfg.half_close
+        && header(proto::FEATURES_HEADER)
+            .is_some_and(|v| v.split(',').any(|f| f.trim() == proto::FEATURE_HALF_CLOSE));
+    if !server_id.is_empty() && !slots.connected.borrow_mut().insert(server_id.clone()) {
+        tracing::debug!(server = %addr, %server_id, "already connected to this server; closing duplicate");
+        return Ok(Ended::Duplicate);
+    }
+    struct Registered<'a>(&'a ServerSlots, String);
+    impl Drop for Registered<'_> {
+        fn drop(&mut self) {
+            self.0.connected.borrow_mut().remove(&self.1);
+        }
+    }
+    let _registered = Registered(&slots, server_id.clone());
+    slots.want_slots(server_count);
+    tracing::info!(server = %addr, %server_id, server_count, half_close, "connected to server");
+    println!("CONNECTED {addr} {server_id}");
+
+    let (ctl_tx, ctl_rx) = mpsc::unbounded();
+    let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE);
+    let shared = Rc::new(Shared {
+        tunnel: RefCell::new(AgentTunnel::default()),
+        ctl: ctl_tx,
+        out: out_tx,
+        half_close,
+        dial_timeout: cfg.dial_timeout,
+    });
+    let reader = read_loop(
+        shared.clone(),
+        PacketReceiver::new(resp.into_body(), cfg.max_message),
+    );
+    let mut sender = PacketSender::new(send);
+    let writer = write_loop(&mut sender, ctl_rx, out_rx);
+    let keepalive = async {
+        let Some(p) = ping.as_mut() else {
+            return futures::future::pending::<Result<(), BoxError>>().await;
+        };
+        loop {
+            monoio::time::sleep(cfg.keepalive).await;
+            match monoio::time::timeout(cfg.keepalive * 2, p.ping(h2::Ping::opaque())).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err::<(), BoxError>(e.into()),
+                Err(_) => return Err("keepalive ping timed out".into()),
+            }
+        }
+    };
+    let drain = async {
+        slots.shutdown.wait(1).await;
+        tracing::info!(server = %addr, "draining: no new dials will be accepted by the server");
+        let _ = shared.ctl.unbounded_send(Frame::Drain);
+        let deadline = monoio::time::Instant::now() + cfg.drain_grace;
+        loop {
+            if shared.tunnel.borrow().open_connections() == 0 {
+                break;
+            }
+            if monoio::time::Instant::now() >= deadline || slots.shutdown.requested() >= 2 {
+                break;
+            }
+            monoio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Give the writer a moment to flush the DRAIN and last packets.
+        monoio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let outcome: Result<Ended, BoxError> = monoio::select! {
+        r = &mut conn => r.map(|_| Ended::Served).map_err(Into::into),
+        r = reader => r.map(|_| Ended::Served),
+        r = writer => r.map(|_| Ended::Served),
+        r = keepalive => r.map(|_| Ended::Served),
+        _ = drain => Ok(Ended::Shutdown),
+    };
+    if let Ok(Ended::Shutdown) = outcome {
+        let _ = sender.finish();
+        // Let h2 send the end of stream before the connection drops.
+        let _ = monoio::time::timeout(Duration::from_millis(200), &mut conn).await;
+    }
+    let orphans = shared.tunnel.borrow_mut().drain_all();
+    for c in orphans {
+        let mut tx = c.tx;
+        monoio::spawn(async move {
+            let _ = tx.send(ConnEvent::Close).await;
+        });
+    }
+    tracing::info!(server = %addr, "disconnected from server");
+    outcome
+}
+
+async fn write_loop(
+    tx: &mut PacketSender,
+    mut ctl: mpsc::UnboundedReceiver<Frame>,
+    mut out: mpsc::Receiver<Encoded>,
+) -> Result<(), BoxError> {
+    loop {
+        let msg = futures::select_biased! {
+            f = ctl.next() => f.map(packet::encode),
+            m = out.next() => m,
+        };
+        let Some(msg) = msg else { return Ok(()) };
+        tx.send(msg).await?;
+    }
+}
+
+async fn read_loop(shared: Rc<Shared>, mut rx: PacketReceiver) -> Result<(), BoxError> {
+    loop {
+        let Some(frame) = rx.next().await? else {
+            return Ok(());
+        };
+        let action = shared.tunnel.borrow_mut().on_server_frame(frame);
+        match action {
+            AgentAction::Dial {
+                random,
+                connect_id,
+                protocol,
+                address,
+            } => {
+                monoio::spawn(dial(shared.clone(), random, connect_id, protocol, address));
+            }
+            AgentAction::Write { conn, payload } => {
+                let mut tx = conn.tx;
+                // Waiting here is the backpressure toward the server.
+                let _ = tx.send(ConnEvent::Data(payload)).await;
+            }
+            AgentAction::ShutdownWrite { conn } => {
+                let mut tx = conn.tx;
+                let _ = tx.send(ConnEvent::ShutdownWrite).await;
+            }
+            AgentAction::Close { conn, reply } => {
+                let mut tx = conn.tx;
+                monoio::spawn(async move {
+                    let _ = tx.send(ConnEvent::Close).await;
+                });
+                let _ = shared.ctl.unbounded_send(reply);
+            }
+            AgentAction::Reply(f) => {
+                let _ = shared.ctl.unbounded_send(f);
+            }
+            AgentAction::CancelDial { connect_id } => {
+                tracing::debug!(connect_id, "dial cancelled by server");
+            }
+            AgentAction::Ignored(reason) => tracing::debug!(%reason, "server packet ignored"),
+        }
+    }
+}
+
+async fn dial(shared: Rc<Shared>, random: i64, connect_id: i64, protocol: String, address: String) {
+    if protocol != "tcp" {
+        let msg = format!("protocol {protocol:?} not supported");
+        if let Some(f) = shared.tunnel.borrow_mut().dial_failed(random, &msg) {
+            let _ = shared.ctl.unbounded_send(f);
+        }
+        return;
+    }
+    let attempt = monoio::time::timeout(
+        shared.dial_timeout,
+        monoio::net::TcpStream::connect(address.as_str()),
+    )
+    .await;
+    let stream = match attempt {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            let msg = format!("dial tcp {address}: {e}");
+            tracing::info!(%address, error = %e, "dial failed");
+            if let Some(f) = shared.tunnel.borrow_mut().dial_failed(random, &msg) {
+                let _ = shared.ctl.unbounded_send(f);
+            }
+            return;
+        }
+        Err(_) => {
+            let msg = format!("dial tcp {address}: i/o timeout");
+            if let Some(f) = shared.tunnel.borrow_mut().dial_failed(random, &msg) {
+                let _ = shared.ctl.unbounded_send(f);
+            }
+            return;
+        }
+    };
+    listener::nodelay(&stream);
+    let (tx, rx) = mpsc::channel(CONN_QUEUE);
+    let outcome = shared
+        .tunnel
+        .borrow_mut()
+        .dial_succeeded(random, connect_id, ConnHandle { tx });
+    match outcome {
+        DialOutcome::Cancelled => {}
+        DialOutcome::Respond(f) => {
+            let _ = shared.ctl.unbounded_send(f);
+            relay_conn(shared, connect_id, stream, rx).await;
+        }
+    }
+}
+
+#[derive(PartialEq)]
+enum Down {
+    /// The server closed the connection (its CLOSE_RSP is already sent).
+    Closed,
+    /// The server finished sending (half-close).
+    Finished,
+    Failed,
+}
+
+async fn relay_conn(
+    shared: Rc<Shared>,
+    connect_id: i64,
+    stream: monoio::net::TcpStream,
+    mut events: mpsc::Receiver<ConnEvent>,
+) {
+    let (rd, mut wr) = stream.into_split();
+    let mut out = shared.out.clone();
+    let up = async {
+        let mut r = ChunkReader::new(rd);
+        loop {
+            match r.next().await {
+                Ok(Some(chunk)) => {
+                    if out
+                        .send(packet::encode_data(connect_id, chunk))
+                        .await
+                        .is_err()
+                    {
+                        return false;
+                    }
+                }
+                Ok(None) => return true,
+                Err(_) => return false,
+            }
+        }
+    };
+    let down = async {
+        while let Some(ev) = events.next().await {
+            match ev {
+                ConnEvent::Data(b) => {
+                    if relay::write_chunk(&mut wr, b).await.is_err() {
+                        return Down::Failed;
+                    }
+                }
+                ConnEvent::ShutdownWrite => {
+                    let _ = wr.shutdown().await;
+                    return Down::Finished;
+                }
+                ConnEvent::Close => return Down::Closed,
+            }
+        }
+        Down::Closed
+    };
+    futures::pin_mut!(up, down);
+    let close = match futures::future::select(up, down).await {
+        futures::future::Either::Left((clean_eof, down)) => {
+            if clean_eof && shared.half_close {
+                let mut eof = packet::data(connect_id, Bytes::new());
+                if let Frame::Data(d) = &mut eof {
+                    d.error = HALF_CLOSE_MARK.to_string();
+                }
+                let _ = shared.out.clone().send(packet::encode(eof)).await;
+                down.await != Down::Closed
+            } else {
+                true
+            }
+        }
+        futures::future::Either::Right((Down::Closed, _)) => false,
+        futures::future::Either::Right((Down::Finished, up)) => {
+            up.await;
+            true
+        }
+        futures::future::Either::Right((Down::Failed, _)) => true,
+    };
+    if close {
+        let frame = shared.tunnel.borrow_mut().local_closed(connect_id);
+        if let Some(f) = frame {
+            // Same queue as the data: the CLOSE_RSP must not overtake it.
+            let _ = shared.out.clone().send(packet::encode(f)).await;
+        }
+    }
+}

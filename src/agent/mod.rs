@@ -1,0 +1,182 @@
+//! `edgetunnel agent`: dials out to one or more servers over mutual TLS,
+//! registers its identifiers on the `AgentService/Connect` stream, dials the
+//! local targets it is asked for and relays bytes. Reconnects with
+//! exponential backoff and jitter; on SIGTERM sends DRAIN, lets open
+//! connections finish (up to a grace period), then closes cleanly.
+
+mod connection;
+
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::engine::runtime::{self, Driver};
+use crate::engine::{signals, tls};
+use crate::protocol::identifiers::Identifiers;
+
+/// Everything `edgetunnel agent` is told at start.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub servers: Vec<String>,
+    pub server_name: Option<String>,
+    pub tls: tls::TlsFiles,
+    pub agent_id: String,
+    pub identifiers: Identifiers,
+    pub token: Option<String>,
+    pub keepalive: Duration,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    pub drain_grace: Duration,
+    pub dial_timeout: Duration,
+    pub driver: Driver,
+    pub max_message: usize,
+    /// Offer the half-close extension to servers.
+    pub half_close: bool,
+}
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Runs the agent until SIGTERM/SIGINT (and the drain) completes.
+pub fn run(cfg: AgentConfig) -> Result<(), BoxError> {
+    let client_tls = tls::client_config(&cfg.tls)?;
+    let shutdown = signals::Shutdown::new();
+    signals::install(shutdown.clone())?;
+    tracing::info!(
+        agent_id = %cfg.agent_id,
+        identifiers = %cfg.identifiers.encode(),
+        servers = ?cfg.servers,
+        driver = cfg.driver.name(),
+        "edgetunnel agent starting"
+    );
+    let cfg = Arc::new(cfg);
+    runtime::block_on(cfg.driver, async move {
+        let mut tasks = Vec::new();
+        for addr in cfg.servers.clone() {
+            let ctx = Rc::new(ServerSlots {
+                cfg: cfg.clone(),
+                tls: client_tls.clone(),
+                addr,
+                connected: RefCell::new(HashSet::new()),
+                slots: RefCell::new(0),
+                shutdown: shutdown.clone(),
+            });
+            tasks.push(monoio::spawn(ServerSlots::start_slot(ctx)));
+        }
+        for t in tasks {
+            t.await;
+        }
+        // Wait for late slots (spawned for serverCount > 1) to finish.
+        while SLOTS_RUNNING.with(|s| *s.borrow()) > 0 {
+            monoio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })?;
+    tracing::info!("agent stopped");
+    Ok(())
+}
+
+thread_local! {
+    static SLOTS_RUNNING: RefCell<usize> = const { RefCell::new(0) };
+}
+
+/// The connections an agent keeps to one server address: as many as the
+/// server reports in `serverCount`, each to a distinct `serverID` (behind a
+/// load balancer one address can reach several servers).
+pub(crate) struct ServerSlots {
+    cfg: Arc<AgentConfig>,
+    tls: Arc<rustls::ClientConfig>,
+    addr: String,
+    connected: RefCell<HashSet<String>>,
+    slots: RefCell<usize>,
+    shutdown: Arc<signals::Shutdown>,
+}
+
+impl ServerSlots {
+    async fn start_slot(self: Rc<Self>) {
+        *self.slots.borrow_mut() += 1;
+        SLOTS_RUNNING.with(|s| *s.borrow_mut() += 1);
+        self.clone().slot_loop().await;
+        SLOTS_RUNNING.with(|s| *s.borrow_mut() -= 1);
+    }
+
+    async fn slot_loop(self: Rc<Self>) {
+        let mut backoff = Backoff::new(self.cfg.backoff_initial, self.cfg.backoff_max);
+        loop {
+            if self.shutdown.requested() > 0 {
+                return;
+            }
+            let result = connection::run(self.clone()).await;
+            match result {
+                Ok(connection::Ended::Shutdown) => return,
+                Ok(connection::Ended::Served) => backoff.reset(),
+                Ok(connection::Ended::Duplicate) => {}
+                Err(e) => {
+                    tracing::warn!(server = %self.addr, error = %e, "connection to server failed")
+                }
+            }
+            let delay = backoff.next_delay();
+            tracing::info!(server = %self.addr, ?delay, "reconnecting");
+            monoio::select! {
+                _ = monoio::time::sleep(delay) => {}
+                _ = self.shutdown.wait(1) => return,
+            }
+        }
+    }
+
+    /// Called when a server reports its count: start more slots if needed.
+    fn want_slots(self: &Rc<Self>, server_count: usize) {
+        let have = *self.slots.borrow();
+        for _ in have..server_count.min(64) {
+            monoio::spawn(ServerSlots::start_slot(self.clone()));
+        }
+    }
+}
+
+/// Exponential backoff with full jitter.
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+    current: Duration,
+}
+
+impl Backoff {
+    pub fn new(initial: Duration, max: Duration) -> Self {
+        Self {
+            initial,
+            max,
+            current: initial,
+        }
+    }
+
+    pub fn reset(&mut self) {
+        self.current = self.initial;
+    }
+
+    /// A delay in [current/2, current], then doubles current up to max.
+    pub fn next_delay(&mut self) -> Duration {
+        let base = self.current;
+        self.current = (self.current * 2).min(self.max);
+        let half = base / 2;
+        half + half.mul_f64(fastrand::f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_jitters_and_caps() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+        let d1 = b.next_delay();
+        assert!(d1 >= Duration::from_millis(50) && d1 <= Duration::from_millis(100));
+        for _ in 0..10 {
+            let d = b.next_delay();
+            assert!(d <= Duration::from_secs(1));
+        }
+        assert!(b.next_delay() >= Duration::from_millis(500));
+        b.reset();
+        assert!(b.next_delay() <= Duration::from_millis(100));
+    }
+}

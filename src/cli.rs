@@ -1,0 +1,266 @@
+//! Command-line faces: clap definitions turned into role configurations.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::agent::AgentConfig;
+use crate::engine::runtime::{self, Driver};
+use crate::engine::tls::TlsFiles;
+use crate::protocol::grpc_frame::DEFAULT_MAX_MESSAGE;
+use crate::protocol::identifiers::Identifiers;
+use crate::protocol::routing::parse_strategies;
+use crate::server::ServerConfig;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "edgetunnel",
+    version,
+    about = "Thread-per-core io_uring edge tunnel, wire-compatible with apiserver-network-proxy (konnectivity) and yurt-tunnel"
+)]
+pub struct Cli {
+    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `edgetunnel=debug`.
+    #[arg(long, env = "EDGETUNNEL_LOG", default_value = "info", global = true)]
+    pub log: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Cloud side: accept agents and route tunnel requests to them.
+    Server(ServerArgs),
+    /// Edge side: connect out to servers and dial targets on their behalf.
+    Agent(AgentArgs),
+    /// Certificate helpers.
+    #[command(subcommand)]
+    Certs(CertsCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CertsCommand {
+    /// Write a local CA, a server and an agent certificate into DIR.
+    Init {
+        dir: PathBuf,
+        /// Server certificate names (DNS or IP); repeatable.
+        #[arg(long = "server-name", default_values_t = ["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()])]
+        server_names: Vec<String>,
+        /// Agent certificate common name.
+        #[arg(long, default_value = "edgetunnel-agent")]
+        agent_name: String,
+    },
+}
+
+/// Data-plane flags shared by server and agent.
+#[derive(Args, Debug, Clone)]
+pub struct EngineArgs {
+    /// I/O driver: auto (io_uring, else epoll), uring, legacy (epoll).
+    #[arg(long, env = "EDGETUNNEL_DRIVER", default_value = "auto")]
+    pub driver: Driver,
+    /// Largest gRPC message accepted, in bytes.
+    #[arg(long, default_value_t = DEFAULT_MAX_MESSAGE)]
+    pub max_message_size: usize,
+    /// HTTP/2 keepalive PING interval, seconds.
+    #[arg(long, default_value_t = 30)]
+    pub keepalive_secs: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct ServerArgs {
+    /// Agent listener (gRPC AgentService over mutual TLS).
+    #[arg(long, default_value = "0.0.0.0:10262")]
+    pub agent_bind: SocketAddr,
+    /// HTTP CONNECT frontend on TCP (as kube-apiserver's egress selector uses).
+    #[arg(long)]
+    pub connect_bind: Option<SocketAddr>,
+    /// HTTP CONNECT frontend on a unix socket.
+    #[arg(long)]
+    pub connect_uds: Option<PathBuf>,
+    /// gRPC ProxyService frontend (konnectivity-client) on TCP, plaintext h2.
+    #[arg(long)]
+    pub grpc_bind: Option<SocketAddr>,
+    /// gRPC ProxyService frontend on a unix socket.
+    #[arg(long)]
+    pub grpc_uds: Option<PathBuf>,
+    /// Admin listener: /metrics, /healthz, /readyz.
+    #[arg(long, default_value = "127.0.0.1:10265")]
+    pub admin_bind: SocketAddr,
+    /// Directory with ca.crt, server.crt, server.key (from `certs init`);
+    /// --cert/--key/--ca override single files.
+    #[arg(long)]
+    pub certs_dir: Option<PathBuf>,
+    /// Server certificate (PEM).
+    #[arg(long)]
+    pub cert: Option<PathBuf>,
+    /// Server private key (PEM).
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    /// CA that signs agent client certificates (PEM).
+    #[arg(long)]
+    pub ca: Option<PathBuf>,
+    /// File holding a bearer token agents must present.
+    #[arg(long)]
+    pub agent_token_file: Option<PathBuf>,
+    /// Proxy strategies tried in order: destHost, defaultRoute, default.
+    #[arg(long, default_value = "destHost,default")]
+    pub proxy_strategies: String,
+    /// This server's ID, sent to agents (default: random).
+    #[arg(long)]
+    pub server_id: Option<String>,
+    /// Number of servers behind the agents' address (agents connect to each).
+    #[arg(long, default_value_t = 1)]
+    pub server_count: u32,
+    /// Worker cores (monoio runtimes); default: all cores.
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Seconds to wait for the agent's DIAL_RSP before answering 504.
+    #[arg(long, default_value_t = 30.0)]
+    pub dial_timeout_secs: f64,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct AgentArgs {
+    /// Server agent-listener address host:port; repeatable.
+    #[arg(long = "server-addr", required = true)]
+    pub server_addr: Vec<String>,
+    /// TLS name to verify on the server certificate (default: the host).
+    #[arg(long)]
+    pub server_name: Option<String>,
+    /// Agent ID (default: the host name).
+    #[arg(long)]
+    pub agent_id: Option<String>,
+    /// Identifiers in URL query form: host=node1&ipv4=10.0.0.5&cidr=10.1.0.0/16&default-route=true
+    #[arg(long, default_value = "")]
+    pub agent_identifiers: String,
+    /// Directory with ca.crt, agent.crt, agent.key (from `certs init`).
+    #[arg(long)]
+    pub certs_dir: Option<PathBuf>,
+    /// Agent client certificate (PEM).
+    #[arg(long)]
+    pub cert: Option<PathBuf>,
+    /// Agent private key (PEM).
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    /// CA that signs the server certificate (PEM).
+    #[arg(long)]
+    pub ca: Option<PathBuf>,
+    /// File holding the bearer token to present.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// First reconnect delay, seconds (doubles up to --backoff-max-secs, with jitter).
+    #[arg(long, default_value_t = 0.5)]
+    pub backoff_initial_secs: f64,
+    #[arg(long, default_value_t = 30.0)]
+    pub backoff_max_secs: f64,
+    /// After SIGTERM (DRAIN sent), how long open connections may finish.
+    #[arg(long, default_value_t = 30.0)]
+    pub drain_grace_secs: f64,
+    /// Timeout for dialing a local target, seconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub dial_timeout_secs: f64,
+    /// Do not offer the half-close extension (behave exactly like ANP's agent).
+    #[arg(long)]
+    pub no_half_close: bool,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn pick(
+    dir: &Option<PathBuf>,
+    explicit: &Option<PathBuf>,
+    name: &str,
+    flag: &str,
+) -> Result<PathBuf, BoxError> {
+    explicit
+        .clone()
+        .or_else(|| dir.as_ref().map(|d| d.join(name)))
+        .ok_or_else(|| format!("--{flag} or --certs-dir is required").into())
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s.max(0.0))
+}
+
+impl ServerArgs {
+    pub fn into_config(self) -> Result<ServerConfig, BoxError> {
+        let tls = TlsFiles {
+            cert: pick(&self.certs_dir, &self.cert, "server.crt", "cert")?,
+            key: pick(&self.certs_dir, &self.key, "server.key", "key")?,
+            ca: pick(&self.certs_dir, &self.ca, "ca.crt", "ca")?,
+        };
+        let agent_token = match &self.agent_token_file {
+            Some(p) => Some(std::fs::read_to_string(p)?.trim().to_string()),
+            None => None,
+        };
+        let strategies = parse_strategies(&self.proxy_strategies)?;
+        if strategies.is_empty() {
+            return Err("--proxy-strategies must name at least one strategy".into());
+        }
+        Ok(ServerConfig {
+            agent_bind: self.agent_bind,
+            connect_bind: self.connect_bind,
+            connect_uds: self.connect_uds,
+            grpc_bind: self.grpc_bind,
+            grpc_uds: self.grpc_uds,
+            admin_bind: Some(self.admin_bind),
+            tls,
+            agent_token,
+            strategies,
+            server_id: self
+                .server_id
+                .unwrap_or_else(|| format!("{:016x}", fastrand::u64(..))),
+            server_count: self.server_count.max(1),
+            workers: self.workers.unwrap_or_else(runtime::default_workers),
+            driver: self.engine.driver,
+            dial_timeout: secs(self.dial_timeout_secs),
+            max_message: self.engine.max_message_size,
+            keepalive: Duration::from_secs(self.engine.keepalive_secs.max(1)),
+        })
+    }
+}
+
+impl AgentArgs {
+    pub fn into_config(self) -> Result<AgentConfig, BoxError> {
+        let tls = TlsFiles {
+            cert: pick(&self.certs_dir, &self.cert, "agent.crt", "cert")?,
+            key: pick(&self.certs_dir, &self.key, "agent.key", "key")?,
+            ca: pick(&self.certs_dir, &self.ca, "ca.crt", "ca")?,
+        };
+        let token = match &self.token_file {
+            Some(p) => Some(std::fs::read_to_string(p)?.trim().to_string()),
+            None => None,
+        };
+        let agent_id = match self.agent_id {
+            Some(id) => id,
+            None => hostname(),
+        };
+        Ok(AgentConfig {
+            servers: self.server_addr,
+            server_name: self.server_name,
+            tls,
+            agent_id,
+            identifiers: Identifiers::parse(&self.agent_identifiers)?,
+            token,
+            keepalive: Duration::from_secs(self.engine.keepalive_secs.max(1)),
+            backoff_initial: secs(self.backoff_initial_secs),
+            backoff_max: secs(self.backoff_max_secs),
+            drain_grace: secs(self.drain_grace_secs),
+            dial_timeout: secs(self.dial_timeout_secs),
+            driver: self.engine.driver,
+            max_message: self.engine.max_message_size,
+            half_close: !self.no_half_close,
+        })
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "edgetunnel-agent".to_string())
+}

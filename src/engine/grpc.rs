@@ -1,0 +1,258 @@
+//! gRPC over h2: sending and receiving ANP Packets on one HTTP/2 stream.
+//!
+//! Outgoing messages go to h2 as `head ++ payload` (a `Chain`, no copy) and
+//! only once the stream has send capacity, so at most about one message per
+//! stream waits in h2's buffer. Incoming DATA chunks feed a
+//! [`FrameDecoder`]; flow-control credit is returned as chunks are consumed.
+
+use bytes::buf::Chain;
+use bytes::{Buf, Bytes};
+use h2::{RecvStream, SendStream};
+use http::{HeaderMap, HeaderValue};
+
+use crate::protocol::grpc_frame::{FrameDecoder, FrameError};
+use crate::protocol::packet::{self, Encoded, Frame, PacketError};
+
+/// The buffer type every h2 stream of ours sends.
+pub type SendBuf = Chain<Bytes, Bytes>;
+
+/// HTTP/2 windows: the agent stream carries every tunneled connection of an
+/// agent, so it gets a large window.
+pub const STREAM_WINDOW: u32 = 16 * 1024 * 1024;
+pub const CONNECTION_WINDOW: u32 = 32 * 1024 * 1024;
+pub const MAX_FRAME: u32 = 256 * 1024;
+pub const MAX_SEND_BUFFER: usize = 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GrpcError {
+    #[error("HTTP/2: {0}")]
+    H2(#[from] h2::Error),
+    #[error("gRPC framing: {0}")]
+    Frame(#[from] FrameError),
+    #[error("{0}")]
+    Packet(#[from] PacketError),
+    #[error("gRPC status {code}: {message}")]
+    Status { code: u32, message: String },
+    #[error("stream closed by peer")]
+    Closed,
+}
+
+/// The sending half of a Packet stream.
+pub struct PacketSender {
+    stream: SendStream<SendBuf>,
+}
+
+impl PacketSender {
+    pub fn new(stream: SendStream<SendBuf>) -> Self {
+        Self { stream }
+    }
+
+    /// Sends one encoded message, waiting for flow-control capacity first.
+    pub async fn send(&mut self, msg: Encoded) -> Result<(), GrpcError> {
+        let len = msg.len();
+        self.stream.reserve_capacity(len);
+        while self.stream.capacity() == 0 {
+            match futures::future::poll_fn(|cx| self.stream.poll_capacity(cx)).await {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e.into()),
+                None => return Err(GrpcError::Closed),
+            }
+        }
+        self.stream.send_data(msg.head.chain(msg.payload), false)?;
+        Ok(())
+    }
+
+    pub async fn send_frame(&mut self, frame: Frame) -> Result<(), GrpcError> {
+        self.send(packet::encode(frame)).await
+    }
+
+    /// Ends the stream with gRPC trailers (server side).
+    pub fn finish_with_status(&mut self, code: u32, message: &str) -> Result<(), GrpcError> {
+        self.stream.send_trailers(status_trailers(code, message))?;
+        Ok(())
+    }
+
+    /// Ends the stream without trailers (client side half-close).
+    pub fn finish(&mut self) -> Result<(), GrpcError> {
+        self.stream
+            .send_data(Bytes::new().chain(Bytes::new()), true)?;
+        Ok(())
+    }
+
+    pub fn reset(&mut self) {
+        self.stream.send_reset(h2::Reason::CANCEL);
+    }
+}
+
+/// The receiving half of a Packet stream.
+pub struct PacketReceiver {
+    body: RecvStream,
+    decoder: FrameDecoder,
+}
+
+impl PacketReceiver {
+    pub fn new(body: RecvStream, max_message: usize) -> Self {
+        Self {
+            body,
+            decoder: FrameDecoder::new(max_message),
+        }
+    }
+
+    /// The next packet; `Ok(None)` at a clean end of stream. Packets of a
+    /// type this build does not know are skipped with a log line.
+    pub async fn next(&mut self) -> Result<Option<Frame>, GrpcError> {
+        loop {
+            if let Some(msg) = self.decoder.next_message()? {
+                match packet::decode(msg) {
+                    Ok(f) => return Ok(Some(f)),
+                    Err(PacketError::UnknownType(t)) => {
+                        tracing::debug!(packet_type = t, "skipping packet of unknown type");
+                        continue;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            match self.body.data().await {
+                Some(Ok(chunk)) => {
+                    let n = chunk.len();
+                    self.decoder.push(chunk);
+                    let _ = self.body.flow_control().release_capacity(n);
+                }
+                Some(Err(e)) => return Err(e.into()),
+                None => {
+                    self.decoder.finish()?;
+                    if let Ok(Some(trailers)) = self.body.trailers().await {
+                        if let Some(err) = status_error(&trailers) {
+                            return Err(err);
+                        }
+                    }
+                    return Ok(None);
+                }
+            }
+        }
+    }
+}
+
+/// `grpc-status` and `grpc-message` trailers.
+pub fn status_trailers(code: u32, message: &str) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert("grpc-status", HeaderValue::from(code));
+    if !message.is_empty() {
+        let encoded: String = message
+            .bytes()
+            .map(|b| {
+                if (0x20..0x7f).contains(&b) && b != b'%' {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect();
+        if let Ok(v) = HeaderValue::from_str(&encoded) {
+            h.insert("grpc-message", v);
+        }
+    }
+    h
+}
+
+/// A non-OK `grpc-status` in headers or trailers, as an error.
+pub fn status_error(headers: &HeaderMap) -> Option<GrpcError> {
+    let code: u32 = headers.get("grpc-status")?.to_str().ok()?.parse().ok()?;
+    if code == 0 {
+        return None;
+    }
+    let message = headers
+        .get("grpc-message")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    Some(GrpcError::Status { code, message })
+}
+
+/// gRPC status codes used here.
+pub mod code {
+    pub const OK: u32 = 0;
+    pub const INVALID_ARGUMENT: u32 = 3;
+    pub const NOT_FOUND: u32 = 5;
+    pub const RESOURCE_EXHAUSTED: u32 = 8;
+    pub const UNIMPLEMENTED: u32 = 12;
+    pub const INTERNAL: u32 = 13;
+    pub const UNAVAILABLE: u32 = 14;
+    pub const UNAUTHENTICATED: u32 = 16;
+}
+
+/// Response head of a gRPC call with extra metadata.
+pub fn response_head(extra: &[(&str, String)]) -> http::Response<()> {
+    let mut r = http::Response::builder()
+        .status(200)
+        .header("content-type", "application/grpc");
+    for (k, v) in extra {
+        r = r.header(*k, v.as_str());
+    }
+    r.body(()).expect("static response head is valid")
+}
+
+/// A trailers-only error response (headers carry the status, stream ends).
+pub fn error_head(code: u32, message: &str) -> http::Response<()> {
+    let mut r = http::Response::builder()
+        .status(200)
+        .header("content-type", "application/grpc")
+        .body(())
+        .expect("static response head is valid");
+    r.headers_mut().extend(status_trailers(code, message));
+    r
+}
+
+/// A gRPC request head for `path` on `authority`.
+pub fn request_head(
+    authority: &str,
+    path: &str,
+    metadata: &[(&str, String)],
+) -> Result<http::Request<()>, http::Error> {
+    let mut r = http::Request::builder()
+        .method("POST")
+        .uri(format!("https://{authority}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header(
+            "user-agent",
+            concat!("edgetunnel/", env!("CARGO_PKG_VERSION")),
+        );
+    for (k, v) in metadata {
+        r = r.header(*k, v.as_str());
+    }
+    r.body(())
+}
+
+/// Whether a request head is a gRPC call.
+pub fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
+}
+
+/// The single value of a metadata key, if exactly one is present.
+pub fn single(headers: &HeaderMap, key: &str) -> Result<Option<String>, String> {
+    let mut values = headers.get_all(key).iter();
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(format!("metadata {key} given more than once"));
+    }
+    first
+        .to_str()
+        .map(|s| Some(s.to_string()))
+        .map_err(|_| format!("metadata {key} is not text"))
+}
+
+/// Convenience: a DATA frame payload copy-free chain.
+pub fn chain(head: Bytes, payload: Bytes) -> SendBuf {
+    head.chain(payload)
+}
+
+/// Remaining bytes of a send buffer (for metrics).
+pub fn remaining(b: &SendBuf) -> usize {
+    b.remaining()
+}

@@ -1,0 +1,105 @@
+//! rustls configurations built from PEM files, with ring as the provider.
+//! Configs are immutable `Arc`s: a rotation builds a new one and new
+//! handshakes pick it up; live connections keep theirs.
+
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("reading {path}: {source}")]
+    Read { path: String, source: io::Error },
+    #[error("{path} holds no {what}")]
+    Empty { path: String, what: &'static str },
+    #[error("TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("client certificate verifier: {0}")]
+    Verifier(#[from] rustls::server::VerifierBuilderError),
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = read(path)?;
+    let certs: Vec<_> = rustls_pemfile::certs(&mut pem.as_slice())
+        .collect::<Result<_, _>>()
+        .map_err(|source| TlsError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::Empty {
+            path: path.display().to_string(),
+            what: "PEM certificate",
+        });
+    }
+    Ok(certs)
+}
+
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let pem = read(path)?;
+    rustls_pemfile::private_key(&mut pem.as_slice())
+        .map_err(|source| TlsError::Read {
+            path: path.display().to_string(),
+            source,
+        })?
+        .ok_or_else(|| TlsError::Empty {
+            path: path.display().to_string(),
+            what: "PEM private key",
+        })
+}
+
+pub fn load_roots(path: &Path) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for c in load_certs(path)? {
+        roots.add(c)?;
+    }
+    Ok(roots)
+}
+
+/// Paths of a certificate, its key and the CA that verifies the peer.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    pub ca: std::path::PathBuf,
+}
+
+/// Server side of mutual TLS: peers must present a certificate signed by
+/// `ca`. ALPN offers h2.
+pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
+    let verifier =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(load_roots(&files.ca)?), provider())
+            .build()?;
+    let mut cfg = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(load_certs(&files.cert)?, load_key(&files.key)?)?;
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// Client side of mutual TLS: verifies the server against `ca` and presents
+/// our certificate. ALPN offers h2.
+pub fn client_config(files: &TlsFiles) -> Result<Arc<ClientConfig>, TlsError> {
+    let mut cfg = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(load_roots(&files.ca)?)
+        .with_client_auth_cert(load_certs(&files.cert)?, load_key(&files.key)?)?;
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(cfg))
+}

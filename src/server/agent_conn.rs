@@ -1,0 +1,456 @@
+//! One agent's connection: mutual TLS, HTTP/2, the `AgentService/Connect`
+//! stream, and the two tasks that move Packets: the reader (agent ->
+//! frontends) and the writer (frontends -> agent).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::channel::mpsc;
+use futures::StreamExt;
+use monoio::io::IntoPollIo;
+use tokio_rustls::TlsAcceptor;
+
+use super::session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
+use super::Shared;
+use crate::engine::grpc::{self, code, PacketReceiver, PacketSender, SendBuf};
+use crate::engine::listener;
+use crate::metrics::DialResult;
+use crate::protocol::identifiers::Identifiers;
+use crate::protocol::packet::{self, Frame};
+use crate::protocol::server_tunnel::{ServerAction, ServerTunnel, HALF_CLOSE_MARK};
+use crate::protocol::{self as proto};
+
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
+const COMMAND_QUEUE: usize = 1024;
+
+pub(super) async fn accept_loop(
+    core: usize,
+    shared: Arc<Shared>,
+    l: monoio::net::TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+) {
+    let acceptor = TlsAcceptor::from(tls);
+    loop {
+        let (stream, peer) = match l.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "agent listener accept failed");
+                monoio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        listener::nodelay(&stream);
+        let shared = shared.clone();
+        let acceptor = acceptor.clone();
+        monoio::spawn(async move {
+            if let Err(e) = serve(core, shared.clone(), acceptor, stream).await {
+                tracing::info!(%peer, error = %e, "agent connection ended");
+            }
+        });
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+async fn serve(
+    core: usize,
+    shared: Arc<Shared>,
+    acceptor: TlsAcceptor,
+    stream: monoio::net::TcpStream,
+) -> Result<(), BoxError> {
+    let peer = stream.peer_addr()?;
+    let io = stream.into_poll_io()?;
+    let setup = async {
+        let tls = acceptor.accept(io).await?;
+        let mut conn = h2::server::Builder::new()
+            .initial_window_size(grpc::STREAM_WINDOW)
+            .initial_connection_window_size(grpc::CONNECTION_WINDOW)
+            .max_frame_size(grpc::MAX_FRAME)
+            .max_send_buffer_size(grpc::MAX_SEND_BUFFER)
+            .max_concurrent_streams(16)
+            .handshake::<_, SendBuf>(tls)
+            .await?;
+        let first = conn
+            .accept()
+            .await
+            .ok_or("agent closed before its first request")??;
+        Ok::<_, BoxError>((conn, first))
+    };
+    let (mut conn, (request, mut respond)) = monoio::time::timeout(HANDSHAKE_TIMEOUT, setup)
+        .await
+        .map_err(|_| "agent handshake timed out")??;
+    conn.set_initial_window_size(grpc::STREAM_WINDOW).ok();
+
+    let reject = |respond: &mut h2::server::SendResponse<SendBuf>, c: u32, m: String| {
+        tracing::warn!(%peer, code = c, reason = %m, "agent refused");
+        let _ = respond.send_response(grpc::error_head(c, &m), true);
+        m
+    };
+    let (head, body) = request.into_parts();
+    if head.uri.path() != proto::AGENT_CONNECT_PATH {
+        return Err(reject(
+            &mut respond,
+            code::UNIMPLEMENTED,
+            format!("unknown method {}", head.uri.path()),
+        )
+        .into());
+    }
+    if let Some(token) = &shared.cfg.agent_token {
+        let given = head
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        if given != Some(format!("Bearer {token}").as_str()) {
+            return Err(reject(
+                &mut respond,
+                code::UNAUTHENTICATED,
+                "bad or missing bearer token".into(),
+            )
+            .into());
+        }
+    }
+    let agent_id = match grpc::single(&head.headers, proto::AGENT_ID_HEADER) {
+        Ok(Some(id)) if !id.is_empty() => id,
+        Ok(_) => {
+            return Err(reject(
+                &mut respond,
+                code::INVALID_ARGUMENT,
+                "expected one agentID in metadata".into(),
+            )
+            .into())
+        }
+        Err(e) => return Err(reject(&mut respond, code::INVALID_ARGUMENT, e).into()),
+    };
+    let ids = match grpc::single(&head.headers, proto::AGENT_IDENTIFIERS_HEADER) {
+        Ok(v) => match Identifiers::parse(v.as_deref().unwrap_or("")) {
+            Ok(ids) => ids,
+            Err(e) => {
+                return Err(reject(&mut respond, code::INVALID_ARGUMENT, e.to_string()).into())
+            }
+        },
+        Err(e) => return Err(reject(&mut respond, code::INVALID_ARGUMENT, e).into()),
+    };
+    let half_close = head
+        .headers
+        .get(proto::FEATURES_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|f| f.trim() == proto::FEATURE_HALF_CLOSE));
+    let send = respond.send_response(
+        grpc::response_head(&[
+            (proto::SERVER_ID_HEADER, shared.cfg.server_id.clone()),
+            (
+                proto::SERVER_COUNT_HEADER,
+                shared.cfg.server_count.to_string(),
+            ),
+            (
+                proto::FEATURES_HEADER,
+                proto::FEATURE_HALF_CLOSE.to_string(),
+            ),
+        ]),
+        false,
+    )?;
+
+    let key = shared.next_key();
+    let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);
+    let handle = AgentHandle {
+        key,
+        core,
+        agent_id: agent_id.clone().into(),
+        half_close,
+        cmds: cmd_tx,
+    };
+    shared.registry.lock().expect("registry lock").insert(
+        key,
+        agent_id.clone(),
+        ids.clone(),
+        handle,
+    );
+    shared.metrics.agents_connected.fetch_add(1, Relaxed);
+    let span = tracing::info_span!("agent", id = %agent_id, %peer, key);
+    tracing::info!(parent: &span, identifiers = %ids.encode(), half_close, core, "agent connected");
+
+    // Keep HTTP/2 moving (and refuse extra streams) while the tasks run.
+    let mut ping = conn.ping_pong();
+    let driver = async move {
+        while let Some(extra) = conn.accept().await {
+            match extra {
+                Ok((_, mut r)) => {
+                    let _ = r.send_response(
+                        grpc::error_head(
+                            code::UNIMPLEMENTED,
+                            "one Connect stream per agent connection",
+                        ),
+                        true,
+                    );
+                }
+                Err(e) => return Err::<(), BoxError>(e.into()),
+            }
+        }
+        Ok(())
+    };
+
+    let state = Rc::new(AgentState {
+        shared: shared.clone(),
+        key,
+        tunnel: RefCell::new(ServerTunnel::default()),
+        dial_started: RefCell::new(std::collections::HashMap::new()),
+        last_open: std::cell::Cell::new(0),
+        last_pending: std::cell::Cell::new(0),
+    });
+    let (ctl_tx, ctl_rx) = mpsc::unbounded();
+    let reader = read_loop(
+        state.clone(),
+        PacketReceiver::new(body, shared.cfg.max_message),
+        ctl_tx,
+    );
+    let writer = write_loop(state.clone(), PacketSender::new(send), cmd_rx, ctl_rx);
+    let keepalive = async {
+        let Some(p) = ping.as_mut() else {
+            return futures::future::pending::<Result<(), BoxError>>().await;
+        };
+        loop {
+            monoio::time::sleep(shared.cfg.keepalive).await;
+            match monoio::time::timeout(shared.cfg.keepalive * 2, p.ping(h2::Ping::opaque())).await
+            {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err::<(), BoxError>(e.into()),
+                Err(_) => return Err("keepalive ping timed out".into()),
+            }
+        }
+    };
+    let result: Result<(), BoxError> = monoio::select! {
+        r = driver => r,
+        r = reader => r,
+        r = writer => r,
+        r = keepalive => r,
+    };
+    // Teardown: unregister, then tell every frontend.
+    shared.registry.lock().expect("registry lock").remove(key);
+    shared.metrics.agents_connected.fetch_sub(1, Relaxed);
+    let orphans = state.tunnel.borrow_mut().drain_all();
+    state.sync_gauges();
+    let n = orphans.len();
+    for mut sink in orphans {
+        monoio::spawn(async move {
+            sink.deliver(FrontendEvent::Closed("agent disconnected".into()))
+                .await;
+        });
+    }
+    match &result {
+        Ok(()) => tracing::info!(parent: &span, connections = n, "agent disconnected"),
+        Err(e) => tracing::info!(parent: &span, connections = n, error = %e, "agent disconnected"),
+    }
+    result
+}
+
+struct AgentState {
+    shared: Arc<Shared>,
+    key: u64,
+    tunnel: RefCell<ServerTunnel<FrontendSink>>,
+    dial_started: RefCell<std::collections::HashMap<i64, Instant>>,
+    last_open: std::cell::Cell<usize>,
+    last_pending: std::cell::Cell<usize>,
+}
+
+impl AgentState {
+    /// Publishes this connection's changes to the shared gauges.
+    fn sync_gauges(&self) {
+        let t = self.tunnel.borrow();
+        let (open, pending) = (t.open_connections(), t.pending_dials());
+        let m = &self.shared.metrics;
+        m.open_connections
+            .fetch_add(open as i64 - self.last_open.replace(open) as i64, Relaxed);
+        m.pending_dials.fetch_add(
+            pending as i64 - self.last_pending.replace(pending) as i64,
+            Relaxed,
+        );
+    }
+
+    fn dial_finished(&self, random: Option<i64>, result: DialResult) {
+        let started = random.and_then(|r| self.dial_started.borrow_mut().remove(&r));
+        let elapsed = started.map(|s| s.elapsed()).unwrap_or_default();
+        self.shared.metrics.dial_done(result, elapsed);
+    }
+}
+
+async fn read_loop(
+    state: Rc<AgentState>,
+    mut rx: PacketReceiver,
+    ctl: mpsc::UnboundedSender<Frame>,
+) -> Result<(), BoxError> {
+    loop {
+        let frame = match rx.next().await {
+            Ok(Some(f)) => f,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                state
+                    .shared
+                    .metrics
+                    .agent_protocol_errors
+                    .fetch_add(1, Relaxed);
+                tracing::warn!(error = %e, "closing agent connection: bad input");
+                return Err(e.into());
+            }
+        };
+        let random = match &frame {
+            Frame::DialResponse(r) => Some(r.random),
+            _ => None,
+        };
+        let action = state.tunnel.borrow_mut().on_agent_frame(frame);
+        state.sync_gauges();
+        match action {
+            ServerAction::DialSucceeded {
+                mut frontend,
+                connect_id,
+            } => {
+                state.dial_finished(random, DialResult::Success);
+                if !frontend.deliver(FrontendEvent::DialOk { connect_id }).await {
+                    // The frontend left: close what the agent opened.
+                    if let Some(f) = state.tunnel.borrow_mut().close(connect_id) {
+                        let _ = ctl.unbounded_send(f);
+                    }
+                    state.sync_gauges();
+                }
+            }
+            ServerAction::DialFailed {
+                mut frontend,
+                error,
+            } => {
+                state.dial_finished(random, DialResult::Failure);
+                frontend.deliver(FrontendEvent::DialErr(error)).await;
+            }
+            ServerAction::Data {
+                mut frontend,
+                payload,
+            } => {
+                state
+                    .shared
+                    .metrics
+                    .bytes_from_agent
+                    .fetch_add(payload.len() as u64, Relaxed);
+                frontend.deliver(FrontendEvent::Data(payload)).await;
+            }
+            ServerAction::PeerFinished { mut frontend } => {
+                frontend.deliver(FrontendEvent::Finished).await;
+            }
+            ServerAction::Closed {
+                mut frontend,
+                error,
+            } => {
+                frontend.deliver(FrontendEvent::Closed(error)).await;
+            }
+            ServerAction::Drain => {
+                tracing::info!("agent is draining: no new dials go to it");
+                state
+                    .shared
+                    .registry
+                    .lock()
+                    .expect("registry lock")
+                    .set_draining(state.key);
+            }
+            ServerAction::Reply(f) => {
+                let _ = ctl.unbounded_send(f);
+            }
+            ServerAction::Ignored(reason) => tracing::debug!(%reason, "agent packet ignored"),
+        }
+    }
+}
+
+async fn write_loop(
+    state: Rc<AgentState>,
+    mut tx: PacketSender,
+    mut cmds: mpsc::Receiver<AgentCmd>,
+    mut ctl: mpsc::UnboundedReceiver<Frame>,
+) -> Result<(), BoxError> {
+    loop {
+        let next = futures::select_biased! {
+            f = ctl.next() => f.map(Err),
+            c = cmds.next() => c.map(Ok),
+        };
+        let Some(next) = next else { return Ok(()) };
+        let msg = match next {
+            Err(frame) => packet::encode(frame),
+            Ok(cmd) => match handle_cmd(&state, cmd).await {
+                Some(m) => m,
+                None => continue,
+            },
+        };
+        if let Err(e) = tx.send(msg).await {
+            cmds.close();
+            // Fail the dials that were queued behind the broken stream.
+            while let Ok(cmd) = cmds.try_recv() {
+                if let AgentCmd::Dial { mut reply, .. } = cmd {
+                    reply
+                        .deliver(FrontendEvent::DialErr(format!(
+                            "agent connection failed: {e}"
+                        )))
+                        .await;
+                }
+            }
+            return Err(e.into());
+        }
+    }
+}
+
+async fn handle_cmd(state: &AgentState, cmd: AgentCmd) -> Option<packet::Encoded> {
+    let frame = match cmd {
+        AgentCmd::Dial {
+            random,
+            address,
+            mut reply,
+        } => {
+            let r = state
+                .tunnel
+                .borrow_mut()
+                .begin_dial(random, &address, reply.clone());
+            match r {
+                Ok(f) => {
+                    state
+                        .dial_started
+                        .borrow_mut()
+                        .insert(random, Instant::now());
+                    f
+                }
+                Err(e) => {
+                    reply.deliver(FrontendEvent::DialErr(e.to_string())).await;
+                    return None;
+                }
+            }
+        }
+        AgentCmd::Data {
+            connect_id,
+            payload,
+        } => {
+            if !state.tunnel.borrow().is_open(connect_id) {
+                return None;
+            }
+            state
+                .shared
+                .metrics
+                .bytes_to_agent
+                .fetch_add(payload.len() as u64, Relaxed);
+            return Some(packet::encode_data(connect_id, payload));
+        }
+        AgentCmd::HalfClose { connect_id } => {
+            if !state.tunnel.borrow().is_open(connect_id) {
+                return None;
+            }
+            let mut f = packet::data(connect_id, bytes::Bytes::new());
+            if let Frame::Data(d) = &mut f {
+                d.error = HALF_CLOSE_MARK.to_string();
+            }
+            f
+        }
+        AgentCmd::Close { connect_id } => state.tunnel.borrow_mut().close(connect_id)?,
+        AgentCmd::CancelDial { random } => {
+            let f = state.tunnel.borrow_mut().cancel_dial(random)?;
+            state.dial_started.borrow_mut().remove(&random);
+            f
+        }
+    };
+    state.sync_gauges();
+    Some(packet::encode(frame))
+}

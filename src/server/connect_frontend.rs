@@ -1,0 +1,325 @@
+//! The HTTP CONNECT frontend (kube-apiserver's EgressSelector, yurt-tunnel's
+//! interceptor): read the request head, pick an agent, move the socket to
+//! the agent's core, dial, answer `200 Connection Established`, relay.
+//!
+//! Status codes follow ANP: no agent 500 `currently no tunnels available`,
+//! dial timeout 504, agent out of file descriptors 503, other dial errors
+//! 502 with the agent's message, a non-CONNECT method 405, a malformed
+//! request 400.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::channel::mpsc;
+use futures::StreamExt;
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
+
+use super::session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
+use super::{Handoff, Shared};
+use crate::engine::listener;
+use crate::engine::relay::{self, ChunkReader, LocalSocket, MovedSocket};
+use crate::metrics::DialResult;
+use crate::protocol::http_connect;
+
+const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+const EVENT_QUEUE: usize = 64;
+
+/// Body of the answer when no agent can take the dial (as ANP words it).
+pub const NO_TUNNEL: &str = "currently no tunnels available: No agent available";
+
+pub(super) async fn accept_tcp(core: usize, shared: Arc<Shared>, l: monoio::net::TcpListener) {
+    loop {
+        match l.accept().await {
+            Ok((s, _)) => {
+                listener::nodelay(&s);
+                monoio::spawn(front(core, shared.clone(), s, MovedSocket::from_tcp));
+            }
+            Err(e) => accept_error(e).await,
+        }
+    }
+}
+
+pub(super) async fn accept_unix(core: usize, shared: Arc<Shared>, l: monoio::net::UnixListener) {
+    loop {
+        match l.accept().await {
+            Ok((s, _)) => {
+                monoio::spawn(front(core, shared.clone(), s, MovedSocket::from_unix));
+            }
+            Err(e) => accept_error(e).await,
+        }
+    }
+}
+
+async fn accept_error(e: std::io::Error) {
+    tracing::warn!(error = %e, "CONNECT listener accept failed");
+    monoio::time::sleep(Duration::from_millis(50)).await;
+}
+
+/// Reads the head; answers errors; otherwise runs or hands off the tunnel.
+async fn front<S>(core: usize, shared: Arc<Shared>, sock: S, moved: fn(S) -> MovedSocket)
+where
+    S: relay::Duplex,
+{
+    let mut reader = ChunkReader::new(sock);
+    let head = monoio::time::timeout(HEAD_TIMEOUT, read_head(&mut reader)).await;
+    let mut sock = reader.into_inner();
+    let (address, leftover) = match head {
+        Ok(Ok(Some(h))) => h,
+        Ok(Ok(None)) => return, // closed before a full head: nothing to answer
+        Ok(Err(HeadError::Refused(status, msg))) => {
+            shared.metrics.frontend_errors.fetch_add(1, Relaxed);
+            tracing::info!(status, reason = %msg, "CONNECT request refused");
+            let _ = sock
+                .write_all(http_connect::error_response(status, &msg))
+                .await;
+            return;
+        }
+        Ok(Err(HeadError::Io(e))) => {
+            tracing::debug!(error = %e, "CONNECT client read failed");
+            return;
+        }
+        Err(_) => {
+            shared.metrics.frontend_errors.fetch_add(1, Relaxed);
+            let _ = sock
+                .write_all(http_connect::error_response(
+                    408,
+                    "request head not received in time\n",
+                ))
+                .await;
+            return;
+        }
+    };
+    let Some(agent) = shared.pick(&address) else {
+        shared
+            .metrics
+            .dial_done(DialResult::NoAgent, Duration::ZERO);
+        tracing::info!(%address, "CONNECT refused: no agent available");
+        let _ = sock
+            .write_all(http_connect::error_response(500, NO_TUNNEL))
+            .await;
+        return;
+    };
+    if agent.core == core {
+        tunnel(shared, sock, address, leftover, agent).await;
+        return;
+    }
+    let target = agent.core;
+    let handoff = Handoff {
+        socket: moved(sock),
+        address,
+        leftover,
+        agent,
+    };
+    let inboxes = shared
+        .inboxes
+        .get()
+        .expect("inboxes are set before workers start");
+    if let Err(e) = inboxes[target].unbounded_send(handoff) {
+        // The owning core is gone (shutting down): the socket closes on drop.
+        tracing::warn!(core = target, "handoff failed: {e}");
+    }
+}
+
+/// Runs a handed-off CONNECT on this (the agent's) core.
+pub(super) async fn adopt(shared: Arc<Shared>, h: Handoff) {
+    match h.socket.adopt() {
+        Ok(LocalSocket::Tcp(s)) => tunnel(shared, s, h.address, h.leftover, h.agent).await,
+        Ok(LocalSocket::Unix(s)) => tunnel(shared, s, h.address, h.leftover, h.agent).await,
+        Err(e) => tracing::warn!(error = %e, "could not adopt a handed-off socket"),
+    }
+}
+
+enum HeadError {
+    Refused(u16, String),
+    Io(std::io::Error),
+}
+
+/// Reads until a complete CONNECT head: (address, bytes after the head).
+async fn read_head<R: AsyncReadRent>(
+    r: &mut ChunkReader<R>,
+) -> Result<Option<(String, Bytes)>, HeadError> {
+    let mut acc: Vec<u8> = Vec::new();
+    loop {
+        let Some(chunk) = r.next().await.map_err(HeadError::Io)? else {
+            return Ok(None);
+        };
+        let (buf, single): (&[u8], bool) = if acc.is_empty() {
+            (&chunk, true)
+        } else {
+            acc.extend_from_slice(&chunk);
+            (&acc, false)
+        };
+        match http_connect::parse(buf) {
+            Ok(Some(req)) => {
+                let leftover = if single {
+                    chunk.slice(req.head_len..)
+                } else {
+                    Bytes::copy_from_slice(&acc[req.head_len..])
+                };
+                return Ok(Some((req.address, leftover)));
+            }
+            Ok(None) => {
+                if single {
+                    acc.extend_from_slice(&chunk);
+                }
+            }
+            Err(e) => {
+                let status = e.status();
+                return Err(HeadError::Refused(status, format!("{e}\n")));
+            }
+        }
+    }
+}
+
+/// Dials through `agent`, answers the client, relays until either side ends.
+async fn tunnel<S>(
+    shared: Arc<Shared>,
+    mut sock: S,
+    address: String,
+    leftover: Bytes,
+    agent: AgentHandle,
+) where
+    S: relay::Duplex,
+{
+    let (tx, mut events) = mpsc::channel(EVENT_QUEUE);
+    let random = loop {
+        let r = fastrand::i64(..);
+        if r != 0 {
+            break r;
+        }
+    };
+    let started = Instant::now();
+    let dial = AgentCmd::Dial {
+        random,
+        address: address.clone(),
+        reply: FrontendSink { tx, token: 0 },
+    };
+    if !agent.send(dial).await {
+        shared
+            .metrics
+            .dial_done(DialResult::NoAgent, Duration::ZERO);
+        let _ = sock
+            .write_all(http_connect::error_response(500, NO_TUNNEL))
+            .await;
+        return;
+    }
+    let timeout = shared.cfg.dial_timeout;
+    let first = monoio::time::timeout(timeout, events.next()).await;
+    let connect_id = match first {
+        Ok(Some((_, FrontendEvent::DialOk { connect_id }))) => connect_id,
+        Ok(Some((_, FrontendEvent::DialErr(e)))) | Ok(Some((_, FrontendEvent::Closed(e)))) => {
+            let status = http_connect::dial_error_status(&e);
+            tracing::info!(%address, agent = %agent.agent_id, status, error = %e, "dial failed");
+            let body = http_connect::truncate_error_body(&e);
+            let _ = sock
+                .write_all(http_connect::error_response(status, &body))
+                .await;
+            return;
+        }
+        Ok(Some((_, other))) => {
+            tracing::warn!(?other, "unexpected event before the dial answer");
+            let _ = sock
+                .write_all(http_connect::error_response(
+                    502,
+                    "unexpected answer from agent",
+                ))
+                .await;
+            return;
+        }
+        Ok(None) => {
+            let _ = sock
+                .write_all(http_connect::error_response(
+                    502,
+                    "agent disconnected during dial",
+                ))
+                .await;
+            return;
+        }
+        Err(_) => {
+            shared
+                .metrics
+                .dial_done(DialResult::Timeout, started.elapsed());
+            agent.send(AgentCmd::CancelDial { random }).await;
+            tracing::info!(%address, agent = %agent.agent_id, "dial timed out");
+            let body =
+                format!("Backend dial timeout: dial {address} timed out after {timeout:?}\r\n");
+            let _ = sock
+                .write_all(http_connect::error_response(504, &body))
+                .await;
+            return;
+        }
+    };
+    let span = tracing::debug_span!("tunnel", %address, connect_id, agent = %agent.agent_id);
+    tracing::debug!(parent: &span, "tunnel established");
+    let (res, _) = sock.write_all(http_connect::ESTABLISHED).await;
+    if res.is_err() {
+        agent.send(AgentCmd::Close { connect_id }).await;
+        return;
+    }
+    if !leftover.is_empty() {
+        agent
+            .send(AgentCmd::Data {
+                connect_id,
+                payload: leftover,
+            })
+            .await;
+    }
+    let (rd, mut wr) = sock.into_split();
+    let up = async {
+        let mut r = ChunkReader::new(rd);
+        loop {
+            match r.next().await {
+                Ok(Some(chunk)) => {
+                    if !agent
+                        .send(AgentCmd::Data {
+                            connect_id,
+                            payload: chunk,
+                        })
+                        .await
+                    {
+                        return false;
+                    }
+                }
+                Ok(None) => return true,
+                Err(_) => return false,
+            }
+        }
+    };
+    let down = async {
+        while let Some((_, ev)) = events.next().await {
+            match ev {
+                FrontendEvent::Data(b) => {
+                    if relay::write_chunk(&mut wr, b).await.is_err() {
+                        return false;
+                    }
+                }
+                FrontendEvent::Finished => {
+                    let _ = wr.shutdown().await;
+                }
+                FrontendEvent::Closed(_) => return true,
+                FrontendEvent::DialOk { .. } | FrontendEvent::DialErr(_) => {}
+            }
+        }
+        true
+    };
+    futures::pin_mut!(up, down);
+    match futures::future::select(up, down).await {
+        futures::future::Either::Left((clean_eof, down)) => {
+            if clean_eof && agent.half_close {
+                agent.send(AgentCmd::HalfClose { connect_id }).await;
+                if down.await {
+                    return;
+                }
+            }
+            agent.send(AgentCmd::Close { connect_id }).await;
+        }
+        futures::future::Either::Right((agent_closed, _up)) => {
+            if !agent_closed {
+                agent.send(AgentCmd::Close { connect_id }).await;
+            }
+        }
+    }
+    tracing::debug!(parent: &span, "tunnel closed");
+}

@@ -1,0 +1,263 @@
+//! `edgetunnel server`: accepts agents (gRPC AgentService over mutual TLS)
+//! and tunnel requests from the cloud side (HTTP CONNECT and gRPC
+//! ProxyService frontends), and routes each dial to an agent.
+//!
+//! Threading: every worker core accepts on every listener. An agent's
+//! connection lives on the core that accepted it; a CONNECT frontend socket
+//! accepted elsewhere is moved to that core, so one tunneled connection is
+//! handled on one core end to end. gRPC frontend streams (many dials on one
+//! HTTP/2 connection) exchange `Bytes` with the agent's core by channel.
+
+mod agent_conn;
+mod connect_frontend;
+mod grpc_frontend;
+mod session;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use futures::channel::mpsc;
+use futures::StreamExt;
+
+use crate::engine::runtime::{self, Driver};
+use crate::engine::{listener, relay::MovedSocket, signals, tls};
+use crate::metrics::Metrics;
+use crate::protocol::routing::{Registry, Strategy};
+
+pub use session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
+
+/// Everything `edgetunnel server` is told at start.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub agent_bind: SocketAddr,
+    pub connect_bind: Option<SocketAddr>,
+    pub connect_uds: Option<PathBuf>,
+    pub grpc_bind: Option<SocketAddr>,
+    pub grpc_uds: Option<PathBuf>,
+    pub admin_bind: Option<SocketAddr>,
+    pub tls: tls::TlsFiles,
+    pub agent_token: Option<String>,
+    pub strategies: Vec<Strategy>,
+    pub server_id: String,
+    pub server_count: u32,
+    pub workers: usize,
+    pub driver: Driver,
+    pub dial_timeout: Duration,
+    pub max_message: usize,
+    pub keepalive: Duration,
+}
+
+/// A frontend socket moved to the core that owns its agent.
+pub(crate) struct Handoff {
+    socket: MovedSocket,
+    address: String,
+    leftover: bytes::Bytes,
+    agent: AgentHandle,
+}
+
+/// State shared by every core.
+pub(crate) struct Shared {
+    cfg: ServerConfig,
+    registry: Mutex<Registry<AgentHandle>>,
+    inboxes: OnceLock<Vec<mpsc::UnboundedSender<Handoff>>>,
+    metrics: Arc<Metrics>,
+    next_key: AtomicU64,
+}
+
+impl Shared {
+    fn pick(&self, address: &str) -> Option<AgentHandle> {
+        self.registry
+            .lock()
+            .expect("registry lock")
+            .pick(address, &self.cfg.strategies)
+    }
+
+    fn next_key(&self) -> u64 {
+        self.next_key.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
+struct AdminView(Arc<Shared>);
+
+impl crate::admin::AdminState for AdminView {
+    fn metrics(&self) -> String {
+        self.0.metrics.render()
+    }
+
+    fn ready(&self) -> Result<String, String> {
+        let n = self.0.registry.lock().expect("registry lock").len();
+        if n > 0 {
+            Ok(format!("ok: {n} agent connection(s)"))
+        } else {
+            Err("no connection to any proxy agent".to_string())
+        }
+    }
+}
+
+/// Listeners for one worker, bound up front on the main thread.
+struct WorkerListeners {
+    agent: std::net::TcpListener,
+    connect: Option<std::net::TcpListener>,
+    connect_uds: Option<std::os::unix::net::UnixListener>,
+    grpc: Option<std::net::TcpListener>,
+    grpc_uds: Option<std::os::unix::net::UnixListener>,
+    admin: Option<std::net::TcpListener>,
+}
+
+fn take<T>(v: &mut Option<Vec<T>>) -> Option<T> {
+    v.as_mut().and_then(Vec::pop)
+}
+
+/// Runs the server until SIGTERM/SIGINT.
+pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let tls_config = tls::server_config(&cfg.tls)?;
+    let n = cfg.workers.max(1);
+    let mut agent_l = Some(listener::bind_tcp(cfg.agent_bind, n)?);
+    let mut connect_l = cfg
+        .connect_bind
+        .map(|a| listener::bind_tcp(a, n))
+        .transpose()?;
+    let mut connect_u = cfg
+        .connect_uds
+        .as_deref()
+        .map(|p| listener::bind_unix(p, n))
+        .transpose()?;
+    let mut grpc_l = cfg
+        .grpc_bind
+        .map(|a| listener::bind_tcp(a, n))
+        .transpose()?;
+    let mut grpc_u = cfg
+        .grpc_uds
+        .as_deref()
+        .map(|p| listener::bind_unix(p, n))
+        .transpose()?;
+    let mut admin_l = cfg
+        .admin_bind
+        .map(|a| listener::bind_tcp(a, 1))
+        .transpose()?;
+
+    let print_addr = |what: &str, l: &Option<Vec<std::net::TcpListener>>| {
+        if let Some(a) = l
+            .as_ref()
+            .and_then(|v| v.first())
+            .and_then(|l| l.local_addr().ok())
+        {
+            // Machine-readable line for scripts and tests.
+            println!("LISTEN {what} {a}");
+        }
+    };
+    print_addr("agent", &agent_l);
+    print_addr("connect", &connect_l);
+    print_addr("grpc", &grpc_l);
+    print_addr("admin", &admin_l);
+
+    let mut per_worker = Vec::with_capacity(n);
+    for i in 0..n {
+        per_worker.push(Mutex::new(Some(WorkerListeners {
+            agent: take(&mut agent_l).expect("one per worker"),
+            connect: take(&mut connect_l),
+            connect_uds: take(&mut connect_u),
+            grpc: take(&mut grpc_l),
+            grpc_uds: take(&mut grpc_u),
+            admin: if i == 0 { take(&mut admin_l) } else { None },
+        })));
+    }
+
+    let shared = Arc::new(Shared {
+        cfg: cfg.clone(),
+        registry: Mutex::new(Registry::default()),
+        inboxes: OnceLock::new(),
+        metrics: Arc::new(Metrics::default()),
+        next_key: AtomicU64::new(0),
+    });
+    let mut inbox_rx = Vec::with_capacity(n);
+    let mut inbox_tx = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (tx, rx) = mpsc::unbounded();
+        inbox_tx.push(tx);
+        inbox_rx.push(Mutex::new(Some(rx)));
+    }
+    let _ = shared.inboxes.set(inbox_tx);
+
+    let shutdown = signals::Shutdown::new();
+    signals::install(shutdown.clone())?;
+    tracing::info!(
+        workers = n,
+        driver = cfg.driver.name(),
+        server_id = %cfg.server_id,
+        "edgetunnel server starting"
+    );
+    println!("READY");
+
+    let per_worker = Arc::new(per_worker);
+    let inbox_rx = Arc::new(inbox_rx);
+    runtime::run_workers(n, cfg.driver, move |idx| {
+        let shared = shared.clone();
+        let tls_config = tls_config.clone();
+        let listeners = per_worker[idx]
+            .lock()
+            .expect("listeners")
+            .take()
+            .expect("once");
+        let inbox = inbox_rx[idx].lock().expect("inbox").take().expect("once");
+        let shutdown = shutdown.clone();
+        async move { worker(idx, shared, tls_config, listeners, inbox, shutdown).await }
+    })?;
+    Ok(())
+}
+
+async fn worker(
+    core: usize,
+    shared: Arc<Shared>,
+    tls_config: Arc<rustls::ServerConfig>,
+    l: WorkerListeners,
+    mut inbox: mpsc::UnboundedReceiver<Handoff>,
+    shutdown: Arc<signals::Shutdown>,
+) -> std::io::Result<()> {
+    tracing::debug!(core, "worker started");
+    let agent = monoio::net::TcpListener::from_std(l.agent)?;
+    monoio::spawn(agent_conn::accept_loop(
+        core,
+        shared.clone(),
+        agent,
+        tls_config,
+    ));
+    if let Some(c) = l.connect {
+        let c = monoio::net::TcpListener::from_std(c)?;
+        monoio::spawn(connect_frontend::accept_tcp(core, shared.clone(), c));
+    }
+    if let Some(c) = l.connect_uds {
+        let c = monoio::net::UnixListener::from_std(c)?;
+        monoio::spawn(connect_frontend::accept_unix(core, shared.clone(), c));
+    }
+    if let Some(g) = l.grpc {
+        let g = monoio::net::TcpListener::from_std(g)?;
+        monoio::spawn(grpc_frontend::accept_tcp(shared.clone(), g));
+    }
+    if let Some(g) = l.grpc_uds {
+        let g = monoio::net::UnixListener::from_std(g)?;
+        monoio::spawn(grpc_frontend::accept_unix(shared.clone(), g));
+    }
+    if let Some(a) = l.admin {
+        let a = monoio::net::TcpListener::from_std(a)?;
+        let view: Rc<dyn crate::admin::AdminState> = Rc::new(AdminView(shared.clone()));
+        monoio::spawn(crate::admin::serve(a, view));
+    }
+    let handoffs = {
+        let shared = shared.clone();
+        async move {
+            while let Some(h) = inbox.next().await {
+                monoio::spawn(connect_frontend::adopt(shared.clone(), h));
+            }
+        }
+    };
+    monoio::select! {
+        _ = handoffs => {}
+        _ = shutdown.wait(1) => {}
+    }
+    Ok(())
+}
