@@ -22,12 +22,31 @@ pub async fn serve(listener: TcpListener, state: Rc<dyn AdminState>) {
         };
         let state = state.clone();
         monoio::spawn(async move {
-            let buf = Vec::with_capacity(4096);
-            let (res, buf) = stream.read(buf).await;
-            let Ok(n) = res else { return };
-            let response = respond(&buf[..n], &*state, peer);
+            let head = monoio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream)).await;
+            let Ok(Some(head)) = head else { return };
+            let response = respond(&head, &*state, peer);
             let _ = stream.write_all(response.into_bytes()).await;
         });
+    }
+}
+
+const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+const MAX_HEAD: usize = 8192;
+
+/// Reads until the end of the request head (or MAX_HEAD bytes).
+async fn read_head(stream: &mut monoio::net::TcpStream) -> Option<Vec<u8>> {
+    let mut head = Vec::new();
+    loop {
+        let buf = Vec::with_capacity(2048);
+        let (res, buf) = stream.read(buf).await;
+        let n = res.ok()?;
+        if n == 0 {
+            return (!head.is_empty()).then_some(head);
+        }
+        head.extend_from_slice(&buf[..n]);
+        if head.windows(4).any(|w| w == b"\r\n\r\n") || head.len() >= MAX_HEAD {
+            return Some(head);
+        }
     }
 }
 

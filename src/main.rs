@@ -12,6 +12,7 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result: Result<(), Box<dyn std::error::Error + Send + Sync>> = match cli.command {
         Command::Server(args) => args.into_config().and_then(edgetunnel::server::run),

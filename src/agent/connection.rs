@@ -269,6 +269,7 @@ async fn dial(shared: Rc<Shared>, random: i64, connect_id: i64, protocol: String
         }
         return;
     }
+    tracing::debug!(%address, connect_id, "dialing");
     let attempt = monoio::time::timeout(
         shared.dial_timeout,
         monoio::net::TcpStream::connect(address.as_str()),

@@ -24,21 +24,55 @@ fn reuseport_socket(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     Ok(socket.into())
 }
 
-/// Binds `count` SO_REUSEPORT listeners on `addr`. With port 0 the first
-/// socket picks the port and the rest join it.
+/// Binds `count` SO_REUSEPORT listeners on `addr`, one per worker.
+///
+/// Port 0 is special: the kernel may hand a port-0 bind a port already held
+/// by another process's SO_REUSEPORT group (of the same user), which would
+/// silently share its traffic. So for port 0 we bind one ordinary socket and
+/// give every worker a duplicate of it.
 pub fn bind_tcp(addr: SocketAddr, count: usize) -> io::Result<Vec<std::net::TcpListener>> {
-    let first = reuseport_socket(addr)?;
-    let bound = first.local_addr()?;
-    let mut out = vec![first];
-    for _ in 1..count {
-        out.push(reuseport_socket(bound)?);
+    bind_tcp_inner(addr, count)
+        .map_err(|e| io::Error::new(e.kind(), format!("binding {addr}: {e}")))
+}
+
+fn bind_tcp_inner(addr: SocketAddr, count: usize) -> io::Result<Vec<std::net::TcpListener>> {
+    if addr.port() == 0 {
+        let l = std::net::TcpListener::bind(addr)?;
+        l.set_nonblocking(true)?;
+        let mut out = Vec::with_capacity(count);
+        for _ in 1..count {
+            out.push(l.try_clone()?);
+        }
+        out.push(l);
+        return Ok(out);
     }
-    Ok(out)
+    (0..count).map(|_| reuseport_with_retry(addr)).collect()
+}
+
+/// A process that used io_uring releases its sockets asynchronously after
+/// it exits, so right after a restart the port can still look taken for a
+/// moment: retry EADDRINUSE for up to two seconds.
+fn reuseport_with_retry(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    let mut tries = 0;
+    loop {
+        match reuseport_socket(addr) {
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse && tries < 40 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Binds a unix listener at `path` (replacing a stale socket file) and
 /// returns `count` descriptors for it.
 pub fn bind_unix(path: &Path, count: usize) -> io::Result<Vec<std::os::unix::net::UnixListener>> {
+    bind_unix_inner(path, count)
+        .map_err(|e| io::Error::new(e.kind(), format!("binding {}: {e}", path.display())))
+}
+
+fn bind_unix_inner(path: &Path, count: usize) -> io::Result<Vec<std::os::unix::net::UnixListener>> {
     if path.exists() {
         std::fs::remove_file(path)?;
     }

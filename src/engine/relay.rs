@@ -94,11 +94,12 @@ pub enum LocalSocket {
 
 impl MovedSocket {
     /// Registers the descriptor with the current runtime.
-    pub fn adopt(mut self) -> io::Result<LocalSocket> {
-        let taken = std::mem::replace(&mut self, MovedSocket::Tcp(-1));
-        let out = match taken {
+    pub fn adopt(self) -> io::Result<LocalSocket> {
+        let this = std::mem::ManuallyDrop::new(self);
+        Ok(match *this {
             MovedSocket::Tcp(fd) => {
-                // SAFETY: the descriptor came from `into_raw_fd` and is owned.
+                // SAFETY: the descriptor came from `into_raw_fd` and is owned
+                // by us; ManuallyDrop keeps Drop from closing it.
                 let std = unsafe { std::net::TcpStream::from_raw_fd(fd) };
                 LocalSocket::Tcp(monoio::net::TcpStream::from_std(std)?)
             }
@@ -107,9 +108,7 @@ impl MovedSocket {
                 let std = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
                 LocalSocket::Unix(monoio::net::UnixStream::from_std(std)?)
             }
-        };
-        std::mem::forget(self);
-        Ok(out)
+        })
     }
 }
 

@@ -1,0 +1,444 @@
+//! End to end on loopback: real `edgetunnel server` and `agent` processes,
+//! real TLS, real targets and clients.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::Ordering;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::*;
+
+const SIZES: [usize; 7] = [
+    1,
+    100,
+    16 * 1024,
+    64 * 1024 + 1,
+    1 << 20,
+    7 * 1024 * 1024 + 3,
+    64 << 20,
+];
+
+#[test]
+fn payloads_roundtrip_through_connect_over_tcp_and_unix() {
+    let env = Env::new();
+    let server = Server::start(&env, &[]);
+    let _agent = Agent::start(
+        &env,
+        server.agent,
+        "node1",
+        "host=node1&ipv4=127.0.0.1",
+        &[],
+    );
+    let echo = echo_server("127.0.0.1");
+    let target = echo.addr.to_string();
+    for (i, &size) in SIZES.iter().enumerate() {
+        let data = random_bytes(size, i as u64);
+        let (status, body, s) = connect_tcp(server.connect, &target);
+        assert_eq!(status, 200, "{body}");
+        assert!(
+            echo_roundtrip(s, &data) == data,
+            "TCP frontend corrupted {size} bytes"
+        );
+        let (status, body, s) = connect_unix(&server.connect_uds, &target);
+        assert_eq!(status, 200, "{body}");
+        assert!(
+            echo_roundtrip(s, &data) == data,
+            "unix frontend corrupted {size} bytes"
+        );
+    }
+    server.wait_metric("edgetunnel_open_connections", 0.0);
+    assert!(
+        server.metric("edgetunnel_bytes_total{direction=\"to_agent\"}")
+            >= (2 * SIZES.iter().sum::<usize>()) as f64
+    );
+}
+
+#[test]
+fn thousand_concurrent_connections() {
+    let env = Env::new();
+    let server = Server::start(&env, &[]);
+    let _agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    let echo = echo_server("127.0.0.1");
+    let target = echo.addr.to_string();
+    // Open all 1,000 first, then exchange data on all of them.
+    let mut streams = Vec::new();
+    for _ in 0..1000 {
+        let (status, body, s) = connect_tcp(server.connect, &target);
+        assert_eq!(status, 200, "{body}");
+        streams.push(s);
+    }
+    server.wait_metric("edgetunnel_open_connections", 1000.0);
+    let handles: Vec<_> = streams
+        .chunks(100)
+        .map(|c| c.iter().map(|s| s.try_clone().unwrap()).collect::<Vec<_>>())
+        .enumerate()
+        .map(|(t, group)| {
+            thread::spawn(move || {
+                for (i, mut s) in group.into_iter().enumerate() {
+                    let data = random_bytes(4096, (t * 1000 + i) as u64);
+                    s.write_all(&data).unwrap();
+                    let mut got = vec![0; data.len()];
+                    s.read_exact(&mut got).unwrap();
+                    assert_eq!(got, data);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    drop(streams);
+    server.wait_metric("edgetunnel_open_connections", 0.0);
+}
+
+#[test]
+fn half_close_delivers_the_whole_answer() {
+    let env = Env::new();
+    let server = Server::start(&env, &[]);
+    let _agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    // Target: read until EOF, then answer with the byte count and close.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let target = l.local_addr().unwrap().to_string();
+    thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut all = Vec::new();
+        s.read_to_end(&mut all).unwrap();
+        let reply = format!("got {} bytes", all.len());
+        s.write_all(reply.as_bytes()).unwrap();
+    });
+    let (status, _, mut s) = connect_tcp(server.connect, &target);
+    assert_eq!(status, 200);
+    s.write_all(&vec![1u8; 300_000]).unwrap();
+    s.shutdown(Shutdown::Write).unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert_eq!(answer, "got 300000 bytes");
+    server.wait_metric("edgetunnel_open_connections", 0.0);
+}
+
+#[test]
+fn refused_target_and_missing_agent_get_anp_status_codes() {
+    let env = Env::new();
+    let server = Server::start(&env, &[]);
+    // No agent yet: 500 with ANP's words.
+    let (status, body, _) = connect_tcp(server.connect, "127.0.0.1:9");
+    assert_eq!(status, 500);
+    assert!(body.contains("currently no tunnels available"), "{body}");
+    let (status, body, _) = connect_unix(&server.connect_uds, "127.0.0.1:9");
+    assert_eq!(status, 500, "{body}");
+    assert_eq!(http_get(server.admin, "/readyz").0, 500);
+
+    let _agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    assert_eq!(http_get(server.admin, "/readyz").0, 200);
+    // A closed port: the agent's error comes back as 502.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    let (status, body, _) = connect_tcp(server.connect, &dead);
+    assert_eq!(status, 502);
+    assert!(body.to_lowercase().contains("refused"), "{body}");
+    assert_eq!(
+        server.metric("edgetunnel_dials_total{result=\"failure\"}"),
+        1.0
+    );
+    assert!(server.metric("edgetunnel_dials_total{result=\"no_agent\"}") >= 2.0);
+}
+
+#[test]
+fn malformed_and_non_connect_requests_are_refused() {
+    let env = Env::new();
+    let server = Server::start(&env, &[]);
+    let _agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    let echo = echo_server("127.0.0.1");
+    // A healthy tunnel keeps flowing while garbage arrives elsewhere.
+    let (status, _, healthy) = connect_tcp(server.connect, &echo.addr.to_string());
+    assert_eq!(status, 200);
+
+    let send = |raw: &[u8]| -> String {
+        let mut s = TcpStream::connect(server.connect).unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        s.write_all(raw).unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    };
+    assert!(send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").starts_with("HTTP/1.1 405"));
+    assert!(send(b"\x16\x03\x01garbage\r\n\r\n").starts_with("HTTP/1.1 400"));
+    assert!(send(b"CONNECT nohost HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 400"));
+    let mut flood = b"CONNECT a:1 HTTP/1.1\r\n".to_vec();
+    flood.extend(std::iter::repeat_n(b'x', 64 * 1024));
+    assert!(send(&flood).starts_with("HTTP/1.1 431"));
+    // Garbage on the agent (TLS) and gRPC listeners just gets closed.
+    for addr in [server.agent, server.grpc, server.admin] {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let _ = s.write_all(&random_bytes(100_000, 9));
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink);
+    }
+    let data = random_bytes(1 << 20, 3);
+    assert!(echo_roundtrip(healthy, &data) == data);
+    assert_eq!(http_get(server.admin, "/healthz").0, 200);
+}
+
+#[test]
+fn client_disconnect_mid_transfer_closes_the_agent_side() {
+    let env = Env::new();
+    let server = Server::start(&env, &[]);
+    let _agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    let (source, ended) = source_server();
+    let (status, _, mut s) = connect_tcp(server.connect, &source.to_string());
+    assert_eq!(status, 200);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut got = 0;
+    while got < 8 << 20 {
+        got += s.read(&mut buf).unwrap();
+    }
+    server.wait_metric("edgetunnel_open_connections", 1.0);
+    drop(s);
+    server.wait_metric("edgetunnel_open_connections", 0.0);
+    // The CLOSE reached the agent: the target's connection ended.
+    let deadline = Instant::now() + WAIT;
+    while ended.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "target connection was never closed"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn agent_killed_mid_transfer_then_a_new_one_serves() {
+    let env = Env::new();
+    let server = Server::start(&env, &[]);
+    let mut agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    let (source, _) = source_server();
+    let (status, _, mut s) = connect_tcp(server.connect, &source.to_string());
+    assert_eq!(status, 200);
+    let mut buf = vec![0u8; 1 << 20];
+    s.read_exact(&mut buf).unwrap();
+    agent.proc.signal(libc::SIGKILL);
+    agent.proc.wait_exit(WAIT).expect("agent exits");
+    // The caller's stream ends (EOF or error) instead of hanging.
+    let mut sink = Vec::new();
+    if let Err(e) = s.read_to_end(&mut sink) {
+        let timed_out = matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        );
+        assert!(
+            !timed_out,
+            "the caller was left hanging after the agent died"
+        );
+    }
+    server.wait_metric("edgetunnel_agents_connected", 0.0);
+    server.wait_metric("edgetunnel_open_connections", 0.0);
+    assert_eq!(http_get(server.admin, "/healthz").0, 200);
+    let _agent2 = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    let echo = echo_server("127.0.0.1");
+    let (status, _, s) = connect_tcp(server.connect, &echo.addr.to_string());
+    assert_eq!(status, 200);
+    assert_eq!(echo_roundtrip(s, b"again"), b"again");
+}
+
+#[test]
+fn agent_reconnects_after_server_restart() {
+    let env = Env::new();
+    let server = Server::start(&env, &[]);
+    let agent_addr = server.agent;
+    let agent = Agent::start(&env, agent_addr, "node1", "host=node1", &[]);
+    drop(server);
+    let server = Server::start_on(&env, &agent_addr.to_string(), &[]);
+    agent.proc.wait_line("CONNECTED");
+    server.wait_metric("edgetunnel_agents_connected", 1.0);
+    let echo = echo_server("127.0.0.1");
+    let (status, _, s) = connect_tcp(server.connect, &echo.addr.to_string());
+    assert_eq!(status, 200);
+    assert_eq!(echo_roundtrip(s, b"back"), b"back");
+}
+
+#[test]
+fn routes_by_host_ip_cidr_and_default_route() {
+    let env = Env::new();
+    let server = Server::start(&env, &["--proxy-strategies", "destHost,defaultRoute"]);
+    let debug = ["--log", "edgetunnel=debug"];
+    let a = Agent::start(
+        &env,
+        server.agent,
+        "a",
+        "host=localhost&ipv4=127.0.0.2",
+        &debug,
+    );
+    let b = Agent::start(
+        &env,
+        server.agent,
+        "b",
+        "cidr=127.0.3.0/24&cidr=127.0.0.0/8",
+        &debug,
+    );
+    let c = Agent::start(&env, server.agent, "c", "default-route=true", &debug);
+    server.wait_metric("edgetunnel_agents_connected", 3.0);
+    let ta = banner_server("127.0.0.2", "A");
+    let tb = banner_server("127.0.3.7", "B");
+    let tlocal = banner_server("127.0.0.1", "L");
+    let read_all = |addr: &str| {
+        let (status, body, mut s) = connect_tcp(server.connect, addr);
+        assert_eq!(status, 200, "{addr}: {body}");
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    let by_name = format!("localhost:{}", tlocal.port());
+    // 127.0.0.1 is in b's /8 only; the longest prefix decides for 127.0.3.7.
+    let in_wide_cidr = tlocal.to_string();
+    for _ in 0..3 {
+        assert_eq!(read_all(&ta.to_string()), "A");
+        assert_eq!(read_all(&by_name), "L");
+        assert_eq!(read_all(&tb.to_string()), "B");
+        assert_eq!(read_all(&in_wide_cidr), "L");
+    }
+    // Nobody announced ::1 and no cidr holds it: the default-route agent.
+    let v6 = std::net::TcpListener::bind("[::1]:0").ok();
+    let v6_addr = v6.as_ref().map(|l| l.local_addr().unwrap().to_string());
+    if let Some(l) = v6 {
+        thread::spawn(move || {
+            for s in l.incoming().flatten() {
+                let mut s = s;
+                let _ = s.write_all(b"V6");
+            }
+        });
+        assert_eq!(read_all(v6_addr.as_deref().unwrap()), "V6");
+    }
+    let dialed =
+        |agent: &Agent, addr: &str| agent.proc.log_text().contains(&format!("address={addr}"));
+    assert!(dialed(&a, &ta.to_string()) && dialed(&a, &by_name));
+    assert!(!dialed(&b, &ta.to_string()) && !dialed(&c, &ta.to_string()));
+    assert!(dialed(&b, &tb.to_string()) && dialed(&b, &in_wide_cidr));
+    assert!(!dialed(&a, &tb.to_string()) && !dialed(&c, &tb.to_string()));
+    if let Some(v6) = &v6_addr {
+        assert!(dialed(&c, v6) && !dialed(&a, v6) && !dialed(&b, v6));
+    }
+    drop(server);
+
+    // destHost alone: an unknown host has no agent.
+    let server = Server::start(&env, &["--proxy-strategies", "destHost"]);
+    let _a = Agent::start(&env, server.agent, "a", "host=localhost", &[]);
+    assert_eq!(read_all_status(&server, &by_name), 200);
+    assert_eq!(read_all_status(&server, "elsewhere:80"), 500);
+}
+
+fn read_all_status(server: &Server, addr: &str) -> u16 {
+    connect_tcp(server.connect, addr).0
+}
+
+#[test]
+fn draining_agent_gets_no_new_dials_and_exits_when_idle() {
+    let env = Env::new();
+    let server = Server::start(&env, &[]);
+    let mut a = Agent::start(&env, server.agent, "a", "host=node", &[]);
+    let _b = Agent::start(&env, server.agent, "b", "host=node", &[]);
+    let echo = echo_server("127.0.0.1");
+    let target = echo.addr.to_string();
+    let (status, _, mut held) = connect_tcp(server.connect, &target);
+    assert_eq!(status, 200);
+    a.proc.signal(libc::SIGTERM);
+    thread::sleep(Duration::from_millis(300));
+    // New dials still succeed (through b), the held one still works.
+    for _ in 0..5 {
+        let (status, _, s) = connect_tcp(server.connect, &target);
+        assert_eq!(status, 200);
+        assert_eq!(echo_roundtrip(s, b"x"), b"x");
+    }
+    held.write_all(b"still").unwrap();
+    let mut got = [0u8; 5];
+    held.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"still");
+    drop(held);
+    let status = a
+        .proc
+        .wait_exit(WAIT)
+        .expect("drained agent exits once idle");
+    assert!(status.success(), "{status:?}");
+    assert!(a.proc.log_text().contains("draining"));
+}
+
+#[test]
+fn legacy_epoll_driver_works_end_to_end() {
+    let env = Env::new();
+    let server = Server::start(&env, &["--driver", "legacy"]);
+    let _agent = Agent::start(
+        &env,
+        server.agent,
+        "node1",
+        "host=node1",
+        &["--driver", "legacy"],
+    );
+    assert!(server.proc.log_text().contains("driver=\"epoll\""));
+    let echo = echo_server("127.0.0.1");
+    let data = random_bytes(3 << 20, 1);
+    let (status, _, s) = connect_tcp(server.connect, &echo.addr.to_string());
+    assert_eq!(status, 200);
+    assert!(echo_roundtrip(s, &data) == data);
+}
+
+#[test]
+fn single_worker_and_cross_core_handoff() {
+    // With 2 workers, an agent lives on one core and CONNECTs land on both:
+    // half of them are handed off; all must work.
+    let env = Env::new();
+    let server = Server::start(&env, &["--workers", "2"]);
+    let _agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    let echo = echo_server("127.0.0.1");
+    for i in 0..50 {
+        let (status, _, s) = connect_tcp(server.connect, &echo.addr.to_string());
+        assert_eq!(status, 200);
+        let data = random_bytes(10_000, i);
+        assert!(echo_roundtrip(s, &data) == data);
+    }
+}
+
+#[test]
+fn dial_timeout_answers_504() {
+    let env = Env::new();
+    let server = Server::start(&env, &["--dial-timeout-secs", "0.5"]);
+    // The agent's own dial timeout is longer than the server's.
+    let _agent = Agent::start(
+        &env,
+        server.agent,
+        "node1",
+        "host=node1",
+        &["--dial-timeout-secs", "10"],
+    );
+    // A loopback listener that never accepts, with its queue filled: further
+    // SYNs are dropped, so the agent's connect hangs.
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.bind(
+        &"127.0.0.1:0"
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+            .into(),
+    )
+    .unwrap();
+    sock.listen(0).unwrap();
+    let addr = sock.local_addr().unwrap().as_socket().unwrap();
+    let mut fillers = Vec::new();
+    for _ in 0..4 {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let _ = s.connect(&addr.into());
+        fillers.push(s);
+    }
+    thread::sleep(Duration::from_millis(100));
+    let (status, body, _) = connect_tcp(server.connect, &addr.to_string());
+    assert_eq!(status, 504, "{body}");
+    assert!(body.contains("timeout"), "{body}");
+    assert_eq!(
+        server.metric("edgetunnel_dials_total{result=\"timeout\"}"),
+        1.0
+    );
+    server.wait_metric("edgetunnel_pending_dials", 0.0);
+}

@@ -1,0 +1,427 @@
+//! Shared pieces of the end-to-end tests: real `edgetunnel` processes on
+//! loopback, real targets, real clients. Every wait is bounded.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_edgetunnel");
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// Raises the open-file limit (inherited by the processes we start).
+pub fn raise_nofile() {
+    // SAFETY: plain rlimit calls on a local struct.
+    unsafe {
+        let mut r: libc::rlimit = std::mem::zeroed();
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
+        r.rlim_cur = r.rlim_max.min(65536);
+        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+    }
+}
+
+/// A temp dir with certificates from `edgetunnel certs init`.
+pub struct Env {
+    pub dir: tempfile::TempDir,
+}
+
+impl Env {
+    pub fn new() -> Self {
+        raise_nofile();
+        let mut dir = tempfile::tempdir().expect("tempdir");
+        let out = Command::new(BIN)
+            .args(["certs", "init"])
+            .arg(dir.path().join("certs"))
+            .output()
+            .expect("run certs init");
+        assert!(out.status.success(), "certs init failed: {out:?}");
+        if std::env::var_os("KEEP_TEST_DIR").is_some() {
+            eprintln!("test dir kept: {}", dir.path().display());
+            dir.disable_cleanup(true);
+        }
+        Env { dir }
+    }
+
+    pub fn certs(&self) -> PathBuf {
+        self.dir.path().join("certs")
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+/// A child process killed on drop, with its stdout lines on a channel and
+/// stderr in a log file.
+pub struct Proc {
+    pub child: Child,
+    pub lines: mpsc::Receiver<String>,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    pub fn spawn(mut cmd: Command, log: PathBuf) -> Proc {
+        let logf = std::fs::File::create(&log).expect("log file");
+        cmd.stdout(Stdio::piped()).stderr(logf).stdin(Stdio::null());
+        let mut child = cmd.spawn().expect("spawn edgetunnel");
+        let out = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Proc {
+            child,
+            lines: rx,
+            log,
+        }
+    }
+
+    /// Waits for a stdout line starting with `prefix`.
+    pub fn wait_line(&self, prefix: &str) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l.starts_with(prefix) => return l,
+                Ok(_) => continue,
+                Err(_) => panic!(
+                    "no line {prefix:?} within {WAIT:?}; log:\n{}",
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                ),
+            }
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: sending a signal to our own child.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
+    /// Waits for the process to exit; its status code if it did in time.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A running `edgetunnel server` with every frontend on loopback.
+pub struct Server {
+    pub proc: Proc,
+    pub agent: SocketAddr,
+    pub connect: SocketAddr,
+    pub grpc: SocketAddr,
+    pub admin: SocketAddr,
+    pub connect_uds: PathBuf,
+    pub grpc_uds: PathBuf,
+}
+
+impl Server {
+    pub fn start(env: &Env, extra: &[&str]) -> Server {
+        Self::start_on(env, "127.0.0.1:0", extra)
+    }
+
+    pub fn start_on(env: &Env, agent_bind: &str, extra: &[&str]) -> Server {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let connect_uds = env.path(&format!("connect-{n}.sock"));
+        let grpc_uds = env.path(&format!("grpc-{n}.sock"));
+        let mut cmd = Command::new(BIN);
+        cmd.arg("server")
+            .arg("--certs-dir")
+            .arg(env.certs())
+            .args(["--agent-bind", agent_bind])
+            .args(["--connect-bind", "127.0.0.1:0"])
+            .args(["--grpc-bind", "127.0.0.1:0"])
+            .args(["--admin-bind", "127.0.0.1:0"])
+            .arg("--connect-uds")
+            .arg(&connect_uds)
+            .arg("--grpc-uds")
+            .arg(&grpc_uds)
+            .args(extra);
+        let proc = Proc::spawn(cmd, env.path(&format!("server-{n}.log")));
+        let addr = |what: &str| -> SocketAddr {
+            let l = proc.wait_line(&format!("LISTEN {what} "));
+            l.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        let agent = addr("agent");
+        let connect = addr("connect");
+        let grpc = addr("grpc");
+        let admin = addr("admin");
+        proc.wait_line("READY");
+        Server {
+            proc,
+            agent,
+            connect,
+            grpc,
+            admin,
+            connect_uds,
+            grpc_uds,
+        }
+    }
+
+    pub fn metrics(&self) -> String {
+        http_get(self.admin, "/metrics").1
+    }
+
+    /// The value of an unlabelled or labelled sample in /metrics.
+    pub fn metric(&self, sample: &str) -> f64 {
+        let text = self.metrics();
+        text.lines()
+            .find_map(|l| l.strip_prefix(sample).and_then(|r| r.strip_prefix(' ')))
+            .unwrap_or_else(|| panic!("metric {sample} missing in:\n{text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    /// Waits until `sample` equals `want`.
+    pub fn wait_metric(&self, sample: &str, want: f64) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let v = self.metric(sample);
+            if v == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{sample} stayed {v}, wanted {want}\n{}",
+                self.proc.log_text()
+            );
+            thread::sleep(Duration::from_millis(25));
+        }
+    }
+}
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// A running `edgetunnel agent`.
+pub struct Agent {
+    pub proc: Proc,
+}
+
+impl Agent {
+    pub fn start(
+        env: &Env,
+        server: SocketAddr,
+        id: &str,
+        identifiers: &str,
+        extra: &[&str],
+    ) -> Agent {
+        let a = Self::spawn(env, server, id, identifiers, extra);
+        a.proc.wait_line("CONNECTED");
+        a
+    }
+
+    pub fn spawn(
+        env: &Env,
+        server: SocketAddr,
+        id: &str,
+        identifiers: &str,
+        extra: &[&str],
+    ) -> Agent {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let mut cmd = Command::new(BIN);
+        cmd.arg("agent")
+            .arg("--certs-dir")
+            .arg(env.certs())
+            .args(["--server-addr", &server.to_string()])
+            .args(["--server-name", "localhost"])
+            .args(["--agent-id", id])
+            .args(["--agent-identifiers", identifiers])
+            .args(["--backoff-initial-secs", "0.1", "--backoff-max-secs", "1"])
+            .args(extra);
+        Agent {
+            proc: Proc::spawn(cmd, env.path(&format!("agent-{id}-{n}.log"))),
+        }
+    }
+}
+
+/// A TCP echo server; counts connections that ended.
+pub struct Echo {
+    pub addr: SocketAddr,
+    pub closed: Arc<AtomicUsize>,
+}
+
+pub fn echo_server(ip: &str) -> Echo {
+    let l = TcpListener::bind((ip, 0)).expect("bind echo");
+    let addr = l.local_addr().unwrap();
+    let closed = Arc::new(AtomicUsize::new(0));
+    let c = closed.clone();
+    thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let c = c.clone();
+            thread::spawn(move || {
+                let mut r = s.try_clone().unwrap();
+                let _ = std::io::copy(&mut r, &mut s);
+                let _ = s.shutdown(Shutdown::Write);
+                c.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+    });
+    Echo { addr, closed }
+}
+
+/// A target that answers every connection with `reply` and closes.
+pub fn banner_server(ip: &str, reply: &'static str) -> SocketAddr {
+    let l = TcpListener::bind((ip, 0)).expect("bind banner");
+    let addr = l.local_addr().unwrap();
+    thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let _ = s.write_all(reply.as_bytes());
+        }
+    });
+    addr
+}
+
+/// A target that sends endlessly; counts connections that ended.
+pub fn source_server() -> (SocketAddr, Arc<AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind source");
+    let addr = l.local_addr().unwrap();
+    let ended = Arc::new(AtomicUsize::new(0));
+    let e = ended.clone();
+    thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let e = e.clone();
+            thread::spawn(move || {
+                let chunk = vec![7u8; 64 * 1024];
+                while s.write_all(&chunk).is_ok() {}
+                e.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (addr, ended)
+}
+
+/// An HTTP CONNECT over `stream`: status code, body (on error) and the
+/// stream positioned after the head.
+pub fn connect_over<S: Read + Write>(mut s: S, target: &str) -> (u16, String, S) {
+    let req = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut b) {
+            Ok(1) => head.push(b[0]),
+            _ => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&head).to_string();
+    let status: u16 = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {text:?}"));
+    let mut body = String::new();
+    if status != 200 {
+        let _ = s.read_to_string(&mut body);
+    }
+    (status, body, s)
+}
+
+pub fn connect_tcp(proxy: SocketAddr, target: &str) -> (u16, String, TcpStream) {
+    let s = TcpStream::connect(proxy).expect("connect to frontend");
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    connect_over(s, target)
+}
+
+pub fn connect_unix(path: &Path, target: &str) -> (u16, String, std::os::unix::net::UnixStream) {
+    let s = std::os::unix::net::UnixStream::connect(path).expect("connect to unix frontend");
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    connect_over(s, target)
+}
+
+/// Sends `data` and reads the same amount back concurrently.
+pub fn echo_roundtrip<S>(s: S, data: &[u8]) -> Vec<u8>
+where
+    S: Read + Write + Send + 'static + TryCloneStream,
+{
+    let mut w = s.try_clone_stream();
+    let payload = data.to_vec();
+    let writer = thread::spawn(move || {
+        w.write_all(&payload).unwrap();
+    });
+    let mut r = s;
+    let mut got = vec![0u8; data.len()];
+    r.read_exact(&mut got).expect("read echo");
+    writer.join().unwrap();
+    got
+}
+
+pub trait TryCloneStream: Sized {
+    fn try_clone_stream(&self) -> Self;
+}
+
+impl TryCloneStream for TcpStream {
+    fn try_clone_stream(&self) -> Self {
+        self.try_clone().unwrap()
+    }
+}
+
+impl TryCloneStream for std::os::unix::net::UnixStream {
+    fn try_clone_stream(&self) -> Self {
+        self.try_clone().unwrap()
+    }
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A plain HTTP/1.1 GET: (status, body).
+pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect admin");
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|x| x.1.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
