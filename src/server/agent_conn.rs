@@ -55,6 +55,55 @@ pub(super) async fn accept_loop(
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// What an agent said about itself in its Connect request.
+struct AgentHello {
+    agent_id: String,
+    ids: Identifiers,
+    half_close: bool,
+}
+
+/// Checks the Connect request: method, token, agentID, identifiers.
+fn validate(shared: &Shared, head: &http::request::Parts) -> Result<AgentHello, (u32, String)> {
+    if head.uri.path() != proto::AGENT_CONNECT_PATH {
+        return Err((
+            code::UNIMPLEMENTED,
+            format!("unknown method {}", head.uri.path()),
+        ));
+    }
+    if let Some(token) = &shared.cfg.agent_token {
+        let given = head
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        if given != Some(format!("Bearer {token}").as_str()) {
+            return Err((code::UNAUTHENTICATED, "bad or missing bearer token".into()));
+        }
+    }
+    let agent_id = match grpc::single(&head.headers, proto::AGENT_ID_HEADER) {
+        Ok(Some(id)) if !id.is_empty() => id,
+        Ok(_) => {
+            return Err((
+                code::INVALID_ARGUMENT,
+                "expected one agentID in metadata".into(),
+            ))
+        }
+        Err(e) => return Err((code::INVALID_ARGUMENT, e)),
+    };
+    let ids = grpc::single(&head.headers, proto::AGENT_IDENTIFIERS_HEADER)
+        .and_then(|v| Identifiers::parse(v.as_deref().unwrap_or("")).map_err(|e| e.to_string()))
+        .map_err(|e| (code::INVALID_ARGUMENT, e))?;
+    let half_close = head
+        .headers
+        .get(proto::FEATURES_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|f| f.trim() == proto::FEATURE_HALF_CLOSE));
+    Ok(AgentHello {
+        agent_id,
+        ids,
+        half_close,
+    })
+}
+
 async fn serve(
     core: usize,
     shared: Arc<Shared>,
@@ -84,60 +133,24 @@ async fn serve(
         .map_err(|_| "agent handshake timed out")??;
     conn.set_initial_window_size(grpc::STREAM_WINDOW).ok();
 
-    let reject = |respond: &mut h2::server::SendResponse<SendBuf>, c: u32, m: String| {
-        tracing::warn!(%peer, code = c, reason = %m, "agent refused");
-        let _ = respond.send_response(grpc::error_head(c, &m), true);
-        m
-    };
     let (head, body) = request.into_parts();
-    if head.uri.path() != proto::AGENT_CONNECT_PATH {
-        return Err(reject(
-            &mut respond,
-            code::UNIMPLEMENTED,
-            format!("unknown method {}", head.uri.path()),
-        )
-        .into());
-    }
-    if let Some(token) = &shared.cfg.agent_token {
-        let given = head
-            .headers
-            .get("authorization")
-            .and_then(|v| v.to_str().ok());
-        if given != Some(format!("Bearer {token}").as_str()) {
-            return Err(reject(
-                &mut respond,
-                code::UNAUTHENTICATED,
-                "bad or missing bearer token".into(),
-            )
-            .into());
+    let hello = match validate(&shared, &head) {
+        Ok(h) => h,
+        Err((c, m)) => {
+            tracing::warn!(%peer, code = c, reason = %m, "agent refused");
+            let _ = respond.send_response(grpc::error_head(c, &m), true);
+            // Let h2 flush the refusal before the connection drops.
+            conn.graceful_shutdown();
+            let closed = futures::future::poll_fn(|cx| conn.poll_closed(cx));
+            let _ = monoio::time::timeout(Duration::from_secs(5), closed).await;
+            return Err(m.into());
         }
-    }
-    let agent_id = match grpc::single(&head.headers, proto::AGENT_ID_HEADER) {
-        Ok(Some(id)) if !id.is_empty() => id,
-        Ok(_) => {
-            return Err(reject(
-                &mut respond,
-                code::INVALID_ARGUMENT,
-                "expected one agentID in metadata".into(),
-            )
-            .into())
-        }
-        Err(e) => return Err(reject(&mut respond, code::INVALID_ARGUMENT, e).into()),
     };
-    let ids = match grpc::single(&head.headers, proto::AGENT_IDENTIFIERS_HEADER) {
-        Ok(v) => match Identifiers::parse(v.as_deref().unwrap_or("")) {
-            Ok(ids) => ids,
-            Err(e) => {
-                return Err(reject(&mut respond, code::INVALID_ARGUMENT, e.to_string()).into())
-            }
-        },
-        Err(e) => return Err(reject(&mut respond, code::INVALID_ARGUMENT, e).into()),
-    };
-    let half_close = head
-        .headers
-        .get(proto::FEATURES_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(',').any(|f| f.trim() == proto::FEATURE_HALF_CLOSE));
+    let AgentHello {
+        agent_id,
+        ids,
+        half_close,
+    } = hello;
     let send = respond.send_response(
         grpc::response_head(&[
             (proto::SERVER_ID_HEADER, shared.cfg.server_id.clone()),

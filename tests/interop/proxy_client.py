@@ -56,6 +56,11 @@ def parse_args():
 
 def make_channel(grpc, a):
     opts = list(c.GRPC_OPTIONS)
+    if a.target.startswith("unix:"):
+        # grpc C-core sends the percent-encoded socket path as :authority,
+        # which is not a valid authority (h2 servers reject it). grpc-go
+        # (konnectivity-client) sends "localhost" for unix targets: do the same.
+        opts.append(("grpc.default_authority", "localhost"))
     if not a.ca:
         return grpc.insecure_channel(a.target, options=opts)
     ca = c.read_file(a.ca, "CA")

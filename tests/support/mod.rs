@@ -103,6 +103,22 @@ impl Proc {
         }
     }
 
+    /// Waits for a stdout line starting with any of `prefixes`.
+    pub fn wait_line_any(&self, prefixes: &[&str], timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if prefixes.iter().any(|p| l.starts_with(p)) => return l,
+                Ok(_) => continue,
+                Err(_) => panic!(
+                    "no line {prefixes:?} within {timeout:?}; log:\n{}",
+                    self.log_text()
+                ),
+            }
+        }
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
