@@ -68,7 +68,8 @@ pub fn parse(buf: &[u8]) -> Result<Option<ConnectRequest>, ConnectError> {
     let (host, port) = target
         .rsplit_once(':')
         .ok_or_else(|| ConnectError::Malformed(format!("CONNECT target {target:?} has no port")))?;
-    if host.is_empty() || port.parse::<u16>().is_err() {
+    let digits = !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit());
+    if host.is_empty() || host.contains('@') || !digits || port.parse::<u16>().is_err() {
         return Err(ConnectError::Malformed(format!(
             "CONNECT target {target:?} is not host:port"
         )));
@@ -172,6 +173,22 @@ mod tests {
         let mut big = b"CONNECT a:1 HTTP/1.1\r\n".to_vec();
         big.extend(std::iter::repeat_n(b'x', MAX_HEAD));
         assert_eq!(parse(&big).unwrap_err(), ConnectError::TooLarge);
+    }
+
+    #[test]
+    fn go_rejects_these_targets_too() {
+        assert_eq!(
+            parse(b"CONNECT a:+80 HTTP/1.1\r\n\r\n")
+                .unwrap_err()
+                .status(),
+            400
+        );
+        assert_eq!(
+            parse(b"CONNECT u@a:80 HTTP/1.1\r\n\r\n")
+                .unwrap_err()
+                .status(),
+            400
+        );
     }
 
     #[test]

@@ -142,6 +142,7 @@ fn percent_decode(s: &str) -> Result<String, IdentifierError> {
             b'%' => {
                 let hex = bytes
                     .get(i + 1..i + 3)
+                    .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
                     .and_then(|h| std::str::from_utf8(h).ok())
                     .and_then(|h| u8::from_str_radix(h, 16).ok())
                     .ok_or_else(|| IdentifierError::BadEncoding(s.to_string()))?;
@@ -192,6 +193,7 @@ mod tests {
         assert!(Identifiers::parse("ipv4=node1").is_err());
         assert!(Identifiers::parse("cidr=10.0.0.0/33").is_err());
         assert!(Identifiers::parse("host=%zz").is_err());
+        assert!(Identifiers::parse("host=%+1").is_err());
         assert_eq!(Identifiers::parse("").unwrap(), Identifiers::default());
     }
 

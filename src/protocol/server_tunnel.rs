@@ -5,7 +5,7 @@
 //! The runtime feeds it the agent's packets and the frontends' requests and
 //! carries out the returned actions; it never blocks and owns no sockets.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
 
@@ -43,8 +43,9 @@ pub struct ServerTunnel<F> {
     open: HashMap<i64, F>,
     /// connectIDs we sent CLOSE_REQ for, to ignore their trailing packets
     /// without answering each one (bounded).
-    closing: HashSet<i64>,
-    closing_order: VecDeque<i64>,
+    closing: HashMap<i64, u64>,
+    closing_order: VecDeque<(i64, u64)>,
+    closing_seq: u64,
 }
 
 const MAX_CLOSING: usize = 4096;
@@ -54,8 +55,9 @@ impl<F> Default for ServerTunnel<F> {
         Self {
             pending: HashMap::new(),
             open: HashMap::new(),
-            closing: HashSet::new(),
+            closing: HashMap::new(),
             closing_order: VecDeque::new(),
+            closing_seq: 0,
         }
     }
 }
@@ -116,10 +118,13 @@ impl<F: Clone> ServerTunnel<F> {
     }
 
     fn remember_closing(&mut self, connect_id: i64) {
-        if self.closing.insert(connect_id) {
-            self.closing_order.push_back(connect_id);
-            if self.closing_order.len() > MAX_CLOSING {
-                if let Some(old) = self.closing_order.pop_front() {
+        self.closing_seq += 1;
+        self.closing.insert(connect_id, self.closing_seq);
+        self.closing_order.push_back((connect_id, self.closing_seq));
+        while self.closing_order.len() > MAX_CLOSING {
+            if let Some((old, seq)) = self.closing_order.pop_front() {
+                // Only forget the entry this queue slot was made for.
+                if self.closing.get(&old) == Some(&seq) {
                     self.closing.remove(&old);
                 }
             }
@@ -131,7 +136,10 @@ impl<F: Clone> ServerTunnel<F> {
         match frame {
             Frame::DialResponse(rsp) => {
                 let Some(frontend) = self.pending.remove(&rsp.random) else {
-                    if rsp.error.is_empty() && rsp.connect_id != 0 {
+                    if rsp.error.is_empty()
+                        && rsp.connect_id != 0
+                        && !self.open.contains_key(&rsp.connect_id)
+                    {
                         // The dialer is gone: close what the agent opened.
                         self.remember_closing(rsp.connect_id);
                         return ServerAction::Reply(packet::close_request(rsp.connect_id));
@@ -169,7 +177,7 @@ impl<F: Clone> ServerTunnel<F> {
                     frontend: f.clone(),
                     payload: d.data,
                 },
-                None if self.closing.contains(&d.connect_id) => {
+                None if self.closing.contains_key(&d.connect_id) => {
                     ServerAction::Ignored(format!("DATA for closing connectID {}", d.connect_id))
                 }
                 None => {
@@ -284,6 +292,38 @@ mod tests {
             ServerAction::Ignored(_)
         ));
         assert_eq!(t.on_agent_frame(Frame::Drain), ServerAction::Drain);
+    }
+
+    #[test]
+    fn stray_dial_response_never_closes_a_live_connection() {
+        let mut t: ServerTunnel<u8> = ServerTunnel::default();
+        t.begin_dial(1, "a:1", 1).unwrap();
+        t.on_agent_frame(packet::dial_response(1, 7, ""));
+        assert!(matches!(
+            t.on_agent_frame(packet::dial_response(99, 7, "")),
+            ServerAction::Ignored(_)
+        ));
+        assert!(t.is_open(7));
+    }
+
+    #[test]
+    fn closing_memory_survives_reuse_of_an_id() {
+        let mut t: ServerTunnel<u8> = ServerTunnel::default();
+        for random in [1, 2] {
+            t.begin_dial(random, "a:1", 1).unwrap();
+            t.on_agent_frame(packet::dial_response(random, 5, ""));
+            t.close(5);
+            if random == 1 {
+                t.on_agent_frame(packet::close_response(5, ""));
+            }
+        }
+        for id in 100..(100 + MAX_CLOSING as i64 - 1) {
+            t.on_agent_frame(packet::data(id, Bytes::new()));
+        }
+        assert!(matches!(
+            t.on_agent_frame(packet::data(5, Bytes::new())),
+            ServerAction::Ignored(_)
+        ));
     }
 
     #[test]

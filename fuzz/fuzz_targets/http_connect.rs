@@ -1,0 +1,25 @@
+//! The CONNECT head parser on arbitrary bytes: no panics, a sane result, and
+//! the same answer from the head alone (and "need more" from any shorter
+//! prefix of it).
+#![no_main]
+
+use edgetunnel::protocol::http_connect::{self, MAX_HEAD};
+use edgetunnel::protocol::routing;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let res = http_connect::parse(data);
+    match &res {
+        Ok(Some(r)) => {
+            assert!(r.head_len <= data.len() && r.head_len <= MAX_HEAD);
+            assert!(r.address.contains(':'), "{:?}", r.address);
+            let _ = routing::dest_host(&r.address);
+            assert_eq!(http_connect::parse(&data[..r.head_len]), res);
+            assert_eq!(http_connect::parse(&data[..r.head_len - 1]), Ok(None));
+        }
+        Ok(None) => assert!(data.len() < MAX_HEAD),
+        Err(e) => {
+            let _ = http_connect::error_response(e.status(), &e.to_string());
+        }
+    }
+});

@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Writes the hand-made seed corpora under corpus/<target>/seed-*.
+
+Run once from fuzz/ (python3 gen_corpus.py); the output is committed. It
+encodes ANP Packets by hand (protobuf wire format) so it needs nothing but
+Python.
+"""
+import os
+import struct
+
+
+def varint(v):
+    v &= (1 << 64) - 1  # int64 two's complement, as protobuf does
+    out = bytearray()
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        if v:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def f_int(tag, v):
+    return varint(tag << 3) + varint(v) if v else b""
+
+
+def f_bytes(tag, b):
+    if isinstance(b, str):
+        b = b.encode()
+    return varint(tag << 3 | 2) + varint(len(b)) + b if b else b""
+
+
+def packet(kind, field, body):
+    # Packet{type=1, payload oneof tags 2..8}; the submessage is always written.
+    return f_int(1, kind) + varint(field << 3 | 2) + varint(len(body)) + body
+
+
+def dial_req(addr, random, proto="tcp"):
+    return packet(0, 2, f_bytes(1, proto) + f_bytes(2, addr) + f_int(3, random))
+
+
+def dial_rsp(random, cid, err=""):
+    return packet(1, 3, f_bytes(1, err) + f_int(2, cid) + f_int(3, random))
+
+
+def close_req(cid):
+    return packet(2, 5, f_int(1, cid))
+
+
+def close_rsp(cid, err=""):
+    return packet(3, 6, f_bytes(1, err) + f_int(2, cid))
+
+
+def data(cid, payload=b"", err=""):
+    return packet(4, 4, f_int(1, cid) + f_bytes(2, err) + f_bytes(3, payload))
+
+
+def dial_cls(random):
+    return packet(5, 7, f_int(1, random))
+
+
+DRAIN = packet(6, 8, b"")
+
+
+def grpc(msg):
+    return b"\x00" + struct.pack(">I", len(msg)) + msg
+
+
+def write(target, name, content):
+    d = os.path.join("corpus", target)
+    os.makedirs(d, exist_ok=True)
+    if isinstance(content, str):
+        content = content.encode()
+    with open(os.path.join(d, "seed-" + name), "wb") as f:
+        f.write(content)
+
+
+ALL_KINDS = [
+    dial_req("node1:10250", 7),
+    dial_rsp(7, 1),
+    dial_rsp(8, 0, "dial tcp 10.0.0.1:80: connect: connection refused"),
+    data(1, b"GET / HTTP/1.1\r\n\r\n"),
+    data(1, b"", "EOF"),
+    data(-1, b"\xff" * 200),
+    close_req(1),
+    close_rsp(1),
+    dial_cls(-5),
+    DRAIN,
+]
+
+# grpc_frame: [n][n chunk sizes][stream]
+stream = b"".join(grpc(m) for m in ALL_KINDS)
+write("grpc_frame", "one-chunk", b"\x00" + stream)
+write("grpc_frame", "byte-at-a-time", b"\x01\x01" + stream)
+write("grpc_frame", "mixed-sizes", b"\x04\x03\x10\x00\x40" + stream)
+write("grpc_frame", "truncated", b"\x02\x05\x07" + stream[:-3])
+write("grpc_frame", "too-large", b"\x00" + grpc(DRAIN) + b"\x00\x00\x01\x00\x01")
+write("grpc_frame", "compressed", b"\x00" + grpc(DRAIN) + b"\x01\x00\x00\x00\x00")
+write("grpc_frame", "empty-messages", b"\x00" + grpc(b"") * 3)
+
+
+# packet_state: messages = op byte (op + 12 * arg) + Packet
+def op(o, arg=0, pkt=b""):
+    return grpc(bytes([o + 12 * arg]) + pkt)
+
+
+SERVER, AGENT, BEGIN, CANCEL, CLOSE, OK, FAIL, LCLOSE, SDRAIN, ADRAIN, TO_AGENT, TO_SERVER = range(12)
+
+write("packet_state", "coupled-lifecycle", b"".join([
+    op(BEGIN, 3, dial_req("node1:10250", 0)),
+    op(TO_AGENT),
+    op(OK, 3),
+    op(TO_SERVER),
+    op(SERVER, 0, data(1, b"hello")),
+    op(AGENT, 0, data(1, b"world")),
+    op(SERVER, 0, data(1, b"", "EOF")),
+    op(CLOSE, 1),
+    op(TO_AGENT),
+    op(TO_SERVER),
+    op(SERVER, 0, data(1, b"late")),
+]))
+write("packet_state", "cancel-and-fail", b"".join([
+    op(BEGIN, 1),
+    op(BEGIN, 1),
+    op(TO_AGENT),
+    op(CANCEL, 1),
+    op(TO_AGENT),
+    op(OK, 1),
+    op(BEGIN, 2),
+    op(TO_AGENT),
+    op(FAIL, 2),
+    op(TO_SERVER),
+    op(SERVER, 0, dial_rsp(9, 42)),
+    op(SDRAIN),
+]))
+write("packet_state", "direct-frames", b"".join([
+    op(SERVER, 0, dial_rsp(5, 0, "x")),
+    op(SERVER, 0, data(77, b"x")),
+    op(SERVER, 0, close_rsp(77)),
+    op(SERVER, 0, DRAIN),
+    op(SERVER, 0, close_req(1)),
+    op(AGENT, 0, dial_req("[fd00::1]:443", 5)),
+    op(AGENT, 0, dial_req("[fd00::1]:443", 5)),
+    op(AGENT, 0, dial_cls(5)),
+    op(AGENT, 0, data(1, b"", "EOF")),
+    op(AGENT, 0, close_req(3)),
+    op(AGENT, 0, DRAIN),
+    op(LCLOSE, 1),
+    op(ADRAIN),
+]))
+write("packet_state", "agent-side", b"".join([
+    op(AGENT, 0, dial_req("a:1", 4)),
+    op(OK, 4),
+    op(AGENT, 0, data(1, b"payload")),
+    op(AGENT, 0, data(1, b"", "EOF")),
+    op(LCLOSE, 4),
+    op(TO_SERVER),
+    op(AGENT, 0, close_req(1)),
+]))
+
+# http_connect
+write("http_connect", "basic", "CONNECT node1:10250 HTTP/1.1\r\nHost: node1:10250\r\n\r\n")
+write("http_connect", "with-tail", "CONNECT 10.0.0.5:443 HTTP/1.1\r\nHost: 10.0.0.5:443\r\nUser-Agent: Go-http-client/1.1\r\n\r\n\x16\x03\x01")
+write("http_connect", "ipv6", "CONNECT [fd00::1]:80 HTTP/1.1\r\n\r\n")
+write("http_connect", "partial", "CONNECT a:1 HTTP/1.1\r\nHost: a")
+write("http_connect", "get", "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+write("http_connect", "no-port", "CONNECT nohost HTTP/1.1\r\n\r\n")
+write("http_connect", "bare-lf", "CONNECT a:1 HTTP/1.0\nHost: a\n\n")
+
+# identifiers (also used as dial addresses by the target)
+write("identifiers", "all-keys", "host=node1&host=node-1.example&ipv4=10.0.0.5&ipv6=fd00%3A%3A1&cidr=10.1.0.0%2F16&default-route=true&future=x")
+write("identifiers", "cidr-v6", "cidr=fd00%3A%3A%2F64&cidr=0.0.0.0/0")
+write("identifiers", "encoded-host", "host=a+b%26c%3Dd&host=&host")
+write("identifiers", "bad", "ipv4=node1&cidr=10.0.0.0/33&host=%zz")
+write("identifiers", "addr-v4", "10.1.2.3:80")
+write("identifiers", "addr-v6", "[fd00::1]:443")
