@@ -81,15 +81,15 @@ fn measure(via: Option<SocketAddr>, streams: usize, secs: f64, upload: bool) -> 
     let t = target(!upload);
     let stop = Arc::new(AtomicBool::new(false));
     let downloaded = Arc::new(AtomicU64::new(0));
-    let conns: Vec<TcpStream> = (0..streams).map(|_| open(via, t.addr)).collect();
-    // Warm up, then count only the measured window.
-    thread::sleep(Duration::from_millis(50));
-    let handles: Vec<_> = conns
-        .into_iter()
-        .map(|mut s| {
+    // Each stream reads or writes from the moment it is open: a tunneled
+    // connection whose reader idles would only measure buffering.
+    let target_addr = t.addr;
+    let handles: Vec<_> = (0..streams)
+        .map(|_| {
             let stop = stop.clone();
             let downloaded = downloaded.clone();
             thread::spawn(move || {
+                let mut s = open(via, target_addr);
                 let mut buf = vec![0x5au8; CHUNK];
                 while !stop.load(Ordering::Relaxed) {
                     if upload {
@@ -116,7 +116,9 @@ fn measure(via: Option<SocketAddr>, streams: usize, secs: f64, upload: bool) -> 
     let bytes = counter.load(Ordering::Relaxed) - start_bytes;
     let elapsed = start.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
-    drop(handles); // threads end when the processes and sockets go away
+    for h in handles {
+        let _ = h.join();
+    }
     bytes as f64 * 8.0 / elapsed / 1e9
 }
 

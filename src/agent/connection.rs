@@ -3,6 +3,7 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,6 +14,7 @@ use rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
 
 use super::{BoxError, ServerSlots};
+use crate::engine::budget::{Budget, Credit};
 use crate::engine::grpc::{self, PacketReceiver, PacketSender, SendBuf};
 use crate::engine::listener;
 use crate::engine::relay::{self, ChunkReader};
@@ -23,7 +25,8 @@ use crate::protocol::{self as proto};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 const OUT_QUEUE: usize = 1024;
-const CONN_QUEUE: usize = 64;
+/// Payload from one server connection that may wait for local targets.
+const TARGET_BUDGET: usize = 64 * 1024 * 1024;
 
 /// How a connection ended without an error.
 pub(crate) enum Ended {
@@ -37,11 +40,11 @@ pub(crate) enum Ended {
 
 #[derive(Clone)]
 struct ConnHandle {
-    tx: mpsc::Sender<ConnEvent>,
+    tx: mpsc::UnboundedSender<ConnEvent>,
 }
 
 enum ConnEvent {
-    Data(Bytes),
+    Data(Credit),
     ShutdownWrite,
     Close,
 }
@@ -52,6 +55,8 @@ struct Shared {
     out: mpsc::Sender<Encoded>,
     half_close: bool,
     dial_timeout: Duration,
+    /// Payload queued toward local connections and not yet written.
+    budget: Arc<Budget>,
 }
 
 pub(crate) async fn run(slots: Rc<ServerSlots>) -> Result<Ended, BoxError> {
@@ -144,6 +149,7 @@ pub(crate) async fn run(slots: Rc<ServerSlots>) -> Result<Ended, BoxError> {
         out: out_tx,
         half_close,
         dial_timeout: cfg.dial_timeout,
+        budget: Budget::new(TARGET_BUDGET),
     });
     let reader = read_loop(
         shared.clone(),
@@ -195,10 +201,7 @@ pub(crate) async fn run(slots: Rc<ServerSlots>) -> Result<Ended, BoxError> {
     }
     let orphans = shared.tunnel.borrow_mut().drain_all();
     for c in orphans {
-        let mut tx = c.tx;
-        monoio::spawn(async move {
-            let _ = tx.send(ConnEvent::Close).await;
-        });
+        let _ = c.tx.unbounded_send(ConnEvent::Close);
     }
     tracing::info!(server = %addr, "disconnected from server");
     outcome
@@ -235,19 +238,16 @@ async fn read_loop(shared: Rc<Shared>, mut rx: PacketReceiver) -> Result<(), Box
                 monoio::spawn(dial(shared.clone(), random, connect_id, protocol, address));
             }
             AgentAction::Write { conn, payload } => {
-                let mut tx = conn.tx;
-                // Waiting here is the backpressure toward the server.
-                let _ = tx.send(ConnEvent::Data(payload)).await;
+                // Waiting here (only past the budget) is the backpressure
+                // toward the server; below it a slow target stalls nobody.
+                let credit = shared.budget.charge(payload).await;
+                let _ = conn.tx.unbounded_send(ConnEvent::Data(credit));
             }
             AgentAction::ShutdownWrite { conn } => {
-                let mut tx = conn.tx;
-                let _ = tx.send(ConnEvent::ShutdownWrite).await;
+                let _ = conn.tx.unbounded_send(ConnEvent::ShutdownWrite);
             }
             AgentAction::Close { conn, reply } => {
-                let mut tx = conn.tx;
-                monoio::spawn(async move {
-                    let _ = tx.send(ConnEvent::Close).await;
-                });
+                let _ = conn.tx.unbounded_send(ConnEvent::Close);
                 let _ = shared.ctl.unbounded_send(reply);
             }
             AgentAction::Reply(f) => {
@@ -294,7 +294,7 @@ async fn dial(shared: Rc<Shared>, random: i64, connect_id: i64, protocol: String
         }
     };
     listener::nodelay(&stream);
-    let (tx, rx) = mpsc::channel(CONN_QUEUE);
+    let (tx, rx) = mpsc::unbounded();
     let outcome = shared
         .tunnel
         .borrow_mut()
@@ -321,7 +321,7 @@ async fn relay_conn(
     shared: Rc<Shared>,
     connect_id: i64,
     stream: monoio::net::TcpStream,
-    mut events: mpsc::Receiver<ConnEvent>,
+    mut events: mpsc::UnboundedReceiver<ConnEvent>,
 ) {
     let (rd, mut wr) = stream.into_split();
     let mut out = shared.out.clone();
@@ -347,7 +347,7 @@ async fn relay_conn(
         while let Some(ev) = events.next().await {
             match ev {
                 ConnEvent::Data(b) => {
-                    if relay::write_chunk(&mut wr, b).await.is_err() {
+                    if relay::write_chunk(&mut wr, b.bytes().clone()).await.is_err() {
                         return Down::Failed;
                     }
                 }

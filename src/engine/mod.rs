@@ -5,6 +5,7 @@
 //! Nothing here blocks a core: file and Kubernetes work belongs to the
 //! control thread, never to these tasks.
 
+pub mod budget;
 pub mod grpc;
 pub mod listener;
 pub mod relay;

@@ -15,6 +15,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
 use super::Shared;
+use crate::engine::budget::Budget;
 use crate::engine::grpc::{self, code, PacketReceiver, PacketSender, SendBuf};
 use crate::engine::listener;
 use crate::metrics::DialResult;
@@ -24,7 +25,9 @@ use crate::protocol::server_tunnel::{ServerAction, ServerTunnel, HALF_CLOSE_MARK
 use crate::protocol::{self as proto};
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
-const COMMAND_QUEUE: usize = 1024;
+const COMMAND_QUEUE: usize = 256;
+/// Payload from one agent connection that may wait in frontends' queues.
+const FRONTEND_BUDGET: usize = 64 * 1024 * 1024;
 
 pub(super) async fn accept_loop(
     core: usize,
@@ -212,6 +215,7 @@ async fn serve(
         dial_started: RefCell::new(std::collections::HashMap::new()),
         last_open: std::cell::Cell::new(0),
         last_pending: std::cell::Cell::new(0),
+        budget: Budget::new(FRONTEND_BUDGET),
     });
     let (ctl_tx, ctl_rx) = mpsc::unbounded();
     let reader = read_loop(
@@ -246,11 +250,8 @@ async fn serve(
     let orphans = state.tunnel.borrow_mut().drain_all();
     state.sync_gauges();
     let n = orphans.len();
-    for mut sink in orphans {
-        monoio::spawn(async move {
-            sink.deliver(FrontendEvent::Closed("agent disconnected".into()))
-                .await;
-        });
+    for sink in orphans {
+        sink.deliver(FrontendEvent::Closed("agent disconnected".into()));
     }
     match &result {
         Ok(()) => tracing::info!(parent: &span, connections = n, "agent disconnected"),
@@ -266,6 +267,8 @@ struct AgentState {
     dial_started: RefCell<std::collections::HashMap<i64, Instant>>,
     last_open: std::cell::Cell<usize>,
     last_pending: std::cell::Cell<usize>,
+    /// Payload queued toward frontends and not yet written by them.
+    budget: Arc<Budget>,
 }
 
 impl AgentState {
@@ -316,11 +319,11 @@ async fn read_loop(
         state.sync_gauges();
         match action {
             ServerAction::DialSucceeded {
-                mut frontend,
+                frontend,
                 connect_id,
             } => {
                 state.dial_finished(random, DialResult::Success);
-                if !frontend.deliver(FrontendEvent::DialOk { connect_id }).await {
+                if !frontend.deliver(FrontendEvent::DialOk { connect_id }) {
                     // The frontend left: close what the agent opened.
                     if let Some(f) = state.tunnel.borrow_mut().close(connect_id) {
                         let _ = ctl.unbounded_send(f);
@@ -329,14 +332,14 @@ async fn read_loop(
                 }
             }
             ServerAction::DialFailed {
-                mut frontend,
+                frontend,
                 error,
             } => {
                 state.dial_finished(random, DialResult::Failure);
-                frontend.deliver(FrontendEvent::DialErr(error)).await;
+                frontend.deliver(FrontendEvent::DialErr(error));
             }
             ServerAction::Data {
-                mut frontend,
+                frontend,
                 payload,
             } => {
                 state
@@ -344,16 +347,19 @@ async fn read_loop(
                     .metrics
                     .bytes_from_agent
                     .fetch_add(payload.len() as u64, Relaxed);
-                frontend.deliver(FrontendEvent::Data(payload)).await;
+                // Waiting here (only past the budget) is the backpressure toward
+                // the agent; below it, a slow frontend stalls nobody.
+                let credit = state.budget.charge(payload).await;
+                frontend.deliver(FrontendEvent::Data(credit));
             }
-            ServerAction::PeerFinished { mut frontend } => {
-                frontend.deliver(FrontendEvent::Finished).await;
+            ServerAction::PeerFinished { frontend } => {
+                frontend.deliver(FrontendEvent::Finished);
             }
             ServerAction::Closed {
-                mut frontend,
+                frontend,
                 error,
             } => {
-                frontend.deliver(FrontendEvent::Closed(error)).await;
+                frontend.deliver(FrontendEvent::Closed(error));
             }
             ServerAction::Drain => {
                 tracing::info!("agent is draining: no new dials go to it");
@@ -395,12 +401,8 @@ async fn write_loop(
             cmds.close();
             // Fail the dials that were queued behind the broken stream.
             while let Ok(cmd) = cmds.try_recv() {
-                if let AgentCmd::Dial { mut reply, .. } = cmd {
-                    reply
-                        .deliver(FrontendEvent::DialErr(format!(
-                            "agent connection failed: {e}"
-                        )))
-                        .await;
+                if let AgentCmd::Dial { reply, .. } = cmd {
+                    reply.deliver(FrontendEvent::DialErr(format!("agent connection failed: {e}")));
                 }
             }
             return Err(e.into());
@@ -413,7 +415,7 @@ async fn handle_cmd(state: &AgentState, cmd: AgentCmd) -> Option<packet::Encoded
         AgentCmd::Dial {
             random,
             address,
-            mut reply,
+            reply,
         } => {
             let r = state
                 .tunnel
@@ -428,7 +430,7 @@ async fn handle_cmd(state: &AgentState, cmd: AgentCmd) -> Option<packet::Encoded
                     f
                 }
                 Err(e) => {
-                    reply.deliver(FrontendEvent::DialErr(e.to_string())).await;
+                    reply.deliver(FrontendEvent::DialErr(e.to_string()));
                     return None;
                 }
             }

@@ -24,7 +24,6 @@ use crate::metrics::DialResult;
 use crate::protocol::http_connect;
 
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
-const EVENT_QUEUE: usize = 64;
 
 /// Body of the answer when no agent can take the dial (as ANP words it).
 pub const NO_TUNNEL: &str = "currently no tunnels available: No agent available";
@@ -183,7 +182,7 @@ async fn tunnel<S>(
 ) where
     S: relay::Duplex,
 {
-    let (tx, mut events) = mpsc::channel(EVENT_QUEUE);
+    let (tx, mut events) = mpsc::unbounded();
     let random = loop {
         let r = fastrand::i64(..);
         if r != 0 {
@@ -291,7 +290,8 @@ async fn tunnel<S>(
         while let Some((_, ev)) = events.next().await {
             match ev {
                 FrontendEvent::Data(b) => {
-                    if relay::write_chunk(&mut wr, b).await.is_err() {
+                    // The credit goes back once the bytes are in the socket.
+                    if relay::write_chunk(&mut wr, b.bytes().clone()).await.is_err() {
                         return false;
                     }
                 }

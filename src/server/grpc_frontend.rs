@@ -21,7 +21,6 @@ use crate::protocol::PROXY_PATH;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-const EVENT_QUEUE: usize = 256;
 
 pub(super) async fn accept_tcp(shared: Arc<Shared>, l: monoio::net::TcpListener) {
     loop {
@@ -130,7 +129,7 @@ async fn proxy_stream(
     mut rx: PacketReceiver,
     tx: &mut PacketSender,
 ) -> Result<(), BoxError> {
-    let (ev_tx, mut events) = mpsc::channel::<(u64, FrontendEvent)>(EVENT_QUEUE);
+    let (ev_tx, mut events) = mpsc::unbounded::<(u64, FrontendEvent)>();
     let mut conns: HashMap<u64, Conn> = HashMap::new();
     let mut by_id: HashMap<i64, u64> = HashMap::new();
     let mut next_token = 0u64;
@@ -172,7 +171,7 @@ async fn proxy_stream(
                     }
                     FrontendEvent::Data(b) => {
                         if let Some(id) = c.connect_id {
-                            tx.send(packet::encode_data(id, b)).await?;
+                            tx.send(packet::encode_data(id, b.bytes().clone())).await?;
                         }
                     }
                     FrontendEvent::Finished => {}

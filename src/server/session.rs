@@ -6,6 +6,8 @@ use bytes::Bytes;
 use futures::channel::mpsc;
 use futures::SinkExt;
 
+use crate::engine::budget::Credit;
+
 /// How a frontend reaches an agent connection (cloneable, any core).
 #[derive(Clone)]
 pub struct AgentHandle {
@@ -53,7 +55,7 @@ pub enum FrontendEvent {
         connect_id: i64,
     },
     DialErr(String),
-    Data(Bytes),
+    Data(Credit),
     /// The agent side finished sending (half-close).
     Finished,
     Closed(String),
@@ -63,19 +65,15 @@ pub enum FrontendEvent {
 /// `token` tells connections apart when several share one channel.
 #[derive(Clone)]
 pub struct FrontendSink {
-    pub tx: mpsc::Sender<(u64, FrontendEvent)>,
+    pub tx: mpsc::UnboundedSender<(u64, FrontendEvent)>,
     pub token: u64,
 }
 
 impl FrontendSink {
-    /// Delivers an event, waiting while the frontend's queue is full (this is
-    /// the tunnel's backpressure). `false` if the frontend is gone.
-    pub async fn deliver(&mut self, ev: FrontendEvent) -> bool {
-        self.tx.send((self.token, ev)).await.is_ok()
-    }
-
-    /// Delivers without waiting (teardown paths); drops the event if full.
-    pub fn try_deliver(&mut self, ev: FrontendEvent) {
-        let _ = self.tx.try_send((self.token, ev));
+    /// Delivers an event; `false` if the frontend is gone. The queue is
+    /// unbounded in count; payload is bounded by the agent connection's
+    /// [`crate::engine::budget::Budget`], charged before delivery.
+    pub fn deliver(&self, ev: FrontendEvent) -> bool {
+        self.tx.unbounded_send((self.token, ev)).is_ok()
     }
 }
