@@ -344,10 +344,28 @@ async fn relay_conn(
         }
     };
     let down = async {
-        while let Some(ev) = events.next().await {
+        let mut stashed: Option<ConnEvent> = None;
+        loop {
+            let ev = match stashed.take() {
+                Some(ev) => ev,
+                None => match events.next().await {
+                    Some(ev) => ev,
+                    None => return Down::Closed,
+                },
+            };
             match ev {
-                ConnEvent::Data(b) => {
-                    if relay::write_chunk(&mut wr, b.bytes().clone()).await.is_err() {
+                ConnEvent::Data(first) => {
+                    let (credits, next) = relay::gather(
+                        first,
+                        || events.try_recv().ok(),
+                        |ev| match ev {
+                            ConnEvent::Data(c) => Ok(c),
+                            other => Err(other),
+                        },
+                    );
+                    stashed = next;
+                    let chunks = credits.iter().map(|c| c.bytes().clone()).collect();
+                    if relay::write_chunks(&mut wr, chunks).await.is_err() {
                         return Down::Failed;
                     }
                 }
@@ -358,7 +376,6 @@ async fn relay_conn(
                 ConnEvent::Close => return Down::Closed,
             }
         }
-        Down::Closed
     };
     futures::pin_mut!(up, down);
     let close = match futures::future::select(up, down).await {

@@ -22,8 +22,24 @@ pub enum TlsError {
     Verifier(#[from] rustls::server::VerifierBuilderError),
 }
 
+/// ring, with AES-128-GCM preferred: with AES-NI it is about a third
+/// cheaper than AES-256-GCM and it is what Go peers prefer too. Bulk
+/// encryption is the largest cost of the agent link.
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    use rustls::crypto::ring::cipher_suite as cs;
+    let mut p = rustls::crypto::ring::default_provider();
+    p.cipher_suites = vec![
+        cs::TLS13_AES_128_GCM_SHA256,
+        cs::TLS13_AES_256_GCM_SHA384,
+        cs::TLS13_CHACHA20_POLY1305_SHA256,
+        cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+        cs::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+        cs::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+        cs::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+        cs::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+        cs::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+    ];
+    Arc::new(p)
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {

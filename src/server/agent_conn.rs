@@ -331,17 +331,11 @@ async fn read_loop(
                     state.sync_gauges();
                 }
             }
-            ServerAction::DialFailed {
-                frontend,
-                error,
-            } => {
+            ServerAction::DialFailed { frontend, error } => {
                 state.dial_finished(random, DialResult::Failure);
                 frontend.deliver(FrontendEvent::DialErr(error));
             }
-            ServerAction::Data {
-                frontend,
-                payload,
-            } => {
+            ServerAction::Data { frontend, payload } => {
                 state
                     .shared
                     .metrics
@@ -355,10 +349,7 @@ async fn read_loop(
             ServerAction::PeerFinished { frontend } => {
                 frontend.deliver(FrontendEvent::Finished);
             }
-            ServerAction::Closed {
-                frontend,
-                error,
-            } => {
+            ServerAction::Closed { frontend, error } => {
                 frontend.deliver(FrontendEvent::Closed(error));
             }
             ServerAction::Drain => {
@@ -402,7 +393,9 @@ async fn write_loop(
             // Fail the dials that were queued behind the broken stream.
             while let Ok(cmd) = cmds.try_recv() {
                 if let AgentCmd::Dial { reply, .. } = cmd {
-                    reply.deliver(FrontendEvent::DialErr(format!("agent connection failed: {e}")));
+                    reply.deliver(FrontendEvent::DialErr(format!(
+                        "agent connection failed: {e}"
+                    )));
                 }
             }
             return Err(e.into());

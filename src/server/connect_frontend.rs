@@ -287,11 +287,30 @@ async fn tunnel<S>(
         }
     };
     let down = async {
-        while let Some((_, ev)) = events.next().await {
+        let mut stashed: Option<FrontendEvent> = None;
+        loop {
+            let ev = match stashed.take() {
+                Some(ev) => ev,
+                None => match events.next().await {
+                    Some((_, ev)) => ev,
+                    None => return true,
+                },
+            };
             match ev {
-                FrontendEvent::Data(b) => {
-                    // The credit goes back once the bytes are in the socket.
-                    if relay::write_chunk(&mut wr, b.bytes().clone()).await.is_err() {
+                FrontendEvent::Data(first) => {
+                    // Everything already queued goes out in one writev; the
+                    // credits go back once the bytes are in the socket.
+                    let (credits, next) = relay::gather(
+                        first,
+                        || events.try_recv().ok().map(|(_, ev)| ev),
+                        |ev| match ev {
+                            FrontendEvent::Data(c) => Ok(c),
+                            other => Err(other),
+                        },
+                    );
+                    stashed = next;
+                    let chunks = credits.iter().map(|c| c.bytes().clone()).collect();
+                    if relay::write_chunks(&mut wr, chunks).await.is_err() {
                         return false;
                     }
                 }
@@ -302,7 +321,6 @@ async fn tunnel<S>(
                 FrontendEvent::DialOk { .. } | FrontendEvent::DialErr(_) => {}
             }
         }
-        true
     };
     futures::pin_mut!(up, down);
     match futures::future::select(up, down).await {

@@ -21,7 +21,6 @@ use crate::protocol::PROXY_PATH;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-
 pub(super) async fn accept_tcp(shared: Arc<Shared>, l: monoio::net::TcpListener) {
     loop {
         match l.accept().await {
