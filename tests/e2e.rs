@@ -339,20 +339,34 @@ fn read_all_status(server: &Server, addr: &str) -> u16 {
 fn draining_agent_gets_no_new_dials_and_exits_when_idle() {
     let env = Env::new();
     let server = Server::start(&env, &[]);
-    let mut a = Agent::start(&env, server.agent, "a", "host=node", &[]);
-    let _b = Agent::start(&env, server.agent, "b", "host=node", &[]);
+    let debug = ["--log", "edgetunnel=debug"];
+    let mut a = Agent::start(&env, server.agent, "a", "host=node", &debug);
     let echo = echo_server("127.0.0.1");
     let target = echo.addr.to_string();
+    // The held connection goes through a (the only agent yet).
     let (status, _, mut held) = connect_tcp(server.connect, &target);
     assert_eq!(status, 200);
+    let b = Agent::start(&env, server.agent, "b", "host=node", &debug);
+    server.wait_metric("edgetunnel_agents_connected", 2.0);
+    let dials = |agent: &Agent| agent.proc.log_text().matches("dialing").count();
+    assert_eq!(dials(&a), 1);
     a.proc.signal(libc::SIGTERM);
-    thread::sleep(Duration::from_millis(300));
-    // New dials still succeed (through b), the held one still works.
-    for _ in 0..5 {
+    let deadline = std::time::Instant::now() + WAIT;
+    while !server.proc.log_text().contains("agent is draining") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "server never saw DRAIN"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    // New dials all go to b; the held one on a still works.
+    for _ in 0..6 {
         let (status, _, s) = connect_tcp(server.connect, &target);
         assert_eq!(status, 200);
         assert_eq!(echo_roundtrip(s, b"x"), b"x");
     }
+    assert_eq!(dials(&a), 1, "a draining agent got a new dial");
+    assert_eq!(dials(&b), 6);
     held.write_all(b"still").unwrap();
     let mut got = [0u8; 5];
     held.read_exact(&mut got).unwrap();
@@ -363,7 +377,7 @@ fn draining_agent_gets_no_new_dials_and_exits_when_idle() {
         .wait_exit(WAIT)
         .expect("drained agent exits once idle");
     assert!(status.success(), "{status:?}");
-    assert!(a.proc.log_text().contains("draining"));
+    server.wait_metric("edgetunnel_agents_connected", 1.0);
 }
 
 #[test]
@@ -441,4 +455,37 @@ fn dial_timeout_answers_504() {
         1.0
     );
     server.wait_metric("edgetunnel_pending_dials", 0.0);
+}
+
+#[test]
+fn agent_serves_several_servers_and_honours_server_count() {
+    let env = Env::new();
+    let s1 = Server::start(&env, &["--server-id", "one"]);
+    let s2 = Server::start(&env, &["--server-id", "two", "--server-count", "2"]);
+    let agent = Agent::start(
+        &env,
+        s1.agent,
+        "multi",
+        "host=node1",
+        &["--server-addr", &s2.agent.to_string()],
+    );
+    s1.wait_metric("edgetunnel_agents_connected", 1.0);
+    s2.wait_metric("edgetunnel_agents_connected", 1.0);
+    let echo = echo_server("127.0.0.1");
+    for server in [&s1, &s2] {
+        let (status, _, s) = connect_tcp(server.connect, &echo.addr.to_string());
+        assert_eq!(status, 200);
+        assert_eq!(echo_roundtrip(s, b"hi"), b"hi");
+    }
+    // s2 says two servers share its address; both slots reach the same
+    // serverID, so the duplicate is dropped (as ANP's agent does).
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(s2.metric("edgetunnel_agents_connected"), 1.0);
+    // The second slot exists and keeps retrying (only it can log this: the
+    // first connection never dropped).
+    assert!(
+        agent.proc.log_text().contains("reconnecting"),
+        "{}",
+        agent.proc.log_text()
+    );
 }
