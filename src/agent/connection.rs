@@ -343,14 +343,16 @@ async fn relay_conn(
             }
         }
     };
-    let down = async {
+    // `down` owns the receiver and hands it back, so the server's CLOSE can
+    // still be heard after `down` itself has finished (half-close).
+    let down = async move {
         let mut stashed: Option<ConnEvent> = None;
         loop {
             let ev = match stashed.take() {
                 Some(ev) => ev,
                 None => match events.next().await {
                     Some(ev) => ev,
-                    None => return Down::Closed,
+                    None => return (Down::Closed, events),
                 },
             };
             match ev {
@@ -366,14 +368,14 @@ async fn relay_conn(
                     stashed = next;
                     let chunks = credits.iter().map(|c| c.bytes().clone()).collect();
                     if relay::write_chunks(&mut wr, chunks).await.is_err() {
-                        return Down::Failed;
+                        return (Down::Failed, events);
                     }
                 }
                 ConnEvent::ShutdownWrite => {
                     let _ = wr.shutdown().await;
-                    return Down::Finished;
+                    return (Down::Finished, events);
                 }
-                ConnEvent::Close => return Down::Closed,
+                ConnEvent::Close => return (Down::Closed, events),
             }
         }
     };
@@ -386,17 +388,28 @@ async fn relay_conn(
                     d.error = HALF_CLOSE_MARK.to_string();
                 }
                 let _ = shared.out.clone().send(packet::encode(eof)).await;
-                down.await != Down::Closed
+                down.await.0 != Down::Closed
             } else {
                 true
             }
         }
-        futures::future::Either::Right((Down::Closed, _)) => false,
-        futures::future::Either::Right((Down::Finished, up)) => {
-            up.await;
-            true
+        futures::future::Either::Right(((Down::Closed, _), _)) => false,
+        futures::future::Either::Right(((Down::Finished, mut events), up)) => {
+            // The target may still be sending; the server may still close.
+            let closed = async move {
+                while let Some(ev) = events.next().await {
+                    if let ConnEvent::Close = ev {
+                        break;
+                    }
+                }
+            };
+            futures::pin_mut!(closed);
+            match futures::future::select(up, closed).await {
+                futures::future::Either::Left(_) => true,
+                futures::future::Either::Right(_) => false,
+            }
         }
-        futures::future::Either::Right((Down::Failed, _)) => true,
+        futures::future::Either::Right(((Down::Failed, _), _)) => true,
     };
     if close {
         let frame = shared.tunnel.borrow_mut().local_closed(connect_id);

@@ -268,16 +268,16 @@ async fn tunnel<S>(
     let (rd, mut wr) = sock.into_split();
     let up = async {
         let mut r = ChunkReader::new(rd);
+        // One sender for the whole stream (a clone per chunk would allocate).
+        let mut cmds = agent.cmds.clone();
         loop {
             match r.next().await {
                 Ok(Some(chunk)) => {
-                    if !agent
-                        .send(AgentCmd::Data {
-                            connect_id,
-                            payload: chunk,
-                        })
-                        .await
-                    {
+                    let cmd = AgentCmd::Data {
+                        connect_id,
+                        payload: chunk,
+                    };
+                    if futures::SinkExt::send(&mut cmds, cmd).await.is_err() {
                         return false;
                     }
                 }
