@@ -53,6 +53,51 @@ pub enum CertsCommand {
     },
 }
 
+/// Certificate flags shared by server and agent (mutual TLS on the agent
+/// link). From `certs init`, the server uses server.crt/server.key and the
+/// agent agent.crt/agent.key; both use ca.crt to verify the other side.
+#[derive(Args, Debug, Clone)]
+pub struct TlsArgs {
+    /// Directory with ca.crt and this side's certificate and key (from
+    /// `certs init`); --cert/--key/--ca override single files.
+    #[arg(long)]
+    pub certs_dir: Option<PathBuf>,
+    /// This side's certificate (PEM): server.crt or agent.crt in --certs-dir.
+    #[arg(long)]
+    pub cert: Option<PathBuf>,
+    /// This side's private key (PEM): server.key or agent.key in --certs-dir.
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    /// CA that verifies the other side's certificate (PEM).
+    #[arg(long)]
+    pub ca: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// The files for `role` ("server" or "agent").
+    fn files(&self, role: &str) -> Result<TlsFiles, BoxError> {
+        let pick = |explicit: &Option<PathBuf>, name: String, flag: &str| {
+            explicit
+                .clone()
+                .or_else(|| self.certs_dir.as_ref().map(|d| d.join(&name)))
+                .ok_or_else(|| BoxError::from(format!("--{flag} or --certs-dir is required")))
+        };
+        Ok(TlsFiles {
+            cert: pick(&self.cert, format!("{role}.crt"), "cert")?,
+            key: pick(&self.key, format!("{role}.key"), "key")?,
+            ca: pick(&self.ca, "ca.crt".to_string(), "ca")?,
+        })
+    }
+}
+
+/// Reads a token file (trimmed), if one is given.
+fn read_token(path: &Option<PathBuf>) -> Result<Option<String>, BoxError> {
+    match path {
+        Some(p) => Ok(Some(std::fs::read_to_string(p)?.trim().to_string())),
+        None => Ok(None),
+    }
+}
+
 /// Data-plane flags shared by server and agent.
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
@@ -87,19 +132,8 @@ pub struct ServerArgs {
     /// Admin listener: /metrics, /healthz, /readyz.
     #[arg(long, default_value = "127.0.0.1:10265")]
     pub admin_bind: SocketAddr,
-    /// Directory with ca.crt, server.crt, server.key (from `certs init`);
-    /// --cert/--key/--ca override single files.
-    #[arg(long)]
-    pub certs_dir: Option<PathBuf>,
-    /// Server certificate (PEM).
-    #[arg(long)]
-    pub cert: Option<PathBuf>,
-    /// Server private key (PEM).
-    #[arg(long)]
-    pub key: Option<PathBuf>,
-    /// CA that signs agent client certificates (PEM).
-    #[arg(long)]
-    pub ca: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// File holding a bearer token agents must present.
     #[arg(long)]
     pub agent_token_file: Option<PathBuf>,
@@ -136,24 +170,15 @@ pub struct AgentArgs {
     /// Identifiers in URL query form: host=node1&ipv4=10.0.0.5&cidr=10.1.0.0/16&default-route=true
     #[arg(long, default_value = "")]
     pub agent_identifiers: String,
-    /// Directory with ca.crt, agent.crt, agent.key (from `certs init`).
-    #[arg(long)]
-    pub certs_dir: Option<PathBuf>,
-    /// Agent client certificate (PEM).
-    #[arg(long)]
-    pub cert: Option<PathBuf>,
-    /// Agent private key (PEM).
-    #[arg(long)]
-    pub key: Option<PathBuf>,
-    /// CA that signs the server certificate (PEM).
-    #[arg(long)]
-    pub ca: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// File holding the bearer token to present.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
     /// First reconnect delay, seconds (doubles up to --backoff-max-secs, with jitter).
     #[arg(long, default_value_t = 0.5)]
     pub backoff_initial_secs: f64,
+    /// Longest reconnect delay, seconds.
     #[arg(long, default_value_t = 30.0)]
     pub backoff_max_secs: f64,
     /// After SIGTERM (DRAIN sent), how long open connections may finish.
@@ -171,33 +196,14 @@ pub struct AgentArgs {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-fn pick(
-    dir: &Option<PathBuf>,
-    explicit: &Option<PathBuf>,
-    name: &str,
-    flag: &str,
-) -> Result<PathBuf, BoxError> {
-    explicit
-        .clone()
-        .or_else(|| dir.as_ref().map(|d| d.join(name)))
-        .ok_or_else(|| format!("--{flag} or --certs-dir is required").into())
-}
-
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s.max(0.0))
 }
 
 impl ServerArgs {
     pub fn into_config(self) -> Result<ServerConfig, BoxError> {
-        let tls = TlsFiles {
-            cert: pick(&self.certs_dir, &self.cert, "server.crt", "cert")?,
-            key: pick(&self.certs_dir, &self.key, "server.key", "key")?,
-            ca: pick(&self.certs_dir, &self.ca, "ca.crt", "ca")?,
-        };
-        let agent_token = match &self.agent_token_file {
-            Some(p) => Some(std::fs::read_to_string(p)?.trim().to_string()),
-            None => None,
-        };
+        let tls = self.tls.files("server")?;
+        let agent_token = read_token(&self.agent_token_file)?;
         let strategies = parse_strategies(&self.proxy_strategies)?;
         if strategies.is_empty() {
             return Err("--proxy-strategies must name at least one strategy".into());
@@ -227,15 +233,8 @@ impl ServerArgs {
 
 impl AgentArgs {
     pub fn into_config(self) -> Result<AgentConfig, BoxError> {
-        let tls = TlsFiles {
-            cert: pick(&self.certs_dir, &self.cert, "agent.crt", "cert")?,
-            key: pick(&self.certs_dir, &self.key, "agent.key", "key")?,
-            ca: pick(&self.certs_dir, &self.ca, "ca.crt", "ca")?,
-        };
-        let token = match &self.token_file {
-            Some(p) => Some(std::fs::read_to_string(p)?.trim().to_string()),
-            None => None,
-        };
+        let tls = self.tls.files("agent")?;
+        let token = read_token(&self.token_file)?;
         let agent_id = match self.agent_id {
             Some(id) => id,
             None => hostname(),
