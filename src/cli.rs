@@ -34,6 +34,8 @@ pub enum Command {
     Server(ServerArgs),
     /// Edge side: connect out to servers and dial targets on their behalf.
     Agent(AgentArgs),
+    /// A drop-in `kubectl proxy`: same flags, same answers, faster.
+    Proxy(Box<crate::proxy::ProxyArgs>),
     /// Certificate helpers.
     #[command(subcommand)]
     Certs(CertsCommand),

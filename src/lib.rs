@@ -12,4 +12,5 @@ pub mod cli;
 pub mod engine;
 pub mod metrics;
 pub mod protocol;
+pub mod proxy;
 pub mod server;

@@ -17,6 +17,7 @@ fn main() {
     let result: Result<(), Box<dyn std::error::Error + Send + Sync>> = match cli.command {
         Command::Server(args) => args.into_config().and_then(edgetunnel::server::run),
         Command::Agent(args) => args.into_config().and_then(edgetunnel::agent::run),
+        Command::Proxy(args) => edgetunnel::proxy::run(*args),
         Command::Certs(CertsCommand::Init {
             dir,
             server_names,

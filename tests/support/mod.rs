@@ -2,6 +2,9 @@
 //! loopback, real targets, real clients. Every wait is bounded.
 #![allow(dead_code)]
 
+pub mod apiserver;
+pub mod http_raw;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

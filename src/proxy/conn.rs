@@ -1,0 +1,758 @@
+//! One client connection: read request heads, route, filter, forward to the
+//! upstream over a per-core pool of kept-alive connections, stream the
+//! answer back as it arrives, relay upgraded connections both ways.
+
+use std::cell::RefCell;
+use std::io;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BytesMut};
+use monoio::io::IntoPollIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::filter::Filter;
+use super::forward::{self, ClientBody};
+use super::gourl::{html_escape, RequestUrl};
+use super::http1::{self, ChunkedDecoder, Framing, HeadError, RequestHead};
+use super::io::{go_error_text, ClientIo, UpstreamIo};
+use super::mux::{redirect_location, Mux, Route};
+use super::static_files::{self, StaticReply};
+use super::upstream_config::Upstream;
+
+/// Time allowed between bytes of a request head (and idle keep-alive).
+const HEAD_TIMEOUT: Duration = Duration::from_secs(120);
+/// Pooled upstream connections idle longer than this are dropped.
+const POOL_IDLE: Duration = Duration::from_secs(60);
+/// Request bodies up to this size are read before the upstream is picked,
+/// so a stale pooled connection can be retried.
+const BUFFERED_BODY: u64 = 64 * 1024;
+/// Unread request bodies up to this size are drained to keep the client
+/// connection (as Go's server does); larger ones close it.
+const DRAIN_LIMIT: u64 = 256 * 1024;
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Counters for `/metrics`.
+#[derive(Default)]
+pub struct ProxyMetrics {
+    pub requests: AtomicU64,
+    pub forwarded: AtomicU64,
+    pub rejected: AtomicU64,
+    pub upgrades: AtomicU64,
+    pub upstream_dials: AtomicU64,
+    pub upstream_reused: AtomicU64,
+    pub upstream_errors: AtomicU64,
+    pub bytes_up: AtomicU64,
+    pub bytes_down: AtomicU64,
+}
+
+impl ProxyMetrics {
+    pub fn render(&self) -> String {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut s = String::new();
+        for (name, help, v) in [
+            ("edgetunnel_proxy_requests_total", "Requests read from clients.", g(&self.requests)),
+            ("edgetunnel_proxy_forwarded_total", "Requests forwarded upstream.", g(&self.forwarded)),
+            ("edgetunnel_proxy_rejected_total", "Requests refused by the filter.", g(&self.rejected)),
+            ("edgetunnel_proxy_upgrades_total", "Upgraded connections relayed.", g(&self.upgrades)),
+            ("edgetunnel_proxy_upstream_dials_total", "Upstream connections opened.", g(&self.upstream_dials)),
+            ("edgetunnel_proxy_upstream_reused_total", "Requests sent on a pooled upstream connection.", g(&self.upstream_reused)),
+            ("edgetunnel_proxy_upstream_errors_total", "Requests that failed upstream.", g(&self.upstream_errors)),
+            ("edgetunnel_proxy_bytes_up_total", "Body bytes sent upstream.", g(&self.bytes_up)),
+            ("edgetunnel_proxy_bytes_down_total", "Body bytes sent to clients.", g(&self.bytes_down)),
+        ] {
+            s.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"));
+        }
+        s
+    }
+}
+
+/// What every core shares (read-only).
+pub struct Shared {
+    pub mux: Mux,
+    pub filter: Option<Filter>,
+    pub upstream: Upstream,
+    pub dial_addrs: Vec<std::net::SocketAddr>,
+    pub append_server_path: bool,
+    pub keepalive: Option<Duration>,
+    pub www: Option<PathBuf>,
+    pub idle_per_core: usize,
+    pub metrics: ProxyMetrics,
+}
+
+/// One core's state: the shared settings and this core's upstream pool.
+pub struct Core {
+    pub shared: Arc<Shared>,
+    pool: RefCell<Vec<(UpConn, Instant)>>,
+}
+
+impl Core {
+    pub fn new(shared: Arc<Shared>) -> Rc<Core> {
+        Rc::new(Core {
+            shared,
+            pool: RefCell::new(Vec::new()),
+        })
+    }
+
+    fn checkout(&self) -> Option<UpConn> {
+        let mut pool = self.pool.borrow_mut();
+        while let Some((c, at)) = pool.pop() {
+            if at.elapsed() < POOL_IDLE {
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    fn checkin(&self, mut c: UpConn) {
+        let mut pool = self.pool.borrow_mut();
+        if pool.len() < self.shared.idle_per_core && c.buf.is_empty() {
+            c.reused = true;
+            pool.push((c, Instant::now()));
+        }
+    }
+
+    async fn dial(&self) -> Result<UpConn, String> {
+        let s = &self.shared;
+        s.metrics.upstream_dials.fetch_add(1, Ordering::Relaxed);
+        let mut last = String::from("no address");
+        for addr in &s.dial_addrs {
+            match monoio::net::TcpStream::connect_addr(*addr).await {
+                Ok(tcp) => {
+                    let _ = tcp.set_nodelay(true);
+                    if let Some(ka) = s.keepalive {
+                        use std::os::fd::AsRawFd;
+                        // SAFETY: the descriptor stays open for this borrow.
+                        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(tcp.as_raw_fd()) };
+                        let sock = socket2::SockRef::from(&fd);
+                        let _ = sock.set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(ka).with_interval(ka));
+                    }
+                    let io = tcp
+                        .into_poll_io()
+                        .map_err(|e| format!("dial tcp {addr}: {}", go_error_text(&e)))?;
+                    let io = match &s.upstream.tls {
+                        None => UpstreamIo::Plain(io),
+                        Some(cfg) => {
+                            let name = rustls::pki_types::ServerName::try_from(s.upstream.server_name.clone())
+                                .map_err(|e| format!("invalid server name {:?}: {e}", s.upstream.server_name))?;
+                            let tls = tokio_rustls::TlsConnector::from(cfg.clone())
+                                .connect(name, io)
+                                .await
+                                .map_err(|e| format!("tls: {e}"))?;
+                            UpstreamIo::Tls(Box::new(tls))
+                        }
+                    };
+                    return Ok(UpConn {
+                        io,
+                        buf: BytesMut::with_capacity(READ_CHUNK),
+                        reused: false,
+                    });
+                }
+                Err(e) => last = format!("dial tcp {addr}: connect: {}", go_error_text(&e)),
+            }
+        }
+        Err(last)
+    }
+}
+
+/// An upstream connection and what was read from it beyond the last message.
+pub struct UpConn {
+    io: UpstreamIo,
+    buf: BytesMut,
+    reused: bool,
+}
+
+/// The client side: the socket and unparsed bytes.
+struct Client {
+    io: ClientIo,
+    buf: BytesMut,
+    peer: Option<IpAddr>,
+}
+
+enum Next {
+    KeepAlive,
+    Close,
+    /// Relay the connection raw after sending this head upstream.
+    Upgrade {
+        head: RequestHead,
+        target: String,
+        framing: Framing,
+    },
+}
+
+async fn read_more<R: tokio::io::AsyncRead + Unpin>(io: &mut R, buf: &mut BytesMut) -> io::Result<usize> {
+    if buf.capacity() - buf.len() < 4096 {
+        buf.reserve(READ_CHUNK);
+    }
+    io.read_buf(buf).await
+}
+
+/// Serves one client connection until it closes.
+pub async fn serve(io: ClientIo, peer: Option<IpAddr>, core: Rc<Core>) {
+    let mut client = Client {
+        io,
+        buf: BytesMut::with_capacity(8192),
+        peer,
+    };
+    loop {
+        let head = match read_request_head(&mut client).await {
+            Ok(Some(h)) => h,
+            Ok(None) => return,
+            Err(e) => {
+                let (status, text) = match e {
+                    HeadError::TooLarge => (431, "431 Request Header Fields Too Large".to_string()),
+                    HeadError::Malformed(m) => {
+                        tracing::debug!(peer = ?client.peer, "malformed request: {m}");
+                        (400, "400 Bad Request".to_string())
+                    }
+                };
+                let _ = client
+                    .io
+                    .write_all(&bad_request(status, &text))
+                    .await;
+                return;
+            }
+        };
+        core.shared.metrics.requests.fetch_add(1, Ordering::Relaxed);
+        match handle(&mut client, head, &core).await {
+            Next::KeepAlive => continue,
+            Next::Close => {
+                let _ = client.io.shutdown().await;
+                return;
+            }
+            Next::Upgrade {
+                head,
+                target,
+                framing,
+            } => {
+                upgrade(client, &head, &target, framing, &core).await;
+                return;
+            }
+        }
+    }
+}
+
+/// Go's answer to a request it could not read: status, text, close.
+fn bad_request(status: u16, text: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {status} {}\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n{text}",
+        forward::reason(status)
+    )
+    .into_bytes()
+}
+
+async fn read_request_head(client: &mut Client) -> Result<Option<RequestHead>, HeadError> {
+    loop {
+        if !client.buf.is_empty() {
+            if let Some((head, n)) = http1::parse_request(&client.buf)? {
+                client.buf.advance(n);
+                return Ok(Some(head));
+            }
+        }
+        match monoio::time::timeout(HEAD_TIMEOUT, read_more(&mut client.io, &mut client.buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return Ok(None),
+            Ok(Ok(_)) => {}
+            Err(_) => {
+                if !client.buf.is_empty() {
+                    let _ = client.io.write_all(&bad_request(408, "408 Request Timeout")).await;
+                }
+                return Ok(None);
+            }
+        }
+    }
+}
+
+async fn send(client: &mut Client, bytes: &[u8], keep: bool) -> Next {
+    match client.io.write_all(bytes).await {
+        Ok(()) if keep => Next::KeepAlive,
+        _ => Next::Close,
+    }
+}
+
+/// Reads and throws away a request body we do not forward.
+async fn discard_body(client: &mut Client, framing: Framing) -> bool {
+    match framing {
+        Framing::None => true,
+        Framing::Length(n) if n <= DRAIN_LIMIT => {
+            let mut left = n;
+            while left > 0 {
+                if client.buf.is_empty() && !matches!(read_more(&mut client.io, &mut client.buf).await, Ok(n) if n > 0) {
+                    return false;
+                }
+                let take = (left as usize).min(client.buf.len());
+                client.buf.advance(take);
+                left -= take as u64;
+            }
+            true
+        }
+        Framing::Chunked => {
+            let mut dec = ChunkedDecoder::new();
+            let mut total = 0usize;
+            loop {
+                if client.buf.is_empty() && !matches!(read_more(&mut client.io, &mut client.buf).await, Ok(n) if n > 0) {
+                    return false;
+                }
+                let Ok(p) = dec.advance(&client.buf) else { return false };
+                client.buf.advance(p.consumed);
+                total += p.consumed;
+                if p.done {
+                    return true;
+                }
+                if total as u64 > DRAIN_LIMIT {
+                    return false;
+                }
+            }
+        }
+        _ => false,
+    }
+}
+
+async fn handle(client: &mut Client, head: RequestHead, core: &Rc<Core>) -> Next {
+    let shared = core.shared.clone();
+    let keep = forward::client_keep_alive(&head);
+    let hosts = http1::values(&head.headers, "host").count();
+    if hosts > 1 {
+        return send(client, &bad_request(400, "400 Bad Request: too many Host headers"), false).await;
+    }
+    if hosts == 0 && head.minor >= 1 {
+        return send(client, &bad_request(400, "400 Bad Request: missing required Host header"), false).await;
+    }
+    let framing = match http1::request_framing(&head) {
+        Ok(f) => f,
+        Err(HeadError::Malformed(m)) if m.starts_with("unsupported transfer encoding") => {
+            return send(client, &bad_request(501, "Unsupported transfer encoding"), false).await;
+        }
+        Err(_) => return send(client, &bad_request(400, "400 Bad Request"), false).await,
+    };
+    let url = if head.method == "CONNECT" && !head.target.starts_with('/') {
+        RequestUrl {
+            host: head.target.clone(),
+            ..Default::default()
+        }
+    } else {
+        match RequestUrl::parse(&head.target) {
+            Ok(u) => u,
+            Err(_) => return send(client, &bad_request(400, "400 Bad Request"), false).await,
+        }
+    };
+    let host_header = http1::get(&head.headers, "host").unwrap_or("").to_string();
+    let host = if url.host.is_empty() {
+        host_header
+    } else {
+        url.host.clone()
+    };
+
+    let route = shared.mux.route(&head.method, &head.target, &url);
+    let proxied = match route {
+        Route::Proxy(u) => u,
+        other => {
+            let keep = keep && discard_body(client, framing).await;
+            return answer_locally(client, &head, &url, other, &shared, keep).await;
+        }
+    };
+    if let Some(f) = &shared.filter {
+        if !f.allows(&head.method, &proxied.path, &host) {
+            shared.metrics.rejected.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(method = %head.method, path = %proxied.path, %host, "filter rejecting");
+            let keep = keep && discard_body(client, framing).await;
+            return send(client, &forward::error_response(403, "Forbidden", keep), keep).await;
+        }
+    }
+    shared.metrics.forwarded.fetch_add(1, Ordering::Relaxed);
+    let target = forward::upstream_target(&proxied, &shared.upstream, shared.append_server_path);
+    if forward::is_upgrade(&head) {
+        shared.metrics.upgrades.fetch_add(1, Ordering::Relaxed);
+        return Next::Upgrade {
+            head,
+            target,
+            framing,
+        };
+    }
+    forward_request(client, &head, &target, framing, keep, core).await
+}
+
+async fn answer_locally(
+    client: &mut Client,
+    head: &RequestHead,
+    url: &RequestUrl,
+    route: Route,
+    shared: &Shared,
+    keep: bool,
+) -> Next {
+    match route {
+        Route::Redirect(to) => {
+            let loc = redirect_location(&to);
+            let get_or_head = head.method == "GET" || head.method == "HEAD";
+            let body = if head.method == "GET" {
+                format!("<a href=\"{}\">Moved Permanently</a>.\n\n", html_escape(&loc))
+            } else {
+                String::new()
+            };
+            let resp = forward::simple_response(
+                301,
+                get_or_head.then_some("text/html; charset=utf-8"),
+                &[("Location", &loc)],
+                body.as_bytes(),
+                keep,
+            );
+            send(client, &resp, keep).await
+        }
+        Route::NotFound => send(client, &forward::error_response(404, "404 page not found", keep), keep).await,
+        Route::BadRequest => send(client, &forward::simple_response(400, None, &[], b"", false), false).await,
+        Route::Static(p) => {
+            let Some(root) = &shared.www else {
+                return send(client, &forward::error_response(404, "404 page not found", keep), keep).await;
+            };
+            match static_files::serve(root, &p, &url.raw_query, &head.method, &head.headers, keep) {
+                StaticReply::Bytes(b) => send(client, &b, keep).await,
+                StaticReply::File { head, file, offset, len } => {
+                    if client.io.write_all(&head).await.is_err() {
+                        return Next::Close;
+                    }
+                    if send_file(client, file, offset, len).await.is_err() {
+                        return Next::Close;
+                    }
+                    if keep {
+                        Next::KeepAlive
+                    } else {
+                        Next::Close
+                    }
+                }
+            }
+        }
+        Route::Proxy(_) => Next::Close,
+    }
+}
+
+async fn send_file(client: &mut Client, mut file: std::fs::File, offset: u64, len: u64) -> io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    file.seek(SeekFrom::Start(offset))?;
+    let mut left = len;
+    let mut buf = vec![0u8; READ_CHUNK];
+    while left > 0 {
+        let want = (left as usize).min(buf.len());
+        let n = file.read(&mut buf[..want])?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        client.io.write_all(&buf[..n]).await?;
+        left -= n as u64;
+    }
+    Ok(())
+}
+
+/// Upstream failures answer 500 with the error text, as kubectl's responder.
+async fn proxy_error(client: &mut Client, core: &Core, text: &str) -> Next {
+    core.shared.metrics.upstream_errors.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!("error while proxying request: {text}");
+    send(client, &forward::error_response(500, text, false), false).await
+}
+
+/// Reads a request body of known small length completely.
+async fn read_small_body(client: &mut Client, n: u64) -> io::Result<bytes::Bytes> {
+    while (client.buf.len() as u64) < n {
+        if read_more(&mut client.io, &mut client.buf).await? == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(client.buf.split_to(n as usize).freeze())
+}
+
+/// Copies a request body from the client to the upstream as it arrives.
+async fn stream_body(client: &mut Client, up: &mut UpConn, framing: Framing, metrics: &ProxyMetrics) -> io::Result<()> {
+    match framing {
+        Framing::None | Framing::UntilClose => Ok(()),
+        Framing::Length(mut left) => {
+            while left > 0 {
+                if client.buf.is_empty() && read_more(&mut client.io, &mut client.buf).await? == 0 {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                let take = (left as usize).min(client.buf.len());
+                up.io.write_all(&client.buf[..take]).await?;
+                client.buf.advance(take);
+                left -= take as u64;
+                metrics.bytes_up.fetch_add(take as u64, Ordering::Relaxed);
+            }
+            Ok(())
+        }
+        Framing::Chunked => {
+            let mut dec = ChunkedDecoder::new();
+            loop {
+                if client.buf.is_empty() && read_more(&mut client.io, &mut client.buf).await? == 0 {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                let p = dec
+                    .advance(&client.buf)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                up.io.write_all(&client.buf[..p.consumed]).await?;
+                client.buf.advance(p.consumed);
+                metrics.bytes_up.fetch_add(p.consumed as u64, Ordering::Relaxed);
+                if p.done {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+async fn read_response_head(up: &mut UpConn) -> io::Result<http1::ResponseHead> {
+    loop {
+        if !up.buf.is_empty() {
+            match http1::parse_response(&up.buf) {
+                Ok(Some((head, n))) => {
+                    up.buf.advance(n);
+                    return Ok(head);
+                }
+                Ok(None) => {}
+                Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+            }
+        }
+        if read_more(&mut up.io, &mut up.buf).await? == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                if up.buf.is_empty() { "EOF" } else { "unexpected EOF" },
+            ));
+        }
+    }
+}
+
+async fn forward_request(
+    client: &mut Client,
+    head: &RequestHead,
+    target: &str,
+    framing: Framing,
+    keep: bool,
+    core: &Rc<Core>,
+) -> Next {
+    let shared = &core.shared;
+    let upstream_head = forward::request_head(head, target, framing, client.peer, &shared.upstream, false);
+    // Small bodies are read first so that a stale pooled connection can be
+    // retried with the whole request.
+    let small_body = match framing {
+        Framing::Length(n) if n <= BUFFERED_BODY => match read_small_body(client, n).await {
+            Ok(b) => Some(b),
+            Err(_) => return Next::Close,
+        },
+        Framing::None => Some(bytes::Bytes::new()),
+        _ => None,
+    };
+    let mut attempt = 0;
+    let (mut up, resp) = loop {
+        attempt += 1;
+        let mut up = match core.checkout() {
+            Some(c) => c,
+            None => match core.dial().await {
+                Ok(c) => c,
+                Err(e) => return proxy_error(client, core, &e).await,
+            },
+        };
+        let reused = up.reused;
+        if reused {
+            shared.metrics.upstream_reused.fetch_add(1, Ordering::Relaxed);
+        }
+        let sent: io::Result<()> = async {
+            match &small_body {
+                Some(body) => {
+                    if body.is_empty() {
+                        up.io.write_all(&upstream_head).await?;
+                    } else {
+                        let mut all = Vec::with_capacity(upstream_head.len() + body.len());
+                        all.extend_from_slice(&upstream_head);
+                        all.extend_from_slice(body);
+                        up.io.write_all(&all).await?;
+                        shared.metrics.bytes_up.fetch_add(body.len() as u64, Ordering::Relaxed);
+                    }
+                }
+                None => {
+                    up.io.write_all(&upstream_head).await?;
+                    stream_body(client, &mut up, framing, &shared.metrics).await?;
+                }
+            }
+            up.io.flush().await
+        }
+        .await;
+        let result = match sent {
+            Ok(()) => read_response_head_skipping_continue(&mut up).await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(resp) => break (up, resp),
+            // A pooled connection the upstream closed meanwhile: retry once
+            // on a new one when the whole request is still at hand.
+            Err(_) if reused && small_body.is_some() && attempt == 1 => continue,
+            Err(e) => return proxy_error(client, core, &e.to_string()).await,
+        }
+    };
+
+    let rframing = match http1::response_framing(&head.method, &resp) {
+        Ok(f) => f,
+        Err(e) => return proxy_error(client, core, &e.to_string()).await,
+    };
+    let upstream_reusable = resp.minor >= 1
+        && !http1::has_token(&resp.headers, "connection", "close")
+        && rframing != Framing::UntilClose;
+    let (client_head, body, keep) = forward::response_head(&resp, rframing, head.minor, keep);
+    if client.io.write_all(&client_head).await.is_err() {
+        return Next::Close;
+    }
+    let done = relay_response(client, &mut up, rframing, body, &shared.metrics).await;
+    match done {
+        Ok(()) => {
+            let _ = client.io.flush().await;
+            if upstream_reusable {
+                core.checkin(up);
+            }
+            if keep {
+                Next::KeepAlive
+            } else {
+                Next::Close
+            }
+        }
+        Err(e) => {
+            tracing::debug!("response relay ended: {e}");
+            Next::Close
+        }
+    }
+}
+
+async fn read_response_head_skipping_continue(up: &mut UpConn) -> io::Result<http1::ResponseHead> {
+    loop {
+        let r = read_response_head(up).await?;
+        if r.status == 100 {
+            continue;
+        }
+        return Ok(r);
+    }
+}
+
+/// Streams the response body to the client as it arrives.
+async fn relay_response(
+    client: &mut Client,
+    up: &mut UpConn,
+    framing: Framing,
+    body: ClientBody,
+    metrics: &ProxyMetrics,
+) -> io::Result<()> {
+    let count = |n: usize| {
+        metrics.bytes_down.fetch_add(n as u64, Ordering::Relaxed);
+    };
+    match (framing, body) {
+        (Framing::None, _) | (_, ClientBody::None) => Ok(()),
+        (Framing::Length(mut left), _) => {
+            while left > 0 {
+                if up.buf.is_empty() && read_more(&mut up.io, &mut up.buf).await? == 0 {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                let take = (left as usize).min(up.buf.len());
+                client.io.write_all(&up.buf[..take]).await?;
+                up.buf.advance(take);
+                left -= take as u64;
+                count(take);
+            }
+            Ok(())
+        }
+        (Framing::Chunked, mode) => {
+            let mut dec = ChunkedDecoder::new();
+            loop {
+                if up.buf.is_empty() && read_more(&mut up.io, &mut up.buf).await? == 0 {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                let p = dec
+                    .advance(&up.buf)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                if mode == ClientBody::Dechunk {
+                    for r in &p.data {
+                        client.io.write_all(&up.buf[r.clone()]).await?;
+                        count(r.len());
+                    }
+                } else {
+                    client.io.write_all(&up.buf[..p.consumed]).await?;
+                    count(p.consumed);
+                }
+                up.buf.advance(p.consumed);
+                if p.done {
+                    return Ok(());
+                }
+            }
+        }
+        (Framing::UntilClose, _) => loop {
+            if up.buf.is_empty() && read_more(&mut up.io, &mut up.buf).await? == 0 {
+                return Ok(());
+            }
+            client.io.write_all(&up.buf).await?;
+            count(up.buf.len());
+            up.buf.clear();
+        },
+    }
+}
+
+/// Relays an upgrade request (exec, attach, port-forward, websockets) on a
+/// new upstream connection, raw in both directions from the request on.
+/// Without TLS on either side the two sockets are spliced in the kernel.
+async fn upgrade(mut client: Client, head: &RequestHead, target: &str, framing: Framing, core: &Rc<Core>) {
+    let shared = &core.shared;
+    let upstream_head = forward::request_head(head, target, framing, client.peer, &shared.upstream, true);
+    let mut up = match core.dial().await {
+        Ok(c) => c,
+        Err(e) => {
+            proxy_error(&mut client, core, &e).await;
+            return;
+        }
+    };
+    let mut first = upstream_head;
+    first.extend_from_slice(&client.buf);
+    client.buf.clear();
+    if up.io.write_all(&first).await.is_err() || up.io.flush().await.is_err() {
+        return;
+    }
+    if let Err(e) = relay_upgraded(client.io, up.io).await {
+        tracing::debug!("upgraded connection ended: {e}");
+    }
+}
+
+async fn relay_upgraded(client: ClientIo, up: UpstreamIo) -> io::Result<()> {
+    match (client, up) {
+        (ClientIo::Tcp(c), UpstreamIo::Plain(u)) => {
+            let c = c.try_into_comp_io().map_err(|(e, _)| e)?;
+            let u = u.try_into_comp_io().map_err(|(e, _)| e)?;
+            splice_both(c, u).await
+        }
+        (ClientIo::Unix(c), UpstreamIo::Plain(u)) => {
+            let c = c.try_into_comp_io().map_err(|(e, _)| e)?;
+            let u = u.try_into_comp_io().map_err(|(e, _)| e)?;
+            splice_both(c, u).await
+        }
+        (mut c, mut u) => tokio::io::copy_bidirectional(&mut c, &mut u).await.map(|_| ()),
+    }
+}
+
+/// Splices two sockets both ways, half-closing each direction at its EOF.
+async fn splice_both<A, B>(a: A, b: B) -> io::Result<()>
+where
+    A: monoio::io::Splitable,
+    B: monoio::io::Splitable,
+    A::OwnedRead: monoio::io::as_fd::AsReadFd,
+    A::OwnedWrite: monoio::io::as_fd::AsWriteFd + monoio::io::AsyncWriteRent,
+    B::OwnedRead: monoio::io::as_fd::AsReadFd,
+    B::OwnedWrite: monoio::io::as_fd::AsWriteFd + monoio::io::AsyncWriteRent,
+{
+    use monoio::io::AsyncWriteRent;
+    let (mut ar, mut aw) = a.into_split();
+    let (mut br, mut bw) = b.into_split();
+    let ab = async {
+        let r = monoio::io::zero_copy(&mut ar, &mut bw).await;
+        let _ = bw.shutdown().await;
+        r
+    };
+    let ba = async {
+        let r = monoio::io::zero_copy(&mut br, &mut aw).await;
+        let _ = aw.shutdown().await;
+        r
+    };
+    let (x, y) = futures::join!(ab, ba);
+    x.and(y).map(|_| ())
+}

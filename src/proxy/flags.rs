@@ -1,0 +1,194 @@
+//! `edgetunnel proxy` flags: kubectl proxy's, with its short forms and
+//! defaults, plus the kubeconfig flags kubectl accepts for this command.
+//! Booleans take Go's forms (`--flag`, `--flag=true`, `--flag=false`).
+
+use std::time::Duration;
+
+use clap::{ArgAction, Args};
+
+use super::filter::{
+    DEFAULT_ACCEPT_HOSTS, DEFAULT_ACCEPT_PATHS, DEFAULT_REJECT_METHODS, DEFAULT_REJECT_PATHS,
+};
+use crate::engine::runtime::Driver;
+
+pub const DEFAULT_PORT: u16 = 8001;
+
+#[derive(Args, Debug, Clone)]
+pub struct ProxyArgs {
+    /// The port on which to run the proxy. Set to 0 to pick a random port.
+    #[arg(short = 'p', long, default_value_t = DEFAULT_PORT)]
+    pub port: u16,
+    /// The IP address on which to serve on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub address: String,
+    /// Unix socket on which to run the proxy.
+    #[arg(short = 'u', long, default_value = "")]
+    pub unix_socket: String,
+    /// Also serve static files from the given directory under the specified prefix.
+    #[arg(short = 'w', long, default_value = "")]
+    pub www: String,
+    /// Prefix to serve static files under, if static file directory is specified.
+    #[arg(short = 'P', long, default_value = "/static/")]
+    pub www_prefix: String,
+    /// Prefix to serve the proxied API under.
+    #[arg(long, default_value = "/")]
+    pub api_prefix: String,
+    /// Regular expression for paths that the proxy should accept.
+    #[arg(long, default_value = DEFAULT_ACCEPT_PATHS)]
+    pub accept_paths: String,
+    /// Regular expression for paths that the proxy should reject. Paths specified here will be rejected even accepted by --accept-paths.
+    #[arg(long, default_value = DEFAULT_REJECT_PATHS)]
+    pub reject_paths: String,
+    /// Regular expression for hosts that the proxy should accept.
+    #[arg(long, default_value = DEFAULT_ACCEPT_HOSTS)]
+    pub accept_hosts: String,
+    /// Regular expression for HTTP methods that the proxy should reject (example --reject-methods='POST,PUT,PATCH').
+    #[arg(long, default_value = DEFAULT_REJECT_METHODS)]
+    pub reject_methods: String,
+    /// If true, disable request filtering in the proxy. This is dangerous, and can leave you vulnerable to XSRF attacks, when used with an accessible port.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = ArgAction::Set)]
+    pub disable_filter: bool,
+    /// keepalive specifies the keep-alive period for an active network connection. Set to 0 to disable keepalive.
+    #[arg(long, default_value = "0s", value_parser = parse_go_duration)]
+    pub keepalive: Duration,
+    /// If true, enables automatic path appending of the kube context server path to each request.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = ArgAction::Set)]
+    pub append_server_path: bool,
+
+    /// Path to the kubeconfig file to use for CLI requests.
+    #[arg(long, default_value = "")]
+    pub kubeconfig: String,
+    /// The name of the kubeconfig context to use.
+    #[arg(long, default_value = "")]
+    pub context: String,
+    /// The name of the kubeconfig cluster to use.
+    #[arg(long, default_value = "")]
+    pub cluster: String,
+    /// The name of the kubeconfig user to use.
+    #[arg(long, default_value = "")]
+    pub user: String,
+    /// The address and port of the Kubernetes API server.
+    #[arg(short = 's', long, default_value = "")]
+    pub server: String,
+    /// Bearer token for authentication to the API server.
+    #[arg(long, default_value = "")]
+    pub token: String,
+    /// Path to a cert file for the certificate authority.
+    #[arg(long, default_value = "")]
+    pub certificate_authority: String,
+    /// Path to a client certificate file for TLS.
+    #[arg(long, default_value = "")]
+    pub client_certificate: String,
+    /// Path to a client key file for TLS.
+    #[arg(long, default_value = "")]
+    pub client_key: String,
+    /// If true, the server's certificate will not be checked for validity. This will make your HTTPS connections insecure.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = ArgAction::Set)]
+    pub insecure_skip_tls_verify: bool,
+    /// Server name to use for server certificate validation.
+    #[arg(long, default_value = "")]
+    pub tls_server_name: String,
+    /// If present, the namespace scope for this CLI request (accepted for compatibility; the proxy is not namespaced).
+    #[arg(short = 'n', long, default_value = "")]
+    pub namespace: String,
+
+    /// (edgetunnel) Worker cores; default: all cores.
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// (edgetunnel) I/O driver: auto, uring, legacy.
+    #[arg(long, env = "EDGETUNNEL_DRIVER", default_value = "auto")]
+    pub driver: Driver,
+    /// (edgetunnel) Serve Prometheus metrics at this address (`/metrics`).
+    #[arg(long)]
+    pub metrics_bind: Option<std::net::SocketAddr>,
+    /// (edgetunnel) Idle upstream connections kept per core.
+    #[arg(long, default_value_t = 64)]
+    pub upstream_idle_per_core: usize,
+}
+
+/// Go's `time.ParseDuration`.
+pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
+    let err = || format!("time: invalid duration {s:?}");
+    let mut rest = s.trim_start_matches('+');
+    if rest.starts_with('-') {
+        return Err(format!("negative duration {s:?} is not allowed"));
+    }
+    if rest == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if rest.is_empty() {
+        return Err(err());
+    }
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let num_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(err)?;
+        if num_end == 0 {
+            return Err(err());
+        }
+        let n: f64 = rest[..num_end].parse().map_err(|_| err())?;
+        rest = &rest[num_end..];
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_end] {
+            "ns" => 1e-9,
+            "us" | "µs" | "μs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(err()),
+        };
+        total += n * scale;
+        rest = &rest[unit_end..];
+    }
+    Ok(Duration::from_secs_f64(total))
+}
+
+/// Adds the trailing `/` kubectl adds to a prefix.
+pub fn with_slash(prefix: &str) -> String {
+    if prefix.ends_with('/') {
+        prefix.to_string()
+    } else {
+        format!("{prefix}/")
+    }
+}
+
+impl ProxyArgs {
+    /// kubectl's validation.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.port != DEFAULT_PORT && !self.unix_socket.is_empty() {
+            return Err("cannot set --unix-socket and --port at the same time".into());
+        }
+        if with_slash(&self.api_prefix) == with_slash(&self.www_prefix) && !self.www.is_empty() {
+            return Err(format!(
+                "--api-prefix and --www-prefix both register {:?}",
+                with_slash(&self.api_prefix)
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn driver(&self) -> Driver {
+        self.driver
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(parse_go_duration("0").unwrap(), Duration::ZERO);
+        assert_eq!(parse_go_duration("0s").unwrap(), Duration::ZERO);
+        assert_eq!(parse_go_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_go_duration("1.5h").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_go_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert!(parse_go_duration("5").is_err());
+        assert!(parse_go_duration("s").is_err());
+        assert!(parse_go_duration("").is_err());
+    }
+}

@@ -1,0 +1,336 @@
+//! Rewriting heads between the client and the upstream, as kubectl's
+//! `UpgradeAwareHandler` (Go's `httputil.ReverseProxy` and HTTP client
+//! underneath) does: hop-by-hop headers dropped, `X-Forwarded-For`
+//! appended, the upstream's Host, credentials added where the request
+//! carries none, the body re-framed.
+
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use super::gourl::RequestUrl;
+use super::http1::{self, Framing, Header, RequestHead, ResponseHead};
+use super::upstream_config::Upstream;
+
+/// Sent upstream when the client sent no User-Agent.
+pub const DEFAULT_USER_AGENT: &str = concat!("edgetunnel/", env!("CARGO_PKG_VERSION"));
+
+/// Go's `singleJoiningSlash` for `--append-server-path`.
+fn join_path(base: &str, path: &str) -> String {
+    match (base.ends_with('/'), path.starts_with('/')) {
+        (true, true) => format!("{}{}", base, &path[1..]),
+        (false, false) => format!("{base}/{path}"),
+        _ => format!("{base}{path}"),
+    }
+}
+
+/// The target written upstream.
+pub fn upstream_target(url: &RequestUrl, upstream: &Upstream, append_server_path: bool) -> String {
+    if append_server_path && !upstream.base_path.is_empty() {
+        let mut u = url.clone();
+        u.path = join_path(&upstream.base_path, &url.path);
+        u.raw_path = String::new();
+        return u.request_uri();
+    }
+    url.request_uri()
+}
+
+fn push(out: &mut Vec<u8>, name: &str, value: &[u8]) {
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends the client address to `X-Forwarded-For` (one header, prior values
+/// joined with ", ").
+fn forwarded_for(headers: &mut Vec<Header>, client: Option<IpAddr>) {
+    let Some(ip) = client else { return };
+    let prior: Vec<String> = http1::values(headers, "x-forwarded-for")
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .collect();
+    headers.retain(|h| !h.name.eq_ignore_ascii_case("x-forwarded-for"));
+    let mut value = prior.join(", ");
+    if !value.is_empty() {
+        value.push_str(", ");
+    }
+    value.push_str(&ip.to_string());
+    headers.push(Header {
+        name: "X-Forwarded-For".into(),
+        value: value.into_bytes(),
+    });
+}
+
+/// Serializes a request head toward the upstream. `upgrade` keeps the
+/// connection-level headers (the request is relayed raw after it).
+pub fn request_head(
+    head: &RequestHead,
+    target: &str,
+    framing: Framing,
+    client: Option<IpAddr>,
+    upstream: &Upstream,
+    upgrade: bool,
+) -> Vec<u8> {
+    let mut headers: Vec<Header> = head
+        .headers
+        .iter()
+        .filter(|h| {
+            !h.name.eq_ignore_ascii_case("host")
+                && !h.name.eq_ignore_ascii_case("content-length")
+                && !(h.name.eq_ignore_ascii_case("transfer-encoding") && !upgrade)
+        })
+        .cloned()
+        .collect();
+    if !upgrade {
+        let te_trailers = http1::has_token(&head.headers, "te", "trailers");
+        http1::remove_hop_headers(&mut headers);
+        if te_trailers {
+            headers.push(Header {
+                name: "Te".into(),
+                value: b"trailers".to_vec(),
+            });
+        }
+    }
+    forwarded_for(&mut headers, client);
+    let mut out = Vec::with_capacity(512);
+    let _ = write!(
+        out_string(&mut out),
+        "{} {} HTTP/1.1\r\nHost: {}\r\n",
+        head.method,
+        target,
+        upstream.host_header
+    );
+    if http1::get(&headers, "user-agent").is_none_or(str::is_empty) {
+        headers.retain(|h| !h.name.eq_ignore_ascii_case("user-agent"));
+        push(&mut out, "User-Agent", DEFAULT_USER_AGENT.as_bytes());
+    }
+    if http1::get(&headers, "authorization").is_none_or(str::is_empty) {
+        if let Some(a) = upstream.auth.header() {
+            headers.retain(|h| !h.name.eq_ignore_ascii_case("authorization"));
+            push(&mut out, "Authorization", a.as_bytes());
+        }
+    }
+    for h in &headers {
+        push(&mut out, &h.name, &h.value);
+    }
+    match framing {
+        Framing::Length(n) => push(&mut out, "Content-Length", n.to_string().as_bytes()),
+        Framing::Chunked if !upgrade => push(&mut out, "Transfer-Encoding", b"chunked"),
+        Framing::None if matches!(head.method.as_str(), "POST" | "PUT" | "PATCH") => {
+            push(&mut out, "Content-Length", b"0")
+        }
+        _ => {}
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// A `fmt::Write` view of a byte vector.
+fn out_string(out: &mut Vec<u8>) -> impl std::fmt::Write + '_ {
+    struct W<'a>(&'a mut Vec<u8>);
+    impl std::fmt::Write for W<'_> {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            self.0.extend_from_slice(s.as_bytes());
+            Ok(())
+        }
+    }
+    W(out)
+}
+
+/// How the response body goes to the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientBody {
+    None,
+    /// Bytes relayed as they are (Content-Length, or chunked to a 1.1 client).
+    Verbatim,
+    /// Chunked upstream, payload only to an HTTP/1.0 client, then close.
+    Dechunk,
+    /// Until the upstream closes, then close.
+    UntilClose,
+}
+
+/// Serializes the response head toward the client; says how to send the
+/// body and whether the client connection stays open afterwards.
+pub fn response_head(
+    resp: &ResponseHead,
+    framing: Framing,
+    client_minor: u8,
+    client_keep_alive: bool,
+) -> (Vec<u8>, ClientBody, bool) {
+    let mut headers = resp.headers.clone();
+    http1::remove_hop_headers(&mut headers);
+    let (body, mut keep) = match framing {
+        Framing::None => (ClientBody::None, client_keep_alive),
+        Framing::Length(_) => (ClientBody::Verbatim, client_keep_alive),
+        Framing::Chunked if client_minor >= 1 => (ClientBody::Verbatim, client_keep_alive),
+        Framing::Chunked => (ClientBody::Dechunk, false),
+        Framing::UntilClose => (ClientBody::UntilClose, false),
+    };
+    if framing == Framing::None {
+        // A bodiless response keeps a declared Content-Length only for HEAD
+        // and 304 (it describes the entity, not this message).
+        keep = client_keep_alive;
+    }
+    let mut out = Vec::with_capacity(256);
+    let _ = write!(
+        out_string(&mut out),
+        "HTTP/1.{} {} {}\r\n",
+        client_minor.min(1),
+        resp.status,
+        resp.reason
+    );
+    for h in &headers {
+        push(&mut out, &h.name, &h.value);
+    }
+    if framing == Framing::Chunked && body == ClientBody::Verbatim {
+        push(&mut out, "Transfer-Encoding", b"chunked");
+    }
+    if !keep {
+        push(&mut out, "Connection", b"close");
+    } else if client_minor == 0 {
+        push(&mut out, "Connection", b"keep-alive");
+    }
+    out.extend_from_slice(b"\r\n");
+    (out, body, keep)
+}
+
+/// Whether the client asked to keep its connection open after this request.
+pub fn client_keep_alive(head: &RequestHead) -> bool {
+    if http1::has_token(&head.headers, "connection", "close") {
+        return false;
+    }
+    head.minor >= 1 || http1::has_token(&head.headers, "connection", "keep-alive")
+}
+
+/// Whether this is an upgrade request (kubectl's `IsUpgradeRequest`:
+/// `Connection` holds the `upgrade` token).
+pub fn is_upgrade(head: &RequestHead) -> bool {
+    http1::has_token(&head.headers, "connection", "upgrade")
+}
+
+/// A complete short response (errors, redirects, filter rejections).
+pub fn simple_response(
+    status: u16,
+    content_type: Option<&str>,
+    extra: &[(&str, &str)],
+    body: &[u8],
+    keep_alive: bool,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(160 + body.len());
+    let _ = write!(out_string(&mut out), "HTTP/1.1 {} {}\r\n", status, reason(status));
+    if let Some(ct) = content_type {
+        push(&mut out, "Content-Type", ct.as_bytes());
+        if ct.starts_with("text/plain") {
+            push(&mut out, "X-Content-Type-Options", b"nosniff");
+        }
+    }
+    for (n, v) in extra {
+        push(&mut out, n, v.as_bytes());
+    }
+    push(&mut out, "Content-Length", body.len().to_string().as_bytes());
+    if !keep_alive {
+        push(&mut out, "Connection", b"close");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+    out
+}
+
+/// Go's `http.Error`: `text/plain; charset=utf-8`, the text and a newline.
+pub fn error_response(status: u16, text: &str, keep_alive: bool) -> Vec<u8> {
+    simple_response(
+        status,
+        Some("text/plain; charset=utf-8"),
+        &[],
+        format!("{text}\n").as_bytes(),
+        keep_alive,
+    )
+}
+
+pub fn reason(status: u16) -> &'static str {
+    match status {
+        101 => "Switching Protocols",
+        200 => "OK",
+        301 => "Moved Permanently",
+        304 => "Not Modified",
+        400 => "Bad Request",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        413 => "Request Entity Too Large",
+        414 => "Request URI Too Long",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::upstream_config::Auth;
+
+    fn upstream() -> Upstream {
+        Upstream {
+            dial: "127.0.0.1:6443".into(),
+            host_header: "127.0.0.1:6443".into(),
+            tls: None,
+            server_name: "127.0.0.1".into(),
+            base_path: "/base".into(),
+            auth: Auth::Bearer("tok".into()),
+        }
+    }
+
+    fn head(raw: &[u8]) -> RequestHead {
+        http1::parse_request(raw).unwrap().unwrap().0
+    }
+
+    #[test]
+    fn request_rewrite_follows_reverse_proxy() {
+        let h = head(b"POST /x HTTP/1.1\r\nHost: localhost:8001\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\nX-Forwarded-For: 1.2.3.4\r\nTransfer-Encoding: chunked\r\nTe: trailers, deflate\r\n\r\n");
+        let out = request_head(&h, "/x", Framing::Chunked, Some("127.0.0.1".parse().unwrap()), &upstream(), false);
+        let s = String::from_utf8(out).unwrap();
+        assert!(s.starts_with("POST /x HTTP/1.1\r\nHost: 127.0.0.1:6443\r\n"), "{s}");
+        assert!(s.contains("Authorization: Bearer tok\r\n"));
+        assert!(s.contains("User-Agent: edgetunnel/"));
+        assert!(s.contains("X-Forwarded-For: 1.2.3.4, 127.0.0.1\r\n"));
+        assert!(s.contains("Te: trailers\r\n"));
+        assert!(s.contains("Transfer-Encoding: chunked\r\n"));
+        assert!(!s.contains("X-Hop"));
+        assert!(!s.contains("keep-alive"));
+    }
+
+    #[test]
+    fn own_credentials_win_and_upgrades_keep_connection_headers() {
+        let h = head(b"GET /x HTTP/1.1\r\nHost: h:1\r\nAuthorization: Bearer mine\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nUser-Agent: t\r\n\r\n");
+        assert!(is_upgrade(&h));
+        let s = String::from_utf8(request_head(&h, "/x", Framing::None, None, &upstream(), true)).unwrap();
+        assert!(s.contains("Authorization: Bearer mine\r\n"));
+        assert!(!s.contains("Bearer tok"));
+        assert!(s.contains("Upgrade: websocket\r\n"));
+        assert!(s.contains("User-Agent: t\r\n"));
+    }
+
+    #[test]
+    fn append_server_path_joins() {
+        let u = RequestUrl::parse("/api?x=1").unwrap();
+        assert_eq!(upstream_target(&u, &upstream(), true), "/base/api?x=1");
+        assert_eq!(upstream_target(&u, &upstream(), false), "/api?x=1");
+    }
+
+    #[test]
+    fn response_framing_to_client() {
+        let (r, _) = http1::parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n").unwrap().unwrap();
+        let (out, body, keep) = response_head(&r, Framing::Chunked, 1, true);
+        let s = String::from_utf8(out).unwrap();
+        assert_eq!(body, ClientBody::Verbatim);
+        assert!(keep);
+        assert!(s.contains("Transfer-Encoding: chunked\r\n"));
+        let (_, body, keep) = response_head(&r, Framing::Chunked, 0, true);
+        assert_eq!((body, keep), (ClientBody::Dechunk, false));
+    }
+}

@@ -1,0 +1,81 @@
+//! Socket types of the proxy: client connections (TCP or unix) and upstream
+//! connections (plain or TLS), as poll-style streams over monoio so that
+//! rustls (tokio-rustls) can sit on them. Thin delegation only.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use monoio::net::tcp::stream_poll::TcpStreamPoll;
+use monoio::net::unix::stream_poll::UnixStreamPoll;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+pub enum ClientIo {
+    Tcp(TcpStreamPoll),
+    Unix(UnixStreamPoll),
+}
+
+pub enum UpstreamIo {
+    Plain(TcpStreamPoll),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStreamPoll>>),
+}
+
+macro_rules! delegate {
+    ($ty:ident, $($var:ident),+) => {
+        impl AsyncRead for $ty {
+            fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    $($ty::$var(s) => Pin::new(s).poll_read(cx, buf),)+
+                }
+            }
+        }
+        impl AsyncWrite for $ty {
+            fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+                match self.get_mut() {
+                    $($ty::$var(s) => Pin::new(s).poll_write(cx, buf),)+
+                }
+            }
+            fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+                match self.get_mut() {
+                    $($ty::$var(s) => Pin::new(s).poll_write_vectored(cx, bufs),)+
+                }
+            }
+            fn is_write_vectored(&self) -> bool {
+                match self {
+                    $($ty::$var(s) => s.is_write_vectored(),)+
+                }
+            }
+            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    $($ty::$var(s) => Pin::new(s).poll_flush(cx),)+
+                }
+            }
+            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    $($ty::$var(s) => Pin::new(s).poll_shutdown(cx),)+
+                }
+            }
+        }
+    };
+}
+
+delegate!(ClientIo, Tcp, Unix);
+delegate!(UpstreamIo, Plain, Tls);
+
+/// Go's wording for a socket error (`connection refused`, ...).
+pub fn go_error_text(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(code) => {
+            // SAFETY: strerror returns a valid C string for any code.
+            let s = unsafe { std::ffi::CStr::from_ptr(libc::strerror(code)) }
+                .to_string_lossy()
+                .into_owned();
+            let mut c = s.chars();
+            match c.next() {
+                Some(f) => f.to_lowercase().collect::<String>() + c.as_str(),
+                None => s,
+            }
+        }
+        None => e.to_string(),
+    }
+}

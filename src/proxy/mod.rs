@@ -1,0 +1,183 @@
+//! `edgetunnel proxy`: a drop-in `kubectl proxy` on the thread-per-core
+//! data plane. Same flags, same filter, same routing quirks (Go's
+//! `ServeMux` and `net/url` rules are reproduced in [`gourl`] and [`mux`]);
+//! kept-alive upstream connections per core, streaming responses, upgrades
+//! relayed raw (spliced when no TLS sits on either side).
+
+mod conn;
+pub mod filter;
+pub mod flags;
+pub mod forward;
+pub mod gourl;
+pub mod http1;
+mod io;
+pub mod mux;
+pub mod static_files;
+pub mod upstream_config;
+
+use std::io::Write as _;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use monoio::io::IntoPollIo;
+
+use crate::engine::{listener, runtime};
+pub use flags::ProxyArgs;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+enum Bound {
+    Tcp(Vec<std::net::TcpListener>),
+    Unix(Vec<std::os::unix::net::UnixListener>),
+}
+
+struct MetricsView(Arc<conn::Shared>);
+
+impl crate::admin::AdminState for MetricsView {
+    fn metrics(&self) -> String {
+        self.0.metrics.render()
+    }
+    fn ready(&self) -> Result<String, String> {
+        Ok("ok".into())
+    }
+}
+
+/// Builds the shared state from the flags (kubeconfig read on a
+/// current-thread tokio runtime, before any data-plane core starts).
+fn shared_from(args: &ProxyArgs) -> Result<conn::Shared, BoxError> {
+    let filter = if args.disable_filter {
+        if args.unix_socket.is_empty() {
+            tracing::warn!("Request filter disabled, your proxy is vulnerable to XSRF attacks, please be cautious");
+        }
+        None
+    } else {
+        Some(filter::Filter::new(
+            &args.accept_paths,
+            &args.reject_paths,
+            &args.accept_hosts,
+            &args.reject_methods,
+        )?)
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let upstream = rt.block_on(upstream_config::resolve(args))?;
+    let dial_addrs: Vec<SocketAddr> = upstream
+        .dial
+        .to_socket_addrs()
+        .map_err(|e| format!("resolving {}: {e}", upstream.dial))?
+        .collect();
+    let www = (!args.www.is_empty()).then(|| PathBuf::from(&args.www));
+    let mux = mux::Mux {
+        api_prefix: flags::with_slash(&args.api_prefix),
+        static_prefix: www.as_ref().map(|_| flags::with_slash(&args.www_prefix)),
+    };
+    tracing::debug!(?upstream, "proxy upstream");
+    Ok(conn::Shared {
+        mux,
+        filter,
+        upstream,
+        dial_addrs,
+        append_server_path: args.append_server_path,
+        keepalive: (!args.keepalive.is_zero()).then_some(args.keepalive),
+        www,
+        idle_per_core: args.upstream_idle_per_core,
+        metrics: conn::ProxyMetrics::default(),
+    })
+}
+
+/// Runs `edgetunnel proxy` until killed.
+pub fn run(args: ProxyArgs) -> Result<(), BoxError> {
+    args.validate()?;
+    let shared = Arc::new(shared_from(&args)?);
+    let workers = args.workers.unwrap_or_else(runtime::default_workers).max(1);
+    let (bound, shown) = if !args.unix_socket.is_empty() {
+        let path = PathBuf::from(&args.unix_socket);
+        (Bound::Unix(listener::bind_unix(&path, workers)?), args.unix_socket.clone())
+    } else {
+        let ip: IpAddr = args
+            .address
+            .parse()
+            .map_err(|_| format!("invalid --address {:?}", args.address))?;
+        let ls = listener::bind_tcp(SocketAddr::new(ip, args.port), workers)?;
+        let local = ls[0].local_addr()?;
+        (Bound::Tcp(ls), local.to_string())
+    };
+    let metrics = match args.metrics_bind {
+        Some(a) => Some(listener::bind_tcp(a, 1)?.remove(0)),
+        None => None,
+    };
+    tracing::info!(driver = args.driver().name(), workers, "proxy data plane");
+    println!("Starting to serve on {shown}");
+    let _ = std::io::stdout().flush();
+
+    let per_core = std::sync::Mutex::new(match bound {
+        Bound::Tcp(v) => v.into_iter().map(Listener::Tcp).collect::<Vec<_>>(),
+        Bound::Unix(v) => v.into_iter().map(Listener::Unix).collect(),
+    });
+    let metrics = std::sync::Mutex::new(metrics);
+    let per_core = Arc::new(per_core);
+    let metrics = Arc::new(metrics);
+    runtime::run_workers(workers, args.driver(), move |idx| {
+        let listener = per_core.lock().ok().and_then(|mut v| v.pop());
+        let metrics = if idx == 0 {
+            metrics.lock().ok().and_then(|mut m| m.take())
+        } else {
+            None
+        };
+        let shared = shared.clone();
+        async move {
+            let core = conn::Core::new(shared.clone());
+            if let Some(m) = metrics {
+                let m = monoio::net::TcpListener::from_std(m)?;
+                monoio::spawn(crate::admin::serve(m, Rc::new(MetricsView(shared))));
+            }
+            match listener {
+                Some(l) => accept_loop(l, core).await,
+                None => Ok(()),
+            }
+        }
+    })?;
+    Ok(())
+}
+
+enum Listener {
+    Tcp(std::net::TcpListener),
+    Unix(std::os::unix::net::UnixListener),
+}
+
+async fn accept_loop(l: Listener, core: Rc<conn::Core>) -> std::io::Result<()> {
+    match l {
+        Listener::Tcp(l) => {
+            let l = monoio::net::TcpListener::from_std(l)?;
+            loop {
+                let (s, peer) = match l.accept().await {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!("accept: {e}");
+                        monoio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = s.set_nodelay(true);
+                let Ok(io) = s.into_poll_io() else { continue };
+                monoio::spawn(conn::serve(io::ClientIo::Tcp(io), Some(peer.ip()), core.clone()));
+            }
+        }
+        Listener::Unix(l) => {
+            let l = monoio::net::UnixListener::from_std(l)?;
+            loop {
+                let (s, _) = match l.accept().await {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!("accept: {e}");
+                        monoio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let Ok(io) = s.into_poll_io() else { continue };
+                monoio::spawn(conn::serve(io::ClientIo::Unix(io), None, core.clone()));
+            }
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! A small HTTPS server standing in for kube-apiserver in the proxy tests:
+//! it echoes what it received as JSON, streams chunked watch events,
+//! accepts upgrades (then echoes bytes), and answers `/version` (kubectl
+//! asks for it at start). Thread per connection; written independently of
+//! the proxy's own HTTP code so that it checks it rather than mirrors it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+
+pub struct FakeApiServer {
+    pub addr: SocketAddr,
+    pub requests: Arc<AtomicUsize>,
+    /// Set while a watch stream has sent its first event and waits.
+    pub watch_gate: Arc<AtomicBool>,
+}
+
+fn load_certs(p: &Path) -> Vec<CertificateDer<'static>> {
+    let pem = std::fs::read(p).expect("read cert");
+    rustls_pemfile::certs(&mut &pem[..]).collect::<Result<_, _>>().expect("certs")
+}
+
+fn load_key(p: &Path) -> PrivateKeyDer<'static> {
+    let pem = std::fs::read(p).expect("read key");
+    rustls_pemfile::private_key(&mut &pem[..]).expect("key").expect("a key")
+}
+
+/// Starts the server with `certs/server.crt` and `server.key`, asking for
+/// (not requiring) a client certificate signed by `certs/ca.crt`.
+pub fn start(certs: &Path) -> FakeApiServer {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in load_certs(&certs.join("ca.crt")) {
+        roots.add(c).expect("root");
+    }
+    let verifier = WebPkiClientVerifier::builder(Arc::new(roots))
+        .allow_unauthenticated()
+        .build()
+        .expect("verifier");
+    let mut cfg = rustls::ServerConfig::builder()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(load_certs(&certs.join("server.crt")), load_key(&certs.join("server.key")))
+        .expect("server config");
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let cfg = Arc::new(cfg);
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().unwrap();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let watch_gate = Arc::new(AtomicBool::new(false));
+    let (r, g) = (requests.clone(), watch_gate.clone());
+    thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(s) = s else { continue };
+            let cfg = cfg.clone();
+            let (r, g) = (r.clone(), g.clone());
+            thread::spawn(move || {
+                let _ = s.set_nodelay(true);
+                let Ok(conn) = rustls::ServerConnection::new(cfg) else { return };
+                let tls = rustls::StreamOwned::new(conn, s);
+                serve_conn(tls, &r, &g);
+            });
+        }
+    });
+    FakeApiServer {
+        addr,
+        requests,
+        watch_gate,
+    }
+}
+
+type Tls = rustls::StreamOwned<rustls::ServerConnection, TcpStream>;
+
+struct Req {
+    method: String,
+    target: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+fn read_head(r: &mut BufReader<Tls>) -> Option<(String, String, Vec<(String, String)>)> {
+    let mut line = String::new();
+    if r.read_line(&mut line).ok()? == 0 {
+        return None;
+    }
+    let mut parts = line.trim_end().splitn(3, ' ');
+    let method = parts.next()?.to_string();
+    let target = parts.next()?.to_string();
+    let mut headers = Vec::new();
+    loop {
+        let mut h = String::new();
+        if r.read_line(&mut h).ok()? == 0 {
+            return None;
+        }
+        let h = h.trim_end_matches(['\r', '\n']);
+        if h.is_empty() {
+            break;
+        }
+        let (n, v) = h.split_once(':')?;
+        headers.push((n.trim().to_ascii_lowercase(), v.trim().to_string()));
+    }
+    Some((method, target, headers))
+}
+
+fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    h.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+}
+
+fn read_body(r: &mut BufReader<Tls>, headers: &[(String, String)]) -> Option<Vec<u8>> {
+    if header(headers, "transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        let mut body = Vec::new();
+        loop {
+            let mut line = String::new();
+            r.read_line(&mut line).ok()?;
+            let size = usize::from_str_radix(line.trim().split(';').next()?, 16).ok()?;
+            if size == 0 {
+                loop {
+                    let mut t = String::new();
+                    r.read_line(&mut t).ok()?;
+                    if t.trim().is_empty() {
+                        return Some(body);
+                    }
+                }
+            }
+            let start = body.len();
+            body.resize(start + size, 0);
+            r.read_exact(&mut body[start..]).ok()?;
+            let mut crlf = [0u8; 2];
+            r.read_exact(&mut crlf).ok()?;
+        }
+    }
+    let n: usize = header(headers, "content-length").map_or(Some(0), |v| v.parse().ok())?;
+    let mut body = vec![0u8; n];
+    r.read_exact(&mut body).ok()?;
+    Some(body)
+}
+
+/// FNV-1a, enough to compare bodies.
+pub fn fnv(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+}
+
+fn json_str(s: &str) -> String {
+    let mut o = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+/// What the upstream saw, as JSON: method, target, sorted headers, body
+/// length and hash, whether a client certificate was presented.
+fn echo_json(req: &Req, client_cert: bool) -> String {
+    let mut headers = req.headers.clone();
+    headers.sort();
+    let hs: Vec<String> = headers
+        .iter()
+        .map(|(n, v)| format!("[{},{}]", json_str(n), json_str(v)))
+        .collect();
+    format!(
+        "{{\"method\":{},\"target\":{},\"headers\":[{}],\"body_len\":{},\"body_fnv\":{},\"client_cert\":{}}}",
+        json_str(&req.method),
+        json_str(&req.target),
+        hs.join(","),
+        req.body.len(),
+        fnv(&req.body),
+        client_cert
+    )
+}
+
+fn serve_conn(tls: Tls, requests: &AtomicUsize, gate: &AtomicBool) {
+    let mut r = BufReader::with_capacity(64 * 1024, tls);
+    loop {
+        let Some((method, target, headers)) = read_head(&mut r) else { return };
+        let Some(body) = read_body(&mut r, &headers) else { return };
+        requests.fetch_add(1, Ordering::SeqCst);
+        let client_cert = r.get_ref().conn.peer_certificates().is_some_and(|c| !c.is_empty());
+        let req = Req { method, target, headers, body };
+        let upgrade = header(&req.headers, "connection").is_some_and(|v| v.to_ascii_lowercase().contains("upgrade"));
+        let path = req.target.split('?').next().unwrap_or("").to_string();
+        let query = req.target.split_once('?').map(|(_, q)| q.to_string()).unwrap_or_default();
+        let w = r.get_mut();
+        if upgrade {
+            let proto = header(&req.headers, "upgrade").unwrap_or("").to_string();
+            let _ = write!(w, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: {proto}\r\n\r\n");
+            let _ = w.flush();
+            // Echo whatever comes, until EOF.
+            let mut buf = vec![0u8; 65536];
+            let pending = r.buffer().to_vec();
+            let w = r.get_mut();
+            if !pending.is_empty() {
+                let _ = w.write_all(&pending);
+                let _ = w.flush();
+            }
+            loop {
+                match w.read(&mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        if w.write_all(&buf[..n]).is_err() || w.flush().is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+        if path == "/version" {
+            let b = r#"{"major":"1","minor":"32","gitVersion":"v1.32.4","platform":"linux/amd64"}"#;
+            let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}", b.len());
+            let _ = w.flush();
+            continue;
+        }
+        if query.contains("watch=true") || query.contains("follow=true") {
+            let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n");
+            for i in 0..3 {
+                let ev = format!("{{\"type\":\"ADDED\",\"object\":{{\"n\":{i}}}}}\n");
+                let _ = write!(w, "{:x}\r\n{ev}\r\n", ev.len());
+                let _ = w.flush();
+                if i == 0 {
+                    // Hold the stream until the client saw the first event
+                    // (the test clears the gate), at most 10 s.
+                    gate.store(true, Ordering::SeqCst);
+                    for _ in 0..1000 {
+                        if !gate.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        thread::sleep(Duration::from_millis(10));
+                    }
+                }
+            }
+            let _ = write!(w, "0\r\n\r\n");
+            let _ = w.flush();
+            continue;
+        }
+        if let Some(n) = path.strip_prefix("/bytes/") {
+            let n: usize = n.parse().unwrap_or(0);
+            let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {n}\r\n\r\n");
+            let chunk = vec![b'x'; 65536];
+            let mut left = n;
+            while left > 0 {
+                let k = left.min(chunk.len());
+                if w.write_all(&chunk[..k]).is_err() {
+                    return;
+                }
+                left -= k;
+            }
+            let _ = w.flush();
+            continue;
+        }
+        if let Some(code) = path.strip_prefix("/status/") {
+            let code: u16 = code.parse().unwrap_or(500);
+            let b = format!("{{\"status\":{code}}}");
+            let _ = write!(w, "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}", b.len());
+            let _ = w.flush();
+            continue;
+        }
+        if path == "/close" {
+            let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\nuntil close");
+            let _ = w.flush();
+            let _ = w.conn.send_close_notify();
+            let _ = w.flush();
+            return;
+        }
+        let b = echo_json(&req, client_cert);
+        let body = if req.method == "HEAD" { "" } else { b.as_str() };
+        let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", b.len());
+        let _ = w.flush();
+    }
+}
+
+/// Writes a kubeconfig for `server` with the test CA, and the given
+/// credentials (token and/or the agent client certificate).
+pub fn kubeconfig(path: &Path, server: &str, certs: &Path, token: Option<&str>, client_cert: bool) {
+    let mut user = String::new();
+    if let Some(t) = token {
+        user.push_str(&format!("    token: {t}\n"));
+    }
+    if client_cert {
+        user.push_str(&format!(
+            "    client-certificate: {}\n    client-key: {}\n",
+            certs.join("agent.crt").display(),
+            certs.join("agent.key").display()
+        ));
+    }
+    if user.is_empty() {
+        user.push_str("    {}\n");
+    }
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server}\n    certificate-authority: {}\nusers:\n- name: test\n  user:\n{user}contexts:\n- name: test\n  context:\n    cluster: test\n    user: test\ncurrent-context: test\n",
+        certs.join("ca.crt").display()
+    );
+    std::fs::write(path, text).expect("write kubeconfig");
+}

@@ -1,0 +1,152 @@
+//! A raw HTTP/1.1 client for the proxy tests: sends exactly the bytes a
+//! test writes (tricky targets, odd Host headers) and reads one response.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub enum Endpoint {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+pub trait Stream: Read + Write + Send {}
+impl<T: Read + Write + Send> Stream for T {}
+
+impl Endpoint {
+    pub fn parse(shown: &str) -> Endpoint {
+        match shown.parse() {
+            Ok(a) => Endpoint::Tcp(a),
+            Err(_) => Endpoint::Unix(PathBuf::from(shown)),
+        }
+    }
+
+    pub fn connect(&self) -> Box<dyn Stream> {
+        match self {
+            Endpoint::Tcp(a) => {
+                let s = TcpStream::connect(a).expect("connect proxy");
+                s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                Box::new(s)
+            }
+            Endpoint::Unix(p) => {
+                let s = UnixStream::connect(p).expect("connect proxy socket");
+                s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                Box::new(s)
+            }
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        match self {
+            Endpoint::Tcp(a) => a.port(),
+            Endpoint::Unix(_) => 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    pub status: u16,
+    /// Lower-case names.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// Reads one response from `s` (to a request with `method`).
+pub fn read_response(s: &mut dyn Stream, method: &str) -> std::io::Result<Response> {
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 16384];
+    let (status, headers, mut rest) = loop {
+        let mut hs = [httparse::EMPTY_HEADER; 128];
+        let mut r = httparse::Response::new(&mut hs);
+        if let Ok(httparse::Status::Complete(n)) = r.parse(&buf) {
+            let headers: Vec<(String, String)> = r
+                .headers
+                .iter()
+                .map(|h| (h.name.to_ascii_lowercase(), String::from_utf8_lossy(h.value).into_owned()))
+                .collect();
+            break (r.code.unwrap_or(0), headers, buf[n..].to_vec());
+        }
+        let n = s.read(&mut tmp)?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("EOF before response head: {:?}", String::from_utf8_lossy(&buf)),
+            ));
+        }
+        buf.extend_from_slice(&tmp[..n]);
+    };
+    let get = |n: &str| headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+    let no_body = method == "HEAD" || status == 204 || status == 304 || (100..200).contains(&status);
+    let body = if no_body {
+        Vec::new()
+    } else if get("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+        let mut out = Vec::new();
+        loop {
+            // Ensure a full size line.
+            while !rest.windows(2).any(|w| w == b"\r\n") {
+                let n = s.read(&mut tmp)?;
+                if n == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                rest.extend_from_slice(&tmp[..n]);
+            }
+            let pos = rest.windows(2).position(|w| w == b"\r\n").unwrap();
+            let line = String::from_utf8_lossy(&rest[..pos]).to_string();
+            let size = usize::from_str_radix(line.split(';').next().unwrap().trim(), 16)
+                .map_err(|_| std::io::Error::other(format!("bad chunk line {line:?}")))?;
+            rest.drain(..pos + 2);
+            while rest.len() < size + 2 {
+                let n = s.read(&mut tmp)?;
+                if n == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                rest.extend_from_slice(&tmp[..n]);
+            }
+            if size == 0 {
+                break;
+            }
+            out.extend_from_slice(&rest[..size]);
+            rest.drain(..size + 2);
+        }
+        out
+    } else if let Some(cl) = get("content-length") {
+        let n: usize = cl.trim().parse().unwrap_or(0);
+        while rest.len() < n {
+            let k = s.read(&mut tmp)?;
+            if k == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            rest.extend_from_slice(&tmp[..k]);
+        }
+        rest.truncate(n);
+        rest
+    } else {
+        loop {
+            let k = s.read(&mut tmp)?;
+            if k == 0 {
+                break;
+            }
+            rest.extend_from_slice(&tmp[..k]);
+        }
+        rest
+    };
+    Ok(Response { status, headers, body })
+}
+
+/// Sends `raw` on a new connection and reads one response.
+pub fn exchange(ep: &Endpoint, raw: &[u8], method: &str) -> std::io::Result<Response> {
+    let mut s = ep.connect();
+    s.write_all(raw)?;
+    read_response(&mut *s, method)
+}
