@@ -16,7 +16,9 @@ use support::http_raw::{exchange, Endpoint, Response};
 use support::{Env, BIN};
 
 fn kubectl() -> Option<PathBuf> {
-    let p = std::env::var_os("KUBECTL").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("kubectl"));
+    let p = std::env::var_os("KUBECTL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("kubectl"));
     Command::new(&p)
         .arg("version")
         .arg("--client")
@@ -29,7 +31,7 @@ fn kubectl() -> Option<PathBuf> {
 struct Running {
     child: Child,
     ep: Endpoint,
-    stderr: PathBuf,
+    log: PathBuf,
 }
 
 impl Drop for Running {
@@ -55,14 +57,19 @@ fn start(mut cmd: Command, log: PathBuf) -> Running {
     });
     let line = rx
         .recv_timeout(Duration::from_secs(30))
-        .unwrap_or_else(|_| panic!("no start line; stderr: {}", std::fs::read_to_string(&log).unwrap_or_default()));
+        .unwrap_or_else(|_| {
+            panic!(
+                "no start line; stderr: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+        });
     let shown = line
         .strip_prefix("Starting to serve on ")
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
     Running {
         child,
         ep: Endpoint::parse(shown),
-        stderr: log,
+        log,
     }
 }
 
@@ -130,13 +137,17 @@ impl Req {
     fn raw(&self, port: u16) -> Vec<u8> {
         let mut s = format!("{} {} HTTP/1.1\r\n", self.method, self.target).into_bytes();
         if let Some(h) = &self.host {
-            s.extend_from_slice(format!("Host: {}\r\n", h.replace("{port}", &port.to_string())).as_bytes());
+            s.extend_from_slice(
+                format!("Host: {}\r\n", h.replace("{port}", &port.to_string())).as_bytes(),
+            );
         }
         for (n, v) in &self.headers {
             s.extend_from_slice(format!("{n}: {v}\r\n").as_bytes());
         }
         match (&self.body, self.chunked) {
-            (Some(b), false) => s.extend_from_slice(format!("Content-Length: {}\r\n\r\n", b.len()).as_bytes()),
+            (Some(b), false) => {
+                s.extend_from_slice(format!("Content-Length: {}\r\n\r\n", b.len()).as_bytes())
+            }
             (Some(_), true) => s.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n"),
             (None, _) => s.extend_from_slice(b"\r\n"),
         }
@@ -158,18 +169,29 @@ impl Req {
 
 /// The parts of a response that must agree.
 fn view(r: &Response) -> String {
-    let echo: Option<serde_json::Value> = serde_json::from_slice(&r.body).ok().filter(|v: &serde_json::Value| v.get("target").is_some());
+    let echo: Option<serde_json::Value> = serde_json::from_slice(&r.body)
+        .ok()
+        .filter(|v: &serde_json::Value| v.get("target").is_some());
     let body = match echo {
-        Some(v) => format!("upstream saw {v}"),
+        Some(mut v) => {
+            // A request without User-Agent gets the proxy's own: kubectl's
+            // names kubectl, ours names edgetunnel (a deliberate difference).
+            if let Some(hs) = v.get_mut("headers").and_then(|h| h.as_array_mut()) {
+                for h in hs {
+                    if h[0] == "user-agent" {
+                        let ua = h[1].as_str().unwrap_or("");
+                        if ua.starts_with("kubectl/") || ua.starts_with("edgetunnel/") {
+                            h[1] = serde_json::Value::from("(the proxy's own)");
+                        }
+                    }
+                }
+            }
+            format!("upstream saw {v}")
+        }
         None if r.status == 500 => "(proxy error text)".to_string(),
         None => format!("body {:?}", String::from_utf8_lossy(&r.body)),
     };
-    format!(
-        "{} location={:?} {}",
-        r.status,
-        r.header("location"),
-        body
-    )
+    format!("{} location={:?} {}", r.status, r.header("location"), body)
 }
 
 fn compare(pair: &Pair, setup: &Setup, reqs: &[Req], failures: &mut Vec<String>) -> usize {
@@ -181,12 +203,20 @@ fn compare(pair: &Pair, setup: &Setup, reqs: &[Req], failures: &mut Vec<String>)
         let (g, o) = match (go, ours) {
             (Ok(g), Ok(o)) => (view(&g), view(&o)),
             (Err(g), Err(_)) => (format!("error {}", g.kind()), format!("error {}", g.kind())),
-            (g, o) => (format!("{:?}", g.map(|r| view(&r))), format!("{:?}", o.map(|r| view(&r)))),
+            (g, o) => (
+                format!("{:?}", g.map(|r| view(&r))),
+                format!("{:?}", o.map(|r| view(&r))),
+            ),
         };
         if g != o {
             failures.push(format!(
-                "[{}] {} {} host={:?}\n   kubectl: {g}\n   ours:    {o}",
-                setup.name, req.method, req.target, req.host
+                "[{}] {} {} host={:?}\n   kubectl: {g}\n   ours:    {o}\n   logs: {} {}",
+                setup.name,
+                req.method,
+                req.target,
+                req.host,
+                pair.go.log.display(),
+                pair.ours.log.display()
             ));
         }
     }
@@ -240,6 +270,12 @@ const TRICKY_PATHS: &[&str] = &[
     "/api/v1/%",
     "*",
     "http://localhost:8001/api/v1/pods",
+    "/gzip",
+    "/gzip-chunked",
+    "/status/418",
+    "/status/204",
+    "/close",
+    "/bytes/300000",
 ];
 
 const HOSTS: &[Option<&str>] = &[
@@ -262,7 +298,8 @@ fn table(paths: &[&str], methods: &[&'static str], hosts: &[Option<&str>]) -> Ve
                 r.host = h.map(str::to_string);
                 if matches!(*m, "POST" | "PUT" | "PATCH") {
                     r.body = Some(format!("{{\"kind\":\"Test\",\"path\":\"{p}\"}}").into_bytes());
-                    r.headers.push(("Content-Type".into(), "application/json".into()));
+                    r.headers
+                        .push(("Content-Type".into(), "application/json".into()));
                 }
                 out.push(r);
             }
@@ -344,36 +381,68 @@ fn proxy_matches_kubectl() {
     let kc_cert = env.path("kc-cert.yaml");
     apiserver::kubeconfig(&kc_cert, &server, &certs, None, true);
     let kc_base = env.path("kc-base.yaml");
-    apiserver::kubeconfig(&kc_base, &format!("{server}/base"), &certs, Some("t2"), false);
+    apiserver::kubeconfig(
+        &kc_base,
+        &format!("{server}/base"),
+        &certs,
+        Some("t2"),
+        false,
+    );
     let kc_none = env.path("kc-none.yaml");
     apiserver::kubeconfig(&kc_none, "https://127.0.0.1:1", &certs, None, false);
     let www = www_dir(&env);
     let sock = env.path("proxy.sock");
 
-    let all_methods: &[&'static str] = &["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"];
+    let all_methods: &[&'static str] =
+        &["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"];
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     let p0 = "--port=0".to_string();
     let setups: Vec<(Setup, Vec<Req>)> = vec![
         (
-            Setup { name: "defaults", flags: vec![p0.clone()], kubeconfig: kc_token.clone() },
+            Setup {
+                name: "defaults",
+                flags: vec![p0.clone()],
+                kubeconfig: kc_token.clone(),
+            },
             {
                 let mut t = table(TRICKY_PATHS, &["GET"], &HOSTS[..3]);
                 t.extend(table(&TRICKY_PATHS[..12], &all_methods[1..], &HOSTS[..1]));
                 t.extend(table(&["/api/v1/pods", "/", "//x"], &["GET"], &HOSTS[3..]));
                 t.extend(header_cases());
+                t.extend(table(
+                    &TRICKY_PATHS[TRICKY_PATHS.len() - 6..],
+                    &["GET", "HEAD"],
+                    &HOSTS[..1],
+                ));
+                let mut gz = Req::get("/gzip");
+                gz.headers.push(("Accept-Encoding".into(), "gzip".into()));
+                t.push(gz);
                 t
             },
         ),
         (
             Setup {
                 name: "custom-prefix-www",
-                flags: [vec![p0.clone()], s(&["--api-prefix=/custom", &format!("--www={}", www.display()), "-P", "/static"])].concat(),
+                flags: [
+                    vec![p0.clone()],
+                    s(&[
+                        "--api-prefix=/custom",
+                        &format!("--www={}", www.display()),
+                        "-P",
+                        "/static",
+                    ]),
+                ]
+                .concat(),
                 kubeconfig: kc_token.clone(),
             },
             table(TRICKY_PATHS, &["GET"], &HOSTS[..1]),
         ),
         (
-            Setup { name: "api-prefix", flags: [vec![p0.clone()], s(&["--api-prefix=/api/"])].concat(), kubeconfig: kc_token.clone() },
+            Setup {
+                name: "api-prefix",
+                flags: [vec![p0.clone()], s(&["--api-prefix=/api/"])].concat(),
+                kubeconfig: kc_token.clone(),
+            },
             table(TRICKY_PATHS, &["GET"], &HOSTS[..1]),
         ),
         (
@@ -391,15 +460,36 @@ fn proxy_matches_kubectl() {
                 .concat(),
                 kubeconfig: kc_token.clone(),
             },
-            table(&TRICKY_PATHS[..16], &["GET", "POST", "PUT", "DELETE"], &[Some("evil.example.com:{port}")]),
+            table(
+                &TRICKY_PATHS[..16],
+                &["GET", "POST", "PUT", "DELETE"],
+                &[Some("evil.example.com:{port}")],
+            ),
         ),
         (
             Setup {
                 name: "disable-filter",
-                flags: [vec![p0.clone()], s(&["--disable-filter", "--api-prefix=/k8s-api", "--address=127.0.0.1"])].concat(),
+                flags: [
+                    vec![p0.clone()],
+                    s(&[
+                        "--disable-filter",
+                        "--api-prefix=/k8s-api",
+                        "--address=127.0.0.1",
+                    ]),
+                ]
+                .concat(),
                 kubeconfig: kc_token.clone(),
             },
-            table(&["/k8s-api/v1/pods", "/k8s-api/api/v1/namespaces/x/pods/y/exec", "/k8s-api", "/api/v1"], &["GET", "POST"], &HOSTS[3..]),
+            table(
+                &[
+                    "/k8s-api/v1/pods",
+                    "/k8s-api/api/v1/namespaces/x/pods/y/exec",
+                    "/k8s-api",
+                    "/api/v1",
+                ],
+                &["GET", "POST"],
+                &HOSTS[3..],
+            ),
         ),
         (
             Setup {
@@ -407,18 +497,34 @@ fn proxy_matches_kubectl() {
                 flags: vec![format!("--unix-socket={}", sock.display())],
                 kubeconfig: kc_token.clone(),
             },
-            table(&TRICKY_PATHS[..14], &["GET"], &[Some("localhost:8001"), Some("localhost")]),
+            table(
+                &TRICKY_PATHS[..14],
+                &["GET"],
+                &[Some("localhost:8001"), Some("localhost")],
+            ),
         ),
         (
-            Setup { name: "append-server-path", flags: [vec![p0.clone()], s(&["--append-server-path"])].concat(), kubeconfig: kc_base.clone() },
+            Setup {
+                name: "append-server-path",
+                flags: [vec![p0.clone()], s(&["--append-server-path"])].concat(),
+                kubeconfig: kc_base.clone(),
+            },
             table(&TRICKY_PATHS[..14], &["GET"], &HOSTS[..1]),
         ),
         (
-            Setup { name: "no-append", flags: [vec![p0.clone()], s(&["--append-server-path=false"])].concat(), kubeconfig: kc_base.clone() },
+            Setup {
+                name: "no-append",
+                flags: [vec![p0.clone()], s(&["--append-server-path=false"])].concat(),
+                kubeconfig: kc_base.clone(),
+            },
             table(&TRICKY_PATHS[..6], &["GET"], &HOSTS[..1]),
         ),
         (
-            Setup { name: "client-cert", flags: [vec![p0.clone()], s(&["--keepalive=30s"])].concat(), kubeconfig: kc_cert.clone() },
+            Setup {
+                name: "client-cert",
+                flags: [vec![p0.clone()], s(&["--keepalive=30s"])].concat(),
+                kubeconfig: kc_cert.clone(),
+            },
             table(&TRICKY_PATHS[..6], &["GET", "POST"], &HOSTS[..1]),
         ),
         (
@@ -443,7 +549,15 @@ fn proxy_matches_kubectl() {
         (
             Setup {
                 name: "insecure",
-                flags: [vec![p0.clone()], vec![format!("--server={server}"), "--insecure-skip-tls-verify".into(), "--token=t3".into()]].concat(),
+                flags: [
+                    vec![p0.clone()],
+                    vec![
+                        format!("--server={server}"),
+                        "--insecure-skip-tls-verify".into(),
+                        "--token=t3".into(),
+                    ],
+                ]
+                .concat(),
                 kubeconfig: kc_none.clone(),
             },
             table(&TRICKY_PATHS[..4], &["GET"], &HOSTS[..1]),
@@ -451,13 +565,21 @@ fn proxy_matches_kubectl() {
         (
             Setup {
                 name: "context-select",
-                flags: [vec![p0.clone()], s(&["--context=test", "--cluster=test", "--user=test"])].concat(),
+                flags: [
+                    vec![p0.clone()],
+                    s(&["--context=test", "--cluster=test", "--user=test"]),
+                ]
+                .concat(),
                 kubeconfig: kc_token.clone(),
             },
             table(&TRICKY_PATHS[..4], &["GET"], &HOSTS[..1]),
         ),
         (
-            Setup { name: "upstream-down", flags: vec![p0.clone(), "--token=t4".into()], kubeconfig: kc_none.clone() },
+            Setup {
+                name: "upstream-down",
+                flags: vec![p0.clone(), "--token=t4".into()],
+                kubeconfig: kc_none.clone(),
+            },
             table(&TRICKY_PATHS[..3], &["GET"], &HOSTS[..1]),
         ),
     ];
@@ -471,6 +593,17 @@ fn proxy_matches_kubectl() {
         drop(pair);
     }
     eprintln!("{total} requests compared, {} differ", failures.len());
+    if !failures.is_empty() {
+        eprintln!(
+            "logs in {} (KEEP_TEST_DIR=1 keeps them)",
+            env.dir.path().display()
+        );
+    }
     assert!(total >= 300, "only {total} requests in the table");
-    assert!(failures.is_empty(), "{} of {total} differ:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {total} differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

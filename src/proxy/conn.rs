@@ -55,17 +55,55 @@ impl ProxyMetrics {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let mut s = String::new();
         for (name, help, v) in [
-            ("edgetunnel_proxy_requests_total", "Requests read from clients.", g(&self.requests)),
-            ("edgetunnel_proxy_forwarded_total", "Requests forwarded upstream.", g(&self.forwarded)),
-            ("edgetunnel_proxy_rejected_total", "Requests refused by the filter.", g(&self.rejected)),
-            ("edgetunnel_proxy_upgrades_total", "Upgraded connections relayed.", g(&self.upgrades)),
-            ("edgetunnel_proxy_upstream_dials_total", "Upstream connections opened.", g(&self.upstream_dials)),
-            ("edgetunnel_proxy_upstream_reused_total", "Requests sent on a pooled upstream connection.", g(&self.upstream_reused)),
-            ("edgetunnel_proxy_upstream_errors_total", "Requests that failed upstream.", g(&self.upstream_errors)),
-            ("edgetunnel_proxy_bytes_up_total", "Body bytes sent upstream.", g(&self.bytes_up)),
-            ("edgetunnel_proxy_bytes_down_total", "Body bytes sent to clients.", g(&self.bytes_down)),
+            (
+                "edgetunnel_proxy_requests_total",
+                "Requests read from clients.",
+                g(&self.requests),
+            ),
+            (
+                "edgetunnel_proxy_forwarded_total",
+                "Requests forwarded upstream.",
+                g(&self.forwarded),
+            ),
+            (
+                "edgetunnel_proxy_rejected_total",
+                "Requests refused by the filter.",
+                g(&self.rejected),
+            ),
+            (
+                "edgetunnel_proxy_upgrades_total",
+                "Upgraded connections relayed.",
+                g(&self.upgrades),
+            ),
+            (
+                "edgetunnel_proxy_upstream_dials_total",
+                "Upstream connections opened.",
+                g(&self.upstream_dials),
+            ),
+            (
+                "edgetunnel_proxy_upstream_reused_total",
+                "Requests sent on a pooled upstream connection.",
+                g(&self.upstream_reused),
+            ),
+            (
+                "edgetunnel_proxy_upstream_errors_total",
+                "Requests that failed upstream.",
+                g(&self.upstream_errors),
+            ),
+            (
+                "edgetunnel_proxy_bytes_up_total",
+                "Body bytes sent upstream.",
+                g(&self.bytes_up),
+            ),
+            (
+                "edgetunnel_proxy_bytes_down_total",
+                "Body bytes sent to clients.",
+                g(&self.bytes_down),
+            ),
         ] {
-            s.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"));
+            s.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"
+            ));
         }
         s
     }
@@ -78,6 +116,7 @@ pub struct Shared {
     pub upstream: Upstream,
     pub dial_addrs: Vec<std::net::SocketAddr>,
     pub append_server_path: bool,
+    pub disable_compression: bool,
     pub keepalive: Option<Duration>,
     pub www: Option<PathBuf>,
     pub idle_per_core: usize,
@@ -129,7 +168,9 @@ impl Core {
                         // SAFETY: the descriptor stays open for this borrow.
                         let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(tcp.as_raw_fd()) };
                         let sock = socket2::SockRef::from(&fd);
-                        let _ = sock.set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(ka).with_interval(ka));
+                        let _ = sock.set_tcp_keepalive(
+                            &socket2::TcpKeepalive::new().with_time(ka).with_interval(ka),
+                        );
                     }
                     let io = tcp
                         .into_poll_io()
@@ -137,8 +178,12 @@ impl Core {
                     let io = match &s.upstream.tls {
                         None => UpstreamIo::Plain(io),
                         Some(cfg) => {
-                            let name = rustls::pki_types::ServerName::try_from(s.upstream.server_name.clone())
-                                .map_err(|e| format!("invalid server name {:?}: {e}", s.upstream.server_name))?;
+                            let name = rustls::pki_types::ServerName::try_from(
+                                s.upstream.server_name.clone(),
+                            )
+                            .map_err(|e| {
+                                format!("invalid server name {:?}: {e}", s.upstream.server_name)
+                            })?;
                             let tls = tokio_rustls::TlsConnector::from(cfg.clone())
                                 .connect(name, io)
                                 .await
@@ -184,7 +229,10 @@ enum Next {
     },
 }
 
-async fn read_more<R: tokio::io::AsyncRead + Unpin>(io: &mut R, buf: &mut BytesMut) -> io::Result<usize> {
+async fn read_more<R: tokio::io::AsyncRead + Unpin>(
+    io: &mut R,
+    buf: &mut BytesMut,
+) -> io::Result<usize> {
     if buf.capacity() - buf.len() < 4096 {
         buf.reserve(READ_CHUNK);
     }
@@ -210,10 +258,7 @@ pub async fn serve(io: ClientIo, peer: Option<IpAddr>, core: Rc<Core>) {
                         (400, "400 Bad Request".to_string())
                     }
                 };
-                let _ = client
-                    .io
-                    .write_all(&bad_request(status, &text))
-                    .await;
+                let _ = client.io.write_all(&bad_request(status, &text)).await;
                 return;
             }
         };
@@ -253,12 +298,16 @@ async fn read_request_head(client: &mut Client) -> Result<Option<RequestHead>, H
                 return Ok(Some(head));
             }
         }
-        match monoio::time::timeout(HEAD_TIMEOUT, read_more(&mut client.io, &mut client.buf)).await {
+        match monoio::time::timeout(HEAD_TIMEOUT, read_more(&mut client.io, &mut client.buf)).await
+        {
             Ok(Ok(0)) | Ok(Err(_)) => return Ok(None),
             Ok(Ok(_)) => {}
             Err(_) => {
                 if !client.buf.is_empty() {
-                    let _ = client.io.write_all(&bad_request(408, "408 Request Timeout")).await;
+                    let _ = client
+                        .io
+                        .write_all(&bad_request(408, "408 Request Timeout"))
+                        .await;
                 }
                 return Ok(None);
             }
@@ -280,7 +329,9 @@ async fn discard_body(client: &mut Client, framing: Framing) -> bool {
         Framing::Length(n) if n <= DRAIN_LIMIT => {
             let mut left = n;
             while left > 0 {
-                if client.buf.is_empty() && !matches!(read_more(&mut client.io, &mut client.buf).await, Ok(n) if n > 0) {
+                if client.buf.is_empty()
+                    && !matches!(read_more(&mut client.io, &mut client.buf).await, Ok(n) if n > 0)
+                {
                     return false;
                 }
                 let take = (left as usize).min(client.buf.len());
@@ -293,10 +344,14 @@ async fn discard_body(client: &mut Client, framing: Framing) -> bool {
             let mut dec = ChunkedDecoder::new();
             let mut total = 0usize;
             loop {
-                if client.buf.is_empty() && !matches!(read_more(&mut client.io, &mut client.buf).await, Ok(n) if n > 0) {
+                if client.buf.is_empty()
+                    && !matches!(read_more(&mut client.io, &mut client.buf).await, Ok(n) if n > 0)
+                {
                     return false;
                 }
-                let Ok(p) = dec.advance(&client.buf) else { return false };
+                let Ok(p) = dec.advance(&client.buf) else {
+                    return false;
+                };
                 client.buf.advance(p.consumed);
                 total += p.consumed;
                 if p.done {
@@ -316,15 +371,30 @@ async fn handle(client: &mut Client, head: RequestHead, core: &Rc<Core>) -> Next
     let keep = forward::client_keep_alive(&head);
     let hosts = http1::values(&head.headers, "host").count();
     if hosts > 1 {
-        return send(client, &bad_request(400, "400 Bad Request: too many Host headers"), false).await;
+        return send(
+            client,
+            &bad_request(400, "400 Bad Request: too many Host headers"),
+            false,
+        )
+        .await;
     }
     if hosts == 0 && head.minor >= 1 {
-        return send(client, &bad_request(400, "400 Bad Request: missing required Host header"), false).await;
+        return send(
+            client,
+            &bad_request(400, "400 Bad Request: missing required Host header"),
+            false,
+        )
+        .await;
     }
     let framing = match http1::request_framing(&head) {
         Ok(f) => f,
         Err(HeadError::Malformed(m)) if m.starts_with("unsupported transfer encoding") => {
-            return send(client, &bad_request(501, "Unsupported transfer encoding"), false).await;
+            return send(
+                client,
+                &bad_request(501, "Unsupported transfer encoding"),
+                false,
+            )
+            .await;
         }
         Err(_) => return send(client, &bad_request(400, "400 Bad Request"), false).await,
     };
@@ -359,7 +429,12 @@ async fn handle(client: &mut Client, head: RequestHead, core: &Rc<Core>) -> Next
             shared.metrics.rejected.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(method = %head.method, path = %proxied.path, %host, "filter rejecting");
             let keep = keep && discard_body(client, framing).await;
-            return send(client, &forward::error_response(403, "Forbidden", keep), keep).await;
+            return send(
+                client,
+                &forward::error_response(403, "Forbidden", keep),
+                keep,
+            )
+            .await;
         }
     }
     shared.metrics.forwarded.fetch_add(1, Ordering::Relaxed);
@@ -388,7 +463,10 @@ async fn answer_locally(
             let loc = redirect_location(&to);
             let get_or_head = head.method == "GET" || head.method == "HEAD";
             let body = if head.method == "GET" {
-                format!("<a href=\"{}\">Moved Permanently</a>.\n\n", html_escape(&loc))
+                format!(
+                    "<a href=\"{}\">Moved Permanently</a>.\n\n",
+                    html_escape(&loc)
+                )
             } else {
                 String::new()
             };
@@ -401,15 +479,39 @@ async fn answer_locally(
             );
             send(client, &resp, keep).await
         }
-        Route::NotFound => send(client, &forward::error_response(404, "404 page not found", keep), keep).await,
-        Route::BadRequest => send(client, &forward::simple_response(400, None, &[], b"", false), false).await,
+        Route::NotFound => {
+            send(
+                client,
+                &forward::error_response(404, "404 page not found", keep),
+                keep,
+            )
+            .await
+        }
+        Route::BadRequest => {
+            send(
+                client,
+                &forward::simple_response(400, None, &[], b"", false),
+                false,
+            )
+            .await
+        }
         Route::Static(p) => {
             let Some(root) = &shared.www else {
-                return send(client, &forward::error_response(404, "404 page not found", keep), keep).await;
+                return send(
+                    client,
+                    &forward::error_response(404, "404 page not found", keep),
+                    keep,
+                )
+                .await;
             };
             match static_files::serve(root, &p, &url.raw_query, &head.method, &head.headers, keep) {
                 StaticReply::Bytes(b) => send(client, &b, keep).await,
-                StaticReply::File { head, file, offset, len } => {
+                StaticReply::File {
+                    head,
+                    file,
+                    offset,
+                    len,
+                } => {
                     if client.io.write_all(&head).await.is_err() {
                         return Next::Close;
                     }
@@ -428,7 +530,12 @@ async fn answer_locally(
     }
 }
 
-async fn send_file(client: &mut Client, mut file: std::fs::File, offset: u64, len: u64) -> io::Result<()> {
+async fn send_file(
+    client: &mut Client,
+    mut file: std::fs::File,
+    offset: u64,
+    len: u64,
+) -> io::Result<()> {
     use std::io::{Read, Seek, SeekFrom};
     file.seek(SeekFrom::Start(offset))?;
     let mut left = len;
@@ -447,7 +554,10 @@ async fn send_file(client: &mut Client, mut file: std::fs::File, offset: u64, le
 
 /// Upstream failures answer 500 with the error text, as kubectl's responder.
 async fn proxy_error(client: &mut Client, core: &Core, text: &str) -> Next {
-    core.shared.metrics.upstream_errors.fetch_add(1, Ordering::Relaxed);
+    core.shared
+        .metrics
+        .upstream_errors
+        .fetch_add(1, Ordering::Relaxed);
     tracing::warn!("error while proxying request: {text}");
     send(client, &forward::error_response(500, text, false), false).await
 }
@@ -463,7 +573,12 @@ async fn read_small_body(client: &mut Client, n: u64) -> io::Result<bytes::Bytes
 }
 
 /// Copies a request body from the client to the upstream as it arrives.
-async fn stream_body(client: &mut Client, up: &mut UpConn, framing: Framing, metrics: &ProxyMetrics) -> io::Result<()> {
+async fn stream_body(
+    client: &mut Client,
+    up: &mut UpConn,
+    framing: Framing,
+    metrics: &ProxyMetrics,
+) -> io::Result<()> {
     match framing {
         Framing::None | Framing::UntilClose => Ok(()),
         Framing::Length(mut left) => {
@@ -490,7 +605,9 @@ async fn stream_body(client: &mut Client, up: &mut UpConn, framing: Framing, met
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
                 up.io.write_all(&client.buf[..p.consumed]).await?;
                 client.buf.advance(p.consumed);
-                metrics.bytes_up.fetch_add(p.consumed as u64, Ordering::Relaxed);
+                metrics
+                    .bytes_up
+                    .fetch_add(p.consumed as u64, Ordering::Relaxed);
                 if p.done {
                     return Ok(());
                 }
@@ -514,7 +631,11 @@ async fn read_response_head(up: &mut UpConn) -> io::Result<http1::ResponseHead> 
         if read_more(&mut up.io, &mut up.buf).await? == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
-                if up.buf.is_empty() { "EOF" } else { "unexpected EOF" },
+                if up.buf.is_empty() {
+                    "EOF"
+                } else {
+                    "unexpected EOF"
+                },
             ));
         }
     }
@@ -529,7 +650,16 @@ async fn forward_request(
     core: &Rc<Core>,
 ) -> Next {
     let shared = &core.shared;
-    let upstream_head = forward::request_head(head, target, framing, client.peer, &shared.upstream, false);
+    let gzip = forward::wants_gzip(head, false, shared.disable_compression);
+    let upstream_head = forward::request_head(
+        head,
+        target,
+        framing,
+        client.peer,
+        &shared.upstream,
+        false,
+        gzip,
+    );
     // Small bodies are read first so that a stale pooled connection can be
     // retried with the whole request.
     let small_body = match framing {
@@ -552,7 +682,10 @@ async fn forward_request(
         };
         let reused = up.reused;
         if reused {
-            shared.metrics.upstream_reused.fetch_add(1, Ordering::Relaxed);
+            shared
+                .metrics
+                .upstream_reused
+                .fetch_add(1, Ordering::Relaxed);
         }
         let sent: io::Result<()> = async {
             match &small_body {
@@ -564,7 +697,10 @@ async fn forward_request(
                         all.extend_from_slice(&upstream_head);
                         all.extend_from_slice(body);
                         up.io.write_all(&all).await?;
-                        shared.metrics.bytes_up.fetch_add(body.len() as u64, Ordering::Relaxed);
+                        shared
+                            .metrics
+                            .bytes_up
+                            .fetch_add(body.len() as u64, Ordering::Relaxed);
                     }
                 }
                 None => {
@@ -595,11 +731,17 @@ async fn forward_request(
     let upstream_reusable = resp.minor >= 1
         && !http1::has_token(&resp.headers, "connection", "close")
         && rframing != Framing::UntilClose;
-    let (client_head, body, keep) = forward::response_head(&resp, rframing, head.minor, keep);
+    let gunzip = gzip && forward::is_gzipped(&resp);
+    let (client_head, body, keep) =
+        forward::response_head(&resp, rframing, head.minor, keep, gunzip);
     if client.io.write_all(&client_head).await.is_err() {
         return Next::Close;
     }
-    let done = relay_response(client, &mut up, rframing, body, &shared.metrics).await;
+    let done = if body == ClientBody::Gunzip {
+        relay_gunzip(client, &mut up, rframing, head.minor >= 1, &shared.metrics).await
+    } else {
+        relay_response(client, &mut up, rframing, body, &shared.metrics).await
+    };
     match done {
         Ok(()) => {
             let _ = client.io.flush().await;
@@ -690,12 +832,108 @@ async fn relay_response(
     }
 }
 
+/// Decompresses a gzip body we asked for, streaming it to the client in
+/// chunks (or raw to an HTTP/1.0 client). Input goes in small steps so a
+/// compression bomb cannot grow memory past a few MiB.
+async fn relay_gunzip(
+    client: &mut Client,
+    up: &mut UpConn,
+    framing: Framing,
+    chunked: bool,
+    metrics: &ProxyMetrics,
+) -> io::Result<()> {
+    use std::io::Write as _;
+    const STEP: usize = 4096;
+    let mut gz = flate2::write::GzDecoder::new(Vec::with_capacity(READ_CHUNK));
+    let mut left = match framing {
+        Framing::Length(n) => n,
+        _ => u64::MAX,
+    };
+    let mut dec = ChunkedDecoder::new();
+    let mut finished = false;
+    while !finished {
+        if left == 0 {
+            break;
+        }
+        if up.buf.is_empty() && read_more(&mut up.io, &mut up.buf).await? == 0 {
+            if framing == Framing::UntilClose {
+                break;
+            }
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        // The compressed payload in what we have.
+        let (ranges, consumed) = match framing {
+            Framing::Chunked => {
+                let p = dec
+                    .advance(&up.buf)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                finished = p.done;
+                (p.data, p.consumed)
+            }
+            _ => {
+                let take = (left.min(up.buf.len() as u64)) as usize;
+                left -= take as u64;
+                (std::iter::once(0..take).collect::<Vec<_>>(), take)
+            }
+        };
+        for r in ranges {
+            for piece in up.buf[r].chunks(STEP) {
+                gz.write_all(piece)?;
+                let out = std::mem::take(gz.get_mut());
+                write_body_piece(client, &out, chunked).await?;
+                metrics
+                    .bytes_down
+                    .fetch_add(out.len() as u64, Ordering::Relaxed);
+                *gz.get_mut() = out;
+                gz.get_mut().clear();
+            }
+        }
+        up.buf.advance(consumed);
+    }
+    gz.try_finish()?;
+    let out = std::mem::take(gz.get_mut());
+    write_body_piece(client, &out, chunked).await?;
+    if chunked {
+        client.io.write_all(b"0\r\n\r\n").await?;
+    }
+    Ok(())
+}
+
+async fn write_body_piece(client: &mut Client, data: &[u8], chunked: bool) -> io::Result<()> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    if chunked {
+        let mut framed = Vec::with_capacity(data.len() + 16);
+        framed.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+        framed.extend_from_slice(data);
+        framed.extend_from_slice(b"\r\n");
+        client.io.write_all(&framed).await
+    } else {
+        client.io.write_all(data).await
+    }
+}
+
 /// Relays an upgrade request (exec, attach, port-forward, websockets) on a
 /// new upstream connection, raw in both directions from the request on.
 /// Without TLS on either side the two sockets are spliced in the kernel.
-async fn upgrade(mut client: Client, head: &RequestHead, target: &str, framing: Framing, core: &Rc<Core>) {
+async fn upgrade(
+    mut client: Client,
+    head: &RequestHead,
+    target: &str,
+    framing: Framing,
+    core: &Rc<Core>,
+) {
     let shared = &core.shared;
-    let upstream_head = forward::request_head(head, target, framing, client.peer, &shared.upstream, true);
+    let upstream_head = forward::request_head(
+        head,
+        target,
+        framing,
+        client.peer,
+        &shared.upstream,
+        true,
+        false,
+    );
     let mut up = match core.dial().await {
         Ok(c) => c,
         Err(e) => {
@@ -726,7 +964,9 @@ async fn relay_upgraded(client: ClientIo, up: UpstreamIo) -> io::Result<()> {
             let u = u.try_into_comp_io().map_err(|(e, _)| e)?;
             splice_both(c, u).await
         }
-        (mut c, mut u) => tokio::io::copy_bidirectional(&mut c, &mut u).await.map(|_| ()),
+        (mut c, mut u) => tokio::io::copy_bidirectional(&mut c, &mut u)
+            .await
+            .map(|_| ()),
     }
 }
 

@@ -70,10 +70,11 @@ impl Filter {
     }
 
     /// The filter as kubectl's `ServeHTTP` applies it: the host part of the
-    /// Host header by `net.SplitHostPort` (empty when that fails) and the
-    /// decoded path.
+    /// Host header by `net.SplitHostPort` (the whole header when that fails,
+    /// so `[::1]` passes the default filter and `[::1]:8001` does not) and
+    /// the decoded path.
     pub fn allows(&self, method: &str, decoded_path: &str, host_header: &str) -> bool {
-        let host = split_host(host_header).unwrap_or("");
+        let host = split_host(host_header).unwrap_or(host_header);
         self.accept(method, decoded_path, host)
     }
 }
@@ -97,9 +98,10 @@ mod tests {
         let f = default();
         assert!(f.allows("GET", "/api/v1/pods", "localhost:8001"));
         assert!(f.allows("GET", "/api/v1/pods", "127.0.0.1:8001"));
-        // Without a port Go's SplitHostPort fails: the host is empty.
-        assert!(!f.allows("GET", "/api/v1/pods", "localhost"));
-        // Brackets are stripped, so the default `^\[::1\]$` never matches.
+        // Without a port the whole Host header is matched.
+        assert!(f.allows("GET", "/api/v1/pods", "localhost"));
+        assert!(f.allows("GET", "/api/v1/pods", "[::1]"));
+        // With a port the brackets are stripped, so `^\[::1\]$` fails.
         assert!(!f.allows("GET", "/api/v1/pods", "[::1]:8001"));
         assert!(!f.allows("POST", "/api/v1/namespaces/d/pods/p/exec", "localhost:1"));
         assert!(!f.allows("GET", "/api/v1/namespaces/d/pods/p/attach", "localhost:1"));

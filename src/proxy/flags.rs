@@ -85,6 +85,9 @@ pub struct ProxyArgs {
     /// If true, the server's certificate will not be checked for validity. This will make your HTTPS connections insecure.
     #[arg(long, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = ArgAction::Set)]
     pub insecure_skip_tls_verify: bool,
+    /// If true, opt-out of response compression for all requests to the server.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = ArgAction::Set)]
+    pub disable_compression: bool,
     /// Server name to use for server certificate validation.
     #[arg(long, default_value = "")]
     pub tls_server_name: String,
@@ -185,8 +188,14 @@ mod tests {
         assert_eq!(parse_go_duration("0").unwrap(), Duration::ZERO);
         assert_eq!(parse_go_duration("0s").unwrap(), Duration::ZERO);
         assert_eq!(parse_go_duration("1m30s").unwrap(), Duration::from_secs(90));
-        assert_eq!(parse_go_duration("1.5h").unwrap(), Duration::from_secs(5400));
-        assert_eq!(parse_go_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(
+            parse_go_duration("1.5h").unwrap(),
+            Duration::from_secs(5400)
+        );
+        assert_eq!(
+            parse_go_duration("250ms").unwrap(),
+            Duration::from_millis(250)
+        );
         assert!(parse_go_duration("5").is_err());
         assert!(parse_go_duration("s").is_err());
         assert!(parse_go_duration("").is_err());

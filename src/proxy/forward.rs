@@ -23,12 +23,18 @@ fn join_path(base: &str, path: &str) -> String {
     }
 }
 
-/// The target written upstream.
+/// The target written upstream (Go's `joinURLPath` for
+/// `--append-server-path`, which keeps an encoded form such as `%2F`).
 pub fn upstream_target(url: &RequestUrl, upstream: &Upstream, append_server_path: bool) -> String {
     if append_server_path && !upstream.base_path.is_empty() {
         let mut u = url.clone();
-        u.path = join_path(&upstream.base_path, &url.path);
-        u.raw_path = String::new();
+        let base = RequestUrl::parse(&upstream.base_path).unwrap_or_default();
+        u.path = join_path(&base.path, &url.path);
+        u.raw_path = if base.raw_path.is_empty() && url.raw_path.is_empty() {
+            String::new()
+        } else {
+            join_path(&base.escaped_path(), &url.escaped_path())
+        };
         return u.request_uri();
     }
     url.request_uri()
@@ -60,8 +66,19 @@ fn forwarded_for(headers: &mut Vec<Header>, client: Option<IpAddr>) {
     });
 }
 
+/// Whether Go's transport would ask for gzip on this request (and then
+/// decompress the answer): no Accept-Encoding, no Range, not HEAD.
+pub fn wants_gzip(head: &RequestHead, upgrade: bool, disable_compression: bool) -> bool {
+    !upgrade
+        && !disable_compression
+        && http1::get(&head.headers, "accept-encoding").is_none_or(str::is_empty)
+        && http1::get(&head.headers, "range").is_none_or(str::is_empty)
+        && head.method != "HEAD"
+}
+
 /// Serializes a request head toward the upstream. `upgrade` keeps the
-/// connection-level headers (the request is relayed raw after it).
+/// connection-level headers (the request is relayed raw after it); `gzip`
+/// adds `Accept-Encoding: gzip` as Go's transport does.
 pub fn request_head(
     head: &RequestHead,
     target: &str,
@@ -69,6 +86,7 @@ pub fn request_head(
     client: Option<IpAddr>,
     upstream: &Upstream,
     upgrade: bool,
+    gzip: bool,
 ) -> Vec<u8> {
     let mut headers: Vec<Header> = head
         .headers
@@ -76,7 +94,7 @@ pub fn request_head(
         .filter(|h| {
             !h.name.eq_ignore_ascii_case("host")
                 && !h.name.eq_ignore_ascii_case("content-length")
-                && !(h.name.eq_ignore_ascii_case("transfer-encoding") && !upgrade)
+                && (upgrade || !h.name.eq_ignore_ascii_case("transfer-encoding"))
         })
         .cloned()
         .collect();
@@ -112,6 +130,9 @@ pub fn request_head(
     for h in &headers {
         push(&mut out, &h.name, &h.value);
     }
+    if gzip {
+        push(&mut out, "Accept-Encoding", b"gzip");
+    }
     match framing {
         Framing::Length(n) => push(&mut out, "Content-Length", n.to_string().as_bytes()),
         Framing::Chunked if !upgrade => push(&mut out, "Transfer-Encoding", b"chunked"),
@@ -146,6 +167,14 @@ pub enum ClientBody {
     Dechunk,
     /// Until the upstream closes, then close.
     UntilClose,
+    /// gzip from upstream (which we asked for), decompressed and sent
+    /// chunked (to HTTP/1.0 clients: raw, then close).
+    Gunzip,
+}
+
+/// Whether the upstream answered with gzip we must undo.
+pub fn is_gzipped(resp: &ResponseHead) -> bool {
+    http1::get(&resp.headers, "content-encoding").is_some_and(|v| v.eq_ignore_ascii_case("gzip"))
 }
 
 /// Serializes the response head toward the client; says how to send the
@@ -155,10 +184,19 @@ pub fn response_head(
     framing: Framing,
     client_minor: u8,
     client_keep_alive: bool,
+    gunzip: bool,
 ) -> (Vec<u8>, ClientBody, bool) {
     let mut headers = resp.headers.clone();
     http1::remove_hop_headers(&mut headers);
+    let gunzip = gunzip && framing != Framing::None;
+    if gunzip {
+        headers.retain(|h| {
+            !h.name.eq_ignore_ascii_case("content-encoding")
+                && !h.name.eq_ignore_ascii_case("content-length")
+        });
+    }
     let (body, mut keep) = match framing {
+        _ if gunzip => (ClientBody::Gunzip, client_keep_alive && client_minor >= 1),
         Framing::None => (ClientBody::None, client_keep_alive),
         Framing::Length(_) => (ClientBody::Verbatim, client_keep_alive),
         Framing::Chunked if client_minor >= 1 => (ClientBody::Verbatim, client_keep_alive),
@@ -181,7 +219,9 @@ pub fn response_head(
     for h in &headers {
         push(&mut out, &h.name, &h.value);
     }
-    if framing == Framing::Chunked && body == ClientBody::Verbatim {
+    if (framing == Framing::Chunked && body == ClientBody::Verbatim)
+        || (body == ClientBody::Gunzip && client_minor >= 1)
+    {
         push(&mut out, "Transfer-Encoding", b"chunked");
     }
     if !keep {
@@ -216,7 +256,12 @@ pub fn simple_response(
     keep_alive: bool,
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(160 + body.len());
-    let _ = write!(out_string(&mut out), "HTTP/1.1 {} {}\r\n", status, reason(status));
+    let _ = write!(
+        out_string(&mut out),
+        "HTTP/1.1 {} {}\r\n",
+        status,
+        reason(status)
+    );
     if let Some(ct) = content_type {
         push(&mut out, "Content-Type", ct.as_bytes());
         if ct.starts_with("text/plain") {
@@ -226,7 +271,11 @@ pub fn simple_response(
     for (n, v) in extra {
         push(&mut out, n, v.as_bytes());
     }
-    push(&mut out, "Content-Length", body.len().to_string().as_bytes());
+    push(
+        &mut out,
+        "Content-Length",
+        body.len().to_string().as_bytes(),
+    );
     if !keep_alive {
         push(&mut out, "Connection", b"close");
     }
@@ -292,9 +341,20 @@ mod tests {
     #[test]
     fn request_rewrite_follows_reverse_proxy() {
         let h = head(b"POST /x HTTP/1.1\r\nHost: localhost:8001\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\nX-Forwarded-For: 1.2.3.4\r\nTransfer-Encoding: chunked\r\nTe: trailers, deflate\r\n\r\n");
-        let out = request_head(&h, "/x", Framing::Chunked, Some("127.0.0.1".parse().unwrap()), &upstream(), false);
+        let out = request_head(
+            &h,
+            "/x",
+            Framing::Chunked,
+            Some("127.0.0.1".parse().unwrap()),
+            &upstream(),
+            false,
+            true,
+        );
         let s = String::from_utf8(out).unwrap();
-        assert!(s.starts_with("POST /x HTTP/1.1\r\nHost: 127.0.0.1:6443\r\n"), "{s}");
+        assert!(
+            s.starts_with("POST /x HTTP/1.1\r\nHost: 127.0.0.1:6443\r\n"),
+            "{s}"
+        );
         assert!(s.contains("Authorization: Bearer tok\r\n"));
         assert!(s.contains("User-Agent: edgetunnel/"));
         assert!(s.contains("X-Forwarded-For: 1.2.3.4, 127.0.0.1\r\n"));
@@ -302,13 +362,23 @@ mod tests {
         assert!(s.contains("Transfer-Encoding: chunked\r\n"));
         assert!(!s.contains("X-Hop"));
         assert!(!s.contains("keep-alive"));
+        assert!(s.contains("Accept-Encoding: gzip\r\n"));
     }
 
     #[test]
     fn own_credentials_win_and_upgrades_keep_connection_headers() {
         let h = head(b"GET /x HTTP/1.1\r\nHost: h:1\r\nAuthorization: Bearer mine\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nUser-Agent: t\r\n\r\n");
         assert!(is_upgrade(&h));
-        let s = String::from_utf8(request_head(&h, "/x", Framing::None, None, &upstream(), true)).unwrap();
+        let s = String::from_utf8(request_head(
+            &h,
+            "/x",
+            Framing::None,
+            None,
+            &upstream(),
+            true,
+            false,
+        ))
+        .unwrap();
         assert!(s.contains("Authorization: Bearer mine\r\n"));
         assert!(!s.contains("Bearer tok"));
         assert!(s.contains("Upgrade: websocket\r\n"));
@@ -324,13 +394,17 @@ mod tests {
 
     #[test]
     fn response_framing_to_client() {
-        let (r, _) = http1::parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n").unwrap().unwrap();
-        let (out, body, keep) = response_head(&r, Framing::Chunked, 1, true);
+        let (r, _) = http1::parse_response(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+        )
+        .unwrap()
+        .unwrap();
+        let (out, body, keep) = response_head(&r, Framing::Chunked, 1, true, false);
         let s = String::from_utf8(out).unwrap();
         assert_eq!(body, ClientBody::Verbatim);
         assert!(keep);
         assert!(s.contains("Transfer-Encoding: chunked\r\n"));
-        let (_, body, keep) = response_head(&r, Framing::Chunked, 0, true);
+        let (_, body, keep) = response_head(&r, Framing::Chunked, 0, true, false);
         assert_eq!((body, keep), (ClientBody::Dechunk, false));
     }
 }

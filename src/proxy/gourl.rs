@@ -65,7 +65,8 @@ pub fn unescape_path(s: &str) -> Result<String, UrlError> {
         }
     }
     // Go strings hold any bytes; keep invalid UTF-8 visible rather than fail.
-    Ok(String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
+    Ok(String::from_utf8(out)
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
 }
 
 /// Go's `shouldEscape(c, encodePath)`.
@@ -127,10 +128,9 @@ impl RequestUrl {
             let Some((scheme, after)) = rest.split_once(':') else {
                 return Err(UrlError::InvalidUri);
             };
-            let valid_scheme = scheme
-                .bytes()
-                .enumerate()
-                .all(|(i, c)| c.is_ascii_alphabetic() || (i > 0 && (c.is_ascii_digit() || b"+-.".contains(&c))));
+            let valid_scheme = scheme.bytes().enumerate().all(|(i, c)| {
+                c.is_ascii_alphabetic() || (i > 0 && (c.is_ascii_digit() || b"+-.".contains(&c)))
+            });
             if scheme.is_empty() || !valid_scheme || !after.starts_with("//") {
                 return Err(UrlError::InvalidUri);
             }
@@ -309,7 +309,10 @@ mod tests {
         assert!(RequestUrl::parse("/a%4").is_err());
         assert!(RequestUrl::parse("foo").is_err());
         let u = RequestUrl::parse("http://example.com:80/x?y").unwrap();
-        assert_eq!((u.host.as_str(), u.path.as_str(), u.raw_query.as_str()), ("example.com:80", "/x", "y"));
+        assert_eq!(
+            (u.host.as_str(), u.path.as_str(), u.raw_query.as_str()),
+            ("example.com:80", "/x", "y")
+        );
         let u = RequestUrl::parse("/q?").unwrap();
         assert!(u.force_query);
         assert_eq!(u.request_uri(), "/q?");

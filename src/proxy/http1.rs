@@ -203,7 +203,11 @@ pub fn request_framing(head: &RequestHead) -> Result<Framing, HeadError> {
 
 /// Body framing of a response to a request with `method`.
 pub fn response_framing(method: &str, head: &ResponseHead) -> Result<Framing, HeadError> {
-    if method == "HEAD" || (100..200).contains(&head.status) || head.status == 204 || head.status == 304 {
+    if method == "HEAD"
+        || (100..200).contains(&head.status)
+        || head.status == 204
+        || head.status == 304
+    {
         return Ok(Framing::None);
     }
     if transfer_chunked(&head.headers)? {
@@ -310,15 +314,27 @@ impl ChunkedDecoder {
                         b'\r' | b'\n' if digits == 0 => return Err(ChunkError("empty chunk size")),
                         b'\r' => SizeLf,
                         b'\n' => self.size_done(),
-                        _ if ext => Size { digits, ext, line: line + 1 },
-                        b';' | b' ' | b'\t' => Size { digits, ext: true, line: line + 1 },
+                        _ if ext => Size {
+                            digits,
+                            ext,
+                            line: line + 1,
+                        },
+                        b';' | b' ' | b'\t' => Size {
+                            digits,
+                            ext: true,
+                            line: line + 1,
+                        },
                         c if c.is_ascii_hexdigit() => {
                             if digits >= 16 {
                                 return Err(ChunkError("chunk size too large"));
                             }
                             let d = (c as char).to_digit(16).unwrap_or(0) as u64;
                             self.size = self.size << 4 | d;
-                            Size { digits: digits + 1, ext, line: line + 1 }
+                            Size {
+                                digits: digits + 1,
+                                ext,
+                                line: line + 1,
+                            }
                         }
                         _ => return Err(ChunkError("invalid chunk size")),
                     }
@@ -405,16 +421,20 @@ pub fn remove_hop_headers(headers: &mut Vec<Header>) {
 /// Go's `textproto.CanonicalMIMEHeaderKey`: `x-foo-bar` -> `X-Foo-Bar`
 /// (names with bytes outside the token set are left alone).
 pub fn canonical_name(name: &str) -> String {
-    let valid = name.bytes().all(|c| {
-        c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c)
-    });
+    let valid = name
+        .bytes()
+        .all(|c| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c));
     if !valid {
         return name.to_string();
     }
     let mut upper = true;
     name.chars()
         .map(|c| {
-            let out = if upper { c.to_ascii_uppercase() } else { c.to_ascii_lowercase() };
+            let out = if upper {
+                c.to_ascii_uppercase()
+            } else {
+                c.to_ascii_lowercase()
+            };
             upper = c == '-';
             out
         })
@@ -429,15 +449,23 @@ mod tests {
     fn request_heads_and_framing() {
         let raw = b"POST /a?b HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc";
         let (h, n) = parse_request(raw).unwrap().unwrap();
-        assert_eq!((h.method.as_str(), h.target.as_str(), h.minor), ("POST", "/a?b", 1));
+        assert_eq!(
+            (h.method.as_str(), h.target.as_str(), h.minor),
+            ("POST", "/a?b", 1)
+        );
         assert_eq!(&raw[n..], b"abc");
         assert_eq!(request_framing(&h).unwrap(), Framing::Length(3));
         assert!(parse_request(b"GET / HTTP/1.1\r\nHost").unwrap().is_none());
-        assert!(parse_request(b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n")
-            .map(|r| request_framing(&r.unwrap().0))
-            .unwrap()
-            .is_err());
-        assert!(matches!(parse_request(b"\x00\x01 / HTTP/1.1\r\n\r\n"), Err(HeadError::Malformed(_))));
+        assert!(
+            parse_request(b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n")
+                .map(|r| request_framing(&r.unwrap().0))
+                .unwrap()
+                .is_err()
+        );
+        assert!(matches!(
+            parse_request(b"\x00\x01 / HTTP/1.1\r\n\r\n"),
+            Err(HeadError::Malformed(_))
+        ));
         let big = vec![b'a'; MAX_HEAD + 10];
         let mut req = b"GET /".to_vec();
         req.extend_from_slice(&big);
@@ -449,9 +477,13 @@ mod tests {
         let (h, _) = parse_response(b"HTTP/1.1 200 OK\r\n\r\n").unwrap().unwrap();
         assert_eq!(response_framing("GET", &h).unwrap(), Framing::UntilClose);
         assert_eq!(response_framing("HEAD", &h).unwrap(), Framing::None);
-        let (h, _) = parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n").unwrap().unwrap();
+        let (h, _) = parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            .unwrap()
+            .unwrap();
         assert_eq!(response_framing("GET", &h).unwrap(), Framing::Chunked);
-        let (h, _) = parse_response(b"HTTP/1.1 304 x\r\nContent-Length: 5\r\n\r\n").unwrap().unwrap();
+        let (h, _) = parse_response(b"HTTP/1.1 304 x\r\nContent-Length: 5\r\n\r\n")
+            .unwrap()
+            .unwrap();
         assert_eq!(response_framing("GET", &h).unwrap(), Framing::None);
     }
 
@@ -490,10 +522,22 @@ mod tests {
     #[test]
     fn hop_headers_and_names() {
         let mut h = vec![
-            Header { name: "Connection".into(), value: b"close, X-Drop".to_vec() },
-            Header { name: "x-drop".into(), value: b"1".to_vec() },
-            Header { name: "Keep-Alive".into(), value: b"1".to_vec() },
-            Header { name: "X-Keep".into(), value: b"1".to_vec() },
+            Header {
+                name: "Connection".into(),
+                value: b"close, X-Drop".to_vec(),
+            },
+            Header {
+                name: "x-drop".into(),
+                value: b"1".to_vec(),
+            },
+            Header {
+                name: "Keep-Alive".into(),
+                value: b"1".to_vec(),
+            },
+            Header {
+                name: "X-Keep".into(),
+                value: b"1".to_vec(),
+            },
         ];
         remove_hop_headers(&mut h);
         assert_eq!(h.len(), 1);

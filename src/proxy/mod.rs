@@ -60,7 +60,9 @@ fn shared_from(args: &ProxyArgs) -> Result<conn::Shared, BoxError> {
             &args.reject_methods,
         )?)
     };
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let upstream = rt.block_on(upstream_config::resolve(args))?;
     let dial_addrs: Vec<SocketAddr> = upstream
         .dial
@@ -79,6 +81,7 @@ fn shared_from(args: &ProxyArgs) -> Result<conn::Shared, BoxError> {
         upstream,
         dial_addrs,
         append_server_path: args.append_server_path,
+        disable_compression: args.disable_compression,
         keepalive: (!args.keepalive.is_zero()).then_some(args.keepalive),
         www,
         idle_per_core: args.upstream_idle_per_core,
@@ -93,7 +96,10 @@ pub fn run(args: ProxyArgs) -> Result<(), BoxError> {
     let workers = args.workers.unwrap_or_else(runtime::default_workers).max(1);
     let (bound, shown) = if !args.unix_socket.is_empty() {
         let path = PathBuf::from(&args.unix_socket);
-        (Bound::Unix(listener::bind_unix(&path, workers)?), args.unix_socket.clone())
+        (
+            Bound::Unix(listener::bind_unix(&path, workers)?),
+            args.unix_socket.clone(),
+        )
     } else {
         let ip: IpAddr = args
             .address
@@ -161,7 +167,11 @@ async fn accept_loop(l: Listener, core: Rc<conn::Core>) -> std::io::Result<()> {
                 };
                 let _ = s.set_nodelay(true);
                 let Ok(io) = s.into_poll_io() else { continue };
-                monoio::spawn(conn::serve(io::ClientIo::Tcp(io), Some(peer.ip()), core.clone()));
+                monoio::spawn(conn::serve(
+                    io::ClientIo::Tcp(io),
+                    Some(peer.ip()),
+                    core.clone(),
+                ));
             }
         }
         Listener::Unix(l) => {

@@ -33,11 +33,8 @@ enum Handler {
 
 impl Mux {
     fn patterns(&self) -> impl Iterator<Item = (&str, Handler)> {
-        std::iter::once((self.api_prefix.as_str(), Handler::Api)).chain(
-            self.static_prefix
-                .as_deref()
-                .map(|p| (p, Handler::Static)),
-        )
+        std::iter::once((self.api_prefix.as_str(), Handler::Api))
+            .chain(self.static_prefix.as_deref().map(|p| (p, Handler::Static)))
     }
 
     /// The longest subtree pattern that `path` falls under.
@@ -51,7 +48,9 @@ impl Mux {
     /// subtree pattern: as many slashes as the pattern has segments).
     fn exact(&self, path: &str) -> bool {
         match self.lookup(path) {
-            Some((p, _)) => path.ends_with('/') && p.matches('/').count() == path.matches('/').count(),
+            Some((p, _)) => {
+                path.ends_with('/') && p.matches('/').count() == path.matches('/').count()
+            }
             None => false,
         }
     }
@@ -158,7 +157,10 @@ mod tests {
             r => panic!("{r:?}"),
         }
         assert_eq!(route(&m, "GET", "/a/../b"), Route::Redirect("/b".into()));
-        assert_eq!(route(&m, "GET", "//x?q=1"), Route::Redirect("/x?q=1".into()));
+        assert_eq!(
+            route(&m, "GET", "//x?q=1"),
+            Route::Redirect("/x?q=1".into())
+        );
     }
 
     #[test]
@@ -168,10 +170,19 @@ mod tests {
             Route::Proxy(u) => assert_eq!(u.request_uri(), "/api/v1"),
             r => panic!("{r:?}"),
         }
-        assert_eq!(route(&m, "GET", "/custom"), Route::Redirect("/custom/".into()));
-        assert_eq!(route(&m, "GET", "/static"), Route::Redirect("/static/".into()));
+        assert_eq!(
+            route(&m, "GET", "/custom"),
+            Route::Redirect("/custom/".into())
+        );
+        assert_eq!(
+            route(&m, "GET", "/static"),
+            Route::Redirect("/static/".into())
+        );
         assert_eq!(route(&m, "GET", "/other"), Route::NotFound);
-        assert_eq!(route(&m, "GET", "/static/a/b.txt"), Route::Static("a/b.txt".into()));
+        assert_eq!(
+            route(&m, "GET", "/static/a/b.txt"),
+            Route::Static("a/b.txt".into())
+        );
     }
 
     #[test]

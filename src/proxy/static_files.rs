@@ -115,7 +115,8 @@ fn base(p: &str) -> &str {
 }
 
 fn not_modified(meta: &std::fs::Metadata, headers: &[Header]) -> bool {
-    let (Some(since), Ok(mtime)) = (http1::get(headers, "if-modified-since"), meta.modified()) else {
+    let (Some(since), Ok(mtime)) = (http1::get(headers, "if-modified-since"), meta.modified())
+    else {
         return false;
     };
     match parse_http_date(since) {
@@ -160,7 +161,11 @@ fn dir_listing(
     }
     body.push_str("</pre>\n");
     let lm = meta.modified().map(http_date).unwrap_or_default();
-    let body = if method == "HEAD" { Vec::new() } else { body.into_bytes() };
+    let body = if method == "HEAD" {
+        Vec::new()
+    } else {
+        body.into_bytes()
+    };
     StaticReply::Bytes(simple_response(
         200,
         Some("text/html; charset=utf-8"),
@@ -188,20 +193,26 @@ fn file_reply(
     let size = meta.len();
     let ctype = content_type(name, &mut file);
     let lm = meta.modified().map(http_date).unwrap_or_default();
-    let (status, offset, len, range_hdr) = match http1::get(headers, "range").and_then(|r| parse_range(r, size)) {
-        Some(Ok((start, end))) => (206, start, end - start + 1, Some(format!("bytes {start}-{end}/{size}"))),
-        Some(Err(())) => {
-            let cr = format!("bytes */{size}");
-            return StaticReply::Bytes(simple_response(
-                416,
-                Some("text/plain; charset=utf-8"),
-                &[("Content-Range", &cr)],
-                b"invalid range: failed to overlap\n",
-                keep,
-            ));
-        }
-        None => (200, 0, size, None),
-    };
+    let (status, offset, len, range_hdr) =
+        match http1::get(headers, "range").and_then(|r| parse_range(r, size)) {
+            Some(Ok((start, end))) => (
+                206,
+                start,
+                end - start + 1,
+                Some(format!("bytes {start}-{end}/{size}")),
+            ),
+            Some(Err(())) => {
+                let cr = format!("bytes */{size}");
+                return StaticReply::Bytes(simple_response(
+                    416,
+                    Some("text/plain; charset=utf-8"),
+                    &[("Content-Range", &cr)],
+                    b"invalid range: failed to overlap\n",
+                    keep,
+                ));
+            }
+            None => (200, 0, size, None),
+        };
     let mut extra = vec![("Accept-Ranges", "bytes"), ("Last-Modified", lm.as_str())];
     if let Some(r) = &range_hdr {
         extra.push(("Content-Range", r));
@@ -210,7 +221,10 @@ fn file_reply(
     // simple_response wrote Content-Length: 0; put the real length in.
     let cl0 = b"Content-Length: 0\r\n";
     if let Some(pos) = head.windows(cl0.len()).position(|w| w == cl0) {
-        head.splice(pos..pos + cl0.len(), format!("Content-Length: {len}\r\n").into_bytes());
+        head.splice(
+            pos..pos + cl0.len(),
+            format!("Content-Length: {len}\r\n").into_bytes(),
+        );
     }
     if method == "HEAD" {
         return StaticReply::Bytes(head);
@@ -243,7 +257,11 @@ fn parse_range(r: &str, size: u64) -> Option<Result<(u64, u64), ()>> {
     if start >= size {
         return Some(Err(()));
     }
-    let end = if b.is_empty() { size - 1 } else { b.parse::<u64>().ok()?.min(size - 1) };
+    let end = if b.is_empty() {
+        size - 1
+    } else {
+        b.parse::<u64>().ok()?.min(size - 1)
+    };
     if end < start {
         return None;
     }
@@ -291,7 +309,9 @@ fn content_type(name: &str, file: &mut File) -> String {
 }
 
 fn unix_secs(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
 }
 
 const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
@@ -348,7 +368,10 @@ fn parse_http_date(s: &str) -> Option<i64> {
     let d: u32 = parts[1].parse().ok()?;
     let m = MONTHS.iter().position(|x| *x == parts[2])? as u32 + 1;
     let y: i64 = parts[3].parse().ok()?;
-    let hms: Vec<i64> = parts[4].split(':').map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    let hms: Vec<i64> = parts[4]
+        .split(':')
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
     if hms.len() != 3 {
         return None;
     }
@@ -363,7 +386,10 @@ mod tests {
     fn dates_round_trip() {
         let t = UNIX_EPOCH + std::time::Duration::from_secs(1_136_214_245);
         assert_eq!(http_date(t), "Mon, 02 Jan 2006 15:04:05 GMT");
-        assert_eq!(parse_http_date("Mon, 02 Jan 2006 15:04:05 GMT"), Some(1_136_214_245));
+        assert_eq!(
+            parse_http_date("Mon, 02 Jan 2006 15:04:05 GMT"),
+            Some(1_136_214_245)
+        );
     }
 
     #[test]
@@ -386,12 +412,24 @@ mod tests {
             StaticReply::File { head, .. } => String::from_utf8_lossy(&head).into_owned(),
         };
         let ok = body(serve(dir.path(), "a.txt", "", "GET", &[], true));
-        assert!(ok.starts_with("HTTP/1.1 200") && ok.contains("Content-Length: 5\r\n"), "{ok}");
-        assert!(body(serve(dir.path(), "../../etc/passwd", "", "GET", &[], true)).starts_with("HTTP/1.1 404"));
+        assert!(
+            ok.starts_with("HTTP/1.1 200") && ok.contains("Content-Length: 5\r\n"),
+            "{ok}"
+        );
+        assert!(
+            body(serve(dir.path(), "../../etc/passwd", "", "GET", &[], true))
+                .starts_with("HTTP/1.1 404")
+        );
         assert!(body(serve(dir.path(), "link", "", "GET", &[], true)).starts_with("HTTP/1.1 404"));
         let r = body(serve(dir.path(), "sub", "q=1", "GET", &[], true));
-        assert!(r.starts_with("HTTP/1.1 301") && r.contains("Location: sub/?q=1\r\n"), "{r}");
+        assert!(
+            r.starts_with("HTTP/1.1 301") && r.contains("Location: sub/?q=1\r\n"),
+            "{r}"
+        );
         let l = body(serve(dir.path(), "", "", "GET", &[], true));
-        assert!(l.contains("<a href=\"a.txt\">a.txt</a>") && l.contains("<a href=\"sub/\">sub/</a>"), "{l}");
+        assert!(
+            l.contains("<a href=\"a.txt\">a.txt</a>") && l.contains("<a href=\"sub/\">sub/</a>"),
+            "{l}"
+        );
     }
 }

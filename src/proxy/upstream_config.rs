@@ -60,7 +60,11 @@ fn base64(input: &[u8]) -> String {
     const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();
     for chunk in input.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
         for i in 0..4 {
             if i <= chunk.len() {
@@ -142,10 +146,9 @@ async fn load_config(args: &ProxyArgs) -> Result<kube::Config, UpstreamError> {
         Ok(c) => Ok(c),
         // kubectl works from flags alone when there is no kubeconfig.
         Err(_) if !args.server.is_empty() && args.kubeconfig.is_empty() => {
-            let uri = args
-                .server
-                .parse()
-                .map_err(|e: http::uri::InvalidUri| UpstreamError::Url(args.server.clone(), e.to_string()))?;
+            let uri = args.server.parse().map_err(|e: http::uri::InvalidUri| {
+                UpstreamError::Url(args.server.clone(), e.to_string())
+            })?;
             Ok(kube::Config::new(uri))
         }
         Err(e) => Err(e),
@@ -161,9 +164,9 @@ pub async fn resolve(args: &ProxyArgs) -> Result<Upstream, UpstreamError> {
         } else {
             format!("https://{}", args.server)
         };
-        config.cluster_url = server
-            .parse()
-            .map_err(|e: http::uri::InvalidUri| UpstreamError::Url(server.clone(), e.to_string()))?;
+        config.cluster_url = server.parse().map_err(|e: http::uri::InvalidUri| {
+            UpstreamError::Url(server.clone(), e.to_string())
+        })?;
     }
     if !args.certificate_authority.is_empty() {
         let pem = read(&args.certificate_authority)?;
@@ -204,7 +207,10 @@ pub async fn resolve(args: &ProxyArgs) -> Result<Upstream, UpstreamError> {
         Some("https") | None => true,
         Some("http") => false,
         Some(other) => {
-            return Err(UpstreamError::Url(url.to_string(), format!("unsupported scheme {other}")))
+            return Err(UpstreamError::Url(
+                url.to_string(),
+                format!("unsupported scheme {other}"),
+            ))
         }
     };
     let host = url
@@ -212,7 +218,10 @@ pub async fn resolve(args: &ProxyArgs) -> Result<Upstream, UpstreamError> {
         .ok_or_else(|| UpstreamError::Url(url.to_string(), "no host".into()))?
         .to_string();
     let port = url.port_u16().unwrap_or(if https { 443 } else { 80 });
-    let bare_host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+    let bare_host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
     let dial = if bare_host.contains(':') {
         format!("[{bare_host}]:{port}")
     } else {

@@ -25,12 +25,16 @@ pub struct FakeApiServer {
 
 fn load_certs(p: &Path) -> Vec<CertificateDer<'static>> {
     let pem = std::fs::read(p).expect("read cert");
-    rustls_pemfile::certs(&mut &pem[..]).collect::<Result<_, _>>().expect("certs")
+    rustls_pemfile::certs(&mut &pem[..])
+        .collect::<Result<_, _>>()
+        .expect("certs")
 }
 
 fn load_key(p: &Path) -> PrivateKeyDer<'static> {
     let pem = std::fs::read(p).expect("read key");
-    rustls_pemfile::private_key(&mut &pem[..]).expect("key").expect("a key")
+    rustls_pemfile::private_key(&mut &pem[..])
+        .expect("key")
+        .expect("a key")
 }
 
 /// Starts the server with `certs/server.crt` and `server.key`, asking for
@@ -47,7 +51,10 @@ pub fn start(certs: &Path) -> FakeApiServer {
         .expect("verifier");
     let mut cfg = rustls::ServerConfig::builder()
         .with_client_cert_verifier(verifier)
-        .with_single_cert(load_certs(&certs.join("server.crt")), load_key(&certs.join("server.key")))
+        .with_single_cert(
+            load_certs(&certs.join("server.crt")),
+            load_key(&certs.join("server.key")),
+        )
         .expect("server config");
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     let cfg = Arc::new(cfg);
@@ -63,7 +70,9 @@ pub fn start(certs: &Path) -> FakeApiServer {
             let (r, g) = (r.clone(), g.clone());
             thread::spawn(move || {
                 let _ = s.set_nodelay(true);
-                let Ok(conn) = rustls::ServerConnection::new(cfg) else { return };
+                let Ok(conn) = rustls::ServerConnection::new(cfg) else {
+                    return;
+                };
                 let tls = rustls::StreamOwned::new(conn, s);
                 serve_conn(tls, &r, &g);
             });
@@ -77,6 +86,54 @@ pub fn start(certs: &Path) -> FakeApiServer {
 }
 
 type Tls = rustls::StreamOwned<rustls::ServerConnection, TcpStream>;
+type Head = (String, String, Vec<(String, String)>);
+
+/// A served connection: TLS or plain.
+trait Conn: Read + Write {
+    fn client_cert(&self) -> bool;
+    fn close_notify(&mut self);
+}
+
+impl Conn for Tls {
+    fn client_cert(&self) -> bool {
+        self.conn.peer_certificates().is_some_and(|c| !c.is_empty())
+    }
+    fn close_notify(&mut self) {
+        self.conn.send_close_notify();
+        let _ = self.flush();
+    }
+}
+
+impl Conn for TcpStream {
+    fn client_cert(&self) -> bool {
+        false
+    }
+    fn close_notify(&mut self) {}
+}
+
+/// Starts the same server without TLS (for `http://` upstreams).
+pub fn start_plain() -> FakeApiServer {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().unwrap();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let watch_gate = Arc::new(AtomicBool::new(false));
+    let (r, g) = (requests.clone(), watch_gate.clone());
+    thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(s) = s else { continue };
+            let (r, g) = (r.clone(), g.clone());
+            thread::spawn(move || {
+                let _ = s.set_nodelay(true);
+                serve_conn(s, &r, &g);
+            });
+        }
+    });
+    FakeApiServer {
+        addr,
+        requests,
+        watch_gate,
+    }
+}
 
 struct Req {
     method: String,
@@ -85,7 +142,7 @@ struct Req {
     body: Vec<u8>,
 }
 
-fn read_head(r: &mut BufReader<Tls>) -> Option<(String, String, Vec<(String, String)>)> {
+fn read_head<S: Conn>(r: &mut BufReader<S>) -> Option<Head> {
     let mut line = String::new();
     if r.read_line(&mut line).ok()? == 0 {
         return None;
@@ -113,7 +170,7 @@ fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
     h.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
 }
 
-fn read_body(r: &mut BufReader<Tls>, headers: &[(String, String)]) -> Option<Vec<u8>> {
+fn read_body<S: Conn>(r: &mut BufReader<S>, headers: &[(String, String)]) -> Option<Vec<u8>> {
     if header(headers, "transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
         let mut body = Vec::new();
         loop {
@@ -144,7 +201,9 @@ fn read_body(r: &mut BufReader<Tls>, headers: &[(String, String)]) -> Option<Vec
 
 /// FNV-1a, enough to compare bodies.
 pub fn fnv(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+    data.iter().fold(0xcbf29ce484222325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
 }
 
 fn json_str(s: &str) -> String {
@@ -181,17 +240,31 @@ fn echo_json(req: &Req, client_cert: bool) -> String {
     )
 }
 
-fn serve_conn(tls: Tls, requests: &AtomicUsize, gate: &AtomicBool) {
-    let mut r = BufReader::with_capacity(64 * 1024, tls);
+fn serve_conn<S: Conn>(conn: S, requests: &AtomicUsize, gate: &AtomicBool) {
+    let mut r = BufReader::with_capacity(64 * 1024, conn);
     loop {
-        let Some((method, target, headers)) = read_head(&mut r) else { return };
-        let Some(body) = read_body(&mut r, &headers) else { return };
+        let Some((method, target, headers)) = read_head(&mut r) else {
+            return;
+        };
+        let Some(body) = read_body(&mut r, &headers) else {
+            return;
+        };
         requests.fetch_add(1, Ordering::SeqCst);
-        let client_cert = r.get_ref().conn.peer_certificates().is_some_and(|c| !c.is_empty());
-        let req = Req { method, target, headers, body };
-        let upgrade = header(&req.headers, "connection").is_some_and(|v| v.to_ascii_lowercase().contains("upgrade"));
+        let client_cert = r.get_ref().client_cert();
+        let req = Req {
+            method,
+            target,
+            headers,
+            body,
+        };
+        let upgrade = header(&req.headers, "connection")
+            .is_some_and(|v| v.to_ascii_lowercase().contains("upgrade"));
         let path = req.target.split('?').next().unwrap_or("").to_string();
-        let query = req.target.split_once('?').map(|(_, q)| q.to_string()).unwrap_or_default();
+        let query = req
+            .target
+            .split_once('?')
+            .map(|(_, q)| q.to_string())
+            .unwrap_or_default();
         let w = r.get_mut();
         if upgrade {
             let proto = header(&req.headers, "upgrade").unwrap_or("").to_string();
@@ -266,16 +339,47 @@ fn serve_conn(tls: Tls, requests: &AtomicUsize, gate: &AtomicBool) {
             let _ = w.flush();
             continue;
         }
+        if path == "/gzip" || path == "/gzip-chunked" {
+            let accepts =
+                header(&req.headers, "accept-encoding").is_some_and(|v| v.contains("gzip"));
+            let plain: Vec<u8> = (0..50_000u32)
+                .flat_map(|i| format!("line {i}\n").into_bytes())
+                .collect();
+            let (body, enc) = if accepts {
+                let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+                e.write_all(&plain).unwrap();
+                (e.finish().unwrap(), "Content-Encoding: gzip\r\n")
+            } else {
+                (plain, "")
+            };
+            if path == "/gzip" {
+                let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n{enc}Content-Length: {}\r\n\r\n", body.len());
+                let _ = w.write_all(&body);
+            } else {
+                let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n{enc}Transfer-Encoding: chunked\r\n\r\n");
+                for part in body.chunks(1000) {
+                    let _ = write!(w, "{:x}\r\n", part.len());
+                    let _ = w.write_all(part);
+                    let _ = w.write_all(b"\r\n");
+                }
+                let _ = w.write_all(b"0\r\n\r\n");
+            }
+            let _ = w.flush();
+            continue;
+        }
         if path == "/close" {
             let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\nuntil close");
             let _ = w.flush();
-            let _ = w.conn.send_close_notify();
-            let _ = w.flush();
+            w.close_notify();
             return;
         }
         let b = echo_json(&req, client_cert);
         let body = if req.method == "HEAD" { "" } else { b.as_str() };
-        let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", b.len());
+        let _ = write!(
+            w,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            b.len()
+        );
         let _ = w.flush();
     }
 }

@@ -58,7 +58,10 @@ pub struct Response {
 
 impl Response {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -73,7 +76,12 @@ pub fn read_response(s: &mut dyn Stream, method: &str) -> std::io::Result<Respon
             let headers: Vec<(String, String)> = r
                 .headers
                 .iter()
-                .map(|h| (h.name.to_ascii_lowercase(), String::from_utf8_lossy(h.value).into_owned()))
+                .map(|h| {
+                    (
+                        h.name.to_ascii_lowercase(),
+                        String::from_utf8_lossy(h.value).into_owned(),
+                    )
+                })
                 .collect();
             break (r.code.unwrap_or(0), headers, buf[n..].to_vec());
         }
@@ -81,13 +89,17 @@ pub fn read_response(s: &mut dyn Stream, method: &str) -> std::io::Result<Respon
         if n == 0 {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
-                format!("EOF before response head: {:?}", String::from_utf8_lossy(&buf)),
+                format!(
+                    "EOF before response head: {:?}",
+                    String::from_utf8_lossy(&buf)
+                ),
             ));
         }
         buf.extend_from_slice(&tmp[..n]);
     };
     let get = |n: &str| headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
-    let no_body = method == "HEAD" || status == 204 || status == 304 || (100..200).contains(&status);
+    let no_body =
+        method == "HEAD" || status == 204 || status == 304 || (100..200).contains(&status);
     let body = if no_body {
         Vec::new()
     } else if get("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
@@ -141,7 +153,11 @@ pub fn read_response(s: &mut dyn Stream, method: &str) -> std::io::Result<Respon
         }
         rest
     };
-    Ok(Response { status, headers, body })
+    Ok(Response {
+        status,
+        headers,
+        body,
+    })
 }
 
 /// Sends `raw` on a new connection and reads one response.
