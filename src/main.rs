@@ -14,6 +14,11 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    // kubectl's wording for the drop-in `proxy`.
+    let prefix = match cli.command {
+        Command::Proxy(_) => "error",
+        _ => "edgetunnel",
+    };
     let result: Result<(), Box<dyn std::error::Error + Send + Sync>> = match cli.command {
         Command::Server(args) => args.into_config().and_then(edgetunnel::server::run),
         Command::Agent(args) => args.into_config().and_then(edgetunnel::agent::run),
@@ -38,7 +43,7 @@ fn main() {
         }
     };
     if let Err(e) = result {
-        eprintln!("edgetunnel: {e}");
+        eprintln!("{prefix}: {e}");
         std::process::exit(1);
     }
 }

@@ -7,71 +7,11 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
 
 use support::apiserver::{self, FakeApiServer};
-use support::http_raw::{exchange, Endpoint, Response};
-use support::{Env, BIN};
-
-fn kubectl() -> Option<PathBuf> {
-    let p = std::env::var_os("KUBECTL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("kubectl"));
-    Command::new(&p)
-        .arg("version")
-        .arg("--client")
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|_| p)
-}
-
-struct Running {
-    child: Child,
-    ep: Endpoint,
-    log: PathBuf,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts a proxy process and waits for `Starting to serve on ADDR`.
-fn start(mut cmd: Command, log: PathBuf) -> Running {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).expect("log file"));
-    let mut child = cmd.spawn().expect("spawn proxy");
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let line = rx
-        .recv_timeout(Duration::from_secs(30))
-        .unwrap_or_else(|_| {
-            panic!(
-                "no start line; stderr: {}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            )
-        });
-    let shown = line
-        .strip_prefix("Starting to serve on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-    Running {
-        child,
-        ep: Endpoint::parse(shown),
-        log,
-    }
-}
+use support::http_raw::{exchange, Response};
+use support::proxy_proc::{kubectl, kubectl_cmd, ours_cmd, start, Running};
+use support::Env;
 
 /// One flag set: the flags given to both proxies.
 struct Setup {
@@ -96,15 +36,8 @@ fn start_pair(env: &Env, kubectl: &Path, setup: &Setup) -> Pair {
             }
         }
     }
-    let mut go = Command::new(kubectl);
-    go.arg(format!("--kubeconfig={}", setup.kubeconfig.display()))
-        .arg("proxy")
-        .args(&go_flags);
-    let mut ours = Command::new(BIN);
-    ours.arg("proxy")
-        .arg(format!("--kubeconfig={}", setup.kubeconfig.display()))
-        .args(&our_flags)
-        .env("EDGETUNNEL_LOG", "warn");
+    let go = kubectl_cmd(kubectl, &setup.kubeconfig, &go_flags);
+    let ours = ours_cmd(&setup.kubeconfig, &our_flags);
     Pair {
         go: start(go, env.path(&format!("{}-kubectl.log", setup.name))),
         ours: start(ours, env.path(&format!("{}-ours.log", setup.name))),
@@ -369,9 +302,7 @@ fn www_dir(env: &Env) -> PathBuf {
 
 #[test]
 fn proxy_matches_kubectl() {
-    let Some(kubectl) = kubectl() else {
-        panic!("kubectl is required for this test (set KUBECTL or install it)");
-    };
+    let kubectl = kubectl();
     let env = Env::new();
     let certs = env.certs();
     let api: FakeApiServer = apiserver::start(&certs);

@@ -259,6 +259,7 @@ pub async fn serve(io: ClientIo, peer: Option<IpAddr>, core: Rc<Core>) {
                     }
                 };
                 let _ = client.io.write_all(&bad_request(status, &text)).await;
+                lingering_close(&mut client).await;
                 return;
             }
         };
@@ -266,7 +267,7 @@ pub async fn serve(io: ClientIo, peer: Option<IpAddr>, core: Rc<Core>) {
         match handle(&mut client, head, &core).await {
             Next::KeepAlive => continue,
             Next::Close => {
-                let _ = client.io.shutdown().await;
+                lingering_close(&mut client).await;
                 return;
             }
             Next::Upgrade {
@@ -277,6 +278,27 @@ pub async fn serve(io: ClientIo, peer: Option<IpAddr>, core: Rc<Core>) {
                 upgrade(client, &head, &target, framing, &core).await;
                 return;
             }
+        }
+    }
+}
+
+/// Closes our side for writing, then reads and drops what the client still
+/// sends for a moment, so that unread input does not turn our close into a
+/// reset that destroys the answer in flight (Go's `closeWriteAndWait`).
+async fn lingering_close(client: &mut Client) {
+    let _ = client.io.flush().await;
+    let _ = client.io.shutdown().await;
+    let deadline = Instant::now() + Duration::from_millis(500);
+    let mut drained = 0usize;
+    while drained < (16 << 20) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        client.buf.clear();
+        match monoio::time::timeout(left, read_more(&mut client.io, &mut client.buf)).await {
+            Ok(Ok(n)) if n > 0 => drained += n,
+            _ => return,
         }
     }
 }
@@ -660,6 +682,17 @@ async fn forward_request(
         false,
         gzip,
     );
+    if framing != Framing::None && http1::has_token(&head.headers, "expect", "100-continue") {
+        // Go's server says 100 Continue when the handler starts reading.
+        if client
+            .io
+            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+            .await
+            .is_err()
+        {
+            return Next::Close;
+        }
+    }
     // Small bodies are read first so that a stale pooled connection can be
     // retried with the whole request.
     let small_body = match framing {

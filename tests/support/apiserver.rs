@@ -298,19 +298,24 @@ fn serve_conn<S: Conn>(conn: S, requests: &AtomicUsize, gate: &AtomicBool) {
         if query.contains("watch=true") || query.contains("follow=true") {
             let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n");
             for i in 0..3 {
+                if i == 0 {
+                    // Raised before the first event and held until the
+                    // client saw it (the test lowers it) or 10 s passed
+                    // (then lowered here): a client that sees the event
+                    // with the gate still up got it while we waited.
+                    gate.store(true, Ordering::SeqCst);
+                }
                 let ev = format!("{{\"type\":\"ADDED\",\"object\":{{\"n\":{i}}}}}\n");
                 let _ = write!(w, "{:x}\r\n{ev}\r\n", ev.len());
                 let _ = w.flush();
                 if i == 0 {
-                    // Hold the stream until the client saw the first event
-                    // (the test clears the gate), at most 10 s.
-                    gate.store(true, Ordering::SeqCst);
                     for _ in 0..1000 {
                         if !gate.load(Ordering::SeqCst) {
                             break;
                         }
                         thread::sleep(Duration::from_millis(10));
                     }
+                    gate.store(false, Ordering::SeqCst);
                 }
             }
             let _ = write!(w, "0\r\n\r\n");

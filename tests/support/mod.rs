@@ -4,6 +4,7 @@
 
 pub mod apiserver;
 pub mod http_raw;
+pub mod proxy_proc;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

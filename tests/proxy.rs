@@ -1,0 +1,339 @@
+//! `edgetunnel proxy` behaviour with real processes: streaming without
+//! buffering, upgrades both ways (TLS and spliced plain upstreams), kept-alive
+//! upstream connections, bad input isolated, flag errors as kubectl's.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use support::apiserver::{self, fnv, FakeApiServer};
+use support::http_raw::{exchange, read_response, Endpoint};
+use support::proxy_proc::{kubectl, kubectl_cmd, ours_cmd, start, Running};
+use support::{random_bytes, Env};
+
+fn p0() -> Vec<String> {
+    vec!["--port=0".to_string()]
+}
+
+struct Setup {
+    env: Env,
+    api: FakeApiServer,
+    kubeconfig: std::path::PathBuf,
+}
+
+fn setup() -> Setup {
+    let env = Env::new();
+    let api = apiserver::start(&env.certs());
+    let kubeconfig = env.path("kubeconfig");
+    apiserver::kubeconfig(
+        &kubeconfig,
+        &format!("https://127.0.0.1:{}", api.addr.port()),
+        &env.certs(),
+        Some("tok"),
+        false,
+    );
+    Setup {
+        env,
+        api,
+        kubeconfig,
+    }
+}
+
+fn ours(s: &Setup, flags: &[String]) -> Running {
+    start(ours_cmd(&s.kubeconfig, flags), s.env.path("ours.log"))
+}
+
+fn get(path: &str, port: u16) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: localhost:{port}\r\nUser-Agent: t\r\n\r\n").into_bytes()
+}
+
+/// The first watch event must reach the client while the upstream still
+/// holds the stream open (it waits for the test to release it).
+fn check_streaming(ep: &Endpoint, api: &FakeApiServer) {
+    api.watch_gate.store(false, Ordering::SeqCst);
+    let mut s = ep.connect();
+    s.write_all(&get("/api/v1/pods?watch=true", ep.port()))
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let start = Instant::now();
+    while !String::from_utf8_lossy(&got).contains("\"n\":0") {
+        let n = s.read(&mut buf).expect("read watch");
+        assert!(
+            n > 0,
+            "stream closed early: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+        assert!(start.elapsed() < Duration::from_secs(9), "no first event");
+    }
+    assert!(
+        api.watch_gate.load(Ordering::SeqCst),
+        "the first event arrived only after the upstream finished: buffered"
+    );
+    api.watch_gate.store(false, Ordering::SeqCst);
+    while !String::from_utf8_lossy(&got).contains("0\r\n\r\n") {
+        let n = s.read(&mut buf).expect("read rest");
+        assert!(n > 0);
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.contains("\"n\":2"), "{text}");
+}
+
+#[test]
+fn watch_streams_through_both_proxies() {
+    let s = setup();
+    let go = start(
+        kubectl_cmd(&kubectl(), &s.kubeconfig, &p0()),
+        s.env.path("go.log"),
+    );
+    check_streaming(&go.ep, &s.api);
+    let ours = ours(&s, &p0());
+    check_streaming(&ours.ep, &s.api);
+}
+
+/// An upgrade request gets 101 and then a byte-exact echo both ways.
+fn check_upgrade(ep: &Endpoint, size: usize) {
+    let mut c = ep.connect();
+    let req = format!(
+        "POST /api/v1/namespaces/d/pods/p/portforward HTTP/1.1\r\nHost: localhost:{}\r\nUser-Agent: t\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: portforward.k8s.io\r\n\r\n",
+        ep.port()
+    );
+    c.write_all(req.as_bytes()).unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(c.read(&mut b).unwrap(), 1, "EOF in 101 head");
+        head.push(b[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("upgrade: spdy/3.1"),
+        "{head}"
+    );
+    // Lock-step: send a piece, read its echo back.
+    let data = random_bytes(size, size as u64);
+    let mut buf = vec![0u8; 65536];
+    for piece in data.chunks(65536) {
+        c.write_all(piece).unwrap();
+        let mut got = Vec::with_capacity(piece.len());
+        while got.len() < piece.len() {
+            let n = c.read(&mut buf).unwrap();
+            assert!(n > 0, "upgrade echo ended early");
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(got == piece, "upgrade echo differs");
+    }
+}
+
+#[test]
+fn upgrades_relay_both_ways() {
+    let s = setup();
+    let go = start(
+        kubectl_cmd(&kubectl(), &s.kubeconfig, &p0()),
+        s.env.path("go.log"),
+    );
+    check_upgrade(&go.ep, 1 << 20);
+    let ours_tls = ours(&s, &p0());
+    check_upgrade(&ours_tls.ep, 4 << 20);
+    // A plain upstream: the two sockets are spliced.
+    let plain = apiserver::start_plain();
+    let kc = s.env.path("kc-plain");
+    apiserver::kubeconfig(
+        &kc,
+        &format!("http://127.0.0.1:{}", plain.addr.port()),
+        &s.env.certs(),
+        Some("tok"),
+        false,
+    );
+    let spliced = start(ours_cmd(&kc, &p0()), s.env.path("ours-plain.log"));
+    check_upgrade(&spliced.ep, 4 << 20);
+    let sock = s.env.path("up.sock");
+    let unix = start(
+        ours_cmd(&kc, &[format!("--unix-socket={}", sock.display())]),
+        s.env.path("ours-unix.log"),
+    );
+    check_upgrade(&unix.ep, 1 << 20);
+}
+
+fn metric(addr: &str, name: &str) -> f64 {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn keepalive_reuses_upstream_connections() {
+    let s = setup();
+    let maddr = format!("127.0.0.1:{}", free_port());
+    let p = ours(
+        &s,
+        &[
+            p0(),
+            vec![format!("--metrics-bind={maddr}"), "--workers=1".into()],
+        ]
+        .concat(),
+    );
+    let mut c = p.ep.connect();
+    for i in 0..100 {
+        c.write_all(&get(&format!("/api/v1/pods?i={i}"), p.ep.port()))
+            .unwrap();
+        let r = read_response(&mut *c, "GET").unwrap();
+        assert_eq!(r.status, 200);
+        assert!(String::from_utf8_lossy(&r.body).contains(&format!("i={i}")));
+    }
+    // Pipelined: two requests in one write, two answers in order.
+    let mut two = get("/api/v1/first", p.ep.port());
+    two.extend_from_slice(&get("/api/v1/second", p.ep.port()));
+    c.write_all(&two).unwrap();
+    let a = read_response(&mut *c, "GET").unwrap();
+    let b = read_response(&mut *c, "GET").unwrap();
+    assert!(String::from_utf8_lossy(&a.body).contains("/api/v1/first"));
+    assert!(String::from_utf8_lossy(&b.body).contains("/api/v1/second"));
+    let dials = metric(&maddr, "edgetunnel_proxy_upstream_dials_total");
+    let reused = metric(&maddr, "edgetunnel_proxy_upstream_reused_total");
+    assert!(dials <= 2.0, "dials {dials}");
+    assert!(reused >= 100.0, "reused {reused}");
+    assert_eq!(metric(&maddr, "edgetunnel_proxy_forwarded_total"), 102.0);
+}
+
+#[test]
+fn bad_input_is_answered_and_isolated() {
+    let s = setup();
+    let p = ours(&s, &p0());
+    let port = p.ep.port();
+    let healthy = |what: &str| {
+        let r = exchange(&p.ep, &get("/api/v1/healthy", port), "GET")
+            .unwrap_or_else(|e| panic!("after {what}: {e}"));
+        assert_eq!(r.status, 200, "after {what}");
+    };
+    // A slow client that never finishes its head must not hold anyone up.
+    let mut slow = p.ep.connect();
+    slow.write_all(b"GET /api/v1/pods HTTP/1.1\r\nHost: local")
+        .unwrap();
+    healthy("a slow client");
+
+    let cases: Vec<(&str, Vec<u8>, u16)> = vec![
+        ("garbage", b"\x00\x01\x02 garbage\r\n\r\n".to_vec(), 400),
+        ("bad version", b"GET / HTTP/9.9\r\nHost: localhost:1\r\n\r\n".to_vec(), 400),
+        ("bad content-length", format!("POST /x HTTP/1.1\r\nHost: localhost:{port}\r\nContent-Length: abc\r\n\r\n").into_bytes(), 400),
+        ("two hosts", format!("GET /x HTTP/1.1\r\nHost: localhost:{port}\r\nHost: a:1\r\n\r\n").into_bytes(), 400),
+        ("no host", b"GET /x HTTP/1.1\r\nUser-Agent: t\r\n\r\n".to_vec(), 400),
+        ("bad escape", format!("GET /a%zz HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n").into_bytes(), 400),
+        ("unknown coding", format!("POST /x HTTP/1.1\r\nHost: localhost:{port}\r\nTransfer-Encoding: gzip, chunked\r\n\r\n").into_bytes(), 501),
+        ("header flood", {
+            let mut r = format!("GET /x HTTP/1.1\r\nHost: localhost:{port}\r\n").into_bytes();
+            for i in 0..40_000 {
+                r.extend_from_slice(format!("X-Flood-{i}: {}\r\n", "v".repeat(40)).as_bytes());
+            }
+            r.extend_from_slice(b"\r\n");
+            r
+        }, 431),
+    ];
+    for (what, raw, want) in cases {
+        let mut c = p.ep.connect();
+        // The proxy may answer and close before reading everything.
+        let _ = c.write_all(&raw);
+        let r = read_response(&mut *c, "GET").unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(
+            r.status,
+            want,
+            "{what}: {:?}",
+            String::from_utf8_lossy(&r.body)
+        );
+        healthy(what);
+    }
+
+    // A malformed chunked body: the request fails, the proxy lives on.
+    let mut c = p.ep.connect();
+    let _ = c.write_all(format!("POST /x HTTP/1.1\r\nHost: localhost:{port}\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nxx\r\n").as_bytes());
+    let _ = read_response(&mut *c, "POST");
+    healthy("a malformed chunked body");
+
+    // A large body streams through intact.
+    let body = random_bytes(24 << 20, 7);
+    let mut c = p.ep.connect();
+    let head = format!(
+        "PUT /api/v1/big HTTP/1.1\r\nHost: localhost:{port}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    c.write_all(&body).unwrap();
+    let r = read_response(&mut *c, "PUT").unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["body_len"].as_u64(), Some(body.len() as u64));
+    assert_eq!(v["body_fnv"].as_u64(), Some(fnv(&body)));
+    drop(slow);
+    healthy("everything");
+}
+
+#[test]
+fn large_responses_and_gzip_arrive_intact() {
+    let s = setup();
+    let p = ours(&s, &p0());
+    let r = exchange(&p.ep, &get("/bytes/33554432", p.ep.port()), "GET").unwrap();
+    assert_eq!(r.body.len(), 32 << 20);
+    assert!(r.body.iter().all(|&b| b == b'x'));
+    let plain: Vec<u8> = (0..50_000u32)
+        .flat_map(|i| format!("line {i}\n").into_bytes())
+        .collect();
+    for path in ["/gzip", "/gzip-chunked"] {
+        let r = exchange(&p.ep, &get(path, p.ep.port()), "GET").unwrap();
+        assert_eq!(r.header("content-encoding"), None, "{path}");
+        assert!(r.body == plain, "{path}: decompressed body differs");
+    }
+}
+
+#[test]
+fn flag_errors_match_kubectl() {
+    let s = setup();
+    let args = ["proxy", "-u", "/tmp/x.sock", "--port=9000"];
+    let go = std::process::Command::new(kubectl())
+        .arg(format!("--kubeconfig={}", s.kubeconfig.display()))
+        .args(args)
+        .output()
+        .unwrap();
+    let ours = std::process::Command::new(support::BIN)
+        .args(args)
+        .arg(format!("--kubeconfig={}", s.kubeconfig.display()))
+        .output()
+        .unwrap();
+    let msg = "cannot set --unix-socket and --port at the same time";
+    assert!(!go.status.success() && String::from_utf8_lossy(&go.stderr).contains(msg));
+    assert!(!ours.status.success(), "ours accepted both");
+    assert!(
+        String::from_utf8_lossy(&ours.stderr).contains(&format!("error: {msg}")),
+        "{:?}",
+        ours
+    );
+    let bad = std::process::Command::new(support::BIN)
+        .args([
+            "proxy",
+            "--port=0",
+            "--accept-paths=(",
+            &format!("--kubeconfig={}", s.kubeconfig.display()),
+        ])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("invalid regular expression"));
+}

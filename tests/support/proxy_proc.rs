@@ -1,0 +1,98 @@
+//! Starting `kubectl proxy` and `edgetunnel proxy` processes for tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use super::http_raw::Endpoint;
+use super::BIN;
+
+/// The kubectl to compare against (`$KUBECTL` or `kubectl` on PATH).
+pub fn kubectl() -> PathBuf {
+    let p = std::env::var_os("KUBECTL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("kubectl"));
+    let ok = Command::new(&p)
+        .args(["version", "--client"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        ok,
+        "kubectl is required for this test (set KUBECTL or install it)"
+    );
+    p
+}
+
+/// A proxy process, killed on drop.
+pub struct Running {
+    pub child: Child,
+    pub ep: Endpoint,
+    pub log: PathBuf,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Running {
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// Starts a proxy process and waits for `Starting to serve on ADDR`.
+pub fn start(mut cmd: Command, log: PathBuf) -> Running {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).expect("log file"));
+    let mut child = cmd.spawn().expect("spawn proxy");
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|_| {
+            panic!(
+                "no start line; stderr: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+        });
+    let shown = line
+        .strip_prefix("Starting to serve on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    Running {
+        child,
+        ep: Endpoint::parse(shown),
+        log,
+    }
+}
+
+/// `edgetunnel proxy --kubeconfig K FLAGS`.
+pub fn ours_cmd(kubeconfig: &Path, flags: &[String]) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("proxy")
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(flags)
+        .env("EDGETUNNEL_LOG", "warn");
+    c
+}
+
+/// `kubectl --kubeconfig K proxy FLAGS`.
+pub fn kubectl_cmd(kubectl: &Path, kubeconfig: &Path, flags: &[String]) -> Command {
+    let mut c = Command::new(kubectl);
+    c.arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg("proxy")
+        .args(flags);
+    c
+}
