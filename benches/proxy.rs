@@ -1,0 +1,241 @@
+//! `edgetunnel proxy` against `kubectl proxy`, side by side in one run:
+//! requests per second and p50/p99 latency (wrk) for small GETs and for a
+//! 1 MiB response, both proxies in front of the same HTTPS upstream.
+//!
+//! `cargo bench --bench proxy` runs the full measurement (3 interleaved
+//! rounds of 5 s per case and system) and writes `benches/results/proxy.json`;
+//! under `cargo test` it runs a one-second smoke pass that only proves the
+//! harness works. Figures are printed, never asserted. Needs `wrk` and
+//! `kubectl` on PATH.
+
+#[path = "../tests/support/apiserver.rs"]
+mod apiserver;
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_edgetunnel");
+
+struct Proc {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(mut cmd: Command) -> Proc {
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut child = cmd.spawn().expect("spawn proxy");
+    let out = child.stdout.take().unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(out).read_line(&mut line).expect("start line");
+    let addr = line
+        .trim()
+        .strip_prefix("Starting to serve on ")
+        .unwrap_or_else(|| panic!("unexpected {line:?}"))
+        .to_string();
+    Proc { child, addr }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    rps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    /// CPU time the proxy process used per request, microseconds.
+    cpu_us_per_req: f64,
+    /// CPU time the upstream (this process) used per request.
+    upstream_us_per_req: f64,
+}
+
+/// utime + stime of a process, in seconds.
+fn cpu_seconds(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // Fields 14 and 15 (utime, stime) are 11 and 12 after the ')'.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn parse_latency(v: &str) -> Option<f64> {
+    let v = v.trim();
+    let (num, scale) = if let Some(n) = v.strip_suffix("us") {
+        (n, 0.001)
+    } else if let Some(n) = v.strip_suffix("ms") {
+        (n, 1.0)
+    } else if let Some(n) = v.strip_suffix('s') {
+        (n, 1000.0)
+    } else {
+        return None;
+    };
+    num.trim().parse::<f64>().ok().map(|x| x * scale)
+}
+
+fn wrk(url: &str, conns: u32, secs: u32, pid: u32) -> Sample {
+    let pid = pid.to_string();
+    let (c0, u0) = (cpu_seconds(&pid), cpu_seconds("self"));
+    let out = Command::new("wrk")
+        .args(["-t1", &format!("-c{conns}"), &format!("-d{secs}s"), "--latency", url])
+        .output()
+        .expect("run wrk (apt-get install wrk)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (c1, u1) = (cpu_seconds(&pid), cpu_seconds("self"));
+    let mut s = Sample {
+        rps: 0.0,
+        p50_ms: f64::NAN,
+        p99_ms: f64::NAN,
+        cpu_us_per_req: 0.0,
+        upstream_us_per_req: 0.0,
+    };
+    for line in text.lines() {
+        let t = line.trim();
+        if let Some(v) = t.strip_prefix("Requests/sec:") {
+            s.rps = v.trim().parse().unwrap_or(0.0);
+        } else if let Some(v) = t.strip_prefix("50%") {
+            s.p50_ms = parse_latency(v).unwrap_or(f64::NAN);
+        } else if let Some(v) = t.strip_prefix("99%") {
+            s.p99_ms = parse_latency(v).unwrap_or(f64::NAN);
+        }
+    }
+    let total = s.rps * secs as f64;
+    if total > 0.0 {
+        s.cpu_us_per_req = (c1 - c0) * 1e6 / total;
+        s.upstream_us_per_req = (u1 - u0) * 1e6 / total;
+    }
+    if text.contains("Non-2xx") || text.contains("Socket errors") {
+        eprintln!("  wrk reported errors:\n{text}");
+    }
+    s
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    v[v.len() / 2]
+}
+
+fn kubeconfig(dir: &Path, server: &str) -> PathBuf {
+    let p = dir.join("kubeconfig");
+    apiserver::kubeconfig(&p, server, &dir.join("certs"), Some("bench-token"), false);
+    p
+}
+
+fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let (reps, secs) = if full { (3, 5) } else { (1, 1) };
+    let dir = tempfile::tempdir().unwrap();
+    let ok = Command::new(BIN)
+        .args(["certs", "init"])
+        .arg(dir.path().join("certs"))
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let api = apiserver::start(&dir.path().join("certs"));
+    let kc = kubeconfig(dir.path(), &format!("https://127.0.0.1:{}", api.addr.port()));
+    let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    let go = start({
+        let mut c = Command::new(&kubectl);
+        c.arg(format!("--kubeconfig={}", kc.display())).args(["proxy", "--port=0"]);
+        c
+    });
+    let ours = start({
+        let mut c = Command::new(BIN);
+        c.args(["proxy", "--port=0", &format!("--kubeconfig={}", kc.display())])
+            .env("EDGETUNNEL_LOG", "warn");
+        c
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let cases = [
+        ("small GET", "/api/v1/namespaces/default/pods", 32u32),
+        ("1 MiB GET", "/bytes/1048576", 8u32),
+    ];
+    let systems = [("edgetunnel proxy", &ours), ("kubectl proxy", &go)];
+    let mut json = Vec::new();
+    let mut table = vec![
+        "| case | system | req/s median (min-max) | p50 ms | p99 ms | proxy CPU us/req |".to_string(),
+        "|---|---|---|---|---|---|".to_string(),
+    ];
+    let mut ratios = Vec::new();
+    for (case, path, conns) in cases {
+        let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); systems.len()];
+        for rep in 0..reps {
+            // Alternate the order each round so drift hits both alike.
+            let order: Vec<usize> = if rep % 2 == 0 { vec![0, 1] } else { vec![1, 0] };
+            for i in order {
+                let (name, p) = systems[i];
+                let url = format!("http://{}{}", p.addr, path);
+                let s = wrk(&url, conns, secs, p.child.id());
+                eprintln!(
+                    "{case:10} {name:17} round {rep}: {:>9.0} req/s  p50 {:.2} ms  p99 {:.2} ms  proxy CPU {:.1} us/req  upstream CPU {:.1} us/req",
+                    s.rps, s.p50_ms, s.p99_ms, s.cpu_us_per_req, s.upstream_us_per_req
+                );
+                samples[i].push(s);
+            }
+        }
+        let mut med = Vec::new();
+        for (i, (name, _)) in systems.iter().enumerate() {
+            let mut rps: Vec<f64> = samples[i].iter().map(|s| s.rps).collect();
+            let mut p50: Vec<f64> = samples[i].iter().map(|s| s.p50_ms).collect();
+            let mut p99: Vec<f64> = samples[i].iter().map(|s| s.p99_ms).collect();
+            let (lo, hi) = (
+                rps.iter().cloned().fold(f64::MAX, f64::min),
+                rps.iter().cloned().fold(0.0, f64::max),
+            );
+            let mut cpu: Vec<f64> = samples[i].iter().map(|s| s.cpu_us_per_req).collect();
+            let m = (median(&mut rps), median(&mut p50), median(&mut p99));
+            let cpu = median(&mut cpu);
+            table.push(format!(
+                "| {case} | {name} | {:.0} ({lo:.0}-{hi:.0}) | {:.2} | {:.2} | {cpu:.1} |",
+                m.0, m.1, m.2
+            ));
+            json.push(format!(
+                "{{\"case\":\"{case}\",\"system\":\"{name}\",\"rps\":{:?},\"p50_ms\":{:?},\"p99_ms\":{:?},\"median_rps\":{:.1},\"median_p50_ms\":{:.3},\"median_p99_ms\":{:.3},\"cpu_us_per_req\":{:?}}}",
+                samples[i].iter().map(|s| s.rps).collect::<Vec<_>>(),
+                samples[i].iter().map(|s| s.p50_ms).collect::<Vec<_>>(),
+                samples[i].iter().map(|s| s.p99_ms).collect::<Vec<_>>(),
+                m.0,
+                m.1,
+                m.2,
+                samples[i].iter().map(|s| s.cpu_us_per_req).collect::<Vec<_>>()
+            ));
+            med.push(m);
+        }
+        let ratio = med[0].0 / med[1].0.max(1e-9);
+        ratios.push(format!(
+            "{case}: edgetunnel/kubectl req/s ratio {ratio:.2}x, p99 {:.2} ms vs {:.2} ms",
+            med[0].2, med[1].2
+        ));
+    }
+    println!("\n{}\n", table.join("\n"));
+    for r in &ratios {
+        println!("{r}");
+    }
+    if full {
+        let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/results/proxy.json");
+        let text = format!(
+            "{{\"bench\":\"proxy\",\"date\":\"{}\",\"rounds\":{reps},\"seconds\":{secs},\"results\":[\n{}\n],\"ratios\":{:?}}}\n",
+            chrono_like_now(),
+            json.join(",\n"),
+            ratios
+        );
+        std::fs::write(&out, text).unwrap();
+        println!("wrote {}", out.display());
+    }
+}
+
+/// UTC date from the `date` command (no extra dependency).
+fn chrono_like_now() -> String {
+    Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
