@@ -31,11 +31,15 @@ impl Drop for Proc {
 }
 
 fn start(mut cmd: Command) -> Proc {
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null());
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
     let mut child = cmd.spawn().expect("spawn proxy");
     let out = child.stdout.take().unwrap();
     let mut line = String::new();
-    std::io::BufReader::new(out).read_line(&mut line).expect("start line");
+    std::io::BufReader::new(out)
+        .read_line(&mut line)
+        .expect("start line");
     let addr = line
         .trim()
         .strip_prefix("Starting to serve on ")
@@ -83,7 +87,13 @@ fn wrk(url: &str, conns: u32, secs: u32, pid: u32) -> Sample {
     let pid = pid.to_string();
     let (c0, u0) = (cpu_seconds(&pid), cpu_seconds("self"));
     let out = Command::new("wrk")
-        .args(["-t1", &format!("-c{conns}"), &format!("-d{secs}s"), "--latency", url])
+        .args([
+            "-t1",
+            &format!("-c{conns}"),
+            &format!("-d{secs}s"),
+            "--latency",
+            url,
+        ])
         .output()
         .expect("run wrk (apt-get install wrk)");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -139,17 +149,25 @@ fn main() {
         .unwrap();
     assert!(ok.success());
     let api = apiserver::start(&dir.path().join("certs"));
-    let kc = kubeconfig(dir.path(), &format!("https://127.0.0.1:{}", api.addr.port()));
+    let kc = kubeconfig(
+        dir.path(),
+        &format!("https://127.0.0.1:{}", api.addr.port()),
+    );
     let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
     let go = start({
         let mut c = Command::new(&kubectl);
-        c.arg(format!("--kubeconfig={}", kc.display())).args(["proxy", "--port=0"]);
+        c.arg(format!("--kubeconfig={}", kc.display()))
+            .args(["proxy", "--port=0"]);
         c
     });
     let ours = start({
         let mut c = Command::new(BIN);
-        c.args(["proxy", "--port=0", &format!("--kubeconfig={}", kc.display())])
-            .env("EDGETUNNEL_LOG", "warn");
+        c.args([
+            "proxy",
+            "--port=0",
+            &format!("--kubeconfig={}", kc.display()),
+        ])
+        .env("EDGETUNNEL_LOG", "warn");
         c
     });
     std::thread::sleep(Duration::from_millis(300));
@@ -160,7 +178,8 @@ fn main() {
     let systems = [("edgetunnel proxy", &ours), ("kubectl proxy", &go)];
     let mut json = Vec::new();
     let mut table = vec![
-        "| case | system | req/s median (min-max) | p50 ms | p99 ms | proxy CPU us/req |".to_string(),
+        "| case | system | req/s median (min-max) | p50 ms | p99 ms | proxy CPU us/req |"
+            .to_string(),
         "|---|---|---|---|---|---|".to_string(),
     ];
     let mut ratios = Vec::new();

@@ -72,7 +72,7 @@ pub(crate) async fn run(slots: Rc<ServerSlots>) -> Result<Ended, BoxError> {
             .unwrap_or_else(|| crate::protocol::routing::dest_host(&addr).to_string());
         let name = ServerName::try_from(host)?;
         let tls = TlsConnector::from(slots.tls.clone())
-            .connect(name, io)
+            .connect(name, crate::engine::read_ahead::ReadAhead::new(io))
             .await?;
         let (client, conn) = h2::client::Builder::new()
             .initial_window_size(grpc::STREAM_WINDOW)

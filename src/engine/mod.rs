@@ -8,6 +8,7 @@
 pub mod budget;
 pub mod grpc;
 pub mod listener;
+pub mod read_ahead;
 pub mod relay;
 pub mod runtime;
 pub mod signals;

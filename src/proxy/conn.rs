@@ -185,7 +185,7 @@ impl Core {
                                 format!("invalid server name {:?}: {e}", s.upstream.server_name)
                             })?;
                             let tls = tokio_rustls::TlsConnector::from(cfg.clone())
-                                .connect(name, io)
+                                .connect(name, crate::engine::read_ahead::ReadAhead::new(io))
                                 .await
                                 .map_err(|e| format!("tls: {e}"))?;
                             UpstreamIo::Tls(Box::new(tls))
@@ -757,7 +757,7 @@ async fn forward_request(
         }
     };
 
-    let rframing = match http1::response_framing(&head.method, &resp) {
+    let mut rframing = match http1::response_framing(&head.method, &resp) {
         Ok(f) => f,
         Err(e) => return proxy_error(client, core, &e.to_string()).await,
     };
@@ -767,6 +767,16 @@ async fn forward_request(
     let gunzip = gzip && forward::is_gzipped(&resp);
     let (client_head, body, keep) =
         forward::response_head(&resp, rframing, head.minor, keep, gunzip);
+    // A small answer already read whole goes out in one write with its head.
+    let mut client_head = client_head;
+    if let (ClientBody::Verbatim, Framing::Length(n)) = (body, rframing) {
+        if n <= BUFFERED_BODY && up.buf.len() as u64 >= n {
+            client_head.extend_from_slice(&up.buf[..n as usize]);
+            up.buf.advance(n as usize);
+            shared.metrics.bytes_down.fetch_add(n, Ordering::Relaxed);
+            rframing = Framing::None;
+        }
+    }
     if client.io.write_all(&client_head).await.is_err() {
         return Next::Close;
     }

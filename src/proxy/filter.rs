@@ -1,7 +1,7 @@
 //! kubectl's `FilterServer`: comma-separated regular expression lists for
 //! paths, methods and hosts, evaluated in kubectl's order.
 
-use regex::Regex;
+use regex::{Regex, RegexSet};
 
 use super::gourl::split_host;
 
@@ -34,16 +34,25 @@ pub fn regexp_list(s: &str) -> Result<Vec<Regex>, FilterError> {
         .collect()
 }
 
-fn matches(s: &str, list: &[Regex]) -> bool {
-    list.iter().any(|r| r.is_match(s))
+/// One list as a set matched in a single pass (any member matching).
+fn set(s: &str) -> Result<RegexSet, FilterError> {
+    let list = regexp_list(s)?;
+    RegexSet::new(list.iter().map(Regex::as_str)).map_err(|source| FilterError {
+        pattern: s.to_string(),
+        source,
+    })
+}
+
+fn matches(s: &str, list: &RegexSet) -> bool {
+    list.is_match(s)
 }
 
 #[derive(Debug, Clone)]
 pub struct Filter {
-    pub accept_paths: Vec<Regex>,
-    pub reject_paths: Vec<Regex>,
-    pub accept_hosts: Vec<Regex>,
-    pub reject_methods: Vec<Regex>,
+    pub accept_paths: RegexSet,
+    pub reject_paths: RegexSet,
+    pub accept_hosts: RegexSet,
+    pub reject_methods: RegexSet,
 }
 
 impl Filter {
@@ -54,10 +63,10 @@ impl Filter {
         reject_methods: &str,
     ) -> Result<Filter, FilterError> {
         Ok(Filter {
-            accept_paths: regexp_list(accept_paths)?,
-            reject_paths: regexp_list(reject_paths)?,
-            accept_hosts: regexp_list(accept_hosts)?,
-            reject_methods: regexp_list(reject_methods)?,
+            accept_paths: set(accept_paths)?,
+            reject_paths: set(reject_paths)?,
+            accept_hosts: set(accept_hosts)?,
+            reject_methods: set(reject_methods)?,
         })
     }
 

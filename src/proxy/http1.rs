@@ -65,8 +65,21 @@ fn map_err(e: httparse::Error) -> HeadError {
 /// Parses a request head from the start of `buf`: `Ok(None)` while it is
 /// incomplete, else the head and its length.
 pub fn parse_request(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, HeadError> {
-    let mut headers = vec![httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
+    // Most heads fit a small array on the stack; retry big only when not.
+    let mut small = [httparse::EMPTY_HEADER; 48];
+    match parse_request_with(buf, &mut small) {
+        Err(HeadError::TooLarge) if buf.len() < MAX_HEAD => {
+            parse_request_with(buf, &mut vec![httparse::EMPTY_HEADER; MAX_HEADERS])
+        }
+        other => other,
+    }
+}
+
+fn parse_request_with<'b>(
+    buf: &'b [u8],
+    headers: &mut [httparse::Header<'b>],
+) -> Result<Option<(RequestHead, usize)>, HeadError> {
+    let mut req = httparse::Request::new(headers);
     match req.parse(buf).map_err(map_err)? {
         httparse::Status::Partial => {
             if buf.len() >= MAX_HEAD {
@@ -94,8 +107,20 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, HeadErr
 
 /// Parses a response head, as [`parse_request`].
 pub fn parse_response(buf: &[u8]) -> Result<Option<(ResponseHead, usize)>, HeadError> {
-    let mut headers = vec![httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut res = httparse::Response::new(&mut headers);
+    let mut small = [httparse::EMPTY_HEADER; 48];
+    match parse_response_with(buf, &mut small) {
+        Err(HeadError::TooLarge) if buf.len() < MAX_HEAD => {
+            parse_response_with(buf, &mut vec![httparse::EMPTY_HEADER; MAX_HEADERS])
+        }
+        other => other,
+    }
+}
+
+fn parse_response_with<'b>(
+    buf: &'b [u8],
+    headers: &mut [httparse::Header<'b>],
+) -> Result<Option<(ResponseHead, usize)>, HeadError> {
+    let mut res = httparse::Response::new(headers);
     match res.parse(buf).map_err(map_err)? {
         httparse::Status::Partial => {
             if buf.len() >= MAX_HEAD {

@@ -10,6 +10,8 @@ use monoio::net::tcp::stream_poll::TcpStreamPoll;
 use monoio::net::unix::stream_poll::UnixStreamPoll;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::engine::read_ahead::ReadAhead;
+
 pub enum ClientIo {
     Tcp(TcpStreamPoll),
     Unix(UnixStreamPoll),
@@ -17,7 +19,7 @@ pub enum ClientIo {
 
 pub enum UpstreamIo {
     Plain(TcpStreamPoll),
-    Tls(Box<tokio_rustls::client::TlsStream<TcpStreamPoll>>),
+    Tls(Box<tokio_rustls::client::TlsStream<ReadAhead<TcpStreamPoll>>>),
 }
 
 macro_rules! delegate {

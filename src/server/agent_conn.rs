@@ -116,7 +116,9 @@ async fn serve(
     let peer = stream.peer_addr()?;
     let io = stream.into_poll_io()?;
     let setup = async {
-        let tls = acceptor.accept(io).await?;
+        let tls = acceptor
+            .accept(crate::engine::read_ahead::ReadAhead::new(io))
+            .await?;
         let mut conn = h2::server::Builder::new()
             .initial_window_size(grpc::STREAM_WINDOW)
             .initial_connection_window_size(grpc::CONNECTION_WINDOW)
