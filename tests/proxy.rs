@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use support::apiserver::{self, fnv, FakeApiServer};
-use support::http_raw::{exchange, read_response, Endpoint};
+use support::http_raw::{exchange, read_response, read_response_from, Endpoint};
 use support::proxy_proc::{kubectl, kubectl_cmd, ours_cmd, start, Running};
 use support::{random_bytes, Env};
 
@@ -205,8 +205,9 @@ fn keepalive_reuses_upstream_connections() {
     let mut two = get("/api/v1/first", p.ep.port());
     two.extend_from_slice(&get("/api/v1/second", p.ep.port()));
     c.write_all(&two).unwrap();
-    let a = read_response(&mut *c, "GET").unwrap();
-    let b = read_response(&mut *c, "GET").unwrap();
+    let mut carry = Vec::new();
+    let a = read_response_from(&mut *c, &mut carry, "GET").unwrap();
+    let b = read_response_from(&mut *c, &mut carry, "GET").unwrap();
     assert!(String::from_utf8_lossy(&a.body).contains("/api/v1/first"));
     assert!(String::from_utf8_lossy(&b.body).contains("/api/v1/second"));
     let dials = metric(&maddr, "edgetunnel_proxy_upstream_dials_total");
@@ -336,4 +337,62 @@ fn flag_errors_match_kubectl() {
         .unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("invalid regular expression"));
+}
+
+#[test]
+fn http2_upstream_multiplexes_one_connection_per_core() {
+    let s = setup();
+    let api2 = apiserver::start_h2(&s.env.certs());
+    let kc = s.env.path("kc-h2");
+    apiserver::kubeconfig(
+        &kc,
+        &format!("https://127.0.0.1:{}", api2.addr.port()),
+        &s.env.certs(),
+        Some("tok"),
+        false,
+    );
+    let maddr = format!("127.0.0.1:{}", free_port());
+    let p = start(
+        ours_cmd(
+            &kc,
+            &[
+                p0(),
+                vec![format!("--metrics-bind={maddr}"), "--workers=1".into()],
+            ]
+            .concat(),
+        ),
+        s.env.path("ours-h2.log"),
+    );
+    let ep = p.ep.clone();
+    std::thread::scope(|sc| {
+        for t in 0..8 {
+            let ep = ep.clone();
+            sc.spawn(move || {
+                let mut c = ep.connect();
+                for i in 0..25 {
+                    let body = random_bytes(1000 + i * 37, (t * 100 + i) as u64);
+                    let head = format!(
+                        "POST /api/v1/t{t}/i{i} HTTP/1.1\r\nHost: localhost:{}\r\nContent-Length: {}\r\n\r\n",
+                        ep.port(),
+                        body.len()
+                    );
+                    c.write_all(head.as_bytes()).unwrap();
+                    c.write_all(&body).unwrap();
+                    let r = read_response(&mut *c, "POST").unwrap();
+                    assert_eq!(r.status, 200);
+                    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+                    assert_eq!(v["target"], format!("/api/v1/t{t}/i{i}"));
+                    assert_eq!(v["body_fnv"].as_u64(), Some(fnv(&body)));
+                }
+            });
+        }
+    });
+    assert_eq!(api2.requests.load(Ordering::SeqCst), 200);
+    assert_eq!(metric(&maddr, "edgetunnel_proxy_upstream_dials_total"), 1.0);
+    // Upgrades still take HTTP/1.1 (the h2-only upstream refuses them).
+    let r = exchange(&p.ep, &get("/gzip", p.ep.port()), "GET").unwrap();
+    let plain: Vec<u8> = (0..50_000u32)
+        .flat_map(|i| format!("line {i}\n").into_bytes())
+        .collect();
+    assert!(r.body == plain);
 }

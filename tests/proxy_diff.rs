@@ -127,14 +127,24 @@ fn view(r: &Response) -> String {
     format!("{} location={:?} {}", r.status, r.header("location"), body)
 }
 
-fn compare(pair: &Pair, setup: &Setup, reqs: &[Req], failures: &mut Vec<String>) -> usize {
+/// Compares every request; returns how many were compared and how many of
+/// ours reached the upstream (so a table where both proxies fail alike
+/// cannot pass unnoticed).
+fn compare(pair: &Pair, setup: &Setup, reqs: &[Req], failures: &mut Vec<String>) -> (usize, usize) {
     let mut n = 0;
+    let mut reached = 0;
     for req in reqs {
         let go = exchange(&pair.go.ep, &req.raw(pair.go.ep.port()), req.method);
         let ours = exchange(&pair.ours.ep, &req.raw(pair.ours.ep.port()), req.method);
         n += 1;
         let (g, o) = match (go, ours) {
-            (Ok(g), Ok(o)) => (view(&g), view(&o)),
+            (Ok(g), Ok(o)) => {
+                let v = view(&o);
+                if v.contains("upstream saw") {
+                    reached += 1;
+                }
+                (view(&g), v)
+            }
             (Err(g), Err(_)) => (format!("error {}", g.kind()), format!("error {}", g.kind())),
             (g, o) => (
                 format!("{:?}", g.map(|r| view(&r))),
@@ -153,7 +163,7 @@ fn compare(pair: &Pair, setup: &Setup, reqs: &[Req], failures: &mut Vec<String>)
             ));
         }
     }
-    n
+    (n, reached)
 }
 
 const TRICKY_PATHS: &[&str] = &[
@@ -321,6 +331,15 @@ fn proxy_matches_kubectl() {
     );
     let kc_none = env.path("kc-none.yaml");
     apiserver::kubeconfig(&kc_none, "https://127.0.0.1:1", &certs, None, false);
+    let api2 = apiserver::start_h2(&certs);
+    let kc_h2 = env.path("kc-h2.yaml");
+    apiserver::kubeconfig(
+        &kc_h2,
+        &format!("https://127.0.0.1:{}", api2.addr.port()),
+        &certs,
+        Some("h2tok"),
+        false,
+    );
     let www = www_dir(&env);
     let sock = env.path("proxy.sock");
 
@@ -507,6 +526,19 @@ fn proxy_matches_kubectl() {
         ),
         (
             Setup {
+                name: "http2-upstream",
+                flags: vec![p0.clone()],
+                kubeconfig: kc_h2.clone(),
+            },
+            {
+                let mut t = table(&TRICKY_PATHS[..20], &["GET", "POST", "HEAD"], &HOSTS[..1]);
+                t.extend(header_cases());
+                t.extend(table(&["/gzip"], &["GET"], &HOSTS[..1]));
+                t
+            },
+        ),
+        (
+            Setup {
                 name: "upstream-down",
                 flags: vec![p0.clone(), "--token=t4".into()],
                 kubeconfig: kc_none.clone(),
@@ -520,7 +552,21 @@ fn proxy_matches_kubectl() {
     for (setup, reqs) in &setups {
         eprintln!("setup {}", setup.name);
         let pair = start_pair(&env, &kubectl, setup);
-        total += compare(&pair, setup, reqs, &mut failures);
+        let (n, reached) = compare(&pair, setup, reqs, &mut failures);
+        total += n;
+        if setup.name == "upstream-down" {
+            assert_eq!(reached, 0, "[{}] reached a dead upstream?", setup.name);
+        } else {
+            assert!(
+                reached > 0,
+                "[{}] none of {n} requests reached the upstream",
+                setup.name
+            );
+            eprintln!(
+                "[{}] {n} requests, {reached} reached the upstream",
+                setup.name
+            );
+        }
         drop(pair);
     }
     eprintln!("{total} requests compared, {} differ", failures.len());

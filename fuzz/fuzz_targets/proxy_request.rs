@@ -48,6 +48,7 @@ fuzz_target!(|data: &[u8]| {
                     dial: "127.0.0.1:1".into(),
                     host_header: "127.0.0.1:1".into(),
                     tls: None,
+                    tls_h2: None,
                     server_name: "x".into(),
                     base_path: "/base".into(),
                     auth: Auth::Bearer("t".into()),

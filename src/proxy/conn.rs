@@ -127,6 +127,12 @@ pub struct Shared {
 pub struct Core {
     pub shared: Arc<Shared>,
     pool: RefCell<Vec<(UpConn, Instant)>>,
+    /// This core's HTTP/2 connection to the upstream, once negotiated.
+    h2: RefCell<Option<h2::client::SendRequest<bytes::Bytes>>>,
+    /// Whether the upstream accepted HTTP/2 (None: not asked yet).
+    h2_ok: std::cell::Cell<Option<bool>>,
+    /// One HTTP/2 dial at a time per core; the others wait and share it.
+    h2_dial: futures::lock::Mutex<()>,
 }
 
 impl Core {
@@ -134,7 +140,59 @@ impl Core {
         Rc::new(Core {
             shared,
             pool: RefCell::new(Vec::new()),
+            h2: RefCell::new(None),
+            h2_ok: std::cell::Cell::new(None),
+            h2_dial: futures::lock::Mutex::new(()),
         })
+    }
+
+    /// A sender on this core's HTTP/2 connection, dialing it when the
+    /// upstream speaks HTTP/2 (or has not been asked yet). `None`: use
+    /// HTTP/1.1.
+    async fn h2_sender(&self) -> Option<h2::client::SendRequest<bytes::Bytes>> {
+        if self.shared.upstream.tls_h2.is_none() || self.h2_ok.get() == Some(false) {
+            return None;
+        }
+        let live = self.h2.borrow().clone();
+        if let Some(send) = live {
+            match send.ready().await {
+                Ok(s) => return Some(s),
+                Err(e) => {
+                    tracing::debug!("upstream http2 connection unusable: {e}");
+                    *self.h2.borrow_mut() = None;
+                }
+            }
+        }
+        let _dialing = self.h2_dial.lock().await;
+        if self.h2_ok.get() == Some(false) {
+            return None;
+        }
+        let live = self.h2.borrow().clone();
+        if let Some(send) = live {
+            if let Ok(s) = send.ready().await {
+                return Some(s);
+            }
+        }
+        let conn = self.dial_with(true).await.ok()?;
+        let is_h2 = match &conn.io {
+            UpstreamIo::Tls(t) => t.get_ref().1.alpn_protocol() == Some(b"h2"),
+            UpstreamIo::Plain(_) => false,
+        };
+        self.h2_ok.set(Some(is_h2));
+        if !is_h2 {
+            self.checkin(conn);
+            return None;
+        }
+        match super::h2_upstream::handshake(conn.io).await {
+            Ok(send) => {
+                *self.h2.borrow_mut() = Some(send.clone());
+                send.ready().await.ok()
+            }
+            Err(e) => {
+                tracing::warn!("upstream http2 handshake: {e}");
+                None
+            }
+        }
     }
 
     fn checkout(&self) -> Option<UpConn> {
@@ -156,6 +214,11 @@ impl Core {
     }
 
     async fn dial(&self) -> Result<UpConn, String> {
+        self.dial_with(false).await
+    }
+
+    /// Dials the upstream; with `offer_h2`, TLS offers HTTP/2 first.
+    async fn dial_with(&self, offer_h2: bool) -> Result<UpConn, String> {
         let s = &self.shared;
         s.metrics.upstream_dials.fetch_add(1, Ordering::Relaxed);
         let mut last = String::from("no address");
@@ -175,7 +238,12 @@ impl Core {
                     let io = tcp
                         .into_poll_io()
                         .map_err(|e| format!("dial tcp {addr}: {}", go_error_text(&e)))?;
-                    let io = match &s.upstream.tls {
+                    let cfg = if offer_h2 {
+                        s.upstream.tls_h2.as_ref()
+                    } else {
+                        s.upstream.tls.as_ref()
+                    };
+                    let io = match cfg {
                         None => UpstreamIo::Plain(io),
                         Some(cfg) => {
                             let name = rustls::pki_types::ServerName::try_from(
@@ -574,6 +642,19 @@ async fn send_file(
     Ok(())
 }
 
+/// Answers `100 Continue` when the client waits for it before its body, as
+/// Go's server does once the handler reads. False when the client is gone.
+async fn continue_if_expected(client: &mut Client, head: &RequestHead, framing: Framing) -> bool {
+    if framing == Framing::None || !http1::has_token(&head.headers, "expect", "100-continue") {
+        return true;
+    }
+    client
+        .io
+        .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+        .await
+        .is_ok()
+}
+
 /// Upstream failures answer 500 with the error text, as kubectl's responder.
 async fn proxy_error(client: &mut Client, core: &Core, text: &str) -> Next {
     core.shared
@@ -672,6 +753,9 @@ async fn forward_request(
     core: &Rc<Core>,
 ) -> Next {
     let shared = &core.shared;
+    if let Some(send) = core.h2_sender().await {
+        return forward_h2(client, head, target, framing, keep, core, send).await;
+    }
     let gzip = forward::wants_gzip(head, false, shared.disable_compression);
     let upstream_head = forward::request_head(
         head,
@@ -682,16 +766,8 @@ async fn forward_request(
         false,
         gzip,
     );
-    if framing != Framing::None && http1::has_token(&head.headers, "expect", "100-continue") {
-        // Go's server says 100 Continue when the handler starts reading.
-        if client
-            .io
-            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-            .await
-            .is_err()
-        {
-            return Next::Close;
-        }
+    if !continue_if_expected(client, head, framing).await {
+        return Next::Close;
     }
     // Small bodies are read first so that a stale pooled connection can be
     // retried with the whole request.
@@ -940,6 +1016,215 @@ async fn relay_gunzip(
         client.io.write_all(b"0\r\n\r\n").await?;
     }
     Ok(())
+}
+
+/// Streaming gzip decompression toward the client, in small steps.
+struct Gunzip {
+    gz: flate2::write::GzDecoder<Vec<u8>>,
+    chunked: bool,
+}
+
+impl Gunzip {
+    const STEP: usize = 4096;
+
+    fn new(chunked: bool) -> Self {
+        Gunzip {
+            gz: flate2::write::GzDecoder::new(Vec::with_capacity(READ_CHUNK)),
+            chunked,
+        }
+    }
+
+    async fn feed(
+        &mut self,
+        client: &mut Client,
+        data: &[u8],
+        metrics: &ProxyMetrics,
+    ) -> io::Result<()> {
+        use std::io::Write as _;
+        for piece in data.chunks(Self::STEP) {
+            self.gz.write_all(piece)?;
+            let out = std::mem::take(self.gz.get_mut());
+            write_body_piece(client, &out, self.chunked).await?;
+            metrics
+                .bytes_down
+                .fetch_add(out.len() as u64, Ordering::Relaxed);
+            *self.gz.get_mut() = out;
+            self.gz.get_mut().clear();
+        }
+        Ok(())
+    }
+
+    async fn finish(mut self, client: &mut Client) -> io::Result<()> {
+        self.gz.try_finish()?;
+        let out = std::mem::take(self.gz.get_mut());
+        write_body_piece(client, &out, self.chunked).await?;
+        if self.chunked {
+            client.io.write_all(b"0\r\n\r\n").await?;
+        }
+        Ok(())
+    }
+}
+
+/// Forwards one request over this core's HTTP/2 upstream connection.
+async fn forward_h2(
+    client: &mut Client,
+    head: &RequestHead,
+    target: &str,
+    framing: Framing,
+    keep: bool,
+    core: &Rc<Core>,
+    mut sender: h2::client::SendRequest<bytes::Bytes>,
+) -> Next {
+    use super::h2_upstream;
+    let shared = &core.shared;
+    shared
+        .metrics
+        .upstream_reused
+        .fetch_add(1, Ordering::Relaxed);
+    let gzip = forward::wants_gzip(head, false, shared.disable_compression);
+    let headers =
+        forward::upstream_headers(head, framing, client.peer, &shared.upstream, false, gzip);
+    let req =
+        match h2_upstream::request(&head.method, &shared.upstream.host_header, target, &headers) {
+            Ok(r) => r,
+            Err(e) => return send(client, &forward::error_response(400, &e, false), false).await,
+        };
+    if !continue_if_expected(client, head, framing).await {
+        return Next::Close;
+    }
+    let (resp_fut, mut tx) = match sender.send_request(req, framing == Framing::None) {
+        Ok(x) => x,
+        Err(e) => {
+            *core.h2.borrow_mut() = None;
+            return proxy_error(client, core, &format!("http2: {e}")).await;
+        }
+    };
+    if framing != Framing::None {
+        if let Err(e) = h2_request_body(client, &mut tx, framing, &shared.metrics).await {
+            tx.send_reset(h2::Reason::CANCEL);
+            return proxy_error(client, core, &e).await;
+        }
+    }
+    let resp = match resp_fut.await {
+        Ok(r) => r,
+        Err(e) => return proxy_error(client, core, &format!("http2: {e}")).await,
+    };
+    let (parts, mut body) = resp.into_parts();
+    let rhead = h2_upstream::response_head(&parts);
+    let no_body = head.method == "HEAD"
+        || parts.status.as_u16() == 204
+        || parts.status.as_u16() == 304
+        || body.is_end_stream();
+    let length =
+        http1::get(&rhead.headers, "content-length").and_then(|v| v.trim().parse::<u64>().ok());
+    // Our own framing toward the client: the length when given, else chunks.
+    let rframing = match (no_body, length) {
+        (true, _) => Framing::None,
+        (false, Some(n)) => Framing::Length(n),
+        (false, None) => Framing::Chunked,
+    };
+    let gunzip = gzip && forward::is_gzipped(&rhead);
+    let (client_head, mode, keep) =
+        forward::response_head(&rhead, rframing, head.minor, keep, gunzip);
+    if client.io.write_all(&client_head).await.is_err() {
+        return Next::Close;
+    }
+    let chunked_out = matches!((mode, rframing), (ClientBody::Verbatim, Framing::Chunked))
+        || (mode == ClientBody::Gunzip && head.minor >= 1);
+    let mut gz = (mode == ClientBody::Gunzip).then(|| Gunzip::new(head.minor >= 1));
+    if mode != ClientBody::None {
+        loop {
+            match body.data().await {
+                Some(Ok(chunk)) => {
+                    let _ = body.flow_control().release_capacity(chunk.len());
+                    let r = match gz.as_mut() {
+                        Some(g) => g.feed(client, &chunk, &shared.metrics).await,
+                        None => {
+                            shared
+                                .metrics
+                                .bytes_down
+                                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                            write_body_piece(client, &chunk, chunked_out).await
+                        }
+                    };
+                    if r.is_err() {
+                        return Next::Close;
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::debug!("upstream http2 body: {e}");
+                    return Next::Close;
+                }
+                None => break,
+            }
+        }
+        let end = match gz {
+            Some(g) => g.finish(client).await,
+            None if chunked_out => client.io.write_all(b"0\r\n\r\n").await,
+            None => Ok(()),
+        };
+        if end.is_err() {
+            return Next::Close;
+        }
+    }
+    let _ = client.io.flush().await;
+    if keep {
+        Next::KeepAlive
+    } else {
+        Next::Close
+    }
+}
+
+/// Copies a request body from the client onto an HTTP/2 stream (payload
+/// only: chunked framing is HTTP/1.1's, not HTTP/2's), then ends it.
+async fn h2_request_body(
+    client: &mut Client,
+    tx: &mut h2::SendStream<bytes::Bytes>,
+    framing: Framing,
+    metrics: &ProxyMetrics,
+) -> Result<(), String> {
+    use super::h2_upstream::send_data;
+    let fill = |r: io::Result<usize>| match r {
+        Ok(0) => Err("client closed during the request body".to_string()),
+        Ok(_) => Ok(()),
+        Err(e) => Err(e.to_string()),
+    };
+    match framing {
+        Framing::Length(mut left) => {
+            while left > 0 {
+                if client.buf.is_empty() {
+                    fill(read_more(&mut client.io, &mut client.buf).await)?;
+                }
+                let take = (left as usize).min(client.buf.len());
+                let piece = client.buf.split_to(take).freeze();
+                left -= take as u64;
+                metrics.bytes_up.fetch_add(take as u64, Ordering::Relaxed);
+                send_data(tx, piece).await?;
+            }
+        }
+        Framing::Chunked => {
+            let mut dec = ChunkedDecoder::new();
+            loop {
+                if client.buf.is_empty() {
+                    fill(read_more(&mut client.io, &mut client.buf).await)?;
+                }
+                let p = dec.advance(&client.buf).map_err(|e| e.to_string())?;
+                let consumed = client.buf.split_to(p.consumed).freeze();
+                for r in p.data {
+                    metrics
+                        .bytes_up
+                        .fetch_add(r.len() as u64, Ordering::Relaxed);
+                    send_data(tx, consumed.slice(r)).await?;
+                }
+                if p.done {
+                    break;
+                }
+            }
+        }
+        Framing::None | Framing::UntilClose => {}
+    }
+    tx.send_data(bytes::Bytes::new(), true)
+        .map_err(|e| e.to_string())
 }
 
 async fn write_body_piece(client: &mut Client, data: &[u8], chunked: bool) -> io::Result<()> {

@@ -104,6 +104,11 @@ pub struct ProxyArgs {
     /// (edgetunnel) Serve Prometheus metrics at this address (`/metrics`).
     #[arg(long)]
     pub metrics_bind: Option<std::net::SocketAddr>,
+    /// (edgetunnel) Offer HTTP/2 to an https upstream (as kubectl does) and use
+    /// one multiplexed connection per core when it accepts; upgrades always
+    /// go over HTTP/1.1.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_value = "true", default_missing_value = "true", action = ArgAction::Set)]
+    pub upstream_http2: bool,
     /// (edgetunnel) Idle upstream connections kept per core.
     #[arg(long, default_value_t = 64)]
     pub upstream_idle_per_core: usize,

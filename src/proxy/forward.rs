@@ -88,6 +88,34 @@ pub fn request_head(
     upgrade: bool,
     gzip: bool,
 ) -> Vec<u8> {
+    let headers = upstream_headers(head, framing, client, upstream, upgrade, gzip);
+    let mut out = Vec::with_capacity(512);
+    let _ = write!(
+        out_string(&mut out),
+        "{} {} HTTP/1.1\r\nHost: {}\r\n",
+        head.method,
+        target,
+        upstream.host_header
+    );
+    for h in &headers {
+        push(&mut out, &h.name, &h.value);
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// The header fields sent upstream after Host, in order: User-Agent and
+/// Authorization where the client gave none, the client's own (hop-by-hop
+/// ones dropped unless upgrading), X-Forwarded-For, Accept-Encoding for
+/// gzip, then the body framing.
+pub fn upstream_headers(
+    head: &RequestHead,
+    framing: Framing,
+    client: Option<IpAddr>,
+    upstream: &Upstream,
+    upgrade: bool,
+    gzip: bool,
+) -> Vec<Header> {
     let mut headers: Vec<Header> = head
         .headers
         .iter()
@@ -109,39 +137,33 @@ pub fn request_head(
         }
     }
     forwarded_for(&mut headers, client);
-    let mut out = Vec::with_capacity(512);
-    let _ = write!(
-        out_string(&mut out),
-        "{} {} HTTP/1.1\r\nHost: {}\r\n",
-        head.method,
-        target,
-        upstream.host_header
-    );
+    let mut out = Vec::with_capacity(headers.len() + 4);
+    let field = |name: &str, value: &[u8]| Header {
+        name: name.to_string(),
+        value: value.to_vec(),
+    };
     if http1::get(&headers, "user-agent").is_none_or(str::is_empty) {
         headers.retain(|h| !h.name.eq_ignore_ascii_case("user-agent"));
-        push(&mut out, "User-Agent", DEFAULT_USER_AGENT.as_bytes());
+        out.push(field("User-Agent", DEFAULT_USER_AGENT.as_bytes()));
     }
     if http1::get(&headers, "authorization").is_none_or(str::is_empty) {
         if let Some(a) = upstream.auth.header() {
             headers.retain(|h| !h.name.eq_ignore_ascii_case("authorization"));
-            push(&mut out, "Authorization", a.as_bytes());
+            out.push(field("Authorization", a.as_bytes()));
         }
     }
-    for h in &headers {
-        push(&mut out, &h.name, &h.value);
-    }
+    out.extend(headers);
     if gzip {
-        push(&mut out, "Accept-Encoding", b"gzip");
+        out.push(field("Accept-Encoding", b"gzip"));
     }
     match framing {
-        Framing::Length(n) => push(&mut out, "Content-Length", n.to_string().as_bytes()),
-        Framing::Chunked if !upgrade => push(&mut out, "Transfer-Encoding", b"chunked"),
+        Framing::Length(n) => out.push(field("Content-Length", n.to_string().as_bytes())),
+        Framing::Chunked if !upgrade => out.push(field("Transfer-Encoding", b"chunked")),
         Framing::None if matches!(head.method.as_str(), "POST" | "PUT" | "PATCH") => {
-            push(&mut out, "Content-Length", b"0")
+            out.push(field("Content-Length", b"0"))
         }
         _ => {}
     }
-    out.extend_from_slice(b"\r\n");
     out
 }
 
@@ -328,6 +350,7 @@ mod tests {
             dial: "127.0.0.1:6443".into(),
             host_header: "127.0.0.1:6443".into(),
             tls: None,
+            tls_h2: None,
             server_name: "127.0.0.1".into(),
             base_path: "/base".into(),
             auth: Auth::Bearer("tok".into()),

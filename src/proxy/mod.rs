@@ -9,6 +9,7 @@ pub mod filter;
 pub mod flags;
 pub mod forward;
 pub mod gourl;
+mod h2_upstream;
 pub mod http1;
 mod io;
 pub mod mux;

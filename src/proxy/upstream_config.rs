@@ -84,8 +84,10 @@ pub struct Upstream {
     pub dial: String,
     /// The Host header: the server URL's host as written (port kept when given).
     pub host_header: String,
-    /// TLS toward the upstream (None for `http://`).
+    /// TLS toward the upstream (None for `http://`), offering HTTP/1.1 only.
     pub tls: Option<Arc<ClientConfig>>,
+    /// The same offering HTTP/2 first (None when HTTP/2 is off).
+    pub tls_h2: Option<Arc<ClientConfig>>,
     /// Name checked on the server certificate.
     pub server_name: String,
     /// The server URL's path (for --append-server-path).
@@ -231,15 +233,20 @@ pub async fn resolve(args: &ProxyArgs) -> Result<Upstream, UpstreamError> {
         Some(p) => format!("{host}:{p}"),
         None => host.clone(),
     };
-    let tls = if https {
+    let (tls, tls_h2) = if https {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let mut tls = config
             .rustls_client_config()
             .map_err(|e| UpstreamError::Tls(e.to_string()))?;
         tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Some(Arc::new(tls))
+        let h2 = args.upstream_http2.then(|| {
+            let mut c = tls.clone();
+            c.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+            Arc::new(c)
+        });
+        (Some(Arc::new(tls)), h2)
     } else {
-        None
+        (None, None)
     };
     let server_name = config.tls_server_name.clone().unwrap_or(bare_host);
     let base_path = url.path().trim_end_matches('/').to_string();
@@ -247,6 +254,7 @@ pub async fn resolve(args: &ProxyArgs) -> Result<Upstream, UpstreamError> {
         dial,
         host_header,
         tls,
+        tls_h2,
         server_name,
         base_path,
         auth,

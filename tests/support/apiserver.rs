@@ -412,3 +412,126 @@ pub fn kubeconfig(path: &Path, server: &str, certs: &Path, token: Option<&str>, 
     );
     std::fs::write(path, text).expect("write kubeconfig");
 }
+
+/// Starts an HTTP/2-only (ALPN h2) variant: the same echo JSON, gzip when
+/// asked, the `:authority` reported as `host`. Runs on its own thread with a
+/// tokio runtime and the h2 crate.
+pub fn start_h2(certs: &Path) -> FakeApiServer {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut cfg = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(
+            load_certs(&certs.join("server.crt")),
+            load_key(&certs.join("server.key")),
+        )
+        .expect("server config");
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let std_listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    std_listener.set_nonblocking(true).unwrap();
+    let addr = std_listener.local_addr().unwrap();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let r = requests.clone();
+    thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let acceptor = acceptor.clone();
+                let r = r.clone();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let Ok(mut conn) = h2::server::handshake(tls).await else {
+                        return;
+                    };
+                    while let Some(Ok((req, respond))) = conn.accept().await {
+                        r.fetch_add(1, Ordering::SeqCst);
+                        tokio::spawn(h2_answer(req, respond));
+                    }
+                });
+            }
+        });
+    });
+    FakeApiServer {
+        addr,
+        requests,
+        watch_gate: Arc::new(AtomicBool::new(false)),
+    }
+}
+
+async fn h2_answer(
+    req: http::Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<bytes::Bytes>,
+) {
+    let (parts, mut body) = req.into_parts();
+    let mut data = Vec::new();
+    while let Some(Ok(chunk)) = body.data().await {
+        let _ = body.flow_control().release_capacity(chunk.len());
+        data.extend_from_slice(&chunk);
+    }
+    let mut headers: Vec<(String, String)> = parts
+        .headers
+        .iter()
+        .map(|(n, v)| {
+            (
+                n.as_str().to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    if let Some(a) = parts.uri.authority() {
+        headers.push(("host".into(), a.to_string()));
+    }
+    let target = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_default();
+    let accepts_gzip = parts
+        .headers
+        .get("accept-encoding")
+        .is_some_and(|v| v.to_str().unwrap_or("").contains("gzip"));
+    let (body, gz) = if parts.uri.path() == "/gzip" {
+        let plain: Vec<u8> = (0..50_000u32)
+            .flat_map(|i| format!("line {i}\n").into_bytes())
+            .collect();
+        if accepts_gzip {
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            e.write_all(&plain).unwrap();
+            (e.finish().unwrap(), true)
+        } else {
+            (plain, false)
+        }
+    } else {
+        let req = Req {
+            method: parts.method.to_string(),
+            target,
+            headers,
+            body: data,
+        };
+        (echo_json(&req, false).into_bytes(), false)
+    };
+    let mut resp = http::Response::builder()
+        .status(200)
+        .header("content-type", "application/json");
+    if gz {
+        resp = resp.header("content-encoding", "gzip");
+    }
+    // No content-length: the proxy must frame the body itself.
+    let Ok(mut tx) = respond.send_response(resp.body(()).unwrap(), false) else {
+        return;
+    };
+    for piece in body.chunks(16 * 1024) {
+        tx.reserve_capacity(piece.len());
+        let _ = tx.send_data(bytes::Bytes::copy_from_slice(piece), false);
+    }
+    let _ = tx.send_data(bytes::Bytes::new(), true);
+}

@@ -65,9 +65,20 @@ impl Response {
     }
 }
 
-/// Reads one response from `s` (to a request with `method`).
+/// Reads one response from `s` (to a request with `method`). Bytes read
+/// past it are lost: use [`read_response_from`] on a pipelined connection.
 pub fn read_response(s: &mut dyn Stream, method: &str) -> std::io::Result<Response> {
-    let mut buf = Vec::new();
+    read_response_from(s, &mut Vec::new(), method)
+}
+
+/// Reads one response, starting with the bytes in `carry` and leaving any
+/// bytes of later responses there.
+pub fn read_response_from(
+    s: &mut dyn Stream,
+    carry: &mut Vec<u8>,
+    method: &str,
+) -> std::io::Result<Response> {
+    let mut buf = std::mem::take(carry);
     let mut tmp = [0u8; 16384];
     let (status, headers, mut rest) = loop {
         let mut hs = [httparse::EMPTY_HEADER; 128];
@@ -126,6 +137,8 @@ pub fn read_response(s: &mut dyn Stream, method: &str) -> std::io::Result<Respon
                 rest.extend_from_slice(&tmp[..n]);
             }
             if size == 0 {
+                rest.drain(..2);
+                *carry = std::mem::take(&mut rest);
                 break;
             }
             out.extend_from_slice(&rest[..size]);
@@ -141,7 +154,7 @@ pub fn read_response(s: &mut dyn Stream, method: &str) -> std::io::Result<Respon
             }
             rest.extend_from_slice(&tmp[..k]);
         }
-        rest.truncate(n);
+        *carry = rest.split_off(n);
         rest
     } else {
         loop {
