@@ -53,6 +53,8 @@ struct Req {
     headers: Vec<(String, String)>,
     body: Option<Vec<u8>>,
     chunked: bool,
+    /// "HTTP/1.1" unless a case says otherwise.
+    version: &'static str,
 }
 
 impl Req {
@@ -64,11 +66,12 @@ impl Req {
             headers: vec![("User-Agent".into(), "difftest/1".into())],
             body: None,
             chunked: false,
+            version: "HTTP/1.1",
         }
     }
 
     fn raw(&self, port: u16) -> Vec<u8> {
-        let mut s = format!("{} {} HTTP/1.1\r\n", self.method, self.target).into_bytes();
+        let mut s = format!("{} {} {}\r\n", self.method, self.target, self.version).into_bytes();
         if let Some(h) = &self.host {
             s.extend_from_slice(
                 format!("Host: {}\r\n", h.replace("{port}", &port.to_string())).as_bytes(),
@@ -276,6 +279,31 @@ fn header_cases() -> Vec<Req> {
     let mut r = Req::get("/api/v1/pods");
     r.headers.push(("X-Multi".into(), "a".into()));
     r.headers.push(("X-Multi".into(), "b".into()));
+    out.push(r);
+    // CONNECT, and HTTP/1.0 with and without Host.
+    for target in ["localhost:443", "/api/v1/pods", "127.0.0.1:8001"] {
+        let mut r = Req::get(target);
+        r.method = "CONNECT";
+        out.push(r);
+    }
+    for host in [Some("localhost:{port}"), None] {
+        let mut r = Req::get("/api/v1/pods");
+        r.version = "HTTP/1.0";
+        r.host = host.map(str::to_string);
+        out.push(r);
+        let mut r = Req::get("/static/hello.txt");
+        r.version = "HTTP/1.0";
+        r.host = host.map(str::to_string);
+        out.push(r);
+    }
+    let mut r = Req::get("/gzip-chunked");
+    r.version = "HTTP/1.0";
+    out.push(r);
+    // Expect: 100-continue with a body.
+    let mut r = Req::get("/api/v1/namespaces/default/configmaps");
+    r.method = "POST";
+    r.body = Some(b"{}".to_vec());
+    r.headers.push(("Expect".into(), "100-continue".into()));
     out.push(r);
     // No User-Agent at all.
     let mut r = Req::get("/api/v1/pods");
