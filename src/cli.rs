@@ -154,6 +154,37 @@ pub struct ServerArgs {
     /// Seconds to wait for the agent's DIAL_RSP before answering 504.
     #[arg(long, default_value_t = 30.0)]
     pub dial_timeout_secs: f64,
+    /// Interception listener (yurt-tunnel's 10264): kubelet traffic sent here
+    /// by iptables DNAT is relayed to its original destination through the
+    /// node's agent; direct plain-HTTP clients are routed by their Host.
+    #[arg(long)]
+    pub interception_bind: Option<SocketAddr>,
+    /// Intercepted ports dialed on the node's 127.0.0.1 instead of its IP.
+    #[arg(long, value_delimiter = ',', default_value = "10266,10267")]
+    pub localhost_proxy_ports: Vec<u16>,
+    /// Keep iptables NAT rules (nat OUTPUT -> TUNNEL-PORT chains) that send
+    /// edge nodes' kubelet ports to the interception listener; removed on exit.
+    #[arg(long)]
+    pub iptables: bool,
+    /// Ports the iptables rules intercept.
+    #[arg(long, value_delimiter = ',', default_value = "10250,10255")]
+    pub iptables_ports: Vec<u16>,
+    /// Address the rules DNAT to (repeatable, one per family; default: the
+    /// interception listener's address).
+    #[arg(long)]
+    pub iptables_dnat_ip: Vec<std::net::IpAddr>,
+    /// A node reached directly, never intercepted (repeatable). With any,
+    /// the rules redirect everything but these and loopback (yurt-tunnel's
+    /// layout); without, only addresses announced by agents.
+    #[arg(long)]
+    pub cloud_node_ip: Vec<std::net::IpAddr>,
+    /// Full resync period, seconds (at least 15); changes in the connected
+    /// agents are applied within a second.
+    #[arg(long, default_value_t = 15)]
+    pub iptables_sync_period_secs: u64,
+    /// Leave the rules in place on exit.
+    #[arg(long)]
+    pub iptables_keep_rules: bool,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -210,7 +241,33 @@ impl ServerArgs {
         if strategies.is_empty() {
             return Err("--proxy-strategies must name at least one strategy".into());
         }
+        let iptables = if self.iptables {
+            let bind = self
+                .interception_bind
+                .ok_or("--iptables needs --interception-bind (the DNAT target)")?;
+            let ips = if self.iptables_dnat_ip.is_empty() {
+                if bind.ip().is_unspecified() {
+                    return Err("--interception-bind is a wildcard address: give --iptables-dnat-ip".into());
+                }
+                vec![bind.ip()]
+            } else {
+                self.iptables_dnat_ip.clone()
+            };
+            Some(crate::control::manager::IptablesSpec {
+                ports: crate::control::manager::port_rules(&self.iptables_ports, &ips, bind.port()),
+                cloud_nodes: (!self.cloud_node_ip.is_empty())
+                    .then(|| self.cloud_node_ip.iter().copied().collect()),
+                period: Duration::from_secs(self.iptables_sync_period_secs)
+                    .max(crate::control::manager::MIN_SYNC_PERIOD),
+                keep_rules: self.iptables_keep_rules,
+            })
+        } else {
+            None
+        };
         Ok(ServerConfig {
+            interception_bind: self.interception_bind,
+            localhost_proxy_ports: self.localhost_proxy_ports,
+            iptables,
             agent_bind: self.agent_bind,
             connect_bind: self.connect_bind,
             connect_uds: self.connect_uds,

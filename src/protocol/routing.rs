@@ -136,6 +136,35 @@ impl<H: Clone> Registry<H> {
         ids
     }
 
+    /// The IP addresses connected agents announced (ipv4 and ipv6
+    /// identifiers): the edge nodes whose traffic the tunnel carries.
+    pub fn addresses(&self) -> std::collections::BTreeSet<std::net::IpAddr> {
+        self.entries
+            .values()
+            .flat_map(|e| {
+                e.ids
+                    .ipv4
+                    .iter()
+                    .map(|a| std::net::IpAddr::V4(*a))
+                    .chain(e.ids.ipv6.iter().map(|a| std::net::IpAddr::V6(*a)))
+            })
+            .collect()
+    }
+
+    /// The first address announced by an agent with host identifier `host`.
+    pub fn address_of_host(&self, host: &str) -> Option<std::net::IpAddr> {
+        self.entries
+            .values()
+            .filter(|e| e.ids.hosts.iter().any(|h| h.eq_ignore_ascii_case(host)))
+            .find_map(|e| {
+                e.ids
+                    .ipv4
+                    .first()
+                    .map(|a| std::net::IpAddr::V4(*a))
+                    .or_else(|| e.ids.ipv6.first().map(|a| std::net::IpAddr::V6(*a)))
+            })
+    }
+
     /// Picks an agent for a dial to `address`, trying `strategies` in order.
     pub fn pick(&mut self, address: &str, strategies: &[Strategy]) -> Option<H> {
         let host = dest_host(address);

@@ -25,6 +25,24 @@ use crate::protocol::http_connect;
 
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How a tunneled client socket is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// HTTP CONNECT: `200 Connection Established` after the dial, HTTP
+    /// errors otherwise.
+    Connect,
+    /// An intercepted connection relayed as is: nothing is written before
+    /// the target's bytes. On failure, `http_errors` answers an HTTP error
+    /// (the client spoke plain HTTP), else the socket just closes.
+    Transparent { http_errors: bool },
+}
+
+impl Mode {
+    fn fail(self) -> bool {
+        matches!(self, Mode::Connect | Mode::Transparent { http_errors: true })
+    }
+}
+
 /// Body of the answer when no agent can take the dial (as ANP words it).
 pub const NO_TUNNEL: &str = "currently no tunnels available: No agent available";
 
@@ -100,8 +118,26 @@ where
             .await;
         return;
     };
+    run_on_agent_core(core, shared, sock, moved, address, leftover, agent, Mode::Connect).await;
+}
+
+/// Runs the tunnel here when this core owns `agent`, else moves the socket
+/// (its descriptor) to the agent's core.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn run_on_agent_core<S>(
+    core: usize,
+    shared: Arc<Shared>,
+    sock: S,
+    moved: fn(S) -> MovedSocket,
+    address: String,
+    leftover: Bytes,
+    agent: AgentHandle,
+    mode: Mode,
+) where
+    S: relay::Duplex,
+{
     if agent.core == core {
-        tunnel(shared, sock, address, leftover, agent).await;
+        tunnel(shared, sock, address, leftover, agent, mode).await;
         return;
     }
     let target = agent.core;
@@ -110,6 +146,7 @@ where
         address,
         leftover,
         agent,
+        mode,
     };
     let inboxes = shared
         .inboxes
@@ -124,8 +161,8 @@ where
 /// Runs a handed-off CONNECT on this (the agent's) core.
 pub(super) async fn adopt(shared: Arc<Shared>, h: Handoff) {
     match h.socket.adopt() {
-        Ok(LocalSocket::Tcp(s)) => tunnel(shared, s, h.address, h.leftover, h.agent).await,
-        Ok(LocalSocket::Unix(s)) => tunnel(shared, s, h.address, h.leftover, h.agent).await,
+        Ok(LocalSocket::Tcp(s)) => tunnel(shared, s, h.address, h.leftover, h.agent, h.mode).await,
+        Ok(LocalSocket::Unix(s)) => tunnel(shared, s, h.address, h.leftover, h.agent, h.mode).await,
         Err(e) => tracing::warn!(error = %e, "could not adopt a handed-off socket"),
     }
 }
@@ -172,13 +209,21 @@ async fn read_head<R: AsyncReadRent>(
     }
 }
 
+/// Writes an HTTP error to the client when the mode answers errors.
+async fn refuse<S: relay::Duplex>(sock: &mut S, mode: Mode, status: u16, body: &str) {
+    if mode.fail() {
+        let _ = sock.write_all(http_connect::error_response(status, body)).await;
+    }
+}
+
 /// Dials through `agent`, answers the client, relays until either side ends.
-async fn tunnel<S>(
+pub(super) async fn tunnel<S>(
     shared: Arc<Shared>,
     mut sock: S,
     address: String,
     leftover: Bytes,
     agent: AgentHandle,
+    mode: Mode,
 ) where
     S: relay::Duplex,
 {
@@ -199,9 +244,7 @@ async fn tunnel<S>(
         shared
             .metrics
             .dial_done(DialResult::NoAgent, Duration::ZERO);
-        let _ = sock
-            .write_all(http_connect::error_response(500, NO_TUNNEL))
-            .await;
+        refuse(&mut sock, mode, 500, NO_TUNNEL).await;
         return;
     }
     let timeout = shared.cfg.dial_timeout;
@@ -212,28 +255,16 @@ async fn tunnel<S>(
             let status = http_connect::dial_error_status(&e);
             tracing::info!(%address, agent = %agent.agent_id, status, error = %e, "dial failed");
             let body = http_connect::truncate_error_body(&e);
-            let _ = sock
-                .write_all(http_connect::error_response(status, &body))
-                .await;
+            refuse(&mut sock, mode, status, &body).await;
             return;
         }
         Ok(Some((_, other))) => {
             tracing::warn!(?other, "unexpected event before the dial answer");
-            let _ = sock
-                .write_all(http_connect::error_response(
-                    502,
-                    "unexpected answer from agent",
-                ))
-                .await;
+            refuse(&mut sock, mode, 502, "unexpected answer from agent").await;
             return;
         }
         Ok(None) => {
-            let _ = sock
-                .write_all(http_connect::error_response(
-                    502,
-                    "agent disconnected during dial",
-                ))
-                .await;
+            refuse(&mut sock, mode, 502, "agent disconnected during dial").await;
             return;
         }
         Err(_) => {
@@ -244,18 +275,18 @@ async fn tunnel<S>(
             tracing::info!(%address, agent = %agent.agent_id, "dial timed out");
             let body =
                 format!("Backend dial timeout: dial {address} timed out after {timeout:?}\r\n");
-            let _ = sock
-                .write_all(http_connect::error_response(504, &body))
-                .await;
+            refuse(&mut sock, mode, 504, &body).await;
             return;
         }
     };
     let span = tracing::debug_span!("tunnel", %address, connect_id, agent = %agent.agent_id);
     tracing::debug!(parent: &span, "tunnel established");
-    let (res, _) = sock.write_all(http_connect::ESTABLISHED).await;
-    if res.is_err() {
-        agent.send(AgentCmd::Close { connect_id }).await;
-        return;
+    if mode == Mode::Connect {
+        let (res, _) = sock.write_all(http_connect::ESTABLISHED).await;
+        if res.is_err() {
+            agent.send(AgentCmd::Close { connect_id }).await;
+            return;
+        }
     }
     if !leftover.is_empty() {
         agent

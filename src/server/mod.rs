@@ -11,6 +11,7 @@
 mod agent_conn;
 mod connect_frontend;
 mod grpc_frontend;
+mod intercept_frontend;
 mod session;
 
 use std::net::SocketAddr;
@@ -49,6 +50,9 @@ pub struct ServerConfig {
     pub dial_timeout: Duration,
     pub max_message: usize,
     pub keepalive: Duration,
+    pub interception_bind: Option<SocketAddr>,
+    pub localhost_proxy_ports: Vec<u16>,
+    pub iptables: Option<crate::control::manager::IptablesSpec>,
 }
 
 /// A frontend socket moved to the core that owns its agent.
@@ -57,6 +61,7 @@ pub(crate) struct Handoff {
     address: String,
     leftover: bytes::Bytes,
     agent: AgentHandle,
+    mode: connect_frontend::Mode,
 }
 
 /// State shared by every core.
@@ -106,6 +111,7 @@ struct WorkerListeners {
     grpc: Option<std::net::TcpListener>,
     grpc_uds: Option<std::os::unix::net::UnixListener>,
     admin: Option<std::net::TcpListener>,
+    interception: Option<std::net::TcpListener>,
 }
 
 fn take<T>(v: &mut Option<Vec<T>>) -> Option<T> {
@@ -139,6 +145,10 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
         .admin_bind
         .map(|a| listener::bind_tcp(a, 1))
         .transpose()?;
+    let mut intercept_l = cfg
+        .interception_bind
+        .map(|a| listener::bind_tcp(a, n))
+        .transpose()?;
 
     let print_addr = |what: &str, l: &Option<Vec<std::net::TcpListener>>| {
         if let Some(a) = l
@@ -154,6 +164,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
     print_addr("connect", &connect_l);
     print_addr("grpc", &grpc_l);
     print_addr("admin", &admin_l);
+    print_addr("interception", &intercept_l);
 
     let mut per_worker = Vec::with_capacity(n);
     for i in 0..n {
@@ -164,6 +175,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
             grpc: take(&mut grpc_l),
             grpc_uds: take(&mut grpc_u),
             admin: if i == 0 { take(&mut admin_l) } else { None },
+            interception: take(&mut intercept_l),
         })));
     }
 
@@ -185,6 +197,17 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
 
     let shutdown = signals::Shutdown::new();
     signals::install(shutdown.clone())?;
+    // The control thread (iptables now): its own runtime, reading the agent
+    // registry briefly, never running on a data-plane core.
+    let control = match cfg.iptables.clone() {
+        Some(spec) => {
+            let view = shared.clone();
+            let edges: crate::control::manager::EdgeSource =
+                Arc::new(move || view.registry.lock().expect("registry lock").addresses());
+            Some(crate::control::manager::spawn(spec, edges, shutdown.clone())?)
+        }
+        None => None,
+    };
     tracing::info!(
         workers = n,
         driver = cfg.driver.name(),
@@ -207,6 +230,10 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
         let shutdown = shutdown.clone();
         async move { worker(idx, shared, tls_config, listeners, inbox, shutdown).await }
     })?;
+    if let Some(c) = control {
+        // It removes its rules before it returns.
+        let _ = c.join();
+    }
     Ok(())
 }
 
@@ -241,6 +268,10 @@ async fn worker(
     if let Some(g) = l.grpc_uds {
         let g = monoio::net::UnixListener::from_std(g)?;
         monoio::spawn(grpc_frontend::accept_unix(shared.clone(), g));
+    }
+    if let Some(i) = l.interception {
+        let i = monoio::net::TcpListener::from_std(i)?;
+        monoio::spawn(intercept_frontend::accept_tcp(core, shared.clone(), i));
     }
     if let Some(a) = l.admin {
         let a = monoio::net::TcpListener::from_std(a)?;

@@ -1,0 +1,129 @@
+//! The control thread: its own tokio runtime, off the data-plane cores. It
+//! keeps the iptables rules in step with the connected agents (on change,
+//! checked every second, and fully on a period of at least 15 s) and removes
+//! them on exit unless told to keep them.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::iptables::{self, Family, Plan, PortRule, Scope};
+use super::iptables_sync;
+use crate::engine::signals::Shutdown;
+
+/// The shortest full-sync period (yurt-tunnel's floor).
+pub const MIN_SYNC_PERIOD: Duration = Duration::from_secs(15);
+
+#[derive(Debug, Clone)]
+pub struct IptablesSpec {
+    /// Intercepted ports and where each goes (one entry per address family).
+    pub ports: Vec<PortRule>,
+    /// Ready nodes to leave alone (RETURN); with none, only edge addresses
+    /// are redirected.
+    pub cloud_nodes: Option<BTreeSet<IpAddr>>,
+    pub period: Duration,
+    pub keep_rules: bool,
+}
+
+/// Where the edge-node addresses come from (the server's agent registry).
+pub type EdgeSource = Arc<dyn Fn() -> BTreeSet<IpAddr> + Send + Sync>;
+
+fn plans(spec: &IptablesSpec, edges: &BTreeSet<IpAddr>) -> Vec<Plan> {
+    let mut out = Vec::new();
+    for family in [Family::V4, Family::V6] {
+        let ports: Vec<PortRule> = spec
+            .ports
+            .iter()
+            .filter(|p| Family::of(&p.to.ip()) == family)
+            .cloned()
+            .collect();
+        if ports.is_empty() {
+            continue;
+        }
+        let scope = match &spec.cloud_nodes {
+            Some(cloud) => Scope::AllExcept(cloud.clone()),
+            None => Scope::Only(edges.clone()),
+        };
+        out.push(Plan { family, ports, scope });
+    }
+    out
+}
+
+/// One sync of every family; returns the plans applied.
+pub fn sync_once(spec: &IptablesSpec, edges: &BTreeSet<IpAddr>, previous: &[Plan]) -> Vec<Plan> {
+    let started = Instant::now();
+    let plans = plans(spec, edges);
+    for plan in &plans {
+        match iptables_sync::sync(plan) {
+            Ok(()) => {
+                let old = previous.iter().find(|p| p.family == plan.family);
+                for (ip, port) in iptables::conntrack_flushes(old, plan) {
+                    iptables_sync::conntrack_delete(ip, port);
+                }
+            }
+            Err(e) => tracing::warn!("iptables sync: {e}"),
+        }
+    }
+    tracing::debug!(elapsed = ?started.elapsed(), edges = edges.len(), "iptables synced");
+    plans
+}
+
+/// Starts the control thread; it runs until `shutdown` and then cleans up.
+pub fn spawn(spec: IptablesSpec, edges: EdgeSource, shutdown: Arc<Shutdown>) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("edgetunnel-control".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_time().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!("control runtime: {e}");
+                    return;
+                }
+            };
+            rt.block_on(run(spec, edges, shutdown));
+        })
+}
+
+async fn run(spec: IptablesSpec, edges: EdgeSource, shutdown: Arc<Shutdown>) {
+    let period = spec.period.max(MIN_SYNC_PERIOD);
+    let mut applied: Vec<Plan> = Vec::new();
+    let mut last_edges: Option<BTreeSet<IpAddr>> = None;
+    let mut last_full = Instant::now();
+    loop {
+        if shutdown.requested() > 0 {
+            break;
+        }
+        let now_edges = edges();
+        if last_edges.as_ref() != Some(&now_edges) || last_full.elapsed() >= period {
+            applied = sync_once(&spec, &now_edges, &applied);
+            last_edges = Some(now_edges);
+            last_full = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    if spec.keep_rules {
+        tracing::info!("leaving iptables rules in place (--iptables-keep-rules)");
+        return;
+    }
+    for plan in &applied {
+        if let Err(e) = iptables_sync::cleanup(plan.family) {
+            tracing::warn!("iptables cleanup: {e}");
+        }
+    }
+    tracing::info!("iptables rules removed");
+}
+
+/// The DNAT target of each intercepted port on each address given.
+pub fn port_rules(ports: &[u16], to_ips: &[IpAddr], to_port: u16) -> Vec<PortRule> {
+    let mut v = Vec::new();
+    for ip in to_ips {
+        for p in ports {
+            v.push(PortRule {
+                port: *p,
+                to: SocketAddr::new(*ip, to_port),
+            });
+        }
+    }
+    v
+}

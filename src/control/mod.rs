@@ -1,0 +1,8 @@
+//! The control plane: everything that is not moving bytes (iptables rules
+//! now; DNS records and certificates next). It runs on its own thread with
+//! its own tokio runtime and talks to the data plane only through shared
+//! state it reads briefly, so it never blocks a data-plane core.
+
+pub mod iptables;
+pub mod iptables_sync;
+pub mod manager;
