@@ -31,7 +31,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Cloud side: accept agents and route tunnel requests to them.
-    Server(ServerArgs),
+    Server(Box<ServerArgs>),
     /// Edge side: connect out to servers and dial targets on their behalf.
     Agent(AgentArgs),
     /// A drop-in `kubectl proxy`: same flags, same answers, faster.
@@ -39,6 +39,34 @@ pub enum Command {
     /// Certificate helpers.
     #[command(subcommand)]
     Certs(CertsCommand),
+    /// One-shot iptables operations (the server keeps them in sync itself
+    /// with --iptables).
+    #[command(subcommand)]
+    Iptables(IptablesCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum IptablesCommand {
+    /// Make the nat rules match these flags once, and exit.
+    Sync {
+        /// Ports to intercept.
+        #[arg(long, value_delimiter = ',', default_value = "10250,10255")]
+        ports: Vec<u16>,
+        /// Address to DNAT to (repeatable, one per family).
+        #[arg(long, required = true)]
+        dnat_ip: Vec<std::net::IpAddr>,
+        /// Port to DNAT to (the interception listener's).
+        #[arg(long, default_value_t = 10264)]
+        dnat_port: u16,
+        /// Edge node addresses to redirect (repeatable).
+        #[arg(long)]
+        edge_ip: Vec<std::net::IpAddr>,
+        /// Nodes never redirected (repeatable); with any, everything else is.
+        #[arg(long)]
+        cloud_node_ip: Vec<std::net::IpAddr>,
+    },
+    /// Remove every rule and chain edgetunnel added.
+    Cleanup,
 }
 
 #[derive(Subcommand, Debug)]
@@ -247,7 +275,9 @@ impl ServerArgs {
                 .ok_or("--iptables needs --interception-bind (the DNAT target)")?;
             let ips = if self.iptables_dnat_ip.is_empty() {
                 if bind.ip().is_unspecified() {
-                    return Err("--interception-bind is a wildcard address: give --iptables-dnat-ip".into());
+                    return Err(
+                        "--interception-bind is a wildcard address: give --iptables-dnat-ip".into(),
+                    );
                 }
                 vec![bind.ip()]
             } else {

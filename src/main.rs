@@ -1,5 +1,5 @@
 use clap::Parser;
-use edgetunnel::cli::{CertsCommand, Cli, Command};
+use edgetunnel::cli::{CertsCommand, Cli, Command, IptablesCommand};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -20,9 +20,10 @@ fn main() {
         _ => "edgetunnel",
     };
     let result: Result<(), Box<dyn std::error::Error + Send + Sync>> = match cli.command {
-        Command::Server(args) => args.into_config().and_then(edgetunnel::server::run),
+        Command::Server(args) => (*args).into_config().and_then(edgetunnel::server::run),
         Command::Agent(args) => args.into_config().and_then(edgetunnel::agent::run),
         Command::Proxy(args) => edgetunnel::proxy::run(*args),
+        Command::Iptables(cmd) => iptables(cmd),
         Command::Certs(CertsCommand::Init {
             dir,
             server_names,
@@ -45,5 +46,36 @@ fn main() {
     if let Err(e) = result {
         eprintln!("{prefix}: {e}");
         std::process::exit(1);
+    }
+}
+
+fn iptables(cmd: IptablesCommand) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    use edgetunnel::control::{iptables::Family, iptables_sync, manager};
+    match cmd {
+        IptablesCommand::Sync {
+            ports,
+            dnat_ip,
+            dnat_port,
+            edge_ip,
+            cloud_node_ip,
+        } => {
+            let spec = manager::IptablesSpec {
+                ports: manager::port_rules(&ports, &dnat_ip, dnat_port),
+                cloud_nodes: (!cloud_node_ip.is_empty())
+                    .then(|| cloud_node_ip.into_iter().collect()),
+                period: manager::MIN_SYNC_PERIOD,
+                keep_rules: true,
+            };
+            let edges = edge_ip.into_iter().collect();
+            manager::try_sync_once(&spec, &edges)?;
+            Ok(())
+        }
+        IptablesCommand::Cleanup => {
+            iptables_sync::cleanup(Family::V4)?;
+            if let Err(e) = iptables_sync::cleanup(Family::V6) {
+                eprintln!("edgetunnel: ip6tables cleanup skipped: {e}");
+            }
+            Ok(())
+        }
     }
 }

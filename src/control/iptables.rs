@@ -177,12 +177,21 @@ pub fn render_sync(plan: &Plan, current: &Current) -> String {
     for c in &wanted {
         let _ = writeln!(out, ":{c} - [0:0]");
     }
-    let stale: Vec<&String> = current.chains.iter().filter(|c| !wanted.contains(c)).collect();
+    let stale: Vec<&String> = current
+        .chains
+        .iter()
+        .filter(|c| !wanted.contains(c))
+        .collect();
     for c in &stale {
         let _ = writeln!(out, ":{c} - [0:0]");
     }
     for p in &plan.ports {
-        let _ = writeln!(out, "-A {JUMP_CHAIN} -p tcp -m tcp --dport {} -j {}", p.port, Plan::chain(p.port));
+        let _ = writeln!(
+            out,
+            "-A {JUMP_CHAIN} -p tcp -m tcp --dport {} -j {}",
+            p.port,
+            Plan::chain(p.port)
+        );
     }
     let bits = plan.family.host_prefix();
     for p in &plan.ports {
@@ -198,7 +207,10 @@ pub fn render_sync(plan: &Plan, current: &Current) -> String {
             }
             Scope::Only(_) => {
                 for ip in plan.scoped() {
-                    let _ = writeln!(out, "-A {chain} -d {ip}/{bits} -p tcp -j DNAT --to-destination {to}");
+                    let _ = writeln!(
+                        out,
+                        "-A {chain} -d {ip}/{bits} -p tcp -j DNAT --to-destination {to}"
+                    );
                 }
             }
         }
@@ -274,8 +286,14 @@ mod tests {
         Plan {
             family: Family::V4,
             ports: vec![
-                PortRule { port: 10250, to: "10.0.0.2:10263".parse().unwrap() },
-                PortRule { port: 10255, to: "10.0.0.2:10264".parse().unwrap() },
+                PortRule {
+                    port: 10250,
+                    to: "10.0.0.2:10263".parse().unwrap(),
+                },
+                PortRule {
+                    port: 10255,
+                    to: "10.0.0.2:10264".parse().unwrap(),
+                },
             ],
             scope,
         }
@@ -290,19 +308,30 @@ mod tests {
     #[test]
     fn parses_only_our_nat_state() {
         let c = parse_save(SAVED);
-        assert_eq!(c.chains, ["TUNNEL-PORT", "TUNNEL-PORT-10250", "TUNNEL-PORT-9999"].iter().map(|s| s.to_string()).collect());
+        assert_eq!(
+            c.chains,
+            ["TUNNEL-PORT", "TUNNEL-PORT-10250", "TUNNEL-PORT-9999"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+        );
         assert_eq!(c.jumps.len(), 2);
     }
 
     #[test]
     fn sync_from_scratch_adds_the_jump_once() {
-        let out = render_sync(&plan(Scope::AllExcept(ips(&["10.0.0.7", "fd00::1"]))), &Current::default());
+        let out = render_sync(
+            &plan(Scope::AllExcept(ips(&["10.0.0.7", "fd00::1"]))),
+            &Current::default(),
+        );
         assert!(out.contains(":TUNNEL-PORT-10255 - [0:0]\n"));
         assert!(out.contains("-A TUNNEL-PORT -p tcp -m tcp --dport 10250 -j TUNNEL-PORT-10250\n"));
         assert!(out.contains("-A TUNNEL-PORT-10250 -d 127.0.0.0/8 -j RETURN\n"));
         assert!(out.contains("-A TUNNEL-PORT-10250 -d 10.0.0.7/32 -j RETURN\n"));
         assert!(!out.contains("fd00::1"), "other family leaked: {out}");
-        assert!(out.contains("-A TUNNEL-PORT-10255 -p tcp -j DNAT --to-destination 10.0.0.2:10264\n"));
+        assert!(
+            out.contains("-A TUNNEL-PORT-10255 -p tcp -j DNAT --to-destination 10.0.0.2:10264\n")
+        );
         assert_eq!(out.matches("-I OUTPUT 1").count(), 1);
         assert!(out.ends_with("COMMIT\n"));
     }
@@ -314,7 +343,9 @@ mod tests {
         assert_eq!(out.matches("-D OUTPUT").count(), 1);
         assert!(out.contains("-X TUNNEL-PORT-9999\n"));
         assert!(!out.contains("-X TUNNEL-PORT-10250"));
-        assert!(out.contains("-A TUNNEL-PORT-10250 -d 10.99.0.5/32 -p tcp -j DNAT --to-destination 10.0.0.2:10263\n"));
+        assert!(out.contains(
+            "-A TUNNEL-PORT-10250 -d 10.99.0.5/32 -p tcp -j DNAT --to-destination 10.0.0.2:10263\n"
+        ));
     }
 
     #[test]
@@ -331,11 +362,17 @@ mod tests {
     fn ipv6_targets_are_bracketed() {
         let p = Plan {
             family: Family::V6,
-            ports: vec![PortRule { port: 10250, to: "[fd00::2]:10263".parse().unwrap() }],
+            ports: vec![PortRule {
+                port: 10250,
+                to: "[fd00::2]:10263".parse().unwrap(),
+            }],
             scope: Scope::Only(ips(&["fd00::5", "10.0.0.1"])),
         };
         let out = render_sync(&p, &Current::default());
-        assert!(out.contains("-d fd00::5/128 -p tcp -j DNAT --to-destination [fd00::2]:10263"), "{out}");
+        assert!(
+            out.contains("-d fd00::5/128 -p tcp -j DNAT --to-destination [fd00::2]:10263"),
+            "{out}"
+        );
         assert!(!out.contains("10.0.0.1"));
     }
 

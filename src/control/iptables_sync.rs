@@ -24,7 +24,11 @@ fn run(cmd: &str, args: &[&str], stdin: Option<&str>) -> Result<String, SyncErro
     };
     let mut child = Command::new(cmd)
         .args(args)
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -44,7 +48,11 @@ fn run(cmd: &str, args: &[&str], stdin: Option<&str>) -> Result<String, SyncErro
 
 /// The current nat state of `family`.
 pub fn current(family: Family) -> Result<Current, SyncError> {
-    Ok(iptables::parse_save(&run(family.save_cmd(), &["-t", "nat"], None)?))
+    Ok(iptables::parse_save(&run(
+        family.save_cmd(),
+        &["-t", "nat"],
+        None,
+    )?))
 }
 
 /// Makes the kernel's rules match `plan` in one transaction.
@@ -61,7 +69,11 @@ pub fn cleanup(family: Family) -> Result<(), SyncError> {
     if cur.chains.is_empty() && cur.jumps.is_empty() {
         return Ok(());
     }
-    run(family.restore_cmd(), &["--noflush"], Some(&iptables::render_cleanup(&cur)))?;
+    run(
+        family.restore_cmd(),
+        &["--noflush"],
+        Some(&iptables::render_cleanup(&cur)),
+    )?;
     Ok(())
 }
 
@@ -73,7 +85,17 @@ pub fn conntrack_delete(ip: IpAddr, port: u16) {
     let port = port.to_string();
     match run(
         "conntrack",
-        &["-D", "-f", family, "--orig-dst", &ip, "-p", "tcp", "--orig-port-dst", &port],
+        &[
+            "-D",
+            "-f",
+            family,
+            "--orig-dst",
+            &ip,
+            "-p",
+            "tcp",
+            "--orig-port-dst",
+            &port,
+        ],
         None,
     ) {
         Ok(_) => tracing::debug!(%ip, %port, "conntrack entries deleted"),

@@ -45,7 +45,11 @@ fn plans(spec: &IptablesSpec, edges: &BTreeSet<IpAddr>) -> Vec<Plan> {
             Some(cloud) => Scope::AllExcept(cloud.clone()),
             None => Scope::Only(edges.clone()),
         };
-        out.push(Plan { family, ports, scope });
+        out.push(Plan {
+            family,
+            ports,
+            scope,
+        });
     }
     out
 }
@@ -69,12 +73,30 @@ pub fn sync_once(spec: &IptablesSpec, edges: &BTreeSet<IpAddr>, previous: &[Plan
     plans
 }
 
+/// One sync of every family, failing on the first error (for the CLI).
+pub fn try_sync_once(
+    spec: &IptablesSpec,
+    edges: &BTreeSet<IpAddr>,
+) -> Result<(), iptables_sync::SyncError> {
+    for plan in plans(spec, edges) {
+        iptables_sync::sync(&plan)?;
+    }
+    Ok(())
+}
+
 /// Starts the control thread; it runs until `shutdown` and then cleans up.
-pub fn spawn(spec: IptablesSpec, edges: EdgeSource, shutdown: Arc<Shutdown>) -> std::io::Result<std::thread::JoinHandle<()>> {
+pub fn spawn(
+    spec: IptablesSpec,
+    edges: EdgeSource,
+    shutdown: Arc<Shutdown>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("edgetunnel-control".into())
         .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread().enable_time().build() {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+            {
                 Ok(rt) => rt,
                 Err(e) => {
                     tracing::error!("control runtime: {e}");

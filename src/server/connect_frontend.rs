@@ -39,7 +39,10 @@ pub enum Mode {
 
 impl Mode {
     fn fail(self) -> bool {
-        matches!(self, Mode::Connect | Mode::Transparent { http_errors: true })
+        matches!(
+            self,
+            Mode::Connect | Mode::Transparent { http_errors: true }
+        )
     }
 }
 
@@ -118,7 +121,17 @@ where
             .await;
         return;
     };
-    run_on_agent_core(core, shared, sock, moved, address, leftover, agent, Mode::Connect).await;
+    run_on_agent_core(
+        core,
+        shared,
+        sock,
+        moved,
+        address,
+        leftover,
+        agent,
+        Mode::Connect,
+    )
+    .await;
 }
 
 /// Runs the tunnel here when this core owns `agent`, else moves the socket
@@ -212,7 +225,9 @@ async fn read_head<R: AsyncReadRent>(
 /// Writes an HTTP error to the client when the mode answers errors.
 async fn refuse<S: relay::Duplex>(sock: &mut S, mode: Mode, status: u16, body: &str) {
     if mode.fail() {
-        let _ = sock.write_all(http_connect::error_response(status, body)).await;
+        let _ = sock
+            .write_all(http_connect::error_response(status, body))
+            .await;
     }
 }
 

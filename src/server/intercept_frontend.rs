@@ -60,7 +60,10 @@ pub fn original_dst(fd: &impl AsRawFd) -> Option<SocketAddr> {
         if libc::getsockopt(fd.as_raw_fd(), libc::SOL_IPV6, SO_ORIGINAL_DST, p, &mut len) == 0 {
             let sin6 = &*(p as *const libc::sockaddr_in6);
             let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-            return Some(SocketAddr::new(IpAddr::V6(ip), u16::from_be(sin6.sin6_port)));
+            return Some(SocketAddr::new(
+                IpAddr::V6(ip),
+                u16::from_be(sin6.sin6_port),
+            ));
         }
     }
     None
@@ -108,7 +111,12 @@ async fn front(
     let (route, dial, leftover, mode) = match orig {
         Some(o) => {
             let (route, dial) = targets(&shared, &o.ip().to_string(), o.port());
-            (route, dial, Bytes::new(), Mode::Transparent { http_errors: false })
+            (
+                route,
+                dial,
+                Bytes::new(),
+                Mode::Transparent { http_errors: false },
+            )
         }
         None => match monoio::time::timeout(HEAD_TIMEOUT, read_host(&mut sock)).await {
             Ok(Ok((host, port, head))) => {
@@ -129,7 +137,9 @@ async fn front(
         },
     };
     let Some(agent) = shared.pick(&route) else {
-        shared.metrics.dial_done(DialResult::NoAgent, started.elapsed());
+        shared
+            .metrics
+            .dial_done(DialResult::NoAgent, started.elapsed());
         tracing::info!(%route, "intercepted connection: no agent for this node");
         if mode != (Mode::Transparent { http_errors: false }) {
             let _ = monoio::io::AsyncWriteRentExt::write_all(
@@ -141,7 +151,17 @@ async fn front(
         return;
     };
     tracing::debug!(%peer, %route, %dial, agent = %agent.agent_id, "intercepted connection");
-    run_on_agent_core(core, shared, sock, MovedSocket::from_tcp, dial, leftover, agent, mode).await;
+    run_on_agent_core(
+        core,
+        shared,
+        sock,
+        MovedSocket::from_tcp,
+        dial,
+        leftover,
+        agent,
+        mode,
+    )
+    .await;
 }
 
 /// Reads a plain HTTP request head and returns the Host's node and port
@@ -201,9 +221,15 @@ mod tests {
 
     #[test]
     fn host_forms() {
-        assert_eq!(split_host_port("node1:10255"), Some(("node1".into(), 10255)));
+        assert_eq!(
+            split_host_port("node1:10255"),
+            Some(("node1".into(), 10255))
+        );
         assert_eq!(split_host_port("node1"), Some(("node1".into(), 10250)));
-        assert_eq!(split_host_port("[fd00::1]:10250"), Some(("fd00::1".into(), 10250)));
+        assert_eq!(
+            split_host_port("[fd00::1]:10250"),
+            Some(("fd00::1".into(), 10250))
+        );
         assert_eq!(split_host_port("fd00::1"), Some(("fd00::1".into(), 10250)));
         assert_eq!(split_host_port("a:b"), None);
         assert_eq!(split_host_port(""), None);

@@ -204,7 +204,11 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
             let view = shared.clone();
             let edges: crate::control::manager::EdgeSource =
                 Arc::new(move || view.registry.lock().expect("registry lock").addresses());
-            Some(crate::control::manager::spawn(spec, edges, shutdown.clone())?)
+            Some(crate::control::manager::spawn(
+                spec,
+                edges,
+                shutdown.clone(),
+            )?)
         }
         None => None,
     };
