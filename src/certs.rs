@@ -51,7 +51,8 @@ fn write(dir: &Path, name: &str, contents: &str, private: bool) -> Result<(), Ce
     Ok(())
 }
 
-/// Writes `ca.crt ca.key server.crt server.key agent.crt agent.key` to `dir`.
+/// Writes `ca.crt ca.key server.crt server.key agent.crt agent.key
+/// proxy-client.crt proxy-client.key` to `dir`.
 pub fn init(dir: &Path, spec: &CertsSpec) -> Result<(), CertsError> {
     std::fs::create_dir_all(dir).map_err(|source| CertsError::Write {
         path: dir.display().to_string(),
@@ -96,8 +97,26 @@ pub fn init(dir: &Path, spec: &CertsSpec) -> Result<(), CertsError> {
     write(dir, "ca.key", &ca_key.serialize_pem(), true)?;
     write(dir, "server.crt", &server_crt, false)?;
     write(dir, "server.key", &server_key, true)?;
+    // The interception listener's client certificate toward kubelets
+    // (yurt-tunnel's proxy client: CN tunnel-proxy-client, O openyurt:yurttunnel).
+    let (pc_crt, pc_key) = {
+        let mut p = CertificateParams::new(Vec::<String>::new())?;
+        p.distinguished_name
+            .push(DnType::CommonName, "tunnel-proxy-client");
+        p.distinguished_name
+            .push(DnType::OrganizationName, "openyurt:yurttunnel");
+        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        p.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        let key = KeyPair::generate()?;
+        (p.signed_by(&key, &ca, &ca_key)?.pem(), key.serialize_pem())
+    };
     write(dir, "agent.crt", &agent_crt, false)?;
     write(dir, "agent.key", &agent_key, true)?;
+    write(dir, "proxy-client.crt", &pc_crt, false)?;
+    write(dir, "proxy-client.key", &pc_key, true)?;
     Ok(())
 }
 

@@ -194,9 +194,38 @@ pub struct ServerArgs {
     /// edge nodes' kubelet ports to the interception listener; removed on exit.
     #[arg(long)]
     pub iptables: bool,
-    /// Ports the iptables rules intercept.
-    #[arg(long, value_delimiter = ',', default_value = "10250,10255")]
-    pub iptables_ports: Vec<u16>,
+    /// TLS interception listener (yurt-tunnel's 10263): terminates the
+    /// caller's TLS and speaks TLS to the kubelet through the tunnel with the
+    /// proxy-client certificate; the first request of each connection is
+    /// logged (method, path, node, status, duration).
+    #[arg(long)]
+    pub interception_tls_bind: Option<SocketAddr>,
+    /// Certificate the TLS interception listener presents (default: the
+    /// server certificate).
+    #[arg(long)]
+    pub interception_cert: Option<PathBuf>,
+    /// Its key (default: the server key).
+    #[arg(long)]
+    pub interception_key: Option<PathBuf>,
+    /// Client certificate toward kubelets (default: proxy-client.crt in --certs-dir).
+    #[arg(long)]
+    pub kubelet_client_cert: Option<PathBuf>,
+    /// Its key (default: proxy-client.key in --certs-dir).
+    #[arg(long)]
+    pub kubelet_client_key: Option<PathBuf>,
+    /// CA that verifies kubelet certificates (default: the --ca / ca.crt).
+    #[arg(long)]
+    pub kubelet_ca: Option<PathBuf>,
+    /// Do not verify kubelet certificates (as yurt-tunnel does).
+    #[arg(long)]
+    pub kubelet_insecure_skip_verify: bool,
+    /// Intercepted TLS ports (DNAT to the TLS interception listener when
+    /// set, else relayed as they are by the plain one).
+    #[arg(long, value_delimiter = ',', default_value = "10250")]
+    pub iptables_https_ports: Vec<u16>,
+    /// Intercepted plain-HTTP ports (DNAT to the interception listener).
+    #[arg(long, value_delimiter = ',', default_value = "10255")]
+    pub iptables_http_ports: Vec<u16>,
     /// Address the rules DNAT to (repeatable, one per family; default: the
     /// interception listener's address).
     #[arg(long)]
@@ -283,8 +312,16 @@ impl ServerArgs {
             } else {
                 self.iptables_dnat_ip.clone()
             };
+            let mut ports =
+                crate::control::manager::port_rules(&self.iptables_http_ports, &ips, bind.port());
+            let tls_port = self.interception_tls_bind.map_or(bind.port(), |b| b.port());
+            ports.extend(crate::control::manager::port_rules(
+                &self.iptables_https_ports,
+                &ips,
+                tls_port,
+            ));
             Some(crate::control::manager::IptablesSpec {
-                ports: crate::control::manager::port_rules(&self.iptables_ports, &ips, bind.port()),
+                ports,
                 cloud_nodes: (!self.cloud_node_ip.is_empty())
                     .then(|| self.cloud_node_ip.iter().copied().collect()),
                 period: Duration::from_secs(self.iptables_sync_period_secs)
@@ -294,7 +331,38 @@ impl ServerArgs {
         } else {
             None
         };
+        let interception_tls = match self.interception_tls_bind {
+            None => None,
+            Some(bind) => {
+                let dir_file = |explicit: &Option<PathBuf>, name: &str, flag: &str| {
+                    explicit
+                        .clone()
+                        .or_else(|| self.tls.certs_dir.as_ref().map(|d| d.join(name)))
+                        .ok_or_else(|| {
+                            BoxError::from(format!("--{flag} or --certs-dir is required"))
+                        })
+                };
+                Some(crate::server::InterceptionTls {
+                    bind,
+                    cert: self.interception_cert.clone().unwrap_or(tls.cert.clone()),
+                    key: self.interception_key.clone().unwrap_or(tls.key.clone()),
+                    kubelet_cert: dir_file(
+                        &self.kubelet_client_cert,
+                        "proxy-client.crt",
+                        "kubelet-client-cert",
+                    )?,
+                    kubelet_key: dir_file(
+                        &self.kubelet_client_key,
+                        "proxy-client.key",
+                        "kubelet-client-key",
+                    )?,
+                    kubelet_ca: (!self.kubelet_insecure_skip_verify)
+                        .then(|| self.kubelet_ca.clone().unwrap_or(tls.ca.clone())),
+                })
+            }
+        };
         Ok(ServerConfig {
+            interception_tls,
             interception_bind: self.interception_bind,
             localhost_proxy_ports: self.localhost_proxy_ports,
             iptables,

@@ -159,6 +159,35 @@ fn get_in(ns: &Netns, url: &str, host: Option<&str>) -> Result<String, String> {
     }
 }
 
+/// GET `url` over HTTPS from inside `ns`, verifying the server with `ca`.
+fn get_tls_in(ns: &Netns, url: &str, ca: &std::path::Path) -> Result<String, String> {
+    let script = "import sys, ssl, urllib.request\n\
+                  ctx = ssl.create_default_context(cafile=sys.argv[2])\n\
+                  print(urllib.request.urlopen(sys.argv[1], timeout=5, context=ctx).read().decode(), end='')";
+    let out = ns
+        .cmd("python3")
+        .args(["-c", script, url])
+        .arg(ca)
+        .output()
+        .expect("python3");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// An HTTPS "kubelet": serves `dir`, requires a client certificate from `ca`.
+const KUBELET: &str = "import functools, http.server, ssl, sys\n\
+d, bind, port, cert, key, ca = sys.argv[1:7]\n\
+srv = http.server.ThreadingHTTPServer((bind, int(port)), functools.partial(http.server.SimpleHTTPRequestHandler, directory=d))\n\
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\n\
+ctx.load_cert_chain(cert, key)\n\
+ctx.load_verify_locations(ca)\n\
+ctx.verify_mode = ssl.CERT_REQUIRED\n\
+srv.socket = ctx.wrap_socket(srv.socket, server_side=True)\n\
+srv.serve_forever()\n";
+
 fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !f() {
@@ -196,7 +225,7 @@ fn intercepted_kubelet_traffic_reaches_the_edge_through_the_agent() {
         Command::new(BIN)
             .args(["certs", "init"])
             .arg(&certs)
-            .args(["--server-name", cloud_ip])
+            .args(["--server-name", cloud_ip, "--server-name", edge_ip])
             .output()
             .unwrap(),
         "certs init",
@@ -219,12 +248,33 @@ fn intercepted_kubelet_traffic_reaches_the_edge_through_the_agent() {
         ])
         .arg(&www);
     let _target = Proc::spawn(target, dir.path().join("target.log"));
+    // Its HTTPS port, with its own CA, asking for the proxy-client certificate.
+    let kubelet_certs = dir.path().join("kubelet-certs");
+    check(
+        Command::new(BIN)
+            .args(["certs", "init"])
+            .arg(&kubelet_certs)
+            .args(["--server-name", edge_ip])
+            .output()
+            .unwrap(),
+        "certs init (kubelet)",
+    );
+    let mut kubelet = edge.cmd("python3");
+    kubelet
+        .args(["-c", KUBELET])
+        .arg(&www)
+        .args([edge_ip, "10250"])
+        .arg(kubelet_certs.join("server.crt"))
+        .arg(kubelet_certs.join("server.key"))
+        .arg(certs.join("ca.crt"));
+    let _kubelet = Proc::spawn(kubelet, dir.path().join("kubelet.log"));
     sh(
         &edge.0,
-        &format!("iptables -A INPUT -i {ve} -p tcp --dport 10255 -j DROP"),
+        &format!("iptables -A INPUT -i {ve} -p tcp -m multiport --dports 10250,10255 -j DROP"),
     );
-    wait_for("the target to listen", Duration::from_secs(10), || {
-        sh(&edge.0, "ss -ltn").contains(&format!("{edge_ip}:10255"))
+    wait_for("the targets to listen", Duration::from_secs(10), || {
+        let ss = sh(&edge.0, "ss -ltn");
+        ss.contains(&format!("{edge_ip}:10255")) && ss.contains(&format!("{edge_ip}:10250"))
     });
     assert!(
         get_in(&cloud, &format!("http://{edge_ip}:10255/hello.txt"), None).is_err(),
@@ -241,6 +291,10 @@ fn intercepted_kubelet_traffic_reaches_the_edge_through_the_agent() {
         &format!("{cloud_ip}:10262"),
         "--interception-bind",
         &format!("{cloud_ip}:10264"),
+        "--interception-tls-bind",
+        &format!("{cloud_ip}:10263"),
+        "--kubelet-ca",
+        &kubelet_certs.join("ca.crt").display().to_string(),
         "--admin-bind",
         "127.0.0.1:10265",
         "--iptables",
@@ -282,6 +336,34 @@ fn intercepted_kubelet_traffic_reaches_the_edge_through_the_agent() {
             )
         });
     assert_eq!(body, "hello from the edge\n");
+    // The kubelet's HTTPS port: our TLS terminated, the kubelet's spoken
+    // through the tunnel with the proxy-client certificate.
+    let https = format!(
+        "-A TUNNEL-PORT-10250 -d {edge_ip}/32 -p tcp -j DNAT --to-destination {cloud_ip}:10263"
+    );
+    assert!(save(&cloud).contains(&https), "{}", save(&cloud));
+    let body = get_tls_in(
+        &cloud,
+        &format!("https://{edge_ip}:10250/hello.txt"),
+        &certs.join("ca.crt"),
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "intercepted HTTPS GET failed: {e}\nserver log:\n{}",
+            server.log_text()
+        )
+    });
+    assert_eq!(body, "hello from the edge\n");
+    wait_for(
+        "the traced request in the log",
+        Duration::from_secs(5),
+        || {
+            let log = server.log_text();
+            log.contains("kubelet request")
+                && log.contains("/hello.txt")
+                && log.contains("status=200")
+        },
+    );
     // Straight at the interception listener, the node named by Host.
     let body = get_in(
         &cloud,

@@ -119,3 +119,86 @@ pub fn client_config(files: &TlsFiles) -> Result<Arc<ClientConfig>, TlsError> {
     cfg.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(cfg))
 }
+
+/// The interception listener's TLS: our certificate, no client
+/// certificate asked, HTTP/1.1 (what kubelets speak).
+pub fn interception_server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsError> {
+    let mut cfg = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(load_certs(cert)?, load_key(key)?)?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// TLS toward kubelets through the tunnel: the proxy-client certificate,
+/// the kubelet verified against `ca`, or not at all with `ca: None`
+/// (yurt-tunnel's behaviour, for kubelets with self-signed certificates).
+pub fn kubelet_client_config(
+    cert: &Path,
+    key: &Path,
+    ca: Option<&Path>,
+) -> Result<Arc<ClientConfig>, TlsError> {
+    let builder =
+        ClientConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
+    let mut cfg = match ca {
+        Some(ca) => builder
+            .with_root_certificates(load_roots(ca)?)
+            .with_client_auth_cert(load_certs(cert)?, load_key(key)?)?,
+        None => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AcceptAnyServer(provider())))
+            .with_client_auth_cert(load_certs(cert)?, load_key(key)?)?,
+    };
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// Accepts any server certificate (handshake signatures are still checked).
+#[derive(Debug)]
+struct AcceptAnyServer(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AcceptAnyServer {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}

@@ -235,3 +235,194 @@ mod tests {
         assert_eq!(split_host_port(""), None);
     }
 }
+
+/// TLS material of the TLS interception listener (yurt-tunnel's 10263).
+#[derive(Clone)]
+pub struct InterceptTls {
+    /// Terminates the caller's TLS (the API server's kubelet client).
+    pub acceptor: tokio_rustls::TlsAcceptor,
+    /// Speaks TLS to the kubelet through the tunnel.
+    pub kubelet: Arc<rustls::ClientConfig>,
+}
+
+pub(super) async fn accept_tls(
+    core: usize,
+    shared: Arc<Shared>,
+    l: monoio::net::TcpListener,
+    tls: InterceptTls,
+) {
+    let local = l.local_addr().ok();
+    loop {
+        match l.accept().await {
+            Ok((s, peer)) => {
+                listener::nodelay(&s);
+                monoio::spawn(tls_front(core, shared.clone(), s, peer, local, tls.clone()));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "TLS interception listener accept failed");
+                monoio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Terminates the caller's TLS, opens the tunnel to the kubelet, speaks TLS
+/// to the kubelet with the proxy-client certificate over it (through a
+/// socket pair whose other end is an ordinary tunneled socket), and relays
+/// the plaintext both ways, logging the first request of the connection.
+async fn tls_front(
+    core: usize,
+    shared: Arc<Shared>,
+    sock: monoio::net::TcpStream,
+    peer: SocketAddr,
+    local: Option<SocketAddr>,
+    tls: InterceptTls,
+) {
+    use monoio::io::IntoPollIo;
+    let started = Instant::now();
+    let orig = original_dst(&sock).filter(|o| Some(*o) != local);
+    let Ok(io) = sock.into_poll_io() else { return };
+    let down = match monoio::time::timeout(HEAD_TIMEOUT, tls.acceptor.accept(io)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::info!(%peer, "interception TLS handshake failed: {e}");
+            return;
+        }
+        Err(_) => return,
+    };
+    let sni = down.get_ref().1.server_name().map(str::to_string);
+    let (host, port) = match (orig, sni) {
+        (Some(o), _) => (o.ip().to_string(), o.port()),
+        (None, Some(name)) => (name, 10250),
+        (None, None) => {
+            tracing::info!(%peer, "TLS interception: no original destination and no SNI");
+            return;
+        }
+    };
+    let (route, dial) = targets(&shared, &host, port);
+    let mut down = down;
+    let Some(agent) = shared.pick(&route) else {
+        shared
+            .metrics
+            .dial_done(DialResult::NoAgent, started.elapsed());
+        tracing::info!(%route, "TLS interception: no agent for this node");
+        let _ = tokio::io::AsyncWriteExt::write_all(
+            &mut down,
+            &http_connect::error_response(503, NO_TUNNEL),
+        )
+        .await;
+        return;
+    };
+    let pair = std::os::unix::net::UnixStream::pair().and_then(|(a, b)| {
+        a.set_nonblocking(true)?;
+        b.set_nonblocking(true)?;
+        Ok((
+            monoio::net::UnixStream::from_std(a)?,
+            monoio::net::UnixStream::from_std(b)?,
+        ))
+    });
+    let Ok((tunnel_end, our_end)) = pair else {
+        return;
+    };
+    let agent_id = agent.agent_id.clone();
+    monoio::spawn(run_on_agent_core(
+        core,
+        shared.clone(),
+        tunnel_end,
+        MovedSocket::from_unix,
+        dial.clone(),
+        Bytes::new(),
+        agent,
+        Mode::Transparent { http_errors: false },
+    ));
+    let Ok(our_end) = our_end.into_poll_io() else {
+        return;
+    };
+    let name = match host.parse::<IpAddr>() {
+        Ok(ip) => rustls::pki_types::ServerName::IpAddress(ip.into()),
+        Err(_) => match rustls::pki_types::ServerName::try_from(host.clone()) {
+            Ok(n) => n,
+            Err(_) => return,
+        },
+    };
+    let up = match tokio_rustls::TlsConnector::from(tls.kubelet.clone())
+        .connect(name, our_end)
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::info!(%dial, agent = %agent_id, "TLS to the kubelet failed: {e}");
+            let body = format!("TLS to the kubelet at {dial} failed: {e}\n");
+            let _ = tokio::io::AsyncWriteExt::write_all(
+                &mut down,
+                &http_connect::error_response(502, &body),
+            )
+            .await;
+            return;
+        }
+    };
+    relay_traced(down, up, &host, &dial, &agent_id, started).await;
+}
+
+/// Relays two plaintext streams both ways and logs, as yurt-tunnel's
+/// tracing wrapper, the method, path, node, status and duration of the
+/// first exchange on the connection, then its totals.
+async fn relay_traced<A, B>(
+    mut down: A,
+    mut up: B,
+    node: &str,
+    dial: &str,
+    agent: &str,
+    started: Instant,
+) where
+    A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // The first request head, forwarded as read.
+    let mut first = vec![0u8; 16 * 1024];
+    let n = match down.read(&mut first).await {
+        Ok(0) | Err(_) => return,
+        Ok(n) => n,
+    };
+    let (method, path) = request_line(&first[..n]);
+    if up.write_all(&first[..n]).await.is_err() || up.flush().await.is_err() {
+        return;
+    }
+    // The first response head, forwarded as read.
+    let m = match up.read(&mut first).await {
+        Ok(0) | Err(_) => 0,
+        Ok(m) => m,
+    };
+    let status = status_code(&first[..m]);
+    tracing::info!(%method, %path, %node, %dial, %agent, status, elapsed_ms = started.elapsed().as_millis() as u64, "kubelet request");
+    if m == 0 || down.write_all(&first[..m]).await.is_err() {
+        return;
+    }
+    let _ = down.flush().await;
+    match tokio::io::copy_bidirectional(&mut down, &mut up).await {
+        Ok((to_kubelet, to_caller)) => {
+            tracing::debug!(%node, to_kubelet, to_caller, elapsed_ms = started.elapsed().as_millis() as u64, "kubelet connection closed")
+        }
+        Err(e) => tracing::debug!(%node, "kubelet connection ended: {e}"),
+    }
+}
+
+fn request_line(b: &[u8]) -> (String, String) {
+    let line = b.split(|&c| c == b'\n').next().unwrap_or(b"");
+    let text = String::from_utf8_lossy(line);
+    let mut parts = text.split_whitespace();
+    (
+        parts.next().unwrap_or("").to_string(),
+        parts.next().unwrap_or("").to_string(),
+    )
+}
+
+fn status_code(b: &[u8]) -> u16 {
+    let line = b.split(|&c| c == b'\n').next().unwrap_or(b"");
+    String::from_utf8_lossy(line)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}

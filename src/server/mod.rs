@@ -51,8 +51,21 @@ pub struct ServerConfig {
     pub max_message: usize,
     pub keepalive: Duration,
     pub interception_bind: Option<SocketAddr>,
+    pub interception_tls: Option<InterceptionTls>,
     pub localhost_proxy_ports: Vec<u16>,
     pub iptables: Option<crate::control::manager::IptablesSpec>,
+}
+
+/// The TLS interception listener's settings.
+#[derive(Debug, Clone)]
+pub struct InterceptionTls {
+    pub bind: SocketAddr,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub kubelet_cert: PathBuf,
+    pub kubelet_key: PathBuf,
+    /// None: kubelet certificates are not verified.
+    pub kubelet_ca: Option<PathBuf>,
 }
 
 /// A frontend socket moved to the core that owns its agent.
@@ -112,6 +125,7 @@ struct WorkerListeners {
     grpc_uds: Option<std::os::unix::net::UnixListener>,
     admin: Option<std::net::TcpListener>,
     interception: Option<std::net::TcpListener>,
+    interception_tls: Option<std::net::TcpListener>,
 }
 
 fn take<T>(v: &mut Option<Vec<T>>) -> Option<T> {
@@ -149,6 +163,24 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
         .interception_bind
         .map(|a| listener::bind_tcp(a, n))
         .transpose()?;
+    let mut intercept_tls_l = cfg
+        .interception_tls
+        .as_ref()
+        .map(|t| listener::bind_tcp(t.bind, n))
+        .transpose()?;
+    let intercept_tls = match &cfg.interception_tls {
+        Some(t) => Some(intercept_frontend::InterceptTls {
+            acceptor: tokio_rustls::TlsAcceptor::from(tls::interception_server_config(
+                &t.cert, &t.key,
+            )?),
+            kubelet: tls::kubelet_client_config(
+                &t.kubelet_cert,
+                &t.kubelet_key,
+                t.kubelet_ca.as_deref(),
+            )?,
+        }),
+        None => None,
+    };
 
     let print_addr = |what: &str, l: &Option<Vec<std::net::TcpListener>>| {
         if let Some(a) = l
@@ -165,6 +197,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
     print_addr("grpc", &grpc_l);
     print_addr("admin", &admin_l);
     print_addr("interception", &intercept_l);
+    print_addr("interception-tls", &intercept_tls_l);
 
     let mut per_worker = Vec::with_capacity(n);
     for i in 0..n {
@@ -176,6 +209,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
             grpc_uds: take(&mut grpc_u),
             admin: if i == 0 { take(&mut admin_l) } else { None },
             interception: take(&mut intercept_l),
+            interception_tls: take(&mut intercept_tls_l),
         })));
     }
 
@@ -232,7 +266,19 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
             .expect("once");
         let inbox = inbox_rx[idx].lock().expect("inbox").take().expect("once");
         let shutdown = shutdown.clone();
-        async move { worker(idx, shared, tls_config, listeners, inbox, shutdown).await }
+        let intercept_tls = intercept_tls.clone();
+        async move {
+            worker(
+                idx,
+                shared,
+                tls_config,
+                listeners,
+                inbox,
+                shutdown,
+                intercept_tls,
+            )
+            .await
+        }
     })?;
     if let Some(c) = control {
         // It removes its rules before it returns.
@@ -248,6 +294,7 @@ async fn worker(
     l: WorkerListeners,
     mut inbox: mpsc::UnboundedReceiver<Handoff>,
     shutdown: Arc<signals::Shutdown>,
+    intercept_tls: Option<intercept_frontend::InterceptTls>,
 ) -> std::io::Result<()> {
     tracing::debug!(core, "worker started");
     let agent = monoio::net::TcpListener::from_std(l.agent)?;
@@ -276,6 +323,10 @@ async fn worker(
     if let Some(i) = l.interception {
         let i = monoio::net::TcpListener::from_std(i)?;
         monoio::spawn(intercept_frontend::accept_tcp(core, shared.clone(), i));
+    }
+    if let (Some(i), Some(t)) = (l.interception_tls, intercept_tls) {
+        let i = monoio::net::TcpListener::from_std(i)?;
+        monoio::spawn(intercept_frontend::accept_tls(core, shared.clone(), i, t));
     }
     if let Some(a) = l.admin {
         let a = monoio::net::TcpListener::from_std(a)?;
