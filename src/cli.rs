@@ -242,6 +242,18 @@ pub struct ServerArgs {
     /// Leave the rules in place on exit.
     #[arg(long)]
     pub iptables_keep_rules: bool,
+    /// Keep a hosts-format DNS record file (for CoreDNS's `hosts` plugin or
+    /// dnsmasq): connected edge nodes' names -> --dns-tunnel-ip, cloud nodes
+    /// -> their address.
+    #[arg(long)]
+    pub dns_hosts_file: Option<PathBuf>,
+    /// The address edge node names resolve to (the tunnel server's; default:
+    /// the interception listener's).
+    #[arg(long)]
+    pub dns_tunnel_ip: Option<std::net::IpAddr>,
+    /// A cloud node's record, `name=ip` (repeatable).
+    #[arg(long, value_parser = crate::control::dns::parse_node)]
+    pub dns_cloud_node: Vec<(String, std::net::IpAddr)>,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -361,11 +373,25 @@ impl ServerArgs {
                 })
             }
         };
+        let dns = match &self.dns_hosts_file {
+            None => None,
+            Some(file) => {
+                let tunnel_ip = self
+                    .dns_tunnel_ip
+                    .or_else(|| self.interception_bind.map(|b| b.ip()).filter(|ip| !ip.is_unspecified()))
+                    .ok_or("--dns-hosts-file needs --dns-tunnel-ip (or a specific --interception-bind)")?;
+                Some(crate::control::manager::DnsSpec {
+                    hosts_file: file.clone(),
+                    tunnel_ip,
+                    cloud_nodes: self.dns_cloud_node.iter().cloned().collect(),
+                })
+            }
+        };
         Ok(ServerConfig {
+            control: crate::control::manager::ControlSpec { iptables, dns },
             interception_tls,
             interception_bind: self.interception_bind,
             localhost_proxy_ports: self.localhost_proxy_ports,
-            iptables,
             agent_bind: self.agent_bind,
             connect_bind: self.connect_bind,
             connect_uds: self.connect_uds,

@@ -1,7 +1,7 @@
 //! The control thread: its own tokio runtime, off the data-plane cores. It
-//! keeps the iptables rules in step with the connected agents (on change,
-//! checked every second, and fully on a period of at least 15 s) and removes
-//! them on exit unless told to keep them.
+//! keeps the iptables rules and the DNS records in step with the connected
+//! agents (on change, checked every second, and fully on a period of at
+//! least 15 s) and removes the rules on exit unless told to keep them.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
@@ -84,10 +84,35 @@ pub fn try_sync_once(
     Ok(())
 }
 
+/// The DNS record set the control thread keeps (standalone: a hosts file
+/// that CoreDNS's `hosts` plugin or dnsmasq serves).
+#[derive(Debug, Clone)]
+pub struct DnsSpec {
+    pub hosts_file: std::path::PathBuf,
+    /// Where edge node names point (the tunnel server's address).
+    pub tunnel_ip: IpAddr,
+    /// Cloud nodes and their addresses.
+    pub cloud_nodes: std::collections::BTreeMap<String, IpAddr>,
+}
+
+/// What the control thread looks after.
+#[derive(Debug, Clone, Default)]
+pub struct ControlSpec {
+    pub iptables: Option<IptablesSpec>,
+    pub dns: Option<DnsSpec>,
+}
+
+/// Readers of the data plane's state: agents' addresses and node names.
+#[derive(Clone)]
+pub struct Sources {
+    pub addresses: EdgeSource,
+    pub hosts: Arc<dyn Fn() -> BTreeSet<String> + Send + Sync>,
+}
+
 /// Starts the control thread; it runs until `shutdown` and then cleans up.
 pub fn spawn(
-    spec: IptablesSpec,
-    edges: EdgeSource,
+    spec: ControlSpec,
+    sources: Sources,
     shutdown: Arc<Shutdown>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
@@ -103,28 +128,54 @@ pub fn spawn(
                     return;
                 }
             };
-            rt.block_on(run(spec, edges, shutdown));
+            rt.block_on(run(spec, sources, shutdown));
         })
 }
 
-async fn run(spec: IptablesSpec, edges: EdgeSource, shutdown: Arc<Shutdown>) {
-    let period = spec.period.max(MIN_SYNC_PERIOD);
+/// Writes the hosts file when its content changed (atomically: a
+/// temporary file renamed over it).
+fn write_hosts(spec: &DnsSpec, hosts: &BTreeSet<String>) {
+    let text = super::dns::render_hosts(hosts.iter().cloned(), spec.tunnel_ip, &spec.cloud_nodes);
+    if std::fs::read_to_string(&spec.hosts_file).is_ok_and(|old| old == text) {
+        return;
+    }
+    let tmp = spec.hosts_file.with_extension("edgetunnel-tmp");
+    let r = std::fs::write(&tmp, &text).and_then(|_| std::fs::rename(&tmp, &spec.hosts_file));
+    match r {
+        Ok(()) => {
+            tracing::info!(file = %spec.hosts_file.display(), records = text.lines().count(), "DNS records written")
+        }
+        Err(e) => tracing::warn!(file = %spec.hosts_file.display(), "writing DNS records: {e}"),
+    }
+}
+
+async fn run(spec: ControlSpec, sources: Sources, shutdown: Arc<Shutdown>) {
+    let period = spec
+        .iptables
+        .as_ref()
+        .map_or(MIN_SYNC_PERIOD, |i| i.period.max(MIN_SYNC_PERIOD));
     let mut applied: Vec<Plan> = Vec::new();
-    let mut last_edges: Option<BTreeSet<IpAddr>> = None;
+    let mut last: Option<(BTreeSet<IpAddr>, BTreeSet<String>)> = None;
     let mut last_full = Instant::now();
     loop {
         if shutdown.requested() > 0 {
             break;
         }
-        let now_edges = edges();
-        if last_edges.as_ref() != Some(&now_edges) || last_full.elapsed() >= period {
-            applied = sync_once(&spec, &now_edges, &applied);
-            last_edges = Some(now_edges);
+        let now = ((sources.addresses)(), (sources.hosts)());
+        if last.as_ref() != Some(&now) || last_full.elapsed() >= period {
+            if let Some(ipt) = &spec.iptables {
+                applied = sync_once(ipt, &now.0, &applied);
+            }
+            if let Some(dns) = &spec.dns {
+                write_hosts(dns, &now.1);
+            }
+            last = Some(now);
             last_full = Instant::now();
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    if spec.keep_rules {
+    let Some(ipt) = &spec.iptables else { return };
+    if ipt.keep_rules {
         tracing::info!("leaving iptables rules in place (--iptables-keep-rules)");
         return;
     }

@@ -151,6 +151,14 @@ impl<H: Clone> Registry<H> {
             .collect()
     }
 
+    /// Node names (host identifiers) connected agents announced.
+    pub fn hosts(&self) -> std::collections::BTreeSet<String> {
+        self.entries
+            .values()
+            .flat_map(|e| e.ids.hosts.iter().cloned())
+            .collect()
+    }
+
     /// The first address announced by an agent with host identifier `host`.
     pub fn address_of_host(&self, host: &str) -> Option<std::net::IpAddr> {
         self.entries

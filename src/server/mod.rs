@@ -53,7 +53,7 @@ pub struct ServerConfig {
     pub interception_bind: Option<SocketAddr>,
     pub interception_tls: Option<InterceptionTls>,
     pub localhost_proxy_ports: Vec<u16>,
-    pub iptables: Option<crate::control::manager::IptablesSpec>,
+    pub control: crate::control::manager::ControlSpec,
 }
 
 /// The TLS interception listener's settings.
@@ -233,18 +233,19 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
     signals::install(shutdown.clone())?;
     // The control thread (iptables now): its own runtime, reading the agent
     // registry briefly, never running on a data-plane core.
-    let control = match cfg.iptables.clone() {
-        Some(spec) => {
-            let view = shared.clone();
-            let edges: crate::control::manager::EdgeSource =
-                Arc::new(move || view.registry.lock().expect("registry lock").addresses());
-            Some(crate::control::manager::spawn(
-                spec,
-                edges,
-                shutdown.clone(),
-            )?)
-        }
-        None => None,
+    let control = if cfg.control.iptables.is_some() || cfg.control.dns.is_some() {
+        let (a, h) = (shared.clone(), shared.clone());
+        let sources = crate::control::manager::Sources {
+            addresses: Arc::new(move || a.registry.lock().expect("registry lock").addresses()),
+            hosts: Arc::new(move || h.registry.lock().expect("registry lock").hosts()),
+        };
+        Some(crate::control::manager::spawn(
+            cfg.control.clone(),
+            sources,
+            shutdown.clone(),
+        )?)
+    } else {
+        None
     };
     tracing::info!(
         workers = n,
