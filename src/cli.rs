@@ -388,7 +388,11 @@ impl ServerArgs {
             }
         };
         Ok(ServerConfig {
-            control: crate::control::manager::ControlSpec { iptables, dns },
+            control: crate::control::manager::ControlSpec {
+                iptables,
+                dns,
+                certs: Vec::new(),
+            },
             interception_tls,
             interception_bind: self.interception_bind,
             localhost_proxy_ports: self.localhost_proxy_ports,

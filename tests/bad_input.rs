@@ -44,7 +44,7 @@ fn raw_agent(
                 key: certs.join("agent.key"),
                 ca: certs.join("ca.crt"),
             };
-            let tls = client_config(&files).unwrap();
+            let tls = client_config(&files).unwrap().0;
             let tcp = monoio::net::TcpStream::connect(server).await.unwrap();
             let io = tcp.into_poll_io().unwrap();
             let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();

@@ -40,9 +40,18 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Runs the agent until SIGTERM/SIGINT (and the drain) completes.
 pub fn run(cfg: AgentConfig) -> Result<(), BoxError> {
-    let client_tls = tls::client_config(&cfg.tls)?;
+    let (client_tls, cert) = tls::client_config(&cfg.tls)?;
     let shutdown = signals::Shutdown::new();
     signals::install(shutdown.clone())?;
+    // The control thread swaps in a renewed agent certificate.
+    let control = crate::control::manager::spawn(
+        crate::control::manager::ControlSpec {
+            certs: vec![cert],
+            ..Default::default()
+        },
+        crate::control::manager::Sources::none(),
+        shutdown.clone(),
+    )?;
     tracing::info!(
         agent_id = %cfg.agent_id,
         identifiers = %cfg.identifiers.encode(),
@@ -72,6 +81,7 @@ pub fn run(cfg: AgentConfig) -> Result<(), BoxError> {
             monoio::time::sleep(Duration::from_millis(20)).await;
         }
     })?;
+    let _ = control.join();
     tracing::info!("agent stopped");
     Ok(())
 }

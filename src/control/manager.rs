@@ -100,6 +100,9 @@ pub struct DnsSpec {
 pub struct ControlSpec {
     pub iptables: Option<IptablesSpec>,
     pub dns: Option<DnsSpec>,
+    /// Certificate files watched and swapped into the TLS configs when
+    /// they change (checked every second).
+    pub certs: Vec<Arc<crate::engine::cert_reload::ReloadingCert>>,
 }
 
 /// Readers of the data plane's state: agents' addresses and node names.
@@ -107,6 +110,16 @@ pub struct ControlSpec {
 pub struct Sources {
     pub addresses: EdgeSource,
     pub hosts: Arc<dyn Fn() -> BTreeSet<String> + Send + Sync>,
+}
+
+impl Sources {
+    /// For a process without an agent registry (the agent itself).
+    pub fn none() -> Sources {
+        Sources {
+            addresses: Arc::new(BTreeSet::new),
+            hosts: Arc::new(BTreeSet::new),
+        }
+    }
 }
 
 /// Starts the control thread; it runs until `shutdown` and then cleans up.
@@ -160,6 +173,21 @@ async fn run(spec: ControlSpec, sources: Sources, shutdown: Arc<Shutdown>) {
     loop {
         if shutdown.requested() > 0 {
             break;
+        }
+        for cert in &spec.certs {
+            match cert.reload_if_changed() {
+                Ok(true) => {
+                    tracing::info!(file = %cert.path().display(), "certificate reloaded; new handshakes use it")
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(file = %cert.path().display(), "certificate not reloaded (old one stays): {e}")
+                }
+            }
+        }
+        if spec.iptables.is_none() && spec.dns.is_none() {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
         }
         let now = ((sources.addresses)(), (sources.hosts)());
         if last.as_ref() != Some(&now) || last_full.elapsed() >= period {

@@ -6,6 +6,7 @@
 //! control thread, never to these tasks.
 
 pub mod budget;
+pub mod cert_reload;
 pub mod grpc;
 pub mod listener;
 pub mod read_ahead;

@@ -10,6 +10,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
+use super::cert_reload::ReloadingCert;
+
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     #[error("reading {path}: {source}")]
@@ -96,28 +98,35 @@ pub struct TlsFiles {
 }
 
 /// Server side of mutual TLS: peers must present a certificate signed by
-/// `ca`. ALPN offers h2.
-pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
+/// `ca`. ALPN offers h2. Our certificate comes from `cert`, which the
+/// control thread may swap for a renewed one.
+pub fn server_config(
+    files: &TlsFiles,
+) -> Result<(Arc<ServerConfig>, Arc<ReloadingCert>), TlsError> {
     let verifier =
         WebPkiClientVerifier::builder_with_provider(Arc::new(load_roots(&files.ca)?), provider())
             .build()?;
+    let cert = ReloadingCert::load(&files.cert, &files.key)?;
     let mut cfg = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .with_client_cert_verifier(verifier)
-        .with_single_cert(load_certs(&files.cert)?, load_key(&files.key)?)?;
+        .with_cert_resolver(cert.clone());
     cfg.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(Arc::new(cfg))
+    Ok((Arc::new(cfg), cert))
 }
 
 /// Client side of mutual TLS: verifies the server against `ca` and presents
-/// our certificate. ALPN offers h2.
-pub fn client_config(files: &TlsFiles) -> Result<Arc<ClientConfig>, TlsError> {
+/// our certificate (swappable, as on the server). ALPN offers h2.
+pub fn client_config(
+    files: &TlsFiles,
+) -> Result<(Arc<ClientConfig>, Arc<ReloadingCert>), TlsError> {
+    let cert = ReloadingCert::load(&files.cert, &files.key)?;
     let mut cfg = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .with_root_certificates(load_roots(&files.ca)?)
-        .with_client_auth_cert(load_certs(&files.cert)?, load_key(&files.key)?)?;
+        .with_client_cert_resolver(cert.clone());
     cfg.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(Arc::new(cfg))
+    Ok((Arc::new(cfg), cert))
 }
 
 /// The interception listener's TLS: our certificate, no client

@@ -134,7 +134,7 @@ fn take<T>(v: &mut Option<Vec<T>>) -> Option<T> {
 
 /// Runs the server until SIGTERM/SIGINT.
 pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let tls_config = tls::server_config(&cfg.tls)?;
+    let (tls_config, server_cert) = tls::server_config(&cfg.tls)?;
     let n = cfg.workers.max(1);
     let mut agent_l = Some(listener::bind_tcp(cfg.agent_bind, n)?);
     let mut connect_l = cfg
@@ -231,21 +231,22 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
 
     let shutdown = signals::Shutdown::new();
     signals::install(shutdown.clone())?;
-    // The control thread (iptables now): its own runtime, reading the agent
-    // registry briefly, never running on a data-plane core.
-    let control = if cfg.control.iptables.is_some() || cfg.control.dns.is_some() {
+    // The control thread (iptables, DNS records, certificate renewal): its
+    // own runtime, reading the agent registry briefly, never running on a
+    // data-plane core.
+    let control = {
         let (a, h) = (shared.clone(), shared.clone());
         let sources = crate::control::manager::Sources {
             addresses: Arc::new(move || a.registry.lock().expect("registry lock").addresses()),
             hosts: Arc::new(move || h.registry.lock().expect("registry lock").hosts()),
         };
+        let mut spec = cfg.control.clone();
+        spec.certs.push(server_cert);
         Some(crate::control::manager::spawn(
-            cfg.control.clone(),
+            spec,
             sources,
             shutdown.clone(),
         )?)
-    } else {
-        None
     };
     tracing::info!(
         workers = n,
