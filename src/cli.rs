@@ -254,6 +254,23 @@ pub struct ServerArgs {
     /// A cloud node's record, `name=ip` (repeatable).
     #[arg(long, value_parser = crate::control::dns::parse_node)]
     pub dns_cloud_node: Vec<(String, std::net::IpAddr)>,
+    /// Use the Kubernetes cluster: nodes (list and watch) decide which
+    /// nodes iptables leaves alone and the DNS records; `--dns-configmap`
+    /// and `--server-configmap` are read and written there. Takes a
+    /// kubeconfig path, or `in-cluster` for the service account.
+    #[arg(long)]
+    pub kube: Option<String>,
+    /// Label (`key=value`) that marks edge nodes.
+    #[arg(long, default_value = "openyurt.io/is-edge-worker=true")]
+    pub edge_node_label: String,
+    /// `namespace/name` of the ConfigMap that gets the DNS records (key
+    /// `tunnel-nodes`, for CoreDNS's `hosts` plugin); needs --kube.
+    #[arg(long)]
+    pub dns_configmap: Option<String>,
+    /// `namespace/name` of yurt-tunnel's server ConfigMap with extra ports
+    /// (`http-proxy-ports`, `https-proxy-ports`); needs --kube.
+    #[arg(long, default_value = "kube-system/yurt-tunnel-server-cfg")]
+    pub server_configmap: String,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -334,6 +351,7 @@ impl ServerArgs {
             ));
             Some(crate::control::manager::IptablesSpec {
                 ports,
+                dnat: (ips.clone(), bind.port(), tls_port),
                 cloud_nodes: (!self.cloud_node_ip.is_empty())
                     .then(|| self.cloud_node_ip.iter().copied().collect()),
                 period: Duration::from_secs(self.iptables_sync_period_secs)
@@ -373,13 +391,42 @@ impl ServerArgs {
                 })
             }
         };
-        let dns = match &self.dns_hosts_file {
+        let ns_name = |s: &str| -> Result<(String, String), BoxError> {
+            s.split_once('/')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .ok_or_else(|| format!("{s:?}: expected namespace/name").into())
+        };
+        let kube = match &self.kube {
             None => None,
-            Some(file) => {
+            Some(k) => {
+                let (key, value) = self
+                    .edge_node_label
+                    .split_once('=')
+                    .ok_or("--edge-node-label: expected key=value")?;
+                Some(crate::control::manager::KubeSpec {
+                    kubeconfig: (k != "in-cluster").then(|| PathBuf::from(k)),
+                    edge_label: (key.to_string(), value.to_string()),
+                    dns_configmap: self.dns_configmap.as_deref().map(ns_name).transpose()?,
+                    server_configmap: Some(ns_name(&self.server_configmap)?),
+                })
+            }
+        };
+        if self.dns_configmap.is_some() && kube.is_none() {
+            return Err("--dns-configmap needs --kube".into());
+        }
+        let dns = match (&self.dns_hosts_file, &self.dns_configmap) {
+            (None, None) => None,
+            (file, _) => {
                 let tunnel_ip = self
                     .dns_tunnel_ip
-                    .or_else(|| self.interception_bind.map(|b| b.ip()).filter(|ip| !ip.is_unspecified()))
-                    .ok_or("--dns-hosts-file needs --dns-tunnel-ip (or a specific --interception-bind)")?;
+                    .or_else(|| {
+                        self.interception_bind
+                            .map(|b| b.ip())
+                            .filter(|ip| !ip.is_unspecified())
+                    })
+                    .ok_or(
+                        "DNS records need --dns-tunnel-ip (or a specific --interception-bind)",
+                    )?;
                 Some(crate::control::manager::DnsSpec {
                     hosts_file: file.clone(),
                     tunnel_ip,
@@ -391,6 +438,7 @@ impl ServerArgs {
             control: crate::control::manager::ControlSpec {
                 iptables,
                 dns,
+                kube,
                 certs: Vec::new(),
             },
             interception_tls,

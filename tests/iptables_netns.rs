@@ -8,66 +8,11 @@
 
 mod support;
 
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use support::netns::{check, save, sh, Netns};
 use support::{Proc, BIN};
-
-/// A network namespace, deleted on drop.
-struct Netns(String);
-
-impl Netns {
-    fn new(name: &str) -> Netns {
-        let _ = Command::new("ip").args(["netns", "del", name]).output();
-        let out = Command::new("ip")
-            .args(["netns", "add", name])
-            .output()
-            .expect("run ip");
-        assert!(
-            out.status.success(),
-            "ip netns add {name} (root and iproute2 needed): {out:?}"
-        );
-        sh(name, "ip link set lo up");
-        Netns(name.to_string())
-    }
-
-    fn cmd(&self, program: &str) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.0, program]);
-        c
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
-    }
-}
-
-fn check(out: Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn sh(ns: &str, script: &str) -> String {
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns, "sh", "-c", script])
-        .output()
-        .expect("run sh");
-    check(out, script)
-}
-
-fn save(ns: &Netns) -> String {
-    sh(&ns.0, "iptables-save -t nat")
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
 
 fn et(ns: &Netns, args: &[&str]) -> String {
     let out = ns.cmd(BIN).args(args).output().expect("run edgetunnel");

@@ -19,6 +19,9 @@ pub const MIN_SYNC_PERIOD: Duration = Duration::from_secs(15);
 pub struct IptablesSpec {
     /// Intercepted ports and where each goes (one entry per address family).
     pub ports: Vec<PortRule>,
+    /// Where extra ports from the cluster's ConfigMap go: (DNAT addresses,
+    /// port of the plain listener, port of the TLS listener).
+    pub dnat: (Vec<IpAddr>, u16, u16),
     /// Ready nodes to leave alone (RETURN); with none, only edge addresses
     /// are redirected.
     pub cloud_nodes: Option<BTreeSet<IpAddr>>,
@@ -84,11 +87,28 @@ pub fn try_sync_once(
     Ok(())
 }
 
+/// Kubernetes, when the server runs in a cluster: nodes (list and watch)
+/// decide the iptables scope and the DNS records, the records are also
+/// written to a ConfigMap, and extra ports come from yurt-tunnel's server
+/// ConfigMap.
+#[derive(Debug, Clone)]
+pub struct KubeSpec {
+    /// A kubeconfig file; None: in-cluster or the default kubeconfig.
+    pub kubeconfig: Option<std::path::PathBuf>,
+    pub edge_label: (String, String),
+    /// `namespace/name` of the DNS records ConfigMap (key `tunnel-nodes`).
+    pub dns_configmap: Option<(String, String)>,
+    /// `namespace/name` of the server ConfigMap (`http-proxy-ports`,
+    /// `https-proxy-ports`).
+    pub server_configmap: Option<(String, String)>,
+}
+
 /// The DNS record set the control thread keeps (standalone: a hosts file
 /// that CoreDNS's `hosts` plugin or dnsmasq serves).
 #[derive(Debug, Clone)]
 pub struct DnsSpec {
-    pub hosts_file: std::path::PathBuf,
+    /// None: only the ConfigMap (Kubernetes mode).
+    pub hosts_file: Option<std::path::PathBuf>,
     /// Where edge node names point (the tunnel server's address).
     pub tunnel_ip: IpAddr,
     /// Cloud nodes and their addresses.
@@ -100,6 +120,7 @@ pub struct DnsSpec {
 pub struct ControlSpec {
     pub iptables: Option<IptablesSpec>,
     pub dns: Option<DnsSpec>,
+    pub kube: Option<KubeSpec>,
     /// Certificate files watched and swapped into the TLS configs when
     /// they change (checked every second).
     pub certs: Vec<Arc<crate::engine::cert_reload::ReloadingCert>>,
@@ -132,7 +153,7 @@ pub fn spawn(
         .name("edgetunnel-control".into())
         .spawn(move || {
             let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_time()
+                .enable_all()
                 .build()
             {
                 Ok(rt) => rt,
@@ -147,18 +168,17 @@ pub fn spawn(
 
 /// Writes the hosts file when its content changed (atomically: a
 /// temporary file renamed over it).
-fn write_hosts(spec: &DnsSpec, hosts: &BTreeSet<String>) {
-    let text = super::dns::render_hosts(hosts.iter().cloned(), spec.tunnel_ip, &spec.cloud_nodes);
-    if std::fs::read_to_string(&spec.hosts_file).is_ok_and(|old| old == text) {
+fn write_hosts(file: &std::path::Path, text: &str) {
+    if std::fs::read_to_string(file).is_ok_and(|old| old == text) {
         return;
     }
-    let tmp = spec.hosts_file.with_extension("edgetunnel-tmp");
-    let r = std::fs::write(&tmp, &text).and_then(|_| std::fs::rename(&tmp, &spec.hosts_file));
+    let tmp = file.with_extension("edgetunnel-tmp");
+    let r = std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, file));
     match r {
         Ok(()) => {
-            tracing::info!(file = %spec.hosts_file.display(), records = text.lines().count(), "DNS records written")
+            tracing::info!(file = %file.display(), records = text.lines().count(), "DNS records written")
         }
-        Err(e) => tracing::warn!(file = %spec.hosts_file.display(), "writing DNS records: {e}"),
+        Err(e) => tracing::warn!(file = %file.display(), "writing DNS records: {e}"),
     }
 }
 
@@ -167,8 +187,12 @@ async fn run(spec: ControlSpec, sources: Sources, shutdown: Arc<Shutdown>) {
         .iptables
         .as_ref()
         .map_or(MIN_SYNC_PERIOD, |i| i.period.max(MIN_SYNC_PERIOD));
+    let kube = match &spec.kube {
+        Some(k) => super::kube_sync::start(k.clone()).await,
+        None => None,
+    };
     let mut applied: Vec<Plan> = Vec::new();
-    let mut last: Option<(BTreeSet<IpAddr>, BTreeSet<String>)> = None;
+    let mut last: Option<(BTreeSet<IpAddr>, BTreeSet<String>, u64)> = None;
     let mut last_full = Instant::now();
     loop {
         if shutdown.requested() > 0 {
@@ -189,13 +213,38 @@ async fn run(spec: ControlSpec, sources: Sources, shutdown: Arc<Shutdown>) {
             tokio::time::sleep(Duration::from_secs(1)).await;
             continue;
         }
-        let now = ((sources.addresses)(), (sources.hosts)());
+        let generation = kube.as_ref().map_or(0, |k| k.generation());
+        let now = ((sources.addresses)(), (sources.hosts)(), generation);
         if last.as_ref() != Some(&now) || last_full.elapsed() >= period {
+            let view = kube.as_ref().map(|k| k.view());
             if let Some(ipt) = &spec.iptables {
-                applied = sync_once(ipt, &now.0, &applied);
+                let mut ipt = ipt.clone();
+                if let Some(v) = view.as_ref().filter(|v| v.synced) {
+                    // The cluster decides: Ready nodes without an agent go direct.
+                    let mut direct = super::nodes::direct_nodes(&v.nodes, &now.1);
+                    direct.extend(ipt.cloud_nodes.iter().flatten().copied());
+                    ipt.cloud_nodes = Some(direct);
+                    let (ips, http_to, https_to) = &ipt.dnat;
+                    ipt.ports.extend(port_rules(&v.extra_http, ips, *http_to));
+                    ipt.ports.extend(port_rules(&v.extra_https, ips, *https_to));
+                }
+                applied = sync_once(&ipt, &now.0, &applied);
             }
             if let Some(dns) = &spec.dns {
-                write_hosts(dns, &now.1);
+                let mut edge = now.1.clone();
+                let mut cloud = dns.cloud_nodes.clone();
+                if let Some(v) = view.as_ref().filter(|v| v.synced) {
+                    let (e, c) = super::nodes::dns_split(&v.nodes, &now.1);
+                    edge.extend(e);
+                    cloud.extend(c);
+                }
+                let text = super::dns::render_hosts(edge, dns.tunnel_ip, &cloud);
+                if let Some(file) = &dns.hosts_file {
+                    write_hosts(file, &text);
+                }
+                if let Some(k) = &kube {
+                    k.publish_records(&text).await;
+                }
             }
             last = Some(now);
             last_full = Instant::now();

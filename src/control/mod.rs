@@ -6,4 +6,6 @@
 pub mod dns;
 pub mod iptables;
 pub mod iptables_sync;
+pub mod kube_sync;
 pub mod manager;
+pub mod nodes;

@@ -3,7 +3,9 @@
 #![allow(dead_code)]
 
 pub mod apiserver;
+pub mod fake_kube;
 pub mod http_raw;
+pub mod netns;
 pub mod proxy_proc;
 
 use std::io::{BufRead, BufReader, Read, Write};

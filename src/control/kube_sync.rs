@@ -1,0 +1,274 @@
+//! The Kubernetes side of the control thread, with the `kube` crate: a node
+//! list-and-watch that keeps a local view, yurt-tunnel's server ConfigMap
+//! for extra ports, and the DNS records ConfigMap. Everything runs as tasks
+//! on the control thread's runtime; the data plane never waits for it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::Client;
+
+use super::manager::KubeSpec;
+use super::nodes::{parse_ports, NodeInfo};
+
+/// The DNS records ConfigMap's key, as yurt-tunnel names it.
+pub const DNS_KEY: &str = "tunnel-nodes";
+
+/// A snapshot of what the cluster says.
+#[derive(Debug, Clone, Default)]
+pub struct View {
+    /// True once the first node list arrived.
+    pub synced: bool,
+    pub nodes: BTreeMap<String, NodeInfo>,
+    pub extra_http: Vec<u16>,
+    pub extra_https: Vec<u16>,
+}
+
+/// Handle to the running Kubernetes tasks.
+pub struct Kube {
+    client: Client,
+    spec: KubeSpec,
+    view: Arc<Mutex<View>>,
+    generation: Arc<AtomicU64>,
+    published: Mutex<Option<String>>,
+}
+
+async fn client(spec: &KubeSpec) -> Result<Client, String> {
+    let config = match &spec.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .map_err(|e| e.to_string())?
+        }
+        None => kube::Config::infer().await.map_err(|e| e.to_string())?,
+    };
+    Client::try_from(config).map_err(|e| e.to_string())
+}
+
+/// Connects and starts the node watch and the server ConfigMap poll.
+pub async fn start(spec: KubeSpec) -> Option<Kube> {
+    let client = match client(&spec).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("Kubernetes client: {e}; running without the cluster's view");
+            return None;
+        }
+    };
+    let view = Arc::new(Mutex::new(View::default()));
+    let generation = Arc::new(AtomicU64::new(0));
+    tokio::spawn(watch_nodes(
+        client.clone(),
+        spec.edge_label.clone(),
+        view.clone(),
+        generation.clone(),
+    ));
+    if let Some((ns, name)) = spec.server_configmap.clone() {
+        tokio::spawn(poll_server_cfg(
+            client.clone(),
+            ns,
+            name,
+            view.clone(),
+            generation.clone(),
+        ));
+    }
+    Some(Kube {
+        client,
+        spec,
+        view,
+        generation,
+        published: Mutex::new(None),
+    })
+}
+
+impl Kube {
+    /// Bumped whenever the view changes.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
+    }
+
+    pub fn view(&self) -> View {
+        self.view.lock().expect("view lock").clone()
+    }
+
+    /// Writes the DNS records to their ConfigMap when they changed.
+    pub async fn publish_records(&self, text: &str) {
+        let Some((ns, name)) = &self.spec.dns_configmap else {
+            return;
+        };
+        if self.published.lock().expect("lock").as_deref() == Some(text) {
+            return;
+        }
+        match write_configmap(&self.client, ns, name, DNS_KEY, text).await {
+            Ok(()) => {
+                tracing::info!(configmap = %format!("{ns}/{name}"), records = text.lines().count(), "DNS records published");
+                *self.published.lock().expect("lock") = Some(text.to_string());
+            }
+            Err(e) => {
+                tracing::warn!(configmap = %format!("{ns}/{name}"), "publishing DNS records: {e}")
+            }
+        }
+    }
+}
+
+fn bump(generation: &AtomicU64) {
+    generation.fetch_add(1, Ordering::Relaxed);
+}
+
+/// List, then watch from the list's version; on any error, list again.
+async fn watch_nodes(
+    client: Client,
+    label: (String, String),
+    view: Arc<Mutex<View>>,
+    generation: Arc<AtomicU64>,
+) {
+    let api: Api<Node> = Api::all(client);
+    let label = (label.0.as_str(), label.1.as_str());
+    loop {
+        let list = match api.list(&ListParams::default()).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!("listing nodes: {e}");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                continue;
+            }
+        };
+        let version = list.metadata.resource_version.clone().unwrap_or_default();
+        {
+            let mut v = view.lock().expect("view lock");
+            v.nodes = list
+                .items
+                .iter()
+                .filter_map(|n| NodeInfo::from_node(n, label))
+                .map(|n| (n.name.clone(), n))
+                .collect();
+            v.synced = true;
+        }
+        bump(&generation);
+        let stream = match api
+            .watch(&WatchParams::default().timeout(290), &version)
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("watching nodes: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        futures::pin_mut!(stream);
+        loop {
+            match stream.try_next().await {
+                Ok(Some(WatchEvent::Added(n))) | Ok(Some(WatchEvent::Modified(n))) => {
+                    if let Some(info) = NodeInfo::from_node(&n, label) {
+                        view.lock()
+                            .expect("view lock")
+                            .nodes
+                            .insert(info.name.clone(), info);
+                        bump(&generation);
+                    }
+                }
+                Ok(Some(WatchEvent::Deleted(n))) => {
+                    if let Some(name) = n.metadata.name {
+                        view.lock().expect("view lock").nodes.remove(&name);
+                        bump(&generation);
+                    }
+                }
+                Ok(Some(WatchEvent::Bookmark(_))) => {}
+                Ok(Some(WatchEvent::Error(e))) => {
+                    tracing::debug!("node watch: {e}");
+                    break;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!("node watch ended: {e}");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Reads `http-proxy-ports` and `https-proxy-ports` now and then.
+async fn poll_server_cfg(
+    client: Client,
+    ns: String,
+    name: String,
+    view: Arc<Mutex<View>>,
+    generation: Arc<AtomicU64>,
+) {
+    let api: Api<ConfigMap> = Api::namespaced(client, &ns);
+    loop {
+        match api.get_opt(&name).await {
+            Ok(cm) => {
+                let data = cm.and_then(|c| c.data).unwrap_or_default();
+                let http = data
+                    .get("http-proxy-ports")
+                    .map(|v| parse_ports(v))
+                    .unwrap_or_default();
+                let https = data
+                    .get("https-proxy-ports")
+                    .map(|v| parse_ports(v))
+                    .unwrap_or_default();
+                let mut v = view.lock().expect("view lock");
+                if v.extra_http != http || v.extra_https != https {
+                    tracing::info!(?http, ?https, "extra intercepted ports from {ns}/{name}");
+                    v.extra_http = http;
+                    v.extra_https = https;
+                    drop(v);
+                    bump(&generation);
+                }
+            }
+            Err(e) => tracing::debug!("reading {ns}/{name}: {e}"),
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+/// Creates or updates `ns/name` so that `data[key] == value`.
+async fn write_configmap(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    key: &str,
+    value: &str,
+) -> Result<(), kube::Error> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    match api.get_opt(name).await? {
+        Some(mut cm) => {
+            let data = cm.data.get_or_insert_with(BTreeMap::new);
+            if data.get(key).map(String::as_str) == Some(value) {
+                return Ok(());
+            }
+            data.insert(key.to_string(), value.to_string());
+            api.replace(name, &PostParams::default(), &cm).await?;
+        }
+        None => {
+            let cm = ConfigMap {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(name.to_string()),
+                    namespace: Some(ns.to_string()),
+                    ..Default::default()
+                },
+                data: Some(BTreeMap::from([(key.to_string(), value.to_string())])),
+                ..Default::default()
+            };
+            api.create(&PostParams::default(), &cm).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Node names with an edge label among `nodes` (for logs and tests).
+pub fn edge_names(nodes: &BTreeMap<String, NodeInfo>) -> BTreeSet<String> {
+    nodes
+        .values()
+        .filter(|n| n.edge)
+        .map(|n| n.name.clone())
+        .collect()
+}

@@ -1,0 +1,140 @@
+//! The control thread against a (fake, in-test) Kubernetes API server, for
+//! real otherwise: nodes listed and watched decide which nodes iptables
+//! leaves alone (Ready nodes without an agent), yurt-tunnel's server
+//! ConfigMap adds ports, and the DNS records land in their ConfigMap;
+//! node changes flow through the watch. The server runs in its own network
+//! namespace with a real agent.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use support::fake_kube::{self, node, FakeKube};
+use support::netns::{save, Netns};
+use support::{Env, Proc, BIN};
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool, log: impl Fn() -> String) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn nodes_and_configmaps_drive_rules_and_records() {
+    let ns = Netns::new(&format!("etkube{}", std::process::id() % 100_000));
+    let kube = FakeKube::start(Some(&ns.0));
+    kube.put_node(node("cloud-1", "10.0.0.11", true, false));
+    kube.put_node(node("cloud-down", "10.0.0.12", false, false));
+    kube.put_node(node("edge-1", "10.0.0.21", true, true));
+    kube.put_configmap(
+        "kube-system",
+        "yurt-tunnel-server-cfg",
+        json!({"http-proxy-ports": "9100"}),
+    );
+
+    let env = Env::new();
+    let kc = env.path("kubeconfig");
+    fake_kube::kubeconfig(&kc, kube.addr);
+    let certs = env.certs().display().to_string();
+    let mut server = ns.cmd(BIN);
+    server.args([
+        "server",
+        "--certs-dir",
+        &certs,
+        "--agent-bind",
+        "127.0.0.1:0",
+        "--admin-bind",
+        "127.0.0.1:0",
+        "--interception-bind",
+        "0.0.0.0:10264",
+        "--iptables",
+        "--iptables-dnat-ip",
+        "10.0.0.2",
+        "--kube",
+        &kc.display().to_string(),
+        "--dns-configmap",
+        "kube-system/yurt-tunnel-nodes",
+        "--dns-tunnel-ip",
+        "10.96.0.50",
+    ]);
+    let mut server = Proc::spawn(server, env.path("server.log"));
+    let agent_addr = server
+        .wait_line("LISTEN agent ")
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    server.wait_line("READY");
+    let mut agent = ns.cmd(BIN);
+    agent.args([
+        "agent",
+        "--certs-dir",
+        &certs,
+        "--server-addr",
+        &agent_addr,
+        "--server-name",
+        "localhost",
+        "--agent-id",
+        "edge-1",
+        "--agent-identifiers",
+        "host=edge-1&ipv4=10.0.0.21",
+    ]);
+    let agent = Proc::spawn(agent, env.path("agent.log"));
+    agent.wait_line("CONNECTED");
+
+    let records = || {
+        kube.configmap("kube-system", "yurt-tunnel-nodes")
+            .and_then(|cm| cm["data"]["tunnel-nodes"].as_str().map(str::to_string))
+            .unwrap_or_default()
+    };
+    let log = || server.log_text();
+    wait_for(
+        "the DNS records ConfigMap",
+        || records() == "10.0.0.11\tcloud-1\n10.0.0.12\tcloud-down\n10.96.0.50\tedge-1",
+        || format!("{:?}\n{}", records(), log()),
+    );
+    let rules = save(&ns);
+    for want in [
+        "-A TUNNEL-PORT-10250 -d 127.0.0.0/8 -j RETURN",
+        "-A TUNNEL-PORT-10250 -d 10.0.0.11/32 -j RETURN",
+        "-A TUNNEL-PORT-10250 -p tcp -j DNAT --to-destination 10.0.0.2:10264",
+        "-A TUNNEL-PORT -p tcp -m tcp --dport 9100 -j TUNNEL-PORT-9100",
+    ] {
+        assert!(rules.contains(want), "missing {want:?} in\n{rules}");
+    }
+    // Not Ready, or with an agent: not left alone.
+    assert!(
+        !rules.contains("10.0.0.12/32") && !rules.contains("10.0.0.21/32"),
+        "{rules}"
+    );
+
+    // The cluster changes: a new edge node, a cloud node gone.
+    kube.put_node(node("edge-2", "10.0.0.22", true, true));
+    kube.delete_node("cloud-1");
+    wait_for(
+        "records after the watch events",
+        || records() == "10.0.0.12\tcloud-down\n10.96.0.50\tedge-1\n10.96.0.50\tedge-2",
+        || format!("{:?}\n{}", records(), log()),
+    );
+    wait_for(
+        "rules after the watch events",
+        || !save(&ns).contains("10.0.0.11/32"),
+        log,
+    );
+    assert!(
+        kube.requests().iter().any(|r| r.contains("watch")),
+        "no watch request: {:?}",
+        kube.requests()
+    );
+
+    server.signal(libc::SIGTERM);
+    assert!(server.wait_exit(Duration::from_secs(20)).is_some());
+    assert!(!save(&ns).contains("TUNNEL-PORT"));
+}

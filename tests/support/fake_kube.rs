@@ -1,0 +1,303 @@
+//! A small stand-in for kube-apiserver, speaking the Kubernetes JSON and
+//! watch protocol for exactly what the control thread uses: nodes (list and
+//! watch) and configmaps (get, create, update). Plain HTTP/1.1, thread per
+//! connection. A test fixture, not part of the product.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+#[derive(Default)]
+struct State {
+    version: u64,
+    nodes: BTreeMap<String, Value>,
+    configmaps: BTreeMap<(String, String), Value>,
+    /// Node events after each version: (version, type, object).
+    events: Vec<(u64, &'static str, Value)>,
+    requests: Vec<String>,
+}
+
+#[derive(Clone)]
+pub struct FakeKube {
+    pub addr: SocketAddr,
+    state: Arc<(Mutex<State>, Condvar)>,
+}
+
+/// A node object: `edge` sets yurt-tunnel's edge label.
+pub fn node(name: &str, ip: &str, ready: bool, edge: bool) -> Value {
+    let mut labels = json!({"kubernetes.io/hostname": name});
+    if edge {
+        labels["openyurt.io/is-edge-worker"] = json!("true");
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "status": {
+            "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+            "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name}]
+        }
+    })
+}
+
+/// Binds a loopback listener inside network namespace `netns` (or here).
+fn bind(netns: Option<&str>) -> TcpListener {
+    let Some(ns) = netns else {
+        return TcpListener::bind("127.0.0.1:0").unwrap();
+    };
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let f = std::fs::File::open(&path).expect("open netns");
+        // SAFETY: setns on this short-lived thread only; the socket keeps
+        // the namespace it was created in.
+        let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+        TcpListener::bind("127.0.0.1:0").unwrap()
+    })
+    .join()
+    .unwrap()
+}
+
+impl FakeKube {
+    pub fn start(netns: Option<&str>) -> FakeKube {
+        let l = bind(netns);
+        let addr = l.local_addr().unwrap();
+        let fk = FakeKube {
+            addr,
+            state: Arc::new((Mutex::new(State::default()), Condvar::new())),
+        };
+        let f = fk.clone();
+        std::thread::spawn(move || {
+            for s in l.incoming().flatten() {
+                let f = f.clone();
+                std::thread::spawn(move || f.serve(s));
+            }
+        });
+        fk
+    }
+
+    fn change<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        let (m, cv) = &*self.state;
+        let mut st = m.lock().unwrap();
+        let r = f(&mut st);
+        cv.notify_all();
+        r
+    }
+
+    pub fn put_node(&self, mut n: Value) {
+        self.change(|st| {
+            st.version += 1;
+            n["metadata"]["resourceVersion"] = json!(st.version.to_string());
+            let name = n["metadata"]["name"].as_str().unwrap().to_string();
+            let kind = if st.nodes.contains_key(&name) {
+                "MODIFIED"
+            } else {
+                "ADDED"
+            };
+            st.events.push((st.version, kind, n.clone()));
+            st.nodes.insert(name, n);
+        })
+    }
+
+    pub fn delete_node(&self, name: &str) {
+        self.change(|st| {
+            if let Some(mut n) = st.nodes.remove(name) {
+                st.version += 1;
+                n["metadata"]["resourceVersion"] = json!(st.version.to_string());
+                st.events.push((st.version, "DELETED", n));
+            }
+        })
+    }
+
+    pub fn put_configmap(&self, ns: &str, name: &str, data: Value) {
+        self.change(|st| {
+            st.version += 1;
+            let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": ns, "resourceVersion": st.version.to_string()},
+                "data": data});
+            st.configmaps.insert((ns.to_string(), name.to_string()), cm);
+        })
+    }
+
+    pub fn configmap(&self, ns: &str, name: &str) -> Option<Value> {
+        self.state
+            .0
+            .lock()
+            .unwrap()
+            .configmaps
+            .get(&(ns.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// Request lines seen so far.
+    pub fn requests(&self) -> Vec<String> {
+        self.state.0.lock().unwrap().requests.clone()
+    }
+
+    fn serve(&self, s: TcpStream) {
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        let mut w = s;
+        loop {
+            let mut line = String::new();
+            if r.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            let mut parts = line.split_whitespace();
+            let method = parts.next().unwrap_or("").to_string();
+            let target = parts.next().unwrap_or("").to_string();
+            let mut len = 0usize;
+            loop {
+                let mut h = String::new();
+                if r.read_line(&mut h).unwrap_or(0) == 0 {
+                    return;
+                }
+                let h = h.trim_end();
+                if h.is_empty() {
+                    break;
+                }
+                if let Some((n, v)) = h.split_once(':') {
+                    if n.eq_ignore_ascii_case("content-length") {
+                        len = v.trim().parse().unwrap_or(0);
+                    }
+                }
+            }
+            let mut body = vec![0u8; len];
+            if r.read_exact(&mut body).is_err() {
+                return;
+            }
+            self.state
+                .0
+                .lock()
+                .unwrap()
+                .requests
+                .push(format!("{method} {target}"));
+            let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+            let q: BTreeMap<&str, &str> = query
+                .split('&')
+                .filter_map(|kv| kv.split_once('='))
+                .collect();
+            let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+            let ok = match (method.as_str(), segs.as_slice()) {
+                ("GET", ["api", "v1", "nodes"])
+                    if q.get("watch").is_some_and(|v| *v == "true" || *v == "1") =>
+                {
+                    let from: u64 = q
+                        .get("resourceVersion")
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    let secs: u64 = q
+                        .get("timeoutSeconds")
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(30);
+                    self.watch(&mut w, from, Duration::from_secs(secs.min(30)))
+                }
+                ("GET", ["api", "v1", "nodes"]) => {
+                    let st = self.state.0.lock().unwrap();
+                    let list = json!({"apiVersion": "v1", "kind": "NodeList",
+                        "metadata": {"resourceVersion": st.version.to_string()},
+                        "items": st.nodes.values().cloned().collect::<Vec<_>>()});
+                    drop(st);
+                    reply(&mut w, 200, &list)
+                }
+                ("GET", ["api", "v1", "namespaces", ns, "configmaps", name]) => {
+                    match self.configmap(ns, name) {
+                        Some(cm) => reply(&mut w, 200, &cm),
+                        None => reply(
+                            &mut w,
+                            404,
+                            &status(404, "NotFound", &format!("configmaps \"{name}\" not found")),
+                        ),
+                    }
+                }
+                ("POST", ["api", "v1", "namespaces", ns, "configmaps"]) => {
+                    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    let name = v["metadata"]["name"].as_str().unwrap_or("").to_string();
+                    if self.configmap(ns, &name).is_some() {
+                        reply(&mut w, 409, &status(409, "AlreadyExists", "exists"))
+                    } else {
+                        self.put_configmap(ns, &name, v["data"].clone());
+                        let cm = self.configmap(ns, &name).unwrap();
+                        reply(&mut w, 201, &cm)
+                    }
+                }
+                ("PUT", ["api", "v1", "namespaces", ns, "configmaps", name]) => {
+                    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    self.put_configmap(ns, name, v["data"].clone());
+                    let cm = self.configmap(ns, name).unwrap();
+                    reply(&mut w, 200, &cm)
+                }
+                _ => reply(
+                    &mut w,
+                    404,
+                    &status(
+                        404,
+                        "NotFound",
+                        "the server could not find the requested resource",
+                    ),
+                ),
+            };
+            if !ok {
+                return;
+            }
+        }
+    }
+
+    /// Streams node events after version `from` until `timeout`.
+    fn watch(&self, w: &mut TcpStream, from: u64, timeout: Duration) -> bool {
+        if write!(w, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").is_err() {
+            return false;
+        }
+        let deadline = Instant::now() + timeout;
+        let mut seen = from;
+        let (m, cv) = &*self.state;
+        loop {
+            let st = m.lock().unwrap();
+            let (st, _) = cv
+                .wait_timeout_while(
+                    st,
+                    deadline.saturating_duration_since(Instant::now()),
+                    |st| st.events.last().is_none_or(|e| e.0 <= seen),
+                )
+                .unwrap();
+            let pending: Vec<_> = st.events.iter().filter(|e| e.0 > seen).cloned().collect();
+            drop(st);
+            for (v, kind, obj) in pending {
+                seen = v;
+                let line = format!("{}\n", json!({"type": kind, "object": obj}));
+                if write!(w, "{:x}\r\n{line}\r\n", line.len()).is_err() || w.flush().is_err() {
+                    return false;
+                }
+            }
+            if Instant::now() >= deadline {
+                return write!(w, "0\r\n\r\n").is_ok();
+            }
+        }
+    }
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "message": message, "reason": reason, "code": code})
+}
+
+fn reply(w: &mut TcpStream, code: u16, v: &Value) -> bool {
+    let body = v.to_string();
+    write!(
+        w,
+        "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .is_ok()
+}
+
+/// A kubeconfig pointing at the fake server (no credentials).
+pub fn kubeconfig(path: &std::path::Path, addr: SocketAddr) {
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{addr}\nusers:\n- name: fake\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\n"
+    );
+    std::fs::write(path, text).unwrap();
+}

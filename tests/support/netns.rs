@@ -1,0 +1,61 @@
+//! Network namespaces for tests that need their own iptables and links
+//! (root and iproute2 needed).
+#![allow(dead_code)]
+
+use std::process::{Command, Output};
+
+/// A network namespace, deleted on drop.
+pub struct Netns(pub String);
+
+impl Netns {
+    pub fn new(name: &str) -> Netns {
+        let _ = Command::new("ip").args(["netns", "del", name]).output();
+        let out = Command::new("ip")
+            .args(["netns", "add", name])
+            .output()
+            .expect("run ip");
+        assert!(
+            out.status.success(),
+            "ip netns add {name} (root and iproute2 needed): {out:?}"
+        );
+        sh(name, "ip link set lo up");
+        Netns(name.to_string())
+    }
+
+    pub fn cmd(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.0, program]);
+        c
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+pub fn check(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn sh(ns: &str, script: &str) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "sh", "-c", script])
+        .output()
+        .expect("run sh");
+    check(out, script)
+}
+
+pub fn save(ns: &Netns) -> String {
+    sh(&ns.0, "iptables-save -t nat")
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
