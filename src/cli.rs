@@ -271,6 +271,13 @@ pub struct ServerArgs {
     /// (`http-proxy-ports`, `https-proxy-ports`); needs --kube.
     #[arg(long, default_value = "kube-system/yurt-tunnel-server-cfg")]
     pub server_configmap: String,
+    /// `namespace/name` of the Lease electing the one server that writes
+    /// the DNS records ConfigMap when several run; needs --kube.
+    #[arg(long, default_value = "kube-system/edgetunnel-dns")]
+    pub leader_lease: String,
+    /// Lease duration, seconds: a dead leader is replaced after this long.
+    #[arg(long, default_value_t = 15)]
+    pub leader_lease_secs: u32,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -396,6 +403,10 @@ impl ServerArgs {
                 .map(|(a, b)| (a.to_string(), b.to_string()))
                 .ok_or_else(|| format!("{s:?}: expected namespace/name").into())
         };
+        let server_id = self
+            .server_id
+            .clone()
+            .unwrap_or_else(|| format!("{:016x}", fastrand::u64(..)));
         let kube = match &self.kube {
             None => None,
             Some(k) => {
@@ -408,6 +419,18 @@ impl ServerArgs {
                     edge_label: (key.to_string(), value.to_string()),
                     dns_configmap: self.dns_configmap.as_deref().map(ns_name).transpose()?,
                     server_configmap: Some(ns_name(&self.server_configmap)?),
+                    lease: match self.dns_configmap {
+                        Some(_) => {
+                            let (ns, name) = ns_name(&self.leader_lease)?;
+                            Some((
+                                ns,
+                                name,
+                                server_id.clone(),
+                                self.leader_lease_secs.max(1) as i32,
+                            ))
+                        }
+                        None => None,
+                    },
                 })
             }
         };
@@ -453,9 +476,7 @@ impl ServerArgs {
             tls,
             agent_token,
             strategies,
-            server_id: self
-                .server_id
-                .unwrap_or_else(|| format!("{:016x}", fastrand::u64(..))),
+            server_id,
             server_count: self.server_count.max(1),
             workers: self.workers.unwrap_or_else(runtime::default_workers),
             driver: self.engine.driver,

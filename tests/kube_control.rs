@@ -138,3 +138,76 @@ fn nodes_and_configmaps_drive_rules_and_records() {
     assert!(server.wait_exit(Duration::from_secs(20)).is_some());
     assert!(!save(&ns).contains("TUNNEL-PORT"));
 }
+
+#[test]
+fn one_elected_server_publishes_and_a_follower_takes_over() {
+    let kube = FakeKube::start(None);
+    kube.put_node(node("cloud-1", "10.0.0.11", true, false));
+    let env = Env::new();
+    let kc = env.path("kubeconfig");
+    fake_kube::kubeconfig(&kc, kube.addr);
+    let kc = kc.display().to_string();
+    let flags = |id: &'static str| -> Vec<String> {
+        [
+            "--kube",
+            &kc,
+            "--dns-configmap",
+            "kube-system/yurt-tunnel-nodes",
+            "--dns-tunnel-ip",
+            "10.96.0.50",
+            "--leader-lease-secs",
+            "3",
+            "--server-id",
+            id,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let fa = flags("server-a");
+    let a = support::Server::start(&env, &fa.iter().map(String::as_str).collect::<Vec<_>>());
+    let holder = || {
+        kube.object("leases", "kube-system", "edgetunnel-dns")
+            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_string))
+            .unwrap_or_default()
+    };
+    let records = || {
+        kube.configmap("kube-system", "yurt-tunnel-nodes")
+            .and_then(|cm| cm["data"]["tunnel-nodes"].as_str().map(str::to_string))
+            .unwrap_or_default()
+    };
+    wait_for(
+        "server-a to hold the lease",
+        || holder() == "server-a",
+        || a.proc.log_text(),
+    );
+    let fb = flags("server-b");
+    let b = support::Server::start(&env, &fb.iter().map(String::as_str).collect::<Vec<_>>());
+    wait_for(
+        "the records",
+        || records() == "10.0.0.11\tcloud-1",
+        || a.proc.log_text(),
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        holder(),
+        "server-a",
+        "the lease moved while its holder lived"
+    );
+
+    // The leader dies without a word; the follower takes over and publishes.
+    let mut a = a;
+    let _ = a.proc.child.kill();
+    let _ = a.proc.child.wait();
+    kube.put_node(node("edge-3", "10.0.0.23", true, true));
+    wait_for(
+        "server-b to take over",
+        || holder() == "server-b",
+        || b.proc.log_text(),
+    );
+    wait_for(
+        "records from the new leader",
+        || records() == "10.0.0.11\tcloud-1\n10.96.0.50\tedge-3",
+        || b.proc.log_text(),
+    );
+}

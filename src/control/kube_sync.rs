@@ -4,11 +4,12 @@
 //! on the control thread's runtime; the data plane never waits for it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::TryStreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::Client;
@@ -36,6 +37,8 @@ pub struct Kube {
     view: Arc<Mutex<View>>,
     generation: Arc<AtomicU64>,
     published: Mutex<Option<String>>,
+    /// Whether this server may publish (always, without an election).
+    leader: Arc<AtomicBool>,
 }
 
 async fn client(spec: &KubeSpec) -> Result<Client, String> {
@@ -77,12 +80,22 @@ pub async fn start(spec: KubeSpec) -> Option<Kube> {
             generation.clone(),
         ));
     }
+    let leader = Arc::new(AtomicBool::new(spec.lease.is_none()));
+    if let Some(lease) = spec.lease.clone() {
+        tokio::spawn(elect(
+            client.clone(),
+            lease,
+            leader.clone(),
+            generation.clone(),
+        ));
+    }
     Some(Kube {
         client,
         spec,
         view,
         generation,
         published: Mutex::new(None),
+        leader,
     })
 }
 
@@ -101,6 +114,12 @@ impl Kube {
         let Some((ns, name)) = &self.spec.dns_configmap else {
             return;
         };
+        if !self.leader.load(Ordering::Relaxed) {
+            // Followers forget what they published: on taking over they
+            // write again.
+            *self.published.lock().expect("lock") = None;
+            return;
+        }
         if self.published.lock().expect("lock").as_deref() == Some(text) {
             return;
         }
@@ -191,6 +210,63 @@ async fn watch_nodes(
                 }
             }
         }
+    }
+}
+
+/// Holds or follows the Lease; renews at a third of its duration. Any API
+/// error drops leadership (a follower never writes).
+async fn elect(
+    client: Client,
+    lease: (String, String, String, i32),
+    leader: Arc<AtomicBool>,
+    generation: Arc<AtomicU64>,
+) {
+    use super::lease::{decide, Step};
+    let (ns, name, me, secs) = lease;
+    let api: Api<Lease> = Api::namespaced(client, &ns);
+    let pp = PostParams::default();
+    loop {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let holds = match api.get_opt(&name).await {
+            Ok(current) => match decide(
+                current.as_ref().and_then(|l| l.spec.as_ref()),
+                &me,
+                secs,
+                now,
+            ) {
+                Step::Create(spec) => {
+                    let l = Lease {
+                        metadata: kube::api::ObjectMeta {
+                            name: Some(name.clone()),
+                            namespace: Some(ns.clone()),
+                            ..Default::default()
+                        },
+                        spec: Some(spec),
+                    };
+                    api.create(&pp, &l).await.is_ok()
+                }
+                Step::Update(spec) => match current {
+                    Some(mut l) => {
+                        l.spec = Some(spec);
+                        api.replace(&name, &pp, &l).await.is_ok()
+                    }
+                    None => false,
+                },
+                Step::Follow { holder } => {
+                    tracing::trace!(%holder, "following the lease holder");
+                    false
+                }
+            },
+            Err(e) => {
+                tracing::debug!("reading lease {ns}/{name}: {e}");
+                false
+            }
+        };
+        if leader.swap(holds, Ordering::Relaxed) != holds {
+            tracing::info!(lease = %format!("{ns}/{name}"), identity = %me, leader = holds, "leadership changed");
+            bump(&generation);
+        }
+        tokio::time::sleep(Duration::from_secs((secs as u64 / 3).max(1))).await;
     }
 }
 

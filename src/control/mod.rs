@@ -7,5 +7,6 @@ pub mod dns;
 pub mod iptables;
 pub mod iptables_sync;
 pub mod kube_sync;
+pub mod lease;
 pub mod manager;
 pub mod nodes;

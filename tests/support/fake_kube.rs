@@ -16,7 +16,8 @@ use serde_json::{json, Value};
 struct State {
     version: u64,
     nodes: BTreeMap<String, Value>,
-    configmaps: BTreeMap<(String, String), Value>,
+    /// Namespaced objects: (resource, namespace, name).
+    objects: BTreeMap<(String, String, String), Value>,
     /// Node events after each version: (version, type, object).
     events: Vec<(u64, &'static str, Value)>,
     requests: Vec<String>,
@@ -115,23 +116,93 @@ impl FakeKube {
     }
 
     pub fn put_configmap(&self, ns: &str, name: &str, data: Value) {
+        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data});
+        self.store("configmaps", ns, name, cm);
+    }
+
+    /// Stores `obj` (a new resourceVersion, the namespace filled in).
+    fn store(&self, resource: &str, ns: &str, name: &str, mut obj: Value) -> Value {
         self.change(|st| {
             st.version += 1;
-            let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": name, "namespace": ns, "resourceVersion": st.version.to_string()},
-                "data": data});
-            st.configmaps.insert((ns.to_string(), name.to_string()), cm);
+            obj["metadata"]["namespace"] = json!(ns);
+            obj["metadata"]["name"] = json!(name);
+            obj["metadata"]["resourceVersion"] = json!(st.version.to_string());
+            st.objects.insert(
+                (resource.to_string(), ns.to_string(), name.to_string()),
+                obj.clone(),
+            );
+            obj
         })
     }
 
-    pub fn configmap(&self, ns: &str, name: &str) -> Option<Value> {
+    pub fn object(&self, resource: &str, ns: &str, name: &str) -> Option<Value> {
         self.state
             .0
             .lock()
             .unwrap()
-            .configmaps
-            .get(&(ns.to_string(), name.to_string()))
+            .objects
+            .get(&(resource.to_string(), ns.to_string(), name.to_string()))
             .cloned()
+    }
+
+    pub fn configmap(&self, ns: &str, name: &str) -> Option<Value> {
+        self.object("configmaps", ns, name)
+    }
+
+    /// Handles get/create/update of a namespaced object; an update with a
+    /// stale resourceVersion is a 409 Conflict, as in Kubernetes.
+    fn object_request(
+        &self,
+        w: &mut TcpStream,
+        method: &str,
+        resource: &str,
+        ns: &str,
+        name: Option<&str>,
+        body: &[u8],
+    ) -> bool {
+        let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        match (method, name) {
+            ("GET", Some(name)) => match self.object(resource, ns, name) {
+                Some(o) => reply(w, 200, &o),
+                None => reply(
+                    w,
+                    404,
+                    &status(404, "NotFound", &format!("{resource} \"{name}\" not found")),
+                ),
+            },
+            ("POST", None) => {
+                let name = v["metadata"]["name"].as_str().unwrap_or("").to_string();
+                if self.object(resource, ns, &name).is_some() {
+                    reply(w, 409, &status(409, "AlreadyExists", "already exists"))
+                } else {
+                    let o = self.store(resource, ns, &name, v);
+                    reply(w, 201, &o)
+                }
+            }
+            ("PUT", Some(name)) => {
+                let current = self.object(resource, ns, name);
+                let stale = match (&current, v["metadata"]["resourceVersion"].as_str()) {
+                    (Some(c), Some(rv)) => c["metadata"]["resourceVersion"].as_str() != Some(rv),
+                    (None, _) => true,
+                    _ => false,
+                };
+                if stale {
+                    reply(
+                        w,
+                        409,
+                        &status(409, "Conflict", "the object has been modified"),
+                    )
+                } else {
+                    let o = self.store(resource, ns, name, v);
+                    reply(w, 200, &o)
+                }
+            }
+            _ => reply(
+                w,
+                405,
+                &status(405, "MethodNotAllowed", "method not allowed"),
+            ),
+        }
     }
 
     /// Request lines seen so far.
@@ -204,33 +275,13 @@ impl FakeKube {
                     drop(st);
                     reply(&mut w, 200, &list)
                 }
-                ("GET", ["api", "v1", "namespaces", ns, "configmaps", name]) => {
-                    match self.configmap(ns, name) {
-                        Some(cm) => reply(&mut w, 200, &cm),
-                        None => reply(
-                            &mut w,
-                            404,
-                            &status(404, "NotFound", &format!("configmaps \"{name}\" not found")),
-                        ),
-                    }
+                (m, ["api", "v1", "namespaces", ns, "configmaps", rest @ ..]) => {
+                    self.object_request(&mut w, m, "configmaps", ns, rest.first().copied(), &body)
                 }
-                ("POST", ["api", "v1", "namespaces", ns, "configmaps"]) => {
-                    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                    let name = v["metadata"]["name"].as_str().unwrap_or("").to_string();
-                    if self.configmap(ns, &name).is_some() {
-                        reply(&mut w, 409, &status(409, "AlreadyExists", "exists"))
-                    } else {
-                        self.put_configmap(ns, &name, v["data"].clone());
-                        let cm = self.configmap(ns, &name).unwrap();
-                        reply(&mut w, 201, &cm)
-                    }
-                }
-                ("PUT", ["api", "v1", "namespaces", ns, "configmaps", name]) => {
-                    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                    self.put_configmap(ns, name, v["data"].clone());
-                    let cm = self.configmap(ns, name).unwrap();
-                    reply(&mut w, 200, &cm)
-                }
+                (
+                    m,
+                    ["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases", rest @ ..],
+                ) => self.object_request(&mut w, m, "leases", ns, rest.first().copied(), &body),
                 _ => reply(
                     &mut w,
                     404,
