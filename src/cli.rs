@@ -275,6 +275,17 @@ pub struct ServerArgs {
     /// the DNS records ConfigMap when several run; needs --kube.
     #[arg(long, default_value = "kube-system/edgetunnel-dns")]
     pub leader_lease: String,
+    /// Where the server's certificates come from: `files` (watched and
+    /// reloaded) or `csr` (Kubernetes CertificateSigningRequests, written to
+    /// --certs-dir and renewed at 80% of their lifetime; needs --kube).
+    #[arg(long, default_value = "files")]
+    pub cert_mode: String,
+    /// A DNS name for the serving certificate in `csr` mode (repeatable).
+    #[arg(long)]
+    pub csr_dns_name: Vec<String>,
+    /// An IP address for the serving certificate in `csr` mode (repeatable).
+    #[arg(long)]
+    pub csr_ip: Vec<std::net::IpAddr>,
     /// Lease duration, seconds: a dead leader is replaced after this long.
     #[arg(long, default_value_t = 15)]
     pub leader_lease_secs: u32,
@@ -434,6 +445,33 @@ impl ServerArgs {
                 })
             }
         };
+        let csr = match self.cert_mode.as_str() {
+            "files" => Vec::new(),
+            "csr" => {
+                if kube.is_none() {
+                    return Err("--cert-mode csr needs --kube".into());
+                }
+                let mut jobs = vec![crate::control::csr::Job {
+                    profile: crate::control::csr::Profile::server(
+                        self.csr_dns_name.clone(),
+                        self.csr_ip.clone(),
+                    ),
+                    cert: tls.cert.clone(),
+                    key: tls.key.clone(),
+                    name_prefix: "edgetunnel-server-".into(),
+                }];
+                if let Some(t) = &interception_tls {
+                    jobs.push(crate::control::csr::Job {
+                        profile: crate::control::csr::Profile::proxy_client(),
+                        cert: t.kubelet_cert.clone(),
+                        key: t.kubelet_key.clone(),
+                        name_prefix: "edgetunnel-proxy-client-".into(),
+                    });
+                }
+                jobs
+            }
+            other => return Err(format!("--cert-mode {other:?}: files or csr").into()),
+        };
         if self.dns_configmap.is_some() && kube.is_none() {
             return Err("--dns-configmap needs --kube".into());
         }
@@ -463,6 +501,7 @@ impl ServerArgs {
                 dns,
                 kube,
                 certs: Vec::new(),
+                csr,
             },
             interception_tls,
             interception_bind: self.interception_bind,

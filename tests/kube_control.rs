@@ -211,3 +211,92 @@ fn one_elected_server_publishes_and_a_follower_takes_over() {
         || b.proc.log_text(),
     );
 }
+
+#[test]
+fn csr_mode_obtains_and_rotates_the_serving_certificate() {
+    let kube = FakeKube::start(None);
+    let env = Env::new();
+    let kc = env.path("kubeconfig");
+    fake_kube::kubeconfig(&kc, kube.addr);
+    // The cluster's signer, played by this test with the local CA: every
+    // request approved, certificates valid for 6 s (renewed at 80%).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let signer = {
+        let (kube, certs, stop) = (kube.clone(), env.certs(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                kube.sign_pending(&certs, 6);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let sdir = env.path("server-certs");
+    std::fs::create_dir(&sdir).unwrap();
+    let (crt, key) = (
+        sdir.join("server.crt").display().to_string(),
+        sdir.join("server.key").display().to_string(),
+    );
+    let kc_s = kc.display().to_string();
+    let server = support::Server::start(
+        &env,
+        &[
+            "--cert",
+            &crt,
+            "--key",
+            &key,
+            "--cert-mode",
+            "csr",
+            "--kube",
+            &kc_s,
+            "--csr-dns-name",
+            "localhost",
+            "--csr-ip",
+            "127.0.0.1",
+        ],
+    );
+    let csrs = kube.csrs();
+    assert_eq!(csrs.len(), 1);
+    assert_eq!(
+        csrs[0]["spec"]["signerName"],
+        "kubernetes.io/kubelet-serving"
+    );
+    assert_eq!(
+        csrs[0]["spec"]["usages"],
+        json!(["digital signature", "key encipherment", "server auth"])
+    );
+    {
+        use base64::Engine as _;
+        let pem = base64::engine::general_purpose::STANDARD
+            .decode(csrs[0]["spec"]["request"].as_str().unwrap())
+            .unwrap();
+        let req =
+            rcgen::CertificateSigningRequestParams::from_pem(std::str::from_utf8(&pem).unwrap())
+                .unwrap();
+        let dn = &req.params.distinguished_name;
+        assert!(
+            matches!(dn.get(&rcgen::DnType::CommonName), Some(rcgen::DnValue::Utf8String(s)) if s == "system:node:tunnel-server")
+        );
+        assert!(
+            matches!(dn.get(&rcgen::DnType::OrganizationName), Some(rcgen::DnValue::Utf8String(s)) if s == "system:nodes")
+        );
+    }
+    let _agent = support::Agent::start(&env, server.agent, "edge-1", "host=edge-1", &[]);
+
+    // Renewal before expiry: a second request, the new pair swapped in, the
+    // agent still connected, new agents welcome.
+    wait_for(
+        "a renewal request",
+        || kube.csrs().len() >= 2,
+        || server.proc.log_text(),
+    );
+    wait_for(
+        "the renewed certificate in use",
+        || server.proc.log_text().contains("certificate reloaded"),
+        || server.proc.log_text(),
+    );
+    server.wait_metric("edgetunnel_agents_connected", 1.0);
+    let _second = support::Agent::start(&env, server.agent, "edge-2", "host=edge-2", &[]);
+    server.wait_metric("edgetunnel_agents_connected", 2.0);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    signer.join().unwrap();
+}

@@ -41,7 +41,7 @@ pub struct Kube {
     leader: Arc<AtomicBool>,
 }
 
-async fn client(spec: &KubeSpec) -> Result<Client, String> {
+pub(crate) async fn client(spec: &KubeSpec) -> Result<Client, String> {
     let config = match &spec.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
@@ -347,4 +347,58 @@ pub fn edge_names(nodes: &BTreeMap<String, NodeInfo>) -> BTreeSet<String> {
         .filter(|n| n.edge)
         .map(|n| n.name.clone())
         .collect()
+}
+
+/// Obtains every missing certificate of `jobs` before the data plane starts
+/// (on a short-lived runtime of the calling thread).
+pub fn obtain_missing(
+    spec: &KubeSpec,
+    jobs: &[super::csr::Job],
+    wait: Duration,
+) -> Result<(), String> {
+    let missing: Vec<&super::csr::Job> = jobs
+        .iter()
+        .filter(|j| !j.cert.exists() || !j.key.exists())
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let client = client(spec).await?;
+        for job in missing {
+            super::csr::obtain(&client, job, wait)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    })
+}
+
+/// Renews each certificate when due, one request at a time per job.
+pub fn start_renewals(client: Client, jobs: Vec<super::csr::Job>) {
+    for job in jobs {
+        let client = client.clone();
+        tokio::spawn(async move {
+            loop {
+                if job.due(std::time::SystemTime::now()) {
+                    if let Err(e) =
+                        super::csr::obtain(&client, &job, Duration::from_secs(900)).await
+                    {
+                        tracing::warn!(cn = %job.profile.common_name, "certificate renewal: {e}");
+                    }
+                }
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        });
+    }
+}
+
+impl Kube {
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
 }

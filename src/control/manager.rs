@@ -127,6 +127,8 @@ pub struct ControlSpec {
     /// Certificate files watched and swapped into the TLS configs when
     /// they change (checked every second).
     pub certs: Vec<Arc<crate::engine::cert_reload::ReloadingCert>>,
+    /// Certificates kept signed through Kubernetes CSRs (needs `kube`).
+    pub csr: Vec<super::csr::Job>,
 }
 
 /// Readers of the data plane's state: agents' addresses and node names.
@@ -194,6 +196,9 @@ async fn run(spec: ControlSpec, sources: Sources, shutdown: Arc<Shutdown>) {
         Some(k) => super::kube_sync::start(k.clone()).await,
         None => None,
     };
+    if let Some(k) = &kube {
+        super::kube_sync::start_renewals(k.client(), spec.csr.clone());
+    }
     let mut applied: Vec<Plan> = Vec::new();
     let mut last: Option<(BTreeSet<IpAddr>, BTreeSet<String>, u64)> = None;
     let mut last_full = Instant::now();

@@ -3,6 +3,7 @@
 //! its own tokio runtime and talks to the data plane only through shared
 //! state it reads briefly, so it never blocks a data-plane core.
 
+pub mod csr;
 pub mod dns;
 pub mod iptables;
 pub mod iptables_sync;

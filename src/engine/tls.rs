@@ -129,38 +129,43 @@ pub fn client_config(
     Ok((Arc::new(cfg), cert))
 }
 
-/// The interception listener's TLS: our certificate, no client
+/// The interception listener's TLS: our certificate (swappable), no client
 /// certificate asked, HTTP/1.1 (what kubelets speak).
-pub fn interception_server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsError> {
+pub fn interception_server_config(
+    cert: &Path,
+    key: &Path,
+) -> Result<(Arc<ServerConfig>, Arc<ReloadingCert>), TlsError> {
+    let pair = ReloadingCert::load(cert, key)?;
     let mut cfg = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
-        .with_single_cert(load_certs(cert)?, load_key(key)?)?;
+        .with_cert_resolver(pair.clone());
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(cfg))
+    Ok((Arc::new(cfg), pair))
 }
 
-/// TLS toward kubelets through the tunnel: the proxy-client certificate,
-/// the kubelet verified against `ca`, or not at all with `ca: None`
-/// (yurt-tunnel's behaviour, for kubelets with self-signed certificates).
+/// TLS toward kubelets through the tunnel: the proxy-client certificate
+/// (swappable), the kubelet verified against `ca`, or not at all with
+/// `ca: None` (yurt-tunnel's behaviour, for self-signed kubelets).
 pub fn kubelet_client_config(
     cert: &Path,
     key: &Path,
     ca: Option<&Path>,
-) -> Result<Arc<ClientConfig>, TlsError> {
+) -> Result<(Arc<ClientConfig>, Arc<ReloadingCert>), TlsError> {
+    let pair = ReloadingCert::load(cert, key)?;
     let builder =
         ClientConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
     let mut cfg = match ca {
         Some(ca) => builder
             .with_root_certificates(load_roots(ca)?)
-            .with_client_auth_cert(load_certs(cert)?, load_key(key)?)?,
+            .with_client_cert_resolver(pair.clone()),
         None => builder
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(AcceptAnyServer(provider())))
-            .with_client_auth_cert(load_certs(cert)?, load_key(key)?)?,
+            .with_client_cert_resolver(pair.clone()),
     };
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(cfg))
+    Ok((Arc::new(cfg), pair))
 }
 
 /// Accepts any server certificate (handshake signatures are still checked).

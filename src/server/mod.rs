@@ -134,7 +134,17 @@ fn take<T>(v: &mut Option<Vec<T>>) -> Option<T> {
 
 /// Runs the server until SIGTERM/SIGINT.
 pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    // In `csr` mode, certificates not on disk yet are requested from the
+    // cluster before anything listens.
+    if let (Some(kube), false) = (&cfg.control.kube, cfg.control.csr.is_empty()) {
+        crate::control::kube_sync::obtain_missing(
+            kube,
+            &cfg.control.csr,
+            Duration::from_secs(900),
+        )?;
+    }
     let (tls_config, server_cert) = tls::server_config(&cfg.tls)?;
+    let mut watched = vec![server_cert];
     let n = cfg.workers.max(1);
     let mut agent_l = Some(listener::bind_tcp(cfg.agent_bind, n)?);
     let mut connect_l = cfg
@@ -169,16 +179,20 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
         .map(|t| listener::bind_tcp(t.bind, n))
         .transpose()?;
     let intercept_tls = match &cfg.interception_tls {
-        Some(t) => Some(intercept_frontend::InterceptTls {
-            acceptor: tokio_rustls::TlsAcceptor::from(tls::interception_server_config(
-                &t.cert, &t.key,
-            )?),
-            kubelet: tls::kubelet_client_config(
+        Some(t) => {
+            let (server_side, a) = tls::interception_server_config(&t.cert, &t.key)?;
+            let (kubelet, b) = tls::kubelet_client_config(
                 &t.kubelet_cert,
                 &t.kubelet_key,
                 t.kubelet_ca.as_deref(),
-            )?,
-        }),
+            )?;
+            watched.push(a);
+            watched.push(b);
+            Some(intercept_frontend::InterceptTls {
+                acceptor: tokio_rustls::TlsAcceptor::from(server_side),
+                kubelet,
+            })
+        }
         None => None,
     };
 
@@ -241,7 +255,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
             hosts: Arc::new(move || h.registry.lock().expect("registry lock").hosts()),
         };
         let mut spec = cfg.control.clone();
-        spec.certs.push(server_cert);
+        spec.certs.extend(watched);
         Some(crate::control::manager::spawn(
             spec,
             sources,

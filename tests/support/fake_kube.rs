@@ -205,6 +205,59 @@ impl FakeKube {
         }
     }
 
+    /// CertificateSigningRequests, oldest first.
+    pub fn csrs(&self) -> Vec<Value> {
+        self.state
+            .0
+            .lock()
+            .unwrap()
+            .objects
+            .iter()
+            .filter(|(k, _)| k.0 == "certificatesigningrequests")
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    /// Approves and signs every pending request with the CA in `certs`
+    /// (ca.crt, ca.key), valid for `secs` seconds; returns how many.
+    pub fn sign_pending(&self, certs: &std::path::Path, secs: u64) -> usize {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let ca_pem = std::fs::read_to_string(certs.join("ca.crt")).unwrap();
+        let ca_key =
+            rcgen::KeyPair::from_pem(&std::fs::read_to_string(certs.join("ca.key")).unwrap())
+                .unwrap();
+        let ca = rcgen::CertificateParams::from_ca_cert_pem(&ca_pem)
+            .unwrap()
+            .self_signed(&ca_key)
+            .unwrap();
+        let mut n = 0;
+        for csr in self.csrs() {
+            if csr["status"]["certificate"].is_string() {
+                continue;
+            }
+            let name = csr["metadata"]["name"].as_str().unwrap().to_string();
+            let pem = String::from_utf8(
+                b64.decode(csr["spec"]["request"].as_str().unwrap())
+                    .unwrap(),
+            )
+            .unwrap();
+            let mut req = rcgen::CertificateSigningRequestParams::from_pem(&pem).unwrap();
+            let now = std::time::SystemTime::now();
+            req.params.not_before = (now - Duration::from_secs(1)).into();
+            req.params.not_after = (now + Duration::from_secs(secs)).into();
+            let cert = req.signed_by(&ca, &ca_key).unwrap();
+            let mut signed = csr.clone();
+            signed["status"] = json!({
+                "conditions": [{"type": "Approved", "status": "True", "reason": "Test", "message": "approved by the test"}],
+                "certificate": b64.encode(cert.pem()),
+            });
+            self.store("certificatesigningrequests", "", &name, signed);
+            n += 1;
+        }
+        n
+    }
+
     /// Request lines seen so far.
     pub fn requests(&self) -> Vec<String> {
         self.state.0.lock().unwrap().requests.clone()
@@ -278,6 +331,33 @@ impl FakeKube {
                 (m, ["api", "v1", "namespaces", ns, "configmaps", rest @ ..]) => {
                     self.object_request(&mut w, m, "configmaps", ns, rest.first().copied(), &body)
                 }
+                ("POST", ["apis", "certificates.k8s.io", "v1", "certificatesigningrequests"]) => {
+                    let mut v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    let n = self.change(|st| {
+                        st.version += 1;
+                        st.version
+                    });
+                    let prefix = v["metadata"]["generateName"]
+                        .as_str()
+                        .unwrap_or("csr-")
+                        .to_string();
+                    let name = format!("{prefix}{n:05}");
+                    v["apiVersion"] = json!("certificates.k8s.io/v1");
+                    v["kind"] = json!("CertificateSigningRequest");
+                    let o = self.store("certificatesigningrequests", "", &name, v);
+                    reply(&mut w, 201, &o)
+                }
+                (
+                    "GET",
+                    ["apis", "certificates.k8s.io", "v1", "certificatesigningrequests", name],
+                ) => self.object_request(
+                    &mut w,
+                    "GET",
+                    "certificatesigningrequests",
+                    "",
+                    Some(name),
+                    &body,
+                ),
                 (
                     m,
                     ["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases", rest @ ..],
