@@ -163,6 +163,8 @@ pub struct Server {
     pub admin: SocketAddr,
     pub connect_uds: PathBuf,
     pub grpc_uds: PathBuf,
+    /// The interception listener, when started with one.
+    pub interception: Option<SocketAddr>,
 }
 
 impl Server {
@@ -196,7 +198,14 @@ impl Server {
         let connect = addr("connect");
         let grpc = addr("grpc");
         let admin = addr("admin");
-        proc.wait_line("READY");
+        let mut interception = None;
+        loop {
+            let l = proc.wait_line_any(&["LISTEN interception ", "READY"], WAIT);
+            if l == "READY" {
+                break;
+            }
+            interception = l.rsplit(' ').next().and_then(|a| a.parse().ok());
+        }
         Server {
             proc,
             agent,
@@ -205,6 +214,7 @@ impl Server {
             admin,
             connect_uds,
             grpc_uds,
+            interception,
         }
     }
 
