@@ -81,9 +81,35 @@ fn iptables_rules_are_idempotent_repaired_and_removed() {
     sync(&["--cloud-node-ip", "10.0.0.7"]);
     assert_eq!(save(&ns), s, "not repaired");
 
+    // Both families at once: each gets its own rules, by the DNAT address.
+    et(
+        &ns,
+        &[
+            "iptables",
+            "sync",
+            "--dnat-ip",
+            "10.0.0.2",
+            "--dnat-ip",
+            "fd00::2",
+            "--edge-ip",
+            "10.0.0.5",
+            "--edge-ip",
+            "fd00::5",
+        ],
+    );
+    let v6 = sh(&ns.0, "ip6tables-save -t nat");
+    assert!(
+        v6.contains(
+            "-A TUNNEL-PORT-10250 -d fd00::5/128 -p tcp -j DNAT --to-destination [fd00::2]:10264"
+        ),
+        "{v6}"
+    );
+    assert!(!v6.contains("10.0.0.5") && !save(&ns).contains("fd00::5"));
+
     et(&ns, &["iptables", "cleanup"]);
     let s = save(&ns);
     assert!(!s.contains("TUNNEL-PORT"), "left behind:\n{s}");
+    assert!(!sh(&ns.0, "ip6tables-save -t nat").contains("TUNNEL-PORT"));
 }
 
 /// GET `url` from inside `ns` (python3), optionally with a Host header.
