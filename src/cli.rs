@@ -327,6 +327,17 @@ pub struct AgentArgs {
     /// Do not offer the half-close extension (behave exactly like ANP's agent).
     #[arg(long)]
     pub no_half_close: bool,
+    /// Kubernetes access for `--cert-mode csr`: a kubeconfig path, or
+    /// `in-cluster`.
+    #[arg(long)]
+    pub kube: Option<String>,
+    /// Where the agent's certificate comes from: `files` (watched and
+    /// reloaded) or `csr` (a CertificateSigningRequest with signer
+    /// kubernetes.io/kube-apiserver-client, CN tunnel-agent-client, SANs the
+    /// agent ID and its addresses; written to --cert/--key and renewed at
+    /// 80% of its lifetime).
+    #[arg(long, default_value = "files")]
+    pub cert_mode: String,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -430,6 +441,7 @@ impl ServerArgs {
                     edge_label: (key.to_string(), value.to_string()),
                     dns_configmap: self.dns_configmap.as_deref().map(ns_name).transpose()?,
                     server_configmap: Some(ns_name(&self.server_configmap)?),
+                    watch_nodes: true,
                     lease: match self.dns_configmap {
                         Some(_) => {
                             let (ns, name) = ns_name(&self.leader_lease)?;
@@ -534,12 +546,45 @@ impl AgentArgs {
             Some(id) => id,
             None => hostname(),
         };
+        let identifiers = Identifiers::parse(&self.agent_identifiers)?;
+        let kube = self
+            .kube
+            .as_ref()
+            .map(|k| crate::control::manager::KubeSpec {
+                kubeconfig: (k != "in-cluster").then(|| PathBuf::from(k)),
+                edge_label: Default::default(),
+                dns_configmap: None,
+                server_configmap: None,
+                watch_nodes: false,
+                lease: None,
+            });
+        let csr = match self.cert_mode.as_str() {
+            "files" => Vec::new(),
+            "csr" if kube.is_some() => {
+                let ips = identifiers
+                    .ipv4
+                    .iter()
+                    .map(|a| std::net::IpAddr::V4(*a))
+                    .chain(identifiers.ipv6.iter().map(|a| std::net::IpAddr::V6(*a)))
+                    .collect();
+                vec![crate::control::csr::Job {
+                    profile: crate::control::csr::Profile::agent(&agent_id, ips),
+                    cert: tls.cert.clone(),
+                    key: tls.key.clone(),
+                    name_prefix: "edgetunnel-agent-".into(),
+                }]
+            }
+            "csr" => return Err("--cert-mode csr needs --kube".into()),
+            other => return Err(format!("--cert-mode {other:?}: files or csr").into()),
+        };
         Ok(AgentConfig {
+            kube,
+            csr,
             servers: self.server_addr,
             server_name: self.server_name,
             tls,
             agent_id,
-            identifiers: Identifiers::parse(&self.agent_identifiers)?,
+            identifiers,
             token,
             keepalive: Duration::from_secs(self.engine.keepalive_secs.max(1)),
             backoff_initial: secs(self.backoff_initial_secs),

@@ -300,3 +300,78 @@ fn csr_mode_obtains_and_rotates_the_serving_certificate() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     signer.join().unwrap();
 }
+
+#[test]
+fn agent_certificate_from_a_csr() {
+    let kube = FakeKube::start(None);
+    let env = Env::new();
+    let kc = env.path("kubeconfig");
+    fake_kube::kubeconfig(&kc, kube.addr);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let signer = {
+        let (kube, certs, stop) = (kube.clone(), env.certs(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                kube.sign_pending(&certs, 3600);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let server = support::Server::start(&env, &[]);
+    let adir = env.path("agent-certs");
+    std::fs::create_dir(&adir).unwrap();
+    let crt = adir.join("agent.crt").display().to_string();
+    let key = adir.join("agent.key").display().to_string();
+    let ca = env.certs().join("ca.crt").display().to_string();
+    let kc_s = kc.display().to_string();
+    let _agent = support::Agent::start(
+        &env,
+        server.agent,
+        "node-7",
+        "host=node-7&ipv4=10.0.0.77",
+        &[
+            "--cert",
+            &crt,
+            "--key",
+            &key,
+            "--ca",
+            &ca,
+            "--cert-mode",
+            "csr",
+            "--kube",
+            &kc_s,
+        ],
+    );
+    server.wait_metric("edgetunnel_agents_connected", 1.0);
+    let csrs = kube.csrs();
+    assert_eq!(csrs.len(), 1);
+    assert_eq!(
+        csrs[0]["spec"]["signerName"],
+        "kubernetes.io/kube-apiserver-client"
+    );
+    assert_eq!(
+        csrs[0]["spec"]["usages"],
+        json!(["digital signature", "key encipherment", "client auth"])
+    );
+    use base64::Engine as _;
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(csrs[0]["spec"]["request"].as_str().unwrap())
+        .unwrap();
+    let req = rcgen::CertificateSigningRequestParams::from_pem(std::str::from_utf8(&pem).unwrap())
+        .unwrap();
+    assert!(
+        matches!(req.params.distinguished_name.get(&rcgen::DnType::CommonName), Some(rcgen::DnValue::Utf8String(s)) if s == "tunnel-agent-client")
+    );
+    let sans: Vec<String> = req
+        .params
+        .subject_alt_names
+        .iter()
+        .map(|s| format!("{s:?}"))
+        .collect();
+    assert!(
+        sans.iter().any(|s| s.contains("node-7")) && sans.iter().any(|s| s.contains("10.0.0.77")),
+        "{sans:?}"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    signer.join().unwrap();
+}

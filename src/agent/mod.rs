@@ -34,12 +34,19 @@ pub struct AgentConfig {
     pub max_message: usize,
     /// Offer the half-close extension to servers.
     pub half_close: bool,
+    /// Kubernetes access, for certificates from CSRs.
+    pub kube: Option<crate::control::manager::KubeSpec>,
+    /// The agent certificate kept signed through a CSR.
+    pub csr: Vec<crate::control::csr::Job>,
 }
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Runs the agent until SIGTERM/SIGINT (and the drain) completes.
 pub fn run(cfg: AgentConfig) -> Result<(), BoxError> {
+    if let (Some(kube), false) = (&cfg.kube, cfg.csr.is_empty()) {
+        crate::control::kube_sync::obtain_missing(kube, &cfg.csr, Duration::from_secs(900))?;
+    }
     let (client_tls, cert) = tls::client_config(&cfg.tls)?;
     let shutdown = signals::Shutdown::new();
     signals::install(shutdown.clone())?;
@@ -47,6 +54,8 @@ pub fn run(cfg: AgentConfig) -> Result<(), BoxError> {
     let control = crate::control::manager::spawn(
         crate::control::manager::ControlSpec {
             certs: vec![cert],
+            kube: cfg.kube.clone(),
+            csr: cfg.csr.clone(),
             ..Default::default()
         },
         crate::control::manager::Sources::none(),

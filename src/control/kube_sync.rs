@@ -65,12 +65,14 @@ pub async fn start(spec: KubeSpec) -> Option<Kube> {
     };
     let view = Arc::new(Mutex::new(View::default()));
     let generation = Arc::new(AtomicU64::new(0));
-    tokio::spawn(watch_nodes(
-        client.clone(),
-        spec.edge_label.clone(),
-        view.clone(),
-        generation.clone(),
-    ));
+    if spec.watch_nodes {
+        tokio::spawn(watch_nodes(
+            client.clone(),
+            spec.edge_label.clone(),
+            view.clone(),
+            generation.clone(),
+        ));
+    }
     if let Some((ns, name)) = spec.server_configmap.clone() {
         tokio::spawn(poll_server_cfg(
             client.clone(),

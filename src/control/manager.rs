@@ -101,6 +101,9 @@ pub struct KubeSpec {
     /// `namespace/name` of the server ConfigMap (`http-proxy-ports`,
     /// `https-proxy-ports`).
     pub server_configmap: Option<(String, String)>,
+    /// Keep a node list-and-watch (the server; an agent only needs the
+    /// client for its certificate).
+    pub watch_nodes: bool,
     /// `namespace/name` of the Lease that elects the one server publishing
     /// the DNS records, this server's identity, and the lease duration.
     pub lease: Option<(String, String, String, i32)>,
