@@ -33,7 +33,7 @@ pub enum Command {
     /// Cloud side: accept agents and route tunnel requests to them.
     Server(Box<ServerArgs>),
     /// Edge side: connect out to servers and dial targets on their behalf.
-    Agent(AgentArgs),
+    Agent(Box<AgentArgs>),
     /// A drop-in `kubectl proxy`: same flags, same answers, faster.
     Proxy(Box<crate::proxy::ProxyArgs>),
     /// Certificate helpers.

@@ -21,7 +21,7 @@ fn main() {
     };
     let result: Result<(), Box<dyn std::error::Error + Send + Sync>> = match cli.command {
         Command::Server(args) => (*args).into_config().and_then(edgetunnel::server::run),
-        Command::Agent(args) => args.into_config().and_then(edgetunnel::agent::run),
+        Command::Agent(args) => (*args).into_config().and_then(edgetunnel::agent::run),
         Command::Proxy(args) => edgetunnel::proxy::run(*args),
         Command::Iptables(cmd) => iptables(cmd),
         Command::Certs(CertsCommand::Init {
