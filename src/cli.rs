@@ -286,6 +286,11 @@ pub struct ServerArgs {
     /// An IP address for the serving certificate in `csr` mode (repeatable).
     #[arg(long)]
     pub csr_ip: Vec<std::net::IpAddr>,
+    /// A Service (`namespace/name`, repeatable) whose cluster, external and
+    /// load-balancer addresses join the serving certificate's SANs, read
+    /// again at every renewal.
+    #[arg(long, default_values_t = ["kube-system/x-tunnel-server-svc".to_string(), "kube-system/x-tunnel-server-internal-svc".to_string()])]
+    pub csr_service: Vec<String>,
     /// Lease duration, seconds: a dead leader is replaced after this long.
     #[arg(long, default_value_t = 15)]
     pub leader_lease_secs: u32,
@@ -471,6 +476,11 @@ impl ServerArgs {
                     cert: tls.cert.clone(),
                     key: tls.key.clone(),
                     name_prefix: "edgetunnel-server-".into(),
+                    services: self
+                        .csr_service
+                        .iter()
+                        .map(|s| ns_name(s))
+                        .collect::<Result<_, _>>()?,
                 }];
                 if let Some(t) = &interception_tls {
                     jobs.push(crate::control::csr::Job {
@@ -478,6 +488,7 @@ impl ServerArgs {
                         cert: t.kubelet_cert.clone(),
                         key: t.kubelet_key.clone(),
                         name_prefix: "edgetunnel-proxy-client-".into(),
+                        services: Vec::new(),
                     });
                 }
                 jobs
@@ -572,6 +583,7 @@ impl AgentArgs {
                     cert: tls.cert.clone(),
                     key: tls.key.clone(),
                     name_prefix: "edgetunnel-agent-".into(),
+                    services: Vec::new(),
                 }]
             }
             "csr" => return Err("--cert-mode csr needs --kube".into()),

@@ -215,6 +215,12 @@ fn one_elected_server_publishes_and_a_follower_takes_over() {
 #[test]
 fn csr_mode_obtains_and_rotates_the_serving_certificate() {
     let kube = FakeKube::start(None);
+    kube.put_service(
+        "kube-system",
+        "x-tunnel-server-svc",
+        "10.96.0.10",
+        "203.0.113.5",
+    );
     let env = Env::new();
     let kc = env.path("kubeconfig");
     fake_kube::kubeconfig(&kc, kube.addr);

@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestSpec,
 };
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::ByteString;
 use kube::api::{Api, PostParams};
 use kube::Client;
@@ -136,6 +137,36 @@ pub fn validity(pem: &[u8]) -> Option<(SystemTime, SystemTime)> {
     ))
 }
 
+/// A Service's addresses for a serving certificate: cluster IPs, external
+/// IPs and load-balancer ingress (IPs, and hostnames as DNS names).
+pub fn service_addresses(svc: &Service) -> (Vec<IpAddr>, Vec<String>) {
+    let mut ips: Vec<IpAddr> = Vec::new();
+    let mut names = Vec::new();
+    let mut add = |s: &str| match s.parse::<IpAddr>() {
+        Ok(ip) if !ips.contains(&ip) => ips.push(ip),
+        Ok(_) => {}
+        Err(_) if !s.is_empty() && s != "None" => names.push(s.to_string()),
+        Err(_) => {}
+    };
+    if let Some(spec) = &svc.spec {
+        spec.cluster_ip.iter().for_each(|s| add(s));
+        spec.cluster_ips.iter().flatten().for_each(|s| add(s));
+        spec.external_ips.iter().flatten().for_each(|s| add(s));
+    }
+    for ing in svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        ing.ip.iter().for_each(|s| add(s));
+        ing.hostname.iter().for_each(|s| add(s));
+    }
+    (ips, names)
+}
+
 /// A certificate file pair kept signed by Kubernetes.
 #[derive(Debug, Clone)]
 pub struct Job {
@@ -144,6 +175,9 @@ pub struct Job {
     pub key: PathBuf,
     /// Request names start with this (`generateName`).
     pub name_prefix: String,
+    /// Services (`namespace`, `name`) whose addresses join the SANs, read
+    /// again at every renewal (the serving certificate).
+    pub services: Vec<(String, String)>,
 }
 
 impl Job {
@@ -176,7 +210,29 @@ fn write_atomic(path: &Path, text: &str, private: bool) -> Result<(), CsrError> 
 /// Creates a request for `job`, waits (up to `wait`) for its certificate,
 /// and writes the key and certificate files.
 pub async fn obtain(client: &Client, job: &Job, wait: Duration) -> Result<(), CsrError> {
-    let (request, key) = job.profile.request()?;
+    let mut profile = job.profile.clone();
+    for (ns, name) in &job.services {
+        let api: Api<Service> = Api::namespaced(client.clone(), ns);
+        match api.get_opt(name).await? {
+            Some(svc) => {
+                let (ips, names) = service_addresses(&svc);
+                for ip in ips {
+                    if !profile.ips.contains(&ip) {
+                        profile.ips.push(ip);
+                    }
+                }
+                profile.dns_names.extend(
+                    names
+                        .into_iter()
+                        .filter(|n| !job.profile.dns_names.contains(n)),
+                );
+            }
+            None => tracing::debug!(
+                "service {ns}/{name} not found; its addresses are not in the certificate"
+            ),
+        }
+    }
+    let (request, key) = profile.request()?;
     let api: Api<CertificateSigningRequest> = Api::all(client.clone());
     let csr = CertificateSigningRequest {
         metadata: kube::api::ObjectMeta {
@@ -185,8 +241,8 @@ pub async fn obtain(client: &Client, job: &Job, wait: Duration) -> Result<(), Cs
         },
         spec: CertificateSigningRequestSpec {
             request: ByteString(request.into_bytes()),
-            signer_name: job.profile.signer.clone(),
-            usages: Some(job.profile.usages.clone()),
+            signer_name: profile.signer.clone(),
+            usages: Some(profile.usages.clone()),
             ..Default::default()
         },
         status: None,

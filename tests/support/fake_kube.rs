@@ -205,6 +205,14 @@ impl FakeKube {
         }
     }
 
+    /// Stores a Service with a cluster IP and a load-balancer ingress IP.
+    pub fn put_service(&self, ns: &str, name: &str, cluster_ip: &str, lb_ip: &str) {
+        let svc = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+            "spec": {"clusterIP": cluster_ip, "ports": [{"port": 10262}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": lb_ip}]}}});
+        self.store("services", ns, name, svc);
+    }
+
     /// CertificateSigningRequests, oldest first.
     pub fn csrs(&self) -> Vec<Value> {
         self.state
@@ -327,6 +335,9 @@ impl FakeKube {
                         "items": st.nodes.values().cloned().collect::<Vec<_>>()});
                     drop(st);
                     reply(&mut w, 200, &list)
+                }
+                (m, ["api", "v1", "namespaces", ns, "services", rest @ ..]) => {
+                    self.object_request(&mut w, m, "services", ns, rest.first().copied(), &body)
                 }
                 (m, ["api", "v1", "namespaces", ns, "configmaps", rest @ ..]) => {
                     self.object_request(&mut w, m, "configmaps", ns, rest.first().copied(), &body)
