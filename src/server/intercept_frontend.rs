@@ -364,65 +364,83 @@ async fn tls_front(
     relay_traced(down, up, &host, &dial, &agent_id, started).await;
 }
 
-/// Relays two plaintext streams both ways and logs, as yurt-tunnel's
-/// tracing wrapper, the method, path, node, status and duration of the
-/// first exchange on the connection, then its totals.
-async fn relay_traced<A, B>(
-    mut down: A,
-    mut up: B,
-    node: &str,
-    dial: &str,
-    agent: &str,
-    started: Instant,
-) where
+/// Relays two plaintext streams both ways and logs every exchange, as
+/// yurt-tunnel's tracing wrapper does: method, path, node, status and
+/// duration (pipelined and streamed exchanges included; after an upgrade
+/// the bytes just flow).
+async fn relay_traced<A, B>(down: A, up: B, node: &str, dial: &str, agent: &str, started: Instant)
+where
     A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
+    use super::http_trace::{Event, Tracker};
+    use std::cell::RefCell;
+    use std::collections::VecDeque;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    // The first request head, forwarded as read.
-    let mut first = vec![0u8; 16 * 1024];
-    let n = match down.read(&mut first).await {
-        Ok(0) | Err(_) => return,
-        Ok(n) => n,
-    };
-    let (method, path) = request_line(&first[..n]);
-    if up.write_all(&first[..n]).await.is_err() || up.flush().await.is_err() {
-        return;
-    }
-    // The first response head, forwarded as read.
-    let m = match up.read(&mut first).await {
-        Ok(0) | Err(_) => 0,
-        Ok(m) => m,
-    };
-    let status = status_code(&first[..m]);
-    tracing::info!(%method, %path, %node, %dial, %agent, status, elapsed_ms = started.elapsed().as_millis() as u64, "kubelet request");
-    if m == 0 || down.write_all(&first[..m]).await.is_err() {
-        return;
-    }
-    let _ = down.flush().await;
-    match tokio::io::copy_bidirectional(&mut down, &mut up).await {
-        Ok((to_kubelet, to_caller)) => {
-            tracing::debug!(%node, to_kubelet, to_caller, elapsed_ms = started.elapsed().as_millis() as u64, "kubelet connection closed")
+
+    let (mut down_r, mut down_w) = tokio::io::split(down);
+    let (mut up_r, mut up_w) = tokio::io::split(up);
+    // Requests sent and not yet answered: (method, path, when).
+    let pending: RefCell<VecDeque<(String, String, Instant)>> = RefCell::new(VecDeque::new());
+    let upgraded = std::cell::Cell::new(false);
+    let to_kubelet = async {
+        let mut t = Tracker::requests();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match down_r.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if upgraded.get() {
+                t.stop();
+            }
+            for ev in t.feed(&buf[..n], || None) {
+                if let Event::Request { method, path } = ev {
+                    pending
+                        .borrow_mut()
+                        .push_back((method, path, Instant::now()));
+                }
+            }
+            if up_w.write_all(&buf[..n]).await.is_err() || up_w.flush().await.is_err() {
+                break;
+            }
         }
-        Err(e) => tracing::debug!(%node, "kubelet connection ended: {e}"),
-    }
-}
-
-fn request_line(b: &[u8]) -> (String, String) {
-    let line = b.split(|&c| c == b'\n').next().unwrap_or(b"");
-    let text = String::from_utf8_lossy(line);
-    let mut parts = text.split_whitespace();
-    (
-        parts.next().unwrap_or("").to_string(),
-        parts.next().unwrap_or("").to_string(),
-    )
-}
-
-fn status_code(b: &[u8]) -> u16 {
-    let line = b.split(|&c| c == b'\n').next().unwrap_or(b"");
-    String::from_utf8_lossy(line)
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
+        let _ = up_w.shutdown().await;
+    };
+    let to_caller = async {
+        let mut t = Tracker::responses();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match up_r.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let method_of_front = || pending.borrow().front().map(|p| p.0.clone());
+            for ev in t.feed(&buf[..n], method_of_front) {
+                let Event::Response { status } = ev else {
+                    continue;
+                };
+                if (100..200).contains(&status) && status != 101 {
+                    continue;
+                }
+                let Some((method, path, at)) = pending.borrow_mut().pop_front() else {
+                    continue;
+                };
+                tracing::info!(
+                    %method, %path, %node, %dial, %agent, status,
+                    elapsed_ms = at.elapsed().as_millis() as u64,
+                    "kubelet request"
+                );
+                if status == 101 {
+                    upgraded.set(true);
+                }
+            }
+            if down_w.write_all(&buf[..n]).await.is_err() || down_w.flush().await.is_err() {
+                break;
+            }
+        }
+        let _ = down_w.shutdown().await;
+    };
+    futures::join!(to_kubelet, to_caller);
+    tracing::debug!(%node, elapsed_ms = started.elapsed().as_millis() as u64, "kubelet connection closed");
 }

@@ -11,6 +11,7 @@
 mod agent_conn;
 mod connect_frontend;
 mod grpc_frontend;
+pub mod http_trace;
 mod intercept_frontend;
 mod session;
 
