@@ -156,6 +156,22 @@ fn upgrades_streams_and_localhost_ports_through_the_interception_listener() {
         got.extend_from_slice(&buf[..n]);
     }
     assert!(String::from_utf8_lossy(&got).contains("last"));
+    // The tracing wrapper logged both exchanges with their status.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let log = server.proc.log_text();
+        let traced = |path: &str, status: &str| {
+            log.lines()
+                .any(|l| l.contains("kubelet request") && l.contains(path) && l.contains(status))
+        };
+        if traced("/portForward/ns/pod", "status=101")
+            && traced("/containerLogs/ns/pod/c", "status=200")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "exchanges not traced:\n{log}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
     // Without the localhost rule the node's own address is dialed (and
     // refused): the caller gets an answer, not a hang.

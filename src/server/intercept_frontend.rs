@@ -151,17 +151,42 @@ async fn front(
         return;
     };
     tracing::debug!(%peer, %route, %dial, agent = %agent.agent_id, "intercepted connection");
-    run_on_agent_core(
+    // Through a socket pair, so that the tracing wrapper sees the exchanges
+    // (it only follows; the bytes pass unchanged).
+    let Ok((tunnel_end, our_end)) = socket_pair() else {
+        return;
+    };
+    let agent_id = agent.agent_id.clone();
+    monoio::spawn(run_on_agent_core(
         core,
         shared,
-        sock,
-        MovedSocket::from_tcp,
-        dial,
-        leftover,
+        tunnel_end,
+        MovedSocket::from_unix,
+        dial.clone(),
+        Bytes::new(),
         agent,
         mode,
-    )
-    .await;
+    ));
+    use monoio::io::IntoPollIo;
+    let (Ok(down), Ok(up)) = (sock.into_poll_io(), our_end.into_poll_io()) else {
+        return;
+    };
+    let node = route
+        .rsplit_once(':')
+        .map_or(route.as_str(), |(h, _)| h)
+        .trim_matches(['[', ']']);
+    relay_traced(down, up, leftover, node, &dial, &agent_id, started).await;
+}
+
+/// A connected pair of unix sockets on this core's runtime.
+fn socket_pair() -> std::io::Result<(monoio::net::UnixStream, monoio::net::UnixStream)> {
+    let (a, b) = std::os::unix::net::UnixStream::pair()?;
+    a.set_nonblocking(true)?;
+    b.set_nonblocking(true)?;
+    Ok((
+        monoio::net::UnixStream::from_std(a)?,
+        monoio::net::UnixStream::from_std(b)?,
+    ))
 }
 
 /// Reads a plain HTTP request head and returns the Host's node and port
@@ -313,15 +338,7 @@ async fn tls_front(
         .await;
         return;
     };
-    let pair = std::os::unix::net::UnixStream::pair().and_then(|(a, b)| {
-        a.set_nonblocking(true)?;
-        b.set_nonblocking(true)?;
-        Ok((
-            monoio::net::UnixStream::from_std(a)?,
-            monoio::net::UnixStream::from_std(b)?,
-        ))
-    });
-    let Ok((tunnel_end, our_end)) = pair else {
+    let Ok((tunnel_end, our_end)) = socket_pair() else {
         return;
     };
     let agent_id = agent.agent_id.clone();
@@ -361,15 +378,22 @@ async fn tls_front(
             return;
         }
     };
-    relay_traced(down, up, &host, &dial, &agent_id, started).await;
+    relay_traced(down, up, Bytes::new(), &host, &dial, &agent_id, started).await;
 }
 
 /// Relays two plaintext streams both ways and logs every exchange, as
 /// yurt-tunnel's tracing wrapper does: method, path, node, status and
 /// duration (pipelined and streamed exchanges included; after an upgrade
 /// the bytes just flow).
-async fn relay_traced<A, B>(down: A, up: B, node: &str, dial: &str, agent: &str, started: Instant)
-where
+async fn relay_traced<A, B>(
+    down: A,
+    up: B,
+    prefix: Bytes,
+    node: &str,
+    dial: &str,
+    agent: &str,
+    started: Instant,
+) where
     A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
@@ -385,6 +409,20 @@ where
     let upgraded = std::cell::Cell::new(false);
     let to_kubelet = async {
         let mut t = Tracker::requests();
+        // What the caller sent before the relay began (a head read to find
+        // the node) goes first.
+        if !prefix.is_empty() {
+            for ev in t.feed(&prefix, || None) {
+                if let Event::Request { method, path } = ev {
+                    pending
+                        .borrow_mut()
+                        .push_back((method, path, Instant::now()));
+                }
+            }
+            if up_w.write_all(&prefix).await.is_err() {
+                return;
+            }
+        }
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             let n = match down_r.read(&mut buf).await {
