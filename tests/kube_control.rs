@@ -26,6 +26,39 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool, log: impl Fn() -> String) {
     }
 }
 
+/// Plays the cluster's signer with the local CA in `certs`: approves and
+/// signs every pending request (valid `secs` seconds) until stopped.
+struct Signer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Signer {
+    fn start(kube: &FakeKube, certs: std::path::PathBuf, secs: u64) -> Signer {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (kube, flag) = (kube.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                kube.sign_pending(&certs, secs);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        Signer {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Signer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 #[test]
 fn nodes_and_configmaps_drive_rules_and_records() {
     let ns = Netns::new(&format!("etkube{}", std::process::id() % 100_000));
@@ -226,16 +259,7 @@ fn csr_mode_obtains_and_rotates_the_serving_certificate() {
     fake_kube::kubeconfig(&kc, kube.addr);
     // The cluster's signer, played by this test with the local CA: every
     // request approved, certificates valid for 6 s (renewed at 80%).
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let signer = {
-        let (kube, certs, stop) = (kube.clone(), env.certs(), stop.clone());
-        std::thread::spawn(move || {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                kube.sign_pending(&certs, 6);
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        })
-    };
+    let _signer = Signer::start(&kube, env.certs(), 6);
     let sdir = env.path("server-certs");
     std::fs::create_dir(&sdir).unwrap();
     let (crt, key) = (
@@ -303,8 +327,6 @@ fn csr_mode_obtains_and_rotates_the_serving_certificate() {
     server.wait_metric("edgetunnel_agents_connected", 1.0);
     let _second = support::Agent::start(&env, server.agent, "edge-2", "host=edge-2", &[]);
     server.wait_metric("edgetunnel_agents_connected", 2.0);
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    signer.join().unwrap();
 }
 
 #[test]
@@ -313,16 +335,7 @@ fn agent_certificate_from_a_csr() {
     let env = Env::new();
     let kc = env.path("kubeconfig");
     fake_kube::kubeconfig(&kc, kube.addr);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let signer = {
-        let (kube, certs, stop) = (kube.clone(), env.certs(), stop.clone());
-        std::thread::spawn(move || {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                kube.sign_pending(&certs, 3600);
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        })
-    };
+    let _signer = Signer::start(&kube, env.certs(), 3600);
     let server = support::Server::start(&env, &[]);
     let adir = env.path("agent-certs");
     std::fs::create_dir(&adir).unwrap();
@@ -378,6 +391,4 @@ fn agent_certificate_from_a_csr() {
         sans.iter().any(|s| s.contains("node-7")) && sans.iter().any(|s| s.contains("10.0.0.77")),
         "{sans:?}"
     );
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    signer.join().unwrap();
 }
