@@ -961,9 +961,7 @@ async fn relay_gunzip(
     chunked: bool,
     metrics: &ProxyMetrics,
 ) -> io::Result<()> {
-    use std::io::Write as _;
-    const STEP: usize = 4096;
-    let mut gz = flate2::write::GzDecoder::new(Vec::with_capacity(READ_CHUNK));
+    let mut gz = Gunzip::new(chunked);
     let mut left = match framing {
         Framing::Length(n) => n,
         _ => u64::MAX,
@@ -996,26 +994,11 @@ async fn relay_gunzip(
             }
         };
         for r in ranges {
-            for piece in up.buf[r].chunks(STEP) {
-                gz.write_all(piece)?;
-                let out = std::mem::take(gz.get_mut());
-                write_body_piece(client, &out, chunked).await?;
-                metrics
-                    .bytes_down
-                    .fetch_add(out.len() as u64, Ordering::Relaxed);
-                *gz.get_mut() = out;
-                gz.get_mut().clear();
-            }
+            gz.feed(client, &up.buf[r], metrics).await?;
         }
         up.buf.advance(consumed);
     }
-    gz.try_finish()?;
-    let out = std::mem::take(gz.get_mut());
-    write_body_piece(client, &out, chunked).await?;
-    if chunked {
-        client.io.write_all(b"0\r\n\r\n").await?;
-    }
-    Ok(())
+    gz.finish(client).await
 }
 
 /// Streaming gzip decompression toward the client, in small steps.

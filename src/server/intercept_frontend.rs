@@ -409,16 +409,20 @@ async fn relay_traced<A, B>(
     let upgraded = std::cell::Cell::new(false);
     let to_kubelet = async {
         let mut t = Tracker::requests();
-        // What the caller sent before the relay began (a head read to find
-        // the node) goes first.
-        if !prefix.is_empty() {
-            for ev in t.feed(&prefix, || None) {
+        // Requests seen in bytes going to the kubelet wait for their answer.
+        let note = |t: &mut Tracker, data: &[u8]| {
+            for ev in t.feed(data, || None) {
                 if let Event::Request { method, path } = ev {
                     pending
                         .borrow_mut()
                         .push_back((method, path, Instant::now()));
                 }
             }
+        };
+        // What the caller sent before the relay began (a head read to find
+        // the node) goes first.
+        if !prefix.is_empty() {
+            note(&mut t, &prefix);
             if up_w.write_all(&prefix).await.is_err() {
                 return;
             }
@@ -432,13 +436,7 @@ async fn relay_traced<A, B>(
             if upgraded.get() {
                 t.stop();
             }
-            for ev in t.feed(&buf[..n], || None) {
-                if let Event::Request { method, path } = ev {
-                    pending
-                        .borrow_mut()
-                        .push_back((method, path, Instant::now()));
-                }
-            }
+            note(&mut t, &buf[..n]);
             if up_w.write_all(&buf[..n]).await.is_err() || up_w.flush().await.is_err() {
                 break;
             }
