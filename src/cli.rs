@@ -182,6 +182,10 @@ pub struct ServerArgs {
     /// Seconds to wait for the agent's DIAL_RSP before answering 504.
     #[arg(long, default_value_t = 30.0)]
     pub dial_timeout_secs: f64,
+    /// HTTP status answered when no agent can take a dial: 500 as ANP's
+    /// server does (the default), or 503 Service Unavailable.
+    #[arg(long, default_value_t = 500, value_parser = parse_no_agent_status)]
+    pub no_agent_status: u16,
     /// Interception listener (yurt-tunnel's 10264): kubelet traffic sent here
     /// by iptables DNAT is relayed to its original destination through the
     /// node's agent; direct plain-HTTP clients are routed by their Host.
@@ -543,9 +547,18 @@ impl ServerArgs {
             workers: self.workers.unwrap_or_else(runtime::default_workers),
             driver: self.engine.driver,
             dial_timeout: secs(self.dial_timeout_secs),
+            no_agent_status: self.no_agent_status,
             max_message: self.engine.max_message_size,
             keepalive: Duration::from_secs(self.engine.keepalive_secs.max(1)),
         })
+    }
+}
+
+fn parse_no_agent_status(s: &str) -> Result<u16, String> {
+    match s {
+        "500" => Ok(500),
+        "503" => Ok(503),
+        _ => Err(format!("{s:?} is not 500 or 503")),
     }
 }
 

@@ -153,6 +153,58 @@ fn grpcio_agent_serves_connect_and_grpc_frontends() {
     server.wait_metric("edgetunnel_open_connections", 0.0);
 }
 
+/// An agent whose connection drops after it got a dial, before answering:
+/// the server routes that dial to another agent, through either frontend,
+/// and the caller never sees the loss.
+#[test]
+fn dial_to_an_agent_that_vanishes_goes_to_another() {
+    let env = Env::new();
+    let server = Server::start(&env, &[]);
+    let echo = echo_server("127.0.0.1");
+    let _agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    for frontend in ["connect", "grpc"] {
+        let vanisher = fake_agent(
+            &env,
+            &server,
+            "py-vanish",
+            "host=node1",
+            &[s("--vanish-on-dial")],
+        );
+        vanisher.wait_line("READY");
+        server.wait_metric("edgetunnel_agents_connected", 2.0);
+        // Two agents for node1, balanced: within two dials one lands on the
+        // vanishing agent.
+        for _ in 0..2 {
+            if frontend == "connect" {
+                let (status, body, st) = connect_tcp(server.connect, &echo.addr.to_string());
+                assert_eq!(status, 200, "{body}");
+                assert_eq!(echo_roundtrip(st, b"hello"), b"hello");
+            } else {
+                let mut client = script(
+                    &env,
+                    "proxy_client.py",
+                    &[
+                        s("--target"),
+                        format!("unix:{}", server.grpc_uds.display()),
+                        s("--dial"),
+                        s(echo.addr),
+                        s("--payload-size"),
+                        s(1000),
+                    ],
+                );
+                expect_ok(&mut client);
+            }
+        }
+        let line = vanisher.wait_line("VANISH");
+        assert!(line.contains(&echo.addr.to_string()), "{line}");
+        server.wait_metric("edgetunnel_agents_connected", 1.0);
+    }
+    assert_eq!(
+        server.metric("edgetunnel_dials_total{result=\"no_agent\"}"),
+        0.0
+    );
+}
+
 #[test]
 fn grpcio_proxy_client_through_our_server_and_agent() {
     let env = Env::new();

@@ -253,7 +253,7 @@ async fn serve(
     state.sync_gauges();
     let n = orphans.len();
     for sink in orphans {
-        sink.deliver(FrontendEvent::Closed("agent disconnected".into()));
+        sink.deliver(FrontendEvent::AgentGone);
     }
     match &result {
         Ok(()) => tracing::info!(parent: &span, connections = n, "agent disconnected"),

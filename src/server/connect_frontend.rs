@@ -112,70 +112,108 @@ where
         }
     };
     let Some(agent) = shared.pick(&address) else {
-        shared
-            .metrics
-            .dial_done(DialResult::NoAgent, Duration::ZERO);
-        tracing::info!(%address, "CONNECT refused: no agent available");
-        let _ = sock
-            .write_all(http_connect::error_response(500, NO_TUNNEL))
-            .await;
+        no_agent(&shared, &mut sock, Mode::Connect, &address).await;
         return;
     };
-    run_on_agent_core(
-        core,
-        shared,
-        sock,
-        moved,
-        address,
-        leftover,
-        agent,
-        Mode::Connect,
-    )
-    .await;
+    let dial = Pending::new(address, leftover, agent, Mode::Connect);
+    run_on_agent_core(core, shared, sock, moved, dial).await;
 }
 
-/// Runs the tunnel here when this core owns `agent`, else moves the socket
-/// (its descriptor) to the agent's core.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn run_on_agent_core<S>(
-    core: usize,
-    shared: Arc<Shared>,
-    sock: S,
-    moved: fn(S) -> MovedSocket,
+/// Agents tried for one dial whose agent connections end before answering.
+pub(super) const ROUTE_ATTEMPTS: u8 = 3;
+
+/// A dial routed to an agent and not yet answered.
+pub(crate) struct Pending {
     address: String,
+    /// Client bytes read past the CONNECT head.
     leftover: Bytes,
     agent: AgentHandle,
     mode: Mode,
+    attempt: u8,
+}
+
+impl Pending {
+    pub(super) fn new(address: String, leftover: Bytes, agent: AgentHandle, mode: Mode) -> Self {
+        Self {
+            address,
+            leftover,
+            agent,
+            mode,
+            attempt: 0,
+        }
+    }
+}
+
+/// Answers that no agent can take the dial (the status is configurable:
+/// ANP's 500 or 503).
+async fn no_agent<S: relay::Duplex>(shared: &Shared, sock: &mut S, mode: Mode, address: &str) {
+    shared
+        .metrics
+        .dial_done(DialResult::NoAgent, Duration::ZERO);
+    tracing::info!(%address, "dial refused: no agent available");
+    refuse(sock, mode, shared.cfg.no_agent_status, NO_TUNNEL).await;
+}
+
+/// Runs the tunnel here when this core owns the dial's agent, else moves
+/// the socket (its descriptor) to the agent's core. A dial whose agent
+/// connection ends before answering goes to another agent, up to
+/// [`ROUTE_ATTEMPTS`] in all.
+pub(super) async fn run_on_agent_core<S>(
+    core: usize,
+    shared: Arc<Shared>,
+    mut sock: S,
+    moved: fn(S) -> MovedSocket,
+    mut dial: Pending,
 ) where
     S: relay::Duplex,
 {
-    if agent.core == core {
-        tunnel(shared, sock, address, leftover, agent, mode).await;
-        return;
+    loop {
+        if dial.agent.core != core {
+            hand_off(&shared, moved(sock), dial);
+            return;
+        }
+        let Some((back, mut again)) = tunnel(&shared, sock, dial).await else {
+            return;
+        };
+        sock = back;
+        again.attempt += 1;
+        tracing::info!(address = %again.address, agent = %again.agent.agent_id, attempt = again.attempt,
+            "agent connection ended before answering a dial");
+        let next = if again.attempt < ROUTE_ATTEMPTS {
+            shared.repick(&again.address, again.agent.key).await
+        } else {
+            None
+        };
+        let Some(agent) = next else {
+            no_agent(&shared, &mut sock, again.mode, &again.address).await;
+            return;
+        };
+        again.agent = agent;
+        dial = again;
     }
-    let target = agent.core;
-    let handoff = Handoff {
-        socket: moved(sock),
-        address,
-        leftover,
-        agent,
-        mode,
-    };
+}
+
+fn hand_off(shared: &Shared, socket: MovedSocket, dial: Pending) {
+    let target = dial.agent.core;
     let inboxes = shared
         .inboxes
         .get()
         .expect("inboxes are set before workers start");
-    if let Err(e) = inboxes[target].unbounded_send(handoff) {
+    if let Err(e) = inboxes[target].unbounded_send(Handoff { socket, dial }) {
         // The owning core is gone (shutting down): the socket closes on drop.
         tracing::warn!(core = target, "handoff failed: {e}");
     }
 }
 
-/// Runs a handed-off CONNECT on this (the agent's) core.
-pub(super) async fn adopt(shared: Arc<Shared>, h: Handoff) {
+/// Runs a handed-off dial on this (the agent's) core.
+pub(super) async fn adopt(core: usize, shared: Arc<Shared>, h: Handoff) {
     match h.socket.adopt() {
-        Ok(LocalSocket::Tcp(s)) => tunnel(shared, s, h.address, h.leftover, h.agent, h.mode).await,
-        Ok(LocalSocket::Unix(s)) => tunnel(shared, s, h.address, h.leftover, h.agent, h.mode).await,
+        Ok(LocalSocket::Tcp(s)) => {
+            run_on_agent_core(core, shared, s, MovedSocket::from_tcp, h.dial).await
+        }
+        Ok(LocalSocket::Unix(s)) => {
+            run_on_agent_core(core, shared, s, MovedSocket::from_unix, h.dial).await
+        }
         Err(e) => tracing::warn!(error = %e, "could not adopt a handed-off socket"),
     }
 }
@@ -231,15 +269,11 @@ async fn refuse<S: relay::Duplex>(sock: &mut S, mode: Mode, status: u16, body: &
     }
 }
 
-/// Dials through `agent`, answers the client, relays until either side ends.
-pub(super) async fn tunnel<S>(
-    shared: Arc<Shared>,
-    mut sock: S,
-    address: String,
-    leftover: Bytes,
-    agent: AgentHandle,
-    mode: Mode,
-) where
+/// Dials through the chosen agent, answers the client, relays until either
+/// side ends. Gives the socket and the dial back, untouched, when the agent
+/// connection ended before answering.
+async fn tunnel<S>(shared: &Arc<Shared>, mut sock: S, dial: Pending) -> Option<(S, Pending)>
+where
     S: relay::Duplex,
 {
     let (tx, mut events) = mpsc::unbounded();
@@ -250,20 +284,26 @@ pub(super) async fn tunnel<S>(
         }
     };
     let started = Instant::now();
-    let dial = AgentCmd::Dial {
+    let cmd = AgentCmd::Dial {
         random,
-        address: address.clone(),
+        address: dial.address.clone(),
         reply: FrontendSink { tx, token: 0 },
     };
-    if !agent.send(dial).await {
-        shared
-            .metrics
-            .dial_done(DialResult::NoAgent, Duration::ZERO);
-        refuse(&mut sock, mode, 500, NO_TUNNEL).await;
-        return;
+    if !dial.agent.send(cmd).await {
+        return Some((sock, dial));
     }
     let timeout = shared.cfg.dial_timeout;
     let first = monoio::time::timeout(timeout, events.next()).await;
+    let Pending {
+        address,
+        leftover,
+        agent,
+        mode,
+        ..
+    } = match first {
+        Ok(Some((_, FrontendEvent::AgentGone))) | Ok(None) => return Some((sock, dial)),
+        _ => dial,
+    };
     let connect_id = match first {
         Ok(Some((_, FrontendEvent::DialOk { connect_id }))) => connect_id,
         Ok(Some((_, FrontendEvent::DialErr(e)))) | Ok(Some((_, FrontendEvent::Closed(e)))) => {
@@ -271,17 +311,14 @@ pub(super) async fn tunnel<S>(
             tracing::info!(%address, agent = %agent.agent_id, status, error = %e, "dial failed");
             let body = http_connect::truncate_error_body(&e);
             refuse(&mut sock, mode, status, &body).await;
-            return;
+            return None;
         }
         Ok(Some((_, other))) => {
             tracing::warn!(?other, "unexpected event before the dial answer");
             refuse(&mut sock, mode, 502, "unexpected answer from agent").await;
-            return;
+            return None;
         }
-        Ok(None) => {
-            refuse(&mut sock, mode, 502, "agent disconnected during dial").await;
-            return;
-        }
+        Ok(None) => return None,
         Err(_) => {
             shared
                 .metrics
@@ -291,7 +328,7 @@ pub(super) async fn tunnel<S>(
             let body =
                 format!("Backend dial timeout: dial {address} timed out after {timeout:?}\r\n");
             refuse(&mut sock, mode, 504, &body).await;
-            return;
+            return None;
         }
     };
     let span = tracing::debug_span!("tunnel", %address, connect_id, agent = %agent.agent_id);
@@ -300,7 +337,7 @@ pub(super) async fn tunnel<S>(
         let (res, _) = sock.write_all(http_connect::ESTABLISHED).await;
         if res.is_err() {
             agent.send(AgentCmd::Close { connect_id }).await;
-            return;
+            return None;
         }
     }
     if !leftover.is_empty() {
@@ -363,7 +400,7 @@ pub(super) async fn tunnel<S>(
                 FrontendEvent::Finished => {
                     let _ = wr.shutdown().await;
                 }
-                FrontendEvent::Closed(_) => return true,
+                FrontendEvent::Closed(_) | FrontendEvent::AgentGone => return true,
                 FrontendEvent::DialOk { .. } | FrontendEvent::DialErr(_) => {}
             }
         }
@@ -374,7 +411,7 @@ pub(super) async fn tunnel<S>(
             if clean_eof && agent.half_close {
                 agent.send(AgentCmd::HalfClose { connect_id }).await;
                 if down.await {
-                    return;
+                    return None;
                 }
             }
             agent.send(AgentCmd::Close { connect_id }).await;
@@ -386,4 +423,5 @@ pub(super) async fn tunnel<S>(
         }
     }
     tracing::debug!(parent: &span, "tunnel closed");
+    None
 }

@@ -11,7 +11,7 @@ use futures::channel::mpsc;
 use futures::StreamExt;
 use monoio::io::IntoPollIo;
 
-use super::connect_frontend::NO_TUNNEL;
+use super::connect_frontend::{NO_TUNNEL, ROUTE_ATTEMPTS};
 use super::session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
 use super::Shared;
 use crate::engine::grpc::{self, code, PacketReceiver, PacketSender, SendBuf};
@@ -116,10 +116,41 @@ where
 
 struct Conn {
     agent: AgentHandle,
+    /// The dial's address, kept to route it again if the agent goes away
+    /// before answering.
+    address: String,
+    attempts: u8,
     client_random: i64,
     agent_random: i64,
     connect_id: Option<i64>,
     started: Instant,
+}
+
+/// Picks an agent for `address` (not `gone`, whose connection just ended)
+/// and sends it the dial; tries again while sends find the agent gone.
+async fn dial_agent(
+    shared: &Shared,
+    address: &str,
+    random: i64,
+    reply: FrontendSink,
+    mut gone: Option<u64>,
+) -> Option<AgentHandle> {
+    for _ in 0..ROUTE_ATTEMPTS {
+        let agent = match gone {
+            Some(key) => shared.repick(address, key).await?,
+            None => shared.pick(address)?,
+        };
+        let cmd = AgentCmd::Dial {
+            random,
+            address: address.to_string(),
+            reply: reply.clone(),
+        };
+        if agent.send(cmd).await {
+            return Some(agent);
+        }
+        gone = Some(agent.key);
+    }
+    None
 }
 
 /// One Proxy stream: any number of dials, each to its own agent.
@@ -174,6 +205,47 @@ async fn proxy_stream(
                         }
                     }
                     FrontendEvent::Finished => {}
+                    FrontendEvent::AgentGone
+                        if c.connect_id.is_none() && c.attempts < ROUTE_ATTEMPTS =>
+                    {
+                        // Never reached the target: route the dial again.
+                        let sink = FrontendSink {
+                            tx: ev_tx.clone(),
+                            token,
+                        };
+                        let gone = c.agent.key;
+                        match dial_agent(shared, &c.address, c.agent_random, sink, Some(gone)).await
+                        {
+                            Some(agent) => {
+                                c.agent = agent;
+                                c.attempts += 1;
+                            }
+                            None => {
+                                let random = c.client_random;
+                                conns.remove(&token);
+                                shared
+                                    .metrics
+                                    .dial_done(DialResult::NoAgent, Duration::ZERO);
+                                tx.send_frame(packet::dial_response(random, 0, NO_TUNNEL))
+                                    .await?;
+                            }
+                        }
+                    }
+                    FrontendEvent::AgentGone => {
+                        let c = conns.remove(&token).expect("present");
+                        if let Some(id) = c.connect_id {
+                            by_id.remove(&id);
+                            tx.send_frame(packet::close_response(id, "agent disconnected"))
+                                .await?;
+                        } else {
+                            tx.send_frame(packet::dial_response(
+                                c.client_random,
+                                0,
+                                "agent disconnected",
+                            ))
+                            .await?;
+                        }
+                    }
                     FrontendEvent::Closed(e) => {
                         let c = conns.remove(&token).expect("present");
                         match c.connect_id {
@@ -193,14 +265,6 @@ async fn proxy_stream(
             Ok(Ok(None)) => break Ok(()),
             Ok(Ok(Some(frame))) => match frame {
                 Frame::DialRequest(req) => {
-                    let Some(agent) = shared.pick(&req.address) else {
-                        shared
-                            .metrics
-                            .dial_done(DialResult::NoAgent, Duration::ZERO);
-                        tx.send_frame(packet::dial_response(req.random, 0, NO_TUNNEL))
-                            .await?;
-                        continue;
-                    };
                     next_token += 1;
                     let agent_random = loop {
                         let r = fastrand::i64(..);
@@ -212,22 +276,22 @@ async fn proxy_stream(
                         tx: ev_tx.clone(),
                         token: next_token,
                     };
-                    let ok = agent
-                        .send(AgentCmd::Dial {
-                            random: agent_random,
-                            address: req.address.clone(),
-                            reply: sink,
-                        })
-                        .await;
-                    if !ok {
+                    let Some(agent) =
+                        dial_agent(shared, &req.address, agent_random, sink, None).await
+                    else {
+                        shared
+                            .metrics
+                            .dial_done(DialResult::NoAgent, Duration::ZERO);
                         tx.send_frame(packet::dial_response(req.random, 0, NO_TUNNEL))
                             .await?;
                         continue;
-                    }
+                    };
                     conns.insert(
                         next_token,
                         Conn {
                             agent,
+                            address: req.address,
+                            attempts: 1,
                             client_random: req.random,
                             agent_random,
                             connect_id: None,

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use monoio::io::AsyncReadRent;
 
-use super::connect_frontend::{run_on_agent_core, Mode, NO_TUNNEL};
+use super::connect_frontend::{run_on_agent_core, Mode, Pending, NO_TUNNEL};
 use super::Shared;
 use crate::engine::listener;
 use crate::engine::relay::MovedSocket;
@@ -162,10 +162,7 @@ async fn front(
         shared,
         tunnel_end,
         MovedSocket::from_unix,
-        dial.clone(),
-        Bytes::new(),
-        agent,
-        mode,
+        Pending::new(dial.clone(), Bytes::new(), agent, mode),
     ));
     use monoio::io::IntoPollIo;
     let (Ok(down), Ok(up)) = (sock.into_poll_io(), our_end.into_poll_io()) else {
@@ -347,10 +344,12 @@ async fn tls_front(
         shared.clone(),
         tunnel_end,
         MovedSocket::from_unix,
-        dial.clone(),
-        Bytes::new(),
-        agent,
-        Mode::Transparent { http_errors: false },
+        Pending::new(
+            dial.clone(),
+            Bytes::new(),
+            agent,
+            Mode::Transparent { http_errors: false },
+        ),
     ));
     let Ok(our_end) = our_end.into_poll_io() else {
         return;

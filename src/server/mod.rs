@@ -49,6 +49,8 @@ pub struct ServerConfig {
     pub workers: usize,
     pub driver: Driver,
     pub dial_timeout: Duration,
+    /// Status of the CONNECT answer when no agent can take a dial.
+    pub no_agent_status: u16,
     pub max_message: usize,
     pub keepalive: Duration,
     pub interception_bind: Option<SocketAddr>,
@@ -72,10 +74,7 @@ pub struct InterceptionTls {
 /// A frontend socket moved to the core that owns its agent.
 pub(crate) struct Handoff {
     socket: MovedSocket,
-    address: String,
-    leftover: bytes::Bytes,
-    agent: AgentHandle,
-    mode: connect_frontend::Mode,
+    dial: connect_frontend::Pending,
 }
 
 /// State shared by every core.
@@ -93,6 +92,20 @@ impl Shared {
             .lock()
             .expect("registry lock")
             .pick(address, &self.cfg.strategies)
+    }
+
+    /// Another agent for `address` than `gone`, whose connection just ended
+    /// (it may stay registered for a moment).
+    async fn repick(&self, address: &str, gone: u64) -> Option<AgentHandle> {
+        for _ in 0..3 {
+            match self.pick(address) {
+                Some(a) if a.key == gone => {
+                    monoio::time::sleep(std::time::Duration::from_millis(10)).await
+                }
+                other => return other,
+            }
+        }
+        None
     }
 
     fn next_key(&self) -> u64 {
@@ -354,7 +367,7 @@ async fn worker(
         let shared = shared.clone();
         async move {
             while let Some(h) = inbox.next().await {
-                monoio::spawn(connect_frontend::adopt(shared.clone(), h));
+                monoio::spawn(connect_frontend::adopt(core, shared.clone(), h));
             }
         }
     };

@@ -59,6 +59,10 @@ pub enum FrontendEvent {
     /// The agent side finished sending (half-close).
     Finished,
     Closed(String),
+    /// The agent connection ended. Before the dial was answered this means
+    /// the target was never reached through it, so the frontend may route
+    /// the dial to another agent.
+    AgentGone,
 }
 
 /// Where an agent connection delivers a frontend connection's events.

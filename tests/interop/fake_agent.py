@@ -43,6 +43,9 @@ def parse_args():
                    help="fail at exit unless at least this many dials succeeded (default 0)")
     p.add_argument("--allow-stream-error", action="store_true",
                    help="exit 0 even if the server ends the stream with a non-OK status")
+    p.add_argument("--vanish-on-dial", action="store_true",
+                   help="on the first DIAL_REQ print VANISH and exit at once without answering "
+                        "(the connection drops; tests the server routing the dial to another agent)")
     p.add_argument("--dial-timeout", type=float, default=5.0, help="TCP connect timeout (default 5)")
     p.add_argument("--read-size", type=int, default=32 * 1024, help="max DATA payload read from a target (default 32768)")
     p.add_argument("--connect-wait", type=float, default=10.0,
@@ -94,6 +97,10 @@ class Agent:
     def handle(self, pkt):
         P = self.P
         if pkt.type == P.DIAL_REQ:
+            if self.a.vanish_on_dial:
+                c.out("VANISH address=%s" % pkt.dialRequest.address)
+                sys.stdout.flush()
+                os._exit(0)
             threading.Thread(target=self.dial, args=(pkt.dialRequest,), daemon=True).start()
         elif pkt.type == P.DATA:
             cid = pkt.data.connectID
