@@ -9,15 +9,57 @@ use std::os::fd::{FromRawFd, IntoRawFd, RawFd};
 use bytes::{Buf, Bytes, BytesMut};
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 
-/// Size of the buffer reads are carved from.
+/// Largest buffer reads are carved from.
 const READ_BUFFER: usize = 256 * 1024;
 /// Largest single read (and so the largest DATA payload we send).
 const MAX_CHUNK: usize = 64 * 1024;
+/// Smallest read: what an idle connection's pending read holds.
+const MIN_CHUNK: usize = 4 * 1024;
+
+/// How much the next read asks for: it doubles while reads fill it (a bulk
+/// transfer reaches [`MAX_CHUNK`] within a few reads) and halves when reads
+/// return less than a quarter of it, so an idle or chatty connection's
+/// pending read holds a small buffer (with io_uring the buffer belongs to
+/// the kernel for as long as the read waits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadWindow(usize);
+
+impl Default for ReadWindow {
+    fn default() -> Self {
+        Self(MIN_CHUNK)
+    }
+}
+
+impl ReadWindow {
+    pub fn size(self) -> usize {
+        self.0
+    }
+
+    /// Size of the allocation reads are carved from: several large reads
+    /// share one, a small read has its own.
+    pub fn block(self) -> usize {
+        if self.0 >= 16 * 1024 {
+            (self.0 * 4).min(READ_BUFFER)
+        } else {
+            self.0
+        }
+    }
+
+    /// Adapts to a read that returned `n` bytes.
+    pub fn after_read(&mut self, n: usize) {
+        if n >= self.0 {
+            self.0 = (self.0 * 2).min(MAX_CHUNK);
+        } else if n < self.0 / 4 {
+            self.0 = (self.0 / 2).max(MIN_CHUNK);
+        }
+    }
+}
 
 /// Reads a socket into `Bytes` chunks.
 pub struct ChunkReader<R> {
     inner: R,
     buf: BytesMut,
+    window: ReadWindow,
 }
 
 impl<R: AsyncReadRent> ChunkReader<R> {
@@ -25,22 +67,25 @@ impl<R: AsyncReadRent> ChunkReader<R> {
         Self {
             inner,
             buf: BytesMut::new(),
+            window: ReadWindow::default(),
         }
     }
 
     /// The next chunk, `None` at end of stream.
     pub async fn next(&mut self) -> io::Result<Option<Bytes>> {
-        if self.buf.capacity() < MAX_CHUNK {
-            self.buf = BytesMut::with_capacity(READ_BUFFER);
+        let want = self.window.size();
+        if self.buf.capacity() < want {
+            self.buf = BytesMut::with_capacity(self.window.block());
         }
-        // Read into the first MAX_CHUNK of the buffer; keep the rest.
-        let rest = self.buf.split_off(MAX_CHUNK);
+        // Read into the first `want` bytes of the buffer; keep the rest.
+        let rest = self.buf.split_off(want);
         let window = std::mem::replace(&mut self.buf, rest);
         let (res, mut window) = self.inner.read(window).await;
         let n = res?;
         if n == 0 {
             return Ok(None);
         }
+        self.window.after_read(n);
         window.truncate(n);
         Ok(Some(window.freeze()))
     }
@@ -224,6 +269,28 @@ impl<T> Duplex for T where
 mod tests {
     use super::*;
     use crate::engine::runtime::{block_on, Driver};
+
+    #[test]
+    fn read_window_grows_for_bulk_and_shrinks_when_idle() {
+        let mut w = ReadWindow::default();
+        assert_eq!((w.size(), w.block()), (MIN_CHUNK, MIN_CHUNK));
+        // Full reads double it up to the largest chunk, in a few steps.
+        let mut steps = 0;
+        while w.size() < MAX_CHUNK {
+            w.after_read(w.size());
+            steps += 1;
+        }
+        assert_eq!(steps, 4);
+        w.after_read(MAX_CHUNK);
+        assert_eq!((w.size(), w.block()), (MAX_CHUNK, READ_BUFFER));
+        // Middling reads keep it; tiny ones shrink it back to the minimum.
+        w.after_read(MAX_CHUNK / 2);
+        assert_eq!(w.size(), MAX_CHUNK);
+        for _ in 0..10 {
+            w.after_read(100);
+        }
+        assert_eq!((w.size(), w.block()), (MIN_CHUNK, MIN_CHUNK));
+    }
 
     /// Vectored writes larger than the socket buffer end in partial writes
     /// inside an iovec; every byte must still arrive once, in order.

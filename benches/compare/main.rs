@@ -1,0 +1,834 @@
+//! The comparison harness: edgetunnel against the systems a user would pick
+//! instead (a direct connection as the limit, socat and haproxy as one plain
+//! relay hop, rathole and `ssh -R` as reverse tunnels), in one run on one
+//! machine, every scenario for every system it fits, several repetitions
+//! interleaved so that drift on a shared machine hits all systems alike.
+//!
+//! `benches/run` (or `cargo bench --bench compare -- [--quick]`) runs it;
+//! `--quick` is a pass of seconds that proves the harness works (CI runs
+//! it); the full mode writes `benches/results/compare/` (JSON of every
+//! sample, a Markdown report, SVG plots). Figures are printed and written,
+//! never asserted. Under `cargo test` (no `--bench`) it only prints how to
+//! run it.
+
+mod client;
+mod model;
+mod report;
+mod scenarios;
+mod systems;
+mod target;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use model::{Sample, SystemKind};
+use systems::{Running, StartOptions};
+
+const USAGE: &str = "\
+usage: benches/run [--quick] [--reps N] [--systems a,b,..] [--scenarios a,b,..] [--out DIR] [--strict]
+  --quick       seconds-long pass proving every part works (CI); output in target/compare-quick/
+  --reps N      repetitions per case (default 3; quick: 1)
+  --systems     subset of: direct,socat,haproxy,rathole,ssh-R,edgetunnel-connect,edgetunnel-grpc
+  --scenarios   subset of: bulk,latency,dial,hol,memory,scaling
+  --out DIR     where to write compare.json, compare.md and the SVG plots
+                (default benches/results/compare/; quick: target/compare-quick/)
+  --strict      fail when a system is missing or a measurement fails (quick implies it)";
+
+const SCENARIOS: [&str; 6] = ["bulk", "latency", "dial", "hol", "memory", "scaling"];
+
+struct Args {
+    quick: bool,
+    reps: u32,
+    systems: Vec<SystemKind>,
+    scenarios: Vec<String>,
+    out: PathBuf,
+    strict: bool,
+}
+
+/// Sizes and durations of one mode.
+struct Plan {
+    bulk_bytes: u64,
+    latency_conns: usize,
+    rates: Vec<f64>,
+    latency_dur: Duration,
+    dial_concurrency: usize,
+    dial_dur: Duration,
+    hol_phase: Duration,
+    memory_sizes: Vec<usize>,
+}
+
+impl Plan {
+    fn new(quick: bool) -> Plan {
+        if quick {
+            Plan {
+                bulk_bytes: 8 << 20,
+                latency_conns: 4,
+                rates: vec![500.0],
+                latency_dur: Duration::from_millis(500),
+                dial_concurrency: 4,
+                dial_dur: Duration::from_millis(500),
+                hol_phase: Duration::from_millis(400),
+                memory_sizes: vec![100, 1000],
+            }
+        } else {
+            Plan {
+                bulk_bytes: 1 << 30,
+                latency_conns: 16,
+                rates: vec![1000.0, 5000.0],
+                latency_dur: Duration::from_secs(5),
+                dial_concurrency: 16,
+                dial_dur: Duration::from_secs(5),
+                hol_phase: Duration::from_secs(2),
+                memory_sizes: vec![1_000, 10_000, 100_000],
+            }
+        }
+    }
+}
+
+fn parse_args() -> Result<Option<Args>, String> {
+    let mut argv = std::env::args().skip(1);
+    let mut bench = false;
+    let mut quick = false;
+    let mut reps = None;
+    let mut systems: Vec<SystemKind> = SystemKind::ALL.to_vec();
+    let mut scenarios: Vec<String> = SCENARIOS.iter().map(|s| s.to_string()).collect();
+    let mut out = None;
+    let mut strict = false;
+    while let Some(a) = argv.next() {
+        let mut value = || argv.next().ok_or(format!("{a} needs a value"));
+        match a.as_str() {
+            "--bench" => bench = true,
+            "--quick" => quick = true,
+            "--strict" => strict = true,
+            "--reps" => reps = Some(value()?.parse::<u32>().map_err(|e| e.to_string())?),
+            "--systems" => {
+                systems = value()?
+                    .split(',')
+                    .map(|s| SystemKind::from_name(s).ok_or(format!("unknown system {s}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--scenarios" => {
+                scenarios = value()?.split(',').map(str::to_string).collect();
+                if let Some(bad) = scenarios.iter().find(|s| !SCENARIOS.contains(&s.as_str())) {
+                    return Err(format!("unknown scenario {bad}"));
+                }
+            }
+            "--out" => out = Some(PathBuf::from(value()?)),
+            "-h" | "--help" => return Err(USAGE.to_string()),
+            // cargo passes filters and its own flags through; ignore them.
+            _ => {}
+        }
+    }
+    if !bench && !quick {
+        return Ok(None);
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    Ok(Some(Args {
+        reps: reps.unwrap_or(if quick { 1 } else { 3 }).max(1),
+        out: out.unwrap_or_else(|| {
+            if quick {
+                root.join("target/compare-quick")
+            } else {
+                root.join("benches/results/compare")
+            }
+        }),
+        strict: strict || quick,
+        quick,
+        systems,
+        scenarios,
+    }))
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--serve-targets") {
+        serve_targets();
+    }
+    let args = match parse_args() {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            println!(
+                "compare: run `benches/run --quick` (seconds) or `benches/run` (full figures)"
+            );
+            return;
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    let plan = Plan::new(args.quick);
+    let started = Instant::now();
+    let mut h = Harness::new(&args);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    // The targets run in their own process: the client's sockets alone
+    // then count against this process's descriptor limit.
+    let (_target_proc, targets) = spawn_targets();
+    let has = |s: &str| args.scenarios.iter().any(|x| x == s);
+    if has("bulk") || has("latency") || has("dial") || has("hol") {
+        let running = h.start_all(&targets, 1024);
+        if has("bulk") {
+            h.bulk(&rt, &running, &plan);
+        }
+        if has("latency") {
+            h.latency(&rt, &running, &plan);
+        }
+        if has("dial") {
+            h.dial(&rt, &running, &plan);
+        }
+        if has("hol") {
+            h.hol(&rt, &running, &plan);
+        }
+    }
+    if has("memory") {
+        h.memory(&rt, &targets, &plan);
+    }
+    if has("scaling") {
+        h.scaling(&rt, &targets, &plan);
+    }
+    let meta = report::Meta {
+        date: today(),
+        machine: machine(),
+        mode: if args.quick { "quick" } else { "full" }.to_string(),
+        reps: args.reps,
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        notes: h.notes.clone(),
+    };
+    match report::write_all(&h.samples, &meta, &args.out) {
+        Ok(paths) => {
+            for p in paths {
+                println!("wrote {}", p.display());
+            }
+        }
+        Err(e) => {
+            eprintln!("writing the report failed: {e}");
+            std::process::exit(1);
+        }
+    }
+    println!(
+        "compare: {} samples in {:.0} s",
+        h.samples.len(),
+        started.elapsed().as_secs_f64()
+    );
+    if args.strict && h.failures > 0 {
+        eprintln!("compare: {} measurement(s) failed (see above)", h.failures);
+        std::process::exit(1);
+    }
+}
+
+/// Collected samples and notes, plus the run's settings.
+struct Harness {
+    reps: u32,
+    strict: bool,
+    systems: Vec<SystemKind>,
+    samples: Vec<Sample>,
+    notes: Vec<String>,
+    failures: usize,
+    _ports: Option<PortRange>,
+}
+
+impl Harness {
+    fn new(args: &Args) -> Harness {
+        raise_nofile();
+        Harness {
+            reps: args.reps,
+            strict: args.strict,
+            systems: args.systems.clone(),
+            samples: Vec::new(),
+            notes: Vec::new(),
+            failures: 0,
+            _ports: PortRange::widen(),
+        }
+    }
+
+    fn opts(&self, workers: Option<usize>, max_conns: usize) -> StartOptions {
+        StartOptions {
+            edgetunnel_bin: PathBuf::from(env!("CARGO_BIN_EXE_edgetunnel")),
+            workers,
+            max_conns,
+        }
+    }
+
+    fn note(&mut self, msg: String) {
+        println!("note: {msg}");
+        self.notes.push(msg);
+    }
+
+    fn fail(&mut self, what: &str, e: impl std::fmt::Display) {
+        eprintln!("FAILED {what}: {e}");
+        self.failures += 1;
+        self.notes.push(format!("{what} failed: {e}"));
+    }
+
+    /// Starts every available system once (memory starts its own).
+    fn start_all(&mut self, targets: &[std::net::SocketAddr], max_conns: usize) -> Vec<Running> {
+        let opts = self.opts(None, max_conns);
+        let mut running = Vec::new();
+        for k in self.systems.clone() {
+            if let Err(e) = systems::available(k, &opts) {
+                if self.strict {
+                    self.fail(&format!("{} is not installed", k.name()), e);
+                } else {
+                    self.note(format!("{} skipped: {e}", k.name()));
+                }
+                continue;
+            }
+            let t0 = Instant::now();
+            match systems::start(k, targets, &opts) {
+                Ok(r) => {
+                    println!("started {} in {:.1} s", r.label, t0.elapsed().as_secs_f64());
+                    running.push(r);
+                }
+                Err(e) => self.fail(&format!("starting {}", k.name()), e),
+            }
+        }
+        running
+    }
+
+    /// Records one value, with progress on the terminal.
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &mut self,
+        scenario: &str,
+        case: &str,
+        system: &str,
+        metric: &str,
+        value: f64,
+        rep: u32,
+        higher: bool,
+        cdf: Vec<(f64, f64)>,
+    ) {
+        println!(
+            "  [{scenario}] {case} · {system} · rep {}: {value:.3} {metric}",
+            rep + 1
+        );
+        self.samples.push(Sample {
+            scenario: scenario.to_string(),
+            case: case.to_string(),
+            system: system.to_string(),
+            metric: metric.to_string(),
+            value,
+            rep,
+            higher_is_better: higher,
+            cdf,
+        });
+    }
+
+    /// Prints the median line of every (case, system) of `scenario` done so far.
+    fn summarize(&self, scenario: &str, case: &str) {
+        let mut systems: Vec<&str> = Vec::new();
+        for s in self
+            .samples
+            .iter()
+            .filter(|s| s.scenario == scenario && s.case == case)
+        {
+            if !systems.contains(&s.system.as_str()) {
+                systems.push(&s.system);
+            }
+        }
+        for sys in systems {
+            let group: Vec<Sample> = self
+                .samples
+                .iter()
+                .filter(|s| s.scenario == scenario && s.case == case && s.system == sys)
+                .cloned()
+                .collect();
+            println!("{}", report::summary_line(&group));
+        }
+    }
+
+    fn bulk(&mut self, rt: &tokio::runtime::Runtime, running: &[Running], plan: &Plan) {
+        println!("== bulk throughput: {} MiB each way", plan.bulk_bytes >> 20);
+        for (streams, upload) in [(1, true), (1, false), (64, true), (64, false)] {
+            let case = format!(
+                "{streams} stream{} {}",
+                if streams > 1 { "s" } else { "" },
+                if upload { "upload" } else { "download" }
+            );
+            for rep in 0..self.reps {
+                for r in running {
+                    match rt.block_on(scenarios::bulk(
+                        &r.entries,
+                        streams,
+                        upload,
+                        plan.bulk_bytes,
+                    )) {
+                        Ok(g) => {
+                            self.record("bulk", &case, &r.label, "Gbit/s", g, rep, true, Vec::new())
+                        }
+                        Err(e) => self.fail(&format!("bulk {case} via {}", r.label), e),
+                    }
+                }
+            }
+            self.summarize("bulk", &case);
+        }
+    }
+
+    fn latency(&mut self, rt: &tokio::runtime::Runtime, running: &[Running], plan: &Plan) {
+        println!(
+            "== request/response latency: 1 KiB each way, {} kept-alive connections",
+            plan.latency_conns
+        );
+        let mut cases: Vec<(String, Option<f64>)> = plan
+            .rates
+            .iter()
+            .map(|&r| (format!("{r:.0} req/s"), Some(r)))
+            .collect();
+        cases.push(("saturation".to_string(), None));
+        for (case, rate) in cases {
+            for rep in 0..self.reps {
+                for r in running {
+                    match rt.block_on(scenarios::latency(
+                        &r.entries,
+                        plan.latency_conns,
+                        rate,
+                        plan.latency_dur,
+                    )) {
+                        Ok(l) => {
+                            for (metric, v) in
+                                [("p50 ms", l.p50), ("p99 ms", l.p99), ("p99.9 ms", l.p999)]
+                            {
+                                self.record(
+                                    "latency",
+                                    &case,
+                                    &r.label,
+                                    metric,
+                                    v,
+                                    rep,
+                                    false,
+                                    l.cdf.clone(),
+                                );
+                            }
+                            if rate.is_none() {
+                                self.record(
+                                    "latency",
+                                    &case,
+                                    &r.label,
+                                    "req/s",
+                                    l.rate,
+                                    rep,
+                                    true,
+                                    Vec::new(),
+                                );
+                            }
+                        }
+                        Err(e) => self.fail(&format!("latency {case} via {}", r.label), e),
+                    }
+                }
+            }
+            self.summarize("latency", &case);
+        }
+    }
+
+    fn dial(&mut self, rt: &tokio::runtime::Runtime, running: &[Running], plan: &Plan) {
+        println!(
+            "== dial rate: open, one 1 KiB round trip, close; {} clients",
+            plan.dial_concurrency
+        );
+        let case = format!("{} concurrent clients", plan.dial_concurrency);
+        for rep in 0..self.reps {
+            for r in running {
+                match rt.block_on(scenarios::dial(
+                    &r.entries,
+                    plan.dial_concurrency,
+                    plan.dial_dur,
+                )) {
+                    Ok((rate, p99, errors)) => {
+                        self.record(
+                            "dial",
+                            &case,
+                            &r.label,
+                            "conn/s",
+                            rate,
+                            rep,
+                            true,
+                            Vec::new(),
+                        );
+                        self.record(
+                            "dial",
+                            &case,
+                            &r.label,
+                            "p99 ms per connection",
+                            p99,
+                            rep,
+                            false,
+                            Vec::new(),
+                        );
+                        if errors > 0 {
+                            self.note(format!(
+                                "dial via {}: {errors} failed connection(s) in rep {}",
+                                r.label,
+                                rep + 1
+                            ));
+                        }
+                    }
+                    Err(e) => self.fail(&format!("dial via {}", r.label), e),
+                }
+            }
+        }
+        self.summarize("dial", &case);
+    }
+
+    fn hol(&mut self, rt: &tokio::runtime::Runtime, running: &[Running], plan: &Plan) {
+        println!("== head-of-line isolation: one stalled reader, one healthy download on the same system");
+        for rep in 0..self.reps {
+            for r in running {
+                match rt.block_on(scenarios::hol(&r.entries, plan.hol_phase)) {
+                    Ok((before, during)) => {
+                        self.record(
+                            "hol",
+                            "healthy stream before the stall",
+                            &r.label,
+                            "Gbit/s",
+                            before,
+                            rep,
+                            true,
+                            Vec::new(),
+                        );
+                        self.record(
+                            "hol",
+                            "healthy stream during the stall",
+                            &r.label,
+                            "Gbit/s",
+                            during,
+                            rep,
+                            true,
+                            Vec::new(),
+                        );
+                    }
+                    Err(e) => self.fail(&format!("hol via {}", r.label), e),
+                }
+            }
+        }
+        self.summarize("hol", "healthy stream before the stall");
+        self.summarize("hol", "healthy stream during the stall");
+    }
+
+    fn memory(
+        &mut self,
+        rt: &tokio::runtime::Runtime,
+        targets: &[std::net::SocketAddr],
+        plan: &Plan,
+    ) {
+        println!("== memory: RSS with idle tunneled connections");
+        let kinds: Vec<SystemKind> = self.systems_for_memory();
+        for &n in &plan.memory_sizes {
+            let case = format!("{n} idle");
+            let limit = nofile_limit();
+            if n as u64 + 256 > limit {
+                self.note(format!("memory {case}: not run: the open-file limit here is {limit} and cannot be raised (no CAP_SYS_RESOURCE); each process would hold {n} sockets"));
+                continue;
+            }
+            // The largest size is slow for some systems: one repetition.
+            let reps = if n >= 100_000 { 1 } else { self.reps };
+            for rep in 0..reps {
+                for &k in &kinds {
+                    if n > memory_cap(k) {
+                        if rep == 0 {
+                            self.note(format!(
+                                "memory {case}: {} not run (at most {} connections: {})",
+                                k.name(),
+                                memory_cap(k),
+                                cap_reason(k)
+                            ));
+                        }
+                        continue;
+                    }
+                    let opts = self.opts(None, n + 64);
+                    let r = match systems::start(k, targets, &opts) {
+                        Ok(r) => r,
+                        Err(e) if !self.strict => {
+                            if rep == 0 {
+                                self.note(format!("memory {case}: {} not run: {e}", k.name()));
+                            }
+                            continue;
+                        }
+                        Err(e) => {
+                            self.fail(&format!("starting {} for memory", k.name()), e);
+                            continue;
+                        }
+                    };
+                    std::thread::sleep(Duration::from_millis(300));
+                    let before = r.rss_bytes();
+                    let t0 = Instant::now();
+                    let held = rt.block_on(scenarios::hold_idle(&r.entries, n, 64));
+                    match held {
+                        Ok(conns) => {
+                            let open_secs = t0.elapsed().as_secs_f64();
+                            std::thread::sleep(Duration::from_millis(500));
+                            let after = r.rss_bytes();
+                            let per = after.saturating_sub(before) as f64 / n as f64;
+                            self.record(
+                                "memory",
+                                &case,
+                                &r.label,
+                                "bytes/conn",
+                                per,
+                                rep,
+                                false,
+                                Vec::new(),
+                            );
+                            self.record(
+                                "memory",
+                                &case,
+                                &r.label,
+                                "RSS MiB",
+                                after as f64 / (1 << 20) as f64,
+                                rep,
+                                false,
+                                Vec::new(),
+                            );
+                            println!("    opened {n} in {open_secs:.1} s");
+                            rt.block_on(async move { drop(conns) });
+                        }
+                        Err(e) => self.fail(&format!("memory {case} via {}", r.label), e),
+                    }
+                    drop(r);
+                }
+            }
+            self.summarize("memory", &case);
+        }
+    }
+
+    fn systems_for_memory(&mut self) -> Vec<SystemKind> {
+        let mut kinds = Vec::new();
+        for &k in SystemKind::ALL.iter() {
+            if k == SystemKind::Direct || !self.systems.contains(&k) {
+                continue;
+            }
+            if systems::available(k, &self.opts(None, 0)).is_ok() {
+                kinds.push(k);
+            }
+        }
+        kinds
+    }
+
+    fn scaling(
+        &mut self,
+        rt: &tokio::runtime::Runtime,
+        targets: &[std::net::SocketAddr],
+        plan: &Plan,
+    ) {
+        println!("== core scaling: edgetunnel --workers 1 vs 2 (CONNECT frontend)");
+        let mut running = Vec::new();
+        for w in [1usize, 2] {
+            let opts = self.opts(Some(w), 1024);
+            match systems::start(SystemKind::EdgetunnelConnect, targets, &opts) {
+                Ok(r) => running.push(r),
+                Err(e) => self.fail(&format!("starting edgetunnel --workers {w}"), e),
+            }
+        }
+        for rep in 0..self.reps {
+            for r in &running {
+                match rt.block_on(scenarios::bulk(&r.entries, 64, false, plan.bulk_bytes)) {
+                    Ok(g) => self.record(
+                        "scaling",
+                        "64 streams download",
+                        &r.label,
+                        "Gbit/s",
+                        g,
+                        rep,
+                        true,
+                        Vec::new(),
+                    ),
+                    Err(e) => self.fail(&format!("scaling bulk via {}", r.label), e),
+                }
+                match rt.block_on(scenarios::dial(
+                    &r.entries,
+                    plan.dial_concurrency,
+                    plan.dial_dur,
+                )) {
+                    Ok((rate, _, _)) => self.record(
+                        "scaling",
+                        "dial rate",
+                        &r.label,
+                        "conn/s",
+                        rate,
+                        rep,
+                        true,
+                        Vec::new(),
+                    ),
+                    Err(e) => self.fail(&format!("scaling dial via {}", r.label), e),
+                }
+                match rt.block_on(scenarios::latency(
+                    &r.entries,
+                    plan.latency_conns,
+                    None,
+                    plan.latency_dur,
+                )) {
+                    Ok(l) => self.record(
+                        "scaling",
+                        "1 KiB request/response at saturation",
+                        &r.label,
+                        "req/s",
+                        l.rate,
+                        rep,
+                        true,
+                        Vec::new(),
+                    ),
+                    Err(e) => self.fail(&format!("scaling latency via {}", r.label), e),
+                }
+            }
+        }
+        for case in [
+            "64 streams download",
+            "dial rate",
+            "1 KiB request/response at saturation",
+        ] {
+            self.summarize("scaling", case);
+        }
+    }
+}
+
+/// Most idle connections a system is asked to hold in the memory scenario.
+fn memory_cap(k: SystemKind) -> usize {
+    match k {
+        SystemKind::Socat => 1_000,
+        SystemKind::SshR => 10_000,
+        _ => usize::MAX,
+    }
+}
+
+fn cap_reason(k: SystemKind) -> &'static str {
+    match k {
+        SystemKind::Socat => "a process per connection",
+        SystemKind::SshR => "one ssh process polls every channel",
+        _ => "",
+    }
+}
+
+/// Lifts RLIMIT_NOFILE (children inherit it): 100,000 tunneled connections
+/// need several descriptors each.
+fn raise_nofile() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain getrlimit/setrlimit on a local struct.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        let want = libc::rlimit {
+            rlim_cur: 1 << 20,
+            rlim_max: 1 << 20,
+        };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &want) != 0 {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+/// Widens the ephemeral port range for the run (root only) and puts the
+/// old one back at the end.
+struct PortRange(String);
+
+const PORT_RANGE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
+
+impl PortRange {
+    fn widen() -> Option<PortRange> {
+        let old = std::fs::read_to_string(PORT_RANGE).ok()?;
+        std::fs::write(PORT_RANGE, "10000 65000").ok()?;
+        Some(PortRange(old.trim().replace('\t', " ")))
+    }
+}
+
+impl Drop for PortRange {
+    fn drop(&mut self) {
+        let _ = std::fs::write(PORT_RANGE, &self.0);
+    }
+}
+
+fn today() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|k| k.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb >> 20);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cores} cores ({cpu}), {mem} GiB RAM, Linux {}, loopback; load generator, targets and every system share the cores", kernel.trim())
+}
+
+/// Child mode: serves the targets, prints their addresses, runs until killed.
+fn serve_targets() -> ! {
+    raise_nofile();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let addrs = rt.block_on(target::start(4)).expect("targets");
+    let list: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+    println!("TARGETS {}", list.join(","));
+    rt.block_on(std::future::pending::<()>());
+    unreachable!()
+}
+
+/// The target process, killed on drop.
+struct TargetProc(std::process::Child);
+
+impl Drop for TargetProc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_targets() -> (TargetProc, Vec<std::net::SocketAddr>) {
+    use std::io::BufRead;
+    let exe = std::env::current_exe().expect("own path");
+    let mut child = std::process::Command::new(exe)
+        .arg("--serve-targets")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("target process");
+    let out = child.stdout.take().expect("stdout");
+    let proc = TargetProc(child);
+    let mut line = String::new();
+    std::io::BufReader::new(out)
+        .read_line(&mut line)
+        .expect("target addresses");
+    let addrs = line
+        .trim()
+        .strip_prefix("TARGETS ")
+        .expect("TARGETS line")
+        .split(',')
+        .map(|a| a.parse().expect("address"))
+        .collect();
+    (proc, addrs)
+}
+
+/// Descriptors this process may hold (the soft limit after raising it).
+fn nofile_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit on a local struct.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    lim.rlim_cur
+}

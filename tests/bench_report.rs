@@ -1,0 +1,10 @@
+//! Runs the unit tests of the comparison harness's report writer
+//! (`benches/compare/report.rs`): bench targets built without the test
+//! harness never run their own `#[test]`s.
+
+#[allow(dead_code)]
+#[path = "../benches/compare/model.rs"]
+mod model;
+#[allow(dead_code)]
+#[path = "../benches/compare/report.rs"]
+mod report;
