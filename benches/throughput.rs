@@ -9,6 +9,8 @@
 //! 5 s per case) and writes `benches/results/throughput.json`; under
 //! `cargo test` (no `--bench` flag) it runs a sub-second smoke pass that
 //! only proves the harness works. Figures are printed, never asserted.
+//! For profiling, `-- --bench --only upload1 --rounds 1 --secs 20` runs one
+//! case (`upload1`, `download1`, `upload64`, `download64`) and writes nothing.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -213,8 +215,24 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let full = std::env::args().any(|a| a == "--bench");
-    let (rounds, secs) = if full { (3, 5.0) } else { (1, 0.3) };
+    let args: Vec<String> = std::env::args().collect();
+    let full = args.iter().any(|a| a == "--bench");
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let (mut rounds, mut secs) = if full { (3, 5.0) } else { (1, 0.3) };
+    if let Some(r) = flag("--rounds") {
+        rounds = r.parse().expect("--rounds N");
+    }
+    if let Some(s) = flag("--secs") {
+        secs = s.parse().expect("--secs SECONDS");
+    }
+    // `--only upload1|download1|upload64|download64` runs one case (for
+    // profiling) and writes no results file.
+    let only = flag("--only");
     let dir = tempfile::tempdir().unwrap();
     let (_procs, connect) = start_tunnel(dir.path());
     let mut rows = Vec::new();
@@ -231,6 +249,10 @@ fn main() {
         "case", "direct Gb/s", "tunnel Gb/s", "ratio"
     );
     for (streams, upload) in [(1, true), (1, false), (64, true), (64, false)] {
+        let name = format!("{}{streams}", if upload { "upload" } else { "download" });
+        if only.as_ref().is_some_and(|o| *o != name) {
+            continue;
+        }
         let mut d = Vec::new();
         let mut t = Vec::new();
         for _ in 0..rounds {
@@ -249,7 +271,7 @@ fn main() {
             tm / dm
         ));
     }
-    if full {
+    if full && only.is_none() {
         let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/results");
         std::fs::create_dir_all(&out).unwrap();
         let json = format!("[\n{}\n]\n", rows.join(",\n"));

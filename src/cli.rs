@@ -336,6 +336,11 @@ pub struct AgentArgs {
     /// Do not offer the half-close extension (behave exactly like ANP's agent).
     #[arg(long)]
     pub no_half_close: bool,
+    /// Do not offer per-connection flow control: every connection then
+    /// shares the server's buffer budget, as with ANP's agent, and one
+    /// stalled reader can hold up the others once that budget is spent.
+    #[arg(long)]
+    pub no_flow_control: bool,
     /// Kubernetes access for `--cert-mode csr`: a kubeconfig path, or
     /// `in-cluster`.
     #[arg(long)]
@@ -619,6 +624,7 @@ impl AgentArgs {
             driver: self.engine.driver,
             max_message: self.engine.max_message_size,
             half_close: !self.no_half_close,
+            window: !self.no_flow_control,
         })
     }
 }

@@ -5,7 +5,8 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -556,4 +557,128 @@ fn keepalive_drops_a_silent_peer_and_recovers() {
     let (status, body, s) = connect_tcp(server.connect, &echo.addr.to_string());
     assert_eq!(status, 200, "{body}");
     assert_eq!(echo_roundtrip(s, b"again"), b"again");
+}
+
+/// More than the server's and the agent's shared buffer budgets (64 MiB
+/// each) plus every socket buffer on the way.
+const PAST_THE_BUDGET: usize = 160 << 20;
+
+/// A target that accepts and never reads (its peer's writes stall).
+fn stalled_target() -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in l.incoming().flatten() {
+            held.push(s);
+        }
+    });
+    addr
+}
+
+/// A target that counts what it reads.
+fn counting_target() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let got = Arc::new(AtomicUsize::new(0));
+    let g = got.clone();
+    thread::spawn(move || {
+        for mut s in l.incoming().flatten() {
+            let g = g.clone();
+            thread::spawn(move || {
+                let mut buf = vec![0u8; 256 * 1024];
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    g.fetch_add(n, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    (addr, got)
+}
+
+/// Bytes a healthy download (or upload) moves through the agent while
+/// another connection's reader is stalled in the same direction, given
+/// `patience` without progress.
+fn healthy_bytes_beside_a_stall(upload: bool, agent_flags: &[&str], patience: Duration) -> usize {
+    let env = Env::new();
+    let server = Server::start(&env, &[]);
+    let _agent = Agent::start(&env, server.agent, "node1", "host=node1", agent_flags);
+    if !upload {
+        // Both open first: without windows, no dial is answered once the
+        // stalled connection has spent the budget.
+        let (source, _) = source_server();
+        let (status, _, mut healthy) = connect_tcp(server.connect, &source.to_string());
+        assert_eq!(status, 200);
+        // This client never reads what its target sends.
+        let (status, _, _stalled_reader) = connect_tcp(server.connect, &source.to_string());
+        assert_eq!(status, 200);
+        thread::sleep(Duration::from_millis(500));
+        healthy.set_read_timeout(Some(patience)).unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut downloaded = 0;
+        while downloaded < PAST_THE_BUDGET {
+            match healthy.read(&mut buf) {
+                Ok(n) if n > 0 => downloaded += n,
+                _ => break,
+            }
+        }
+        return downloaded;
+    }
+    let (sink, uploaded) = counting_target();
+    let (status, _, mut healthy) = connect_tcp(server.connect, &sink.to_string());
+    assert_eq!(status, 200);
+    // This target never reads what its client sends.
+    let (status, _, mut stalled_writer) =
+        connect_tcp(server.connect, &stalled_target().to_string());
+    assert_eq!(status, 200);
+    stalled_writer
+        .set_write_timeout(Some(patience * 4))
+        .unwrap();
+    thread::spawn(move || {
+        let chunk = vec![3u8; 1 << 20];
+        while stalled_writer.write_all(&chunk).is_ok() {}
+    });
+    thread::sleep(Duration::from_millis(500));
+    healthy.set_write_timeout(Some(patience)).unwrap();
+    let chunk = vec![5u8; 1 << 20];
+    let mut sent = 0;
+    while sent < PAST_THE_BUDGET && healthy.write_all(&chunk).is_ok() {
+        sent += chunk.len();
+    }
+    let mut last = (usize::MAX, Instant::now());
+    loop {
+        let now = uploaded.load(Ordering::SeqCst);
+        if now >= PAST_THE_BUDGET {
+            return now;
+        }
+        if now != last.0 {
+            last = (now, Instant::now());
+        } else if last.1.elapsed() > patience {
+            return now;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One tunneled connection whose reader stalls does not hold up another
+/// connection through the same agent, in either direction: edgetunnel peers
+/// negotiate per-connection windows. Without them (`--no-flow-control`, as
+/// with ANP's agent) the healthy connection stops once the stalled one has
+/// filled the shared budget, which shows the test tells the two apart.
+#[test]
+fn stalled_reader_does_not_hold_up_other_connections() {
+    for upload in [false, true] {
+        let way = if upload { "upload" } else { "download" };
+        let moved = healthy_bytes_beside_a_stall(upload, &[], Duration::from_secs(20));
+        assert!(moved >= PAST_THE_BUDGET, "{way} stalled at {moved} bytes");
+        let moved =
+            healthy_bytes_beside_a_stall(upload, &["--no-flow-control"], Duration::from_secs(3));
+        assert!(
+            moved < PAST_THE_BUDGET,
+            "without windows the {way} moved {moved} bytes"
+        );
+    }
 }

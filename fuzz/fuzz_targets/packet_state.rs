@@ -117,6 +117,13 @@ impl Sim {
                 };
                 assert_eq!(self.sm.open.get(&d.connect_id), Some(&frontend));
             }
+            ServerAction::Window { frontend, bytes } => {
+                let Frame::Data(d) = &before else {
+                    panic!("{before:?}")
+                };
+                assert_eq!(self.sm.open.get(&d.connect_id), Some(&frontend));
+                assert_eq!(packet::window_grant(d), Some(bytes));
+            }
             ServerAction::Closed { frontend, .. } => {
                 let Frame::CloseResponse(c) = &before else {
                     panic!("{before:?}")
@@ -162,6 +169,13 @@ impl Sim {
                     panic!("{before:?}")
                 };
                 assert_eq!(self.am.open.get(&d.connect_id), Some(&conn));
+            }
+            AgentAction::Window { conn, bytes } => {
+                let Frame::Data(d) = &before else {
+                    panic!("{before:?}")
+                };
+                assert_eq!(self.am.open.get(&d.connect_id), Some(&conn));
+                assert_eq!(packet::window_grant(d), Some(bytes));
             }
             AgentAction::Close { conn, reply } => {
                 let Frame::CloseRequest(c) = &before else {

@@ -18,6 +18,7 @@ use crate::engine::budget::{Budget, Credit};
 use crate::engine::grpc::{self, PacketReceiver, PacketSender, SendBuf};
 use crate::engine::listener;
 use crate::engine::relay::{self, ChunkReader};
+use crate::engine::window::{self, ConnWindow};
 use crate::protocol::agent_tunnel::{AgentAction, AgentTunnel, DialOutcome};
 use crate::protocol::packet::{self, Encoded, Frame};
 use crate::protocol::server_tunnel::HALF_CLOSE_MARK;
@@ -41,6 +42,8 @@ pub(crate) enum Ended {
 #[derive(Clone)]
 struct ConnHandle {
     tx: mpsc::UnboundedSender<ConnEvent>,
+    /// Flow-control window, when the server negotiated it.
+    window: Option<Arc<ConnWindow>>,
 }
 
 enum ConnEvent {
@@ -54,6 +57,7 @@ struct Shared {
     ctl: mpsc::UnboundedSender<Frame>,
     out: mpsc::Sender<Encoded>,
     half_close: bool,
+    window: bool,
     dial_timeout: Duration,
     /// Payload queued toward local connections and not yet written.
     budget: Arc<Budget>,
@@ -91,11 +95,15 @@ pub(crate) async fn run(slots: Rc<ServerSlots>) -> Result<Ended, BoxError> {
         (proto::AGENT_ID_HEADER, cfg.agent_id.clone()),
         (proto::AGENT_IDENTIFIERS_HEADER, cfg.identifiers.encode()),
     ];
-    if cfg.half_close {
-        metadata.push((
-            proto::FEATURES_HEADER,
-            proto::FEATURE_HALF_CLOSE.to_string(),
-        ));
+    let offered: Vec<&str> = [
+        (cfg.half_close, proto::FEATURE_HALF_CLOSE),
+        (cfg.window, proto::FEATURE_WINDOW),
+    ]
+    .into_iter()
+    .filter_map(|(on, f)| on.then_some(f))
+    .collect();
+    if !offered.is_empty() {
+        metadata.push((proto::FEATURES_HEADER, offered.join(",")));
     }
     if let Some(t) = &cfg.token {
         metadata.push(("authorization", format!("Bearer {t}")));
@@ -123,9 +131,10 @@ pub(crate) async fn run(slots: Rc<ServerSlots>) -> Result<Ended, BoxError> {
     let server_count: usize = header(proto::SERVER_COUNT_HEADER)
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
-    let half_close = cfg.half_close
-        && header(proto::FEATURES_HEADER)
-            .is_some_and(|v| v.split(',').any(|f| f.trim() == proto::FEATURE_HALF_CLOSE));
+    let features = header(proto::FEATURES_HEADER);
+    let half_close =
+        cfg.half_close && proto::has_feature(features.as_deref(), proto::FEATURE_HALF_CLOSE);
+    let window = cfg.window && proto::has_feature(features.as_deref(), proto::FEATURE_WINDOW);
     if !server_id.is_empty() && !slots.connected.borrow_mut().insert(server_id.clone()) {
         tracing::debug!(server = %addr, %server_id, "already connected to this server; closing duplicate");
         return Ok(Ended::Duplicate);
@@ -138,7 +147,7 @@ pub(crate) async fn run(slots: Rc<ServerSlots>) -> Result<Ended, BoxError> {
     }
     let _registered = Registered(&slots, server_id.clone());
     slots.want_slots(server_count);
-    tracing::info!(server = %addr, %server_id, server_count, half_close, "connected to server");
+    tracing::info!(server = %addr, %server_id, server_count, half_close, window, "connected to server");
     println!("CONNECTED {addr} {server_id}");
 
     let (ctl_tx, ctl_rx) = mpsc::unbounded();
@@ -148,6 +157,7 @@ pub(crate) async fn run(slots: Rc<ServerSlots>) -> Result<Ended, BoxError> {
         ctl: ctl_tx,
         out: out_tx,
         half_close,
+        window,
         dial_timeout: cfg.dial_timeout,
         budget: Budget::new(TARGET_BUDGET),
     });
@@ -238,10 +248,20 @@ async fn read_loop(shared: Rc<Shared>, mut rx: PacketReceiver) -> Result<(), Box
                 monoio::spawn(dial(shared.clone(), random, connect_id, protocol, address));
             }
             AgentAction::Write { conn, payload } => {
-                // Waiting here (only past the budget) is the backpressure
-                // toward the server; below it a slow target stalls nobody.
-                let credit = shared.budget.charge(payload).await;
+                // With windows the server bounds each connection: never
+                // wait. Without, waiting here (only past the budget) is the
+                // backpressure toward the server; below it a slow target
+                // stalls nobody.
+                let credit = match &conn.window {
+                    Some(w) => shared.budget.charge_now(payload).acking(w.clone()),
+                    None => shared.budget.charge(payload).await,
+                };
                 let _ = conn.tx.unbounded_send(ConnEvent::Data(credit));
+            }
+            AgentAction::Window { conn, bytes } => {
+                if let Some(w) = &conn.window {
+                    w.granted(bytes);
+                }
             }
             AgentAction::ShutdownWrite { conn } => {
                 let _ = conn.tx.unbounded_send(ConnEvent::ShutdownWrite);
@@ -295,15 +315,24 @@ async fn dial(shared: Rc<Shared>, random: i64, connect_id: i64, protocol: String
     };
     listener::nodelay(&stream);
     let (tx, rx) = mpsc::unbounded();
+    let window = shared.window.then(|| {
+        let w = ConnWindow::new(window::CONNECTION_WINDOW);
+        w.bind(connect_id, shared.ctl.clone());
+        w
+    });
+    let handle = ConnHandle {
+        tx,
+        window: window.clone(),
+    };
     let outcome = shared
         .tunnel
         .borrow_mut()
-        .dial_succeeded(random, connect_id, ConnHandle { tx });
+        .dial_succeeded(random, connect_id, handle);
     match outcome {
         DialOutcome::Cancelled => {}
         DialOutcome::Respond(f) => {
             let _ = shared.ctl.unbounded_send(f);
-            relay_conn(shared, connect_id, stream, rx).await;
+            relay_conn(shared, connect_id, stream, rx, window).await;
         }
     }
 }
@@ -322,14 +351,21 @@ async fn relay_conn(
     connect_id: i64,
     stream: monoio::net::TcpStream,
     mut events: mpsc::UnboundedReceiver<ConnEvent>,
+    window: Option<Arc<ConnWindow>>,
 ) {
     let (rd, mut wr) = stream.into_split();
     let mut out = shared.out.clone();
     let up = async {
         let mut r = ChunkReader::new(rd);
         loop {
+            if let Some(w) = &window {
+                w.ready().await;
+            }
             match r.next().await {
                 Ok(Some(chunk)) => {
+                    if let Some(w) = &window {
+                        w.sent(chunk.len());
+                    }
                     if out
                         .send(packet::encode_data(connect_id, chunk))
                         .await

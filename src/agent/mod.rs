@@ -34,6 +34,8 @@ pub struct AgentConfig {
     pub max_message: usize,
     /// Offer the half-close extension to servers.
     pub half_close: bool,
+    /// Offer per-connection flow control (`engine::window`) to servers.
+    pub window: bool,
     /// Kubernetes access, for certificates from CSRs.
     pub kube: Option<crate::control::manager::KubeSpec>,
     /// The agent certificate kept signed through a CSR.

@@ -13,6 +13,8 @@ use std::task::Poll;
 use bytes::Bytes;
 use futures::task::AtomicWaker;
 
+use super::window::ConnWindow;
+
 #[derive(Debug)]
 pub struct Budget {
     limit: usize,
@@ -53,10 +55,18 @@ impl Budget {
             }
         })
         .await;
-        self.used.fetch_add(n, Ordering::AcqRel);
+        self.charge_now(bytes)
+    }
+
+    /// Wraps `bytes` in a credit without waiting: for payload already bounded
+    /// by its connection's window ([`crate::engine::window`]), which must
+    /// never make the shared stream wait.
+    pub fn charge_now(self: &Arc<Self>, bytes: Bytes) -> Credit {
+        self.used.fetch_add(bytes.len(), Ordering::AcqRel);
         Credit {
             bytes,
             budget: self.clone(),
+            window: None,
         }
     }
 }
@@ -66,9 +76,16 @@ impl Budget {
 pub struct Credit {
     bytes: Bytes,
     budget: Arc<Budget>,
+    window: Option<Arc<ConnWindow>>,
 }
 
 impl Credit {
+    /// Also acknowledges the payload to the peer's window when dropped.
+    pub fn acking(mut self, window: Arc<ConnWindow>) -> Self {
+        self.window = Some(window);
+        self
+    }
+
     /// The payload, for writing. The credit is returned when `self` drops.
     pub fn bytes(&self) -> &Bytes {
         &self.bytes
@@ -88,6 +105,9 @@ impl Drop for Credit {
         let before = self.budget.used.fetch_sub(n, Ordering::AcqRel);
         if before - n <= self.budget.limit / 2 || before - n == 0 {
             self.budget.waiter.wake();
+        }
+        if let Some(w) = &self.window {
+            w.consumed(n);
         }
     }
 }

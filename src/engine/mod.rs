@@ -14,3 +14,4 @@ pub mod relay;
 pub mod runtime;
 pub mod signals;
 pub mod tls;
+pub mod window;

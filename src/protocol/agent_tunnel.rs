@@ -28,6 +28,9 @@ pub enum AgentAction<C> {
     Write { conn: C, payload: Bytes },
     /// The server side will send nothing more: shut down our write side.
     ShutdownWrite { conn: C },
+    /// The server acknowledged `bytes` of this connection's data (the
+    /// negotiated window extension).
+    Window { conn: C, bytes: u64 },
     /// Close the local connection, then send the reply.
     Close { conn: C, reply: Frame },
     /// Send this packet to the server.
@@ -91,6 +94,20 @@ impl<C: Clone> AgentTunnel<C> {
                     connect_id,
                     protocol: req.protocol,
                     address: req.address,
+                }
+            }
+            Frame::Data(d) if packet::window_grant(&d).is_some() => {
+                let bytes = packet::window_grant(&d).unwrap_or(0);
+                match self.open.get(&d.connect_id) {
+                    Some(c) => AgentAction::Window {
+                        conn: c.clone(),
+                        bytes,
+                    },
+                    // Updates may trail a close: nothing to answer.
+                    None => AgentAction::Ignored(format!(
+                        "window update for unknown connectID {}",
+                        d.connect_id
+                    )),
                 }
             }
             Frame::Data(d) => match self.open.get(&d.connect_id) {
@@ -182,6 +199,13 @@ mod tests {
             }
         );
         assert_eq!(
+            t.on_server_frame(packet::window_update(id, 70_000)),
+            AgentAction::Window {
+                conn: 1,
+                bytes: 70_000
+            }
+        );
+        assert_eq!(
             t.on_server_frame(packet::close_request(id)),
             AgentAction::Close {
                 conn: 1,
@@ -189,6 +213,11 @@ mod tests {
             }
         );
         assert_eq!(t.local_closed(id), None);
+        // A window update trailing the close is not answered.
+        assert!(matches!(
+            t.on_server_frame(packet::window_update(id, 1)),
+            AgentAction::Ignored(_)
+        ));
     }
 
     #[test]

@@ -30,6 +30,19 @@ pub const AGENT_ID_HEADER: &str = "agentid";
 pub const AGENT_IDENTIFIERS_HEADER: &str = "agentidentifiers";
 pub const SERVER_ID_HEADER: &str = "serverid";
 pub const SERVER_COUNT_HEADER: &str = "servercount";
-/// edgetunnel extension: features both ends support (`half-close`).
+/// edgetunnel extension: features both ends support (`half-close`,
+/// `window`), comma-separated.
 pub const FEATURES_HEADER: &str = "x-edgetunnel-features";
 pub const FEATURE_HALF_CLOSE: &str = "half-close";
+/// Per-connection flow control (see `engine::window`).
+pub const FEATURE_WINDOW: &str = "window";
+
+/// Whether a features header value lists `feature`.
+pub fn has_feature(header: Option<&str>, feature: &str) -> bool {
+    header.is_some_and(|v| v.split(',').any(|f| f.trim() == feature))
+}
+
+/// Our features header value.
+pub fn our_features() -> String {
+    format!("{FEATURE_HALF_CLOSE},{FEATURE_WINDOW}")
+}

@@ -227,9 +227,52 @@ pub fn data(connect_id: i64, payload: Bytes) -> Frame {
     })
 }
 
+/// Extension (negotiated, see [`crate::protocol::FEATURE_WINDOW`]): a DATA
+/// packet with no payload and the error text `WINDOW <n>` acknowledges `n`
+/// payload bytes of that connection. Go peers never see it.
+const WINDOW_MARK: &str = "WINDOW ";
+
+pub fn window_update(connect_id: i64, bytes: u64) -> Frame {
+    Frame::Data(Data {
+        connect_id,
+        error: format!("{WINDOW_MARK}{bytes}"),
+        data: Bytes::new(),
+    })
+}
+
+/// The bytes a window update acknowledges, if `d` is one.
+pub fn window_grant(d: &Data) -> Option<u64> {
+    if !d.data.is_empty() {
+        return None;
+    }
+    d.error.strip_prefix(WINDOW_MARK)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn window_updates_round_trip_and_nothing_else_is_one() {
+        let Frame::Data(d) = window_update(9, 65536) else {
+            panic!("a DATA packet")
+        };
+        assert_eq!((d.connect_id, window_grant(&d)), (9, Some(65536)));
+        for error in ["", "EOF", "WINDOW", "WINDOW x", "WINDOW -1", "window 5"] {
+            let d = Data {
+                connect_id: 9,
+                error: error.into(),
+                data: Bytes::new(),
+            };
+            assert_eq!(window_grant(&d), None, "{error:?}");
+        }
+        let with_payload = Data {
+            connect_id: 9,
+            error: "WINDOW 5".into(),
+            data: Bytes::from_static(b"x"),
+        };
+        assert_eq!(window_grant(&with_payload), None);
+    }
     use crate::protocol::grpc_frame::FrameDecoder;
 
     fn roundtrip(frame: Frame) -> Frame {

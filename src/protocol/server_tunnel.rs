@@ -27,6 +27,9 @@ pub enum ServerAction<F> {
     Data { frontend: F, payload: Bytes },
     /// The agent will send no more data on this connection (half-close).
     PeerFinished { frontend: F },
+    /// The agent acknowledged `bytes` of this connection's data (the
+    /// negotiated window extension).
+    Window { frontend: F, bytes: u64 },
     /// The connection is gone; tell the frontend and forget it.
     Closed { frontend: F, error: String },
     /// The agent is draining: route no new dials to it.
@@ -165,6 +168,20 @@ impl<F: Clone> ServerTunnel<F> {
                 ServerAction::DialSucceeded {
                     frontend,
                     connect_id: rsp.connect_id,
+                }
+            }
+            Frame::Data(d) if packet::window_grant(&d).is_some() => {
+                let bytes = packet::window_grant(&d).unwrap_or(0);
+                match self.open.get(&d.connect_id) {
+                    Some(f) => ServerAction::Window {
+                        frontend: f.clone(),
+                        bytes,
+                    },
+                    // Updates may trail a close: nothing to answer.
+                    None => ServerAction::Ignored(format!(
+                        "window update for unknown connectID {}",
+                        d.connect_id
+                    )),
                 }
             }
             Frame::Data(d) => match self.open.get(&d.connect_id) {
@@ -351,8 +368,19 @@ mod tests {
             t.on_agent_frame(eof),
             ServerAction::PeerFinished { frontend: 1 }
         );
+        assert_eq!(
+            t.on_agent_frame(packet::window_update(5, 4096)),
+            ServerAction::Window {
+                frontend: 1,
+                bytes: 4096
+            }
+        );
         assert_eq!(t.close(5), Some(packet::close_request(5)));
         assert_eq!(t.close(5), None);
+        assert!(matches!(
+            t.on_agent_frame(packet::window_update(5, 4096)),
+            ServerAction::Ignored(_)
+        ));
         t.begin_dial(3, "a:1", 3).unwrap();
         assert_eq!(t.drain_all(), vec![3]);
     }

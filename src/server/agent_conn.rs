@@ -63,6 +63,7 @@ struct AgentHello {
     agent_id: String,
     ids: Identifiers,
     half_close: bool,
+    window: bool,
 }
 
 /// Checks the Connect request: method, token, agentID, identifiers.
@@ -95,15 +96,15 @@ fn validate(shared: &Shared, head: &http::request::Parts) -> Result<AgentHello, 
     let ids = grpc::single(&head.headers, proto::AGENT_IDENTIFIERS_HEADER)
         .and_then(|v| Identifiers::parse(v.as_deref().unwrap_or("")).map_err(|e| e.to_string()))
         .map_err(|e| (code::INVALID_ARGUMENT, e))?;
-    let half_close = head
+    let features = head
         .headers
         .get(proto::FEATURES_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(',').any(|f| f.trim() == proto::FEATURE_HALF_CLOSE));
+        .and_then(|v| v.to_str().ok());
     Ok(AgentHello {
         agent_id,
         ids,
-        half_close,
+        half_close: proto::has_feature(features, proto::FEATURE_HALF_CLOSE),
+        window: proto::has_feature(features, proto::FEATURE_WINDOW),
     })
 }
 
@@ -155,6 +156,7 @@ async fn serve(
         agent_id,
         ids,
         half_close,
+        window,
     } = hello;
     let send = respond.send_response(
         grpc::response_head(&[
@@ -163,10 +165,7 @@ async fn serve(
                 proto::SERVER_COUNT_HEADER,
                 shared.cfg.server_count.to_string(),
             ),
-            (
-                proto::FEATURES_HEADER,
-                proto::FEATURE_HALF_CLOSE.to_string(),
-            ),
+            (proto::FEATURES_HEADER, proto::our_features()),
         ]),
         false,
     )?;
@@ -178,6 +177,7 @@ async fn serve(
         core,
         agent_id: agent_id.clone().into(),
         half_close,
+        window,
         cmds: cmd_tx,
     };
     shared.registry.lock().expect("registry lock").insert(
@@ -188,7 +188,7 @@ async fn serve(
     );
     shared.metrics.agents_connected.fetch_add(1, Relaxed);
     let span = tracing::info_span!("agent", id = %agent_id, %peer, key);
-    tracing::info!(parent: &span, identifiers = %ids.encode(), half_close, core, "agent connected");
+    tracing::info!(parent: &span, identifiers = %ids.encode(), half_close, window, core, "agent connected");
 
     // Keep HTTP/2 moving (and refuse extra streams) while the tasks run.
     let mut ping = conn.ping_pong();
@@ -218,6 +218,7 @@ async fn serve(
         last_open: std::cell::Cell::new(0),
         last_pending: std::cell::Cell::new(0),
         budget: Budget::new(FRONTEND_BUDGET),
+        window,
     });
     let (ctl_tx, ctl_rx) = mpsc::unbounded();
     let reader = read_loop(
@@ -271,6 +272,8 @@ struct AgentState {
     last_pending: std::cell::Cell<usize>,
     /// Payload queued toward frontends and not yet written by them.
     budget: Arc<Budget>,
+    /// The agent negotiated per-connection windows.
+    window: bool,
 }
 
 impl AgentState {
@@ -325,6 +328,9 @@ async fn read_loop(
                 connect_id,
             } => {
                 state.dial_finished(random, DialResult::Success);
+                if let Some(w) = frontend.window.as_ref().filter(|_| state.window) {
+                    w.bind(connect_id, ctl.clone());
+                }
                 if !frontend.deliver(FrontendEvent::DialOk { connect_id }) {
                     // The frontend left: close what the agent opened.
                     if let Some(f) = state.tunnel.borrow_mut().close(connect_id) {
@@ -343,10 +349,20 @@ async fn read_loop(
                     .metrics
                     .bytes_from_agent
                     .fetch_add(payload.len() as u64, Relaxed);
-                // Waiting here (only past the budget) is the backpressure toward
-                // the agent; below it, a slow frontend stalls nobody.
-                let credit = state.budget.charge(payload).await;
+                // With windows the agent bounds each connection: never wait.
+                // Without, waiting here (only past the budget) is the
+                // backpressure toward the agent; below it, a slow frontend
+                // stalls nobody.
+                let credit = match frontend.window.as_ref().filter(|_| state.window) {
+                    Some(w) => state.budget.charge_now(payload).acking(w.clone()),
+                    None => state.budget.charge(payload).await,
+                };
                 frontend.deliver(FrontendEvent::Data(credit));
+            }
+            ServerAction::Window { frontend, bytes } => {
+                if let Some(w) = frontend.window.as_ref().filter(|_| state.window) {
+                    w.granted(bytes);
+                }
             }
             ServerAction::PeerFinished { frontend } => {
                 frontend.deliver(FrontendEvent::Finished);

@@ -20,6 +20,7 @@ use super::session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
 use super::{Handoff, Shared};
 use crate::engine::listener;
 use crate::engine::relay::{self, ChunkReader, LocalSocket, MovedSocket};
+use crate::engine::window::{self, ConnWindow};
 use crate::metrics::DialResult;
 use crate::protocol::http_connect;
 
@@ -284,10 +285,18 @@ where
         }
     };
     let started = Instant::now();
+    let window = dial
+        .agent
+        .window
+        .then(|| ConnWindow::new(window::CONNECTION_WINDOW));
     let cmd = AgentCmd::Dial {
         random,
         address: dial.address.clone(),
-        reply: FrontendSink { tx, token: 0 },
+        reply: FrontendSink {
+            tx,
+            token: 0,
+            window: window.clone(),
+        },
     };
     if !dial.agent.send(cmd).await {
         return Some((sock, dial));
@@ -341,6 +350,9 @@ where
         }
     }
     if !leftover.is_empty() {
+        if let Some(w) = &window {
+            w.sent(leftover.len());
+        }
         agent
             .send(AgentCmd::Data {
                 connect_id,
@@ -354,8 +366,14 @@ where
         // One sender for the whole stream (a clone per chunk would allocate).
         let mut cmds = agent.cmds.clone();
         loop {
+            if let Some(w) = &window {
+                w.ready().await;
+            }
             match r.next().await {
                 Ok(Some(chunk)) => {
+                    if let Some(w) = &window {
+                        w.sent(chunk.len());
+                    }
                     let cmd = AgentCmd::Data {
                         connect_id,
                         payload: chunk,

@@ -15,6 +15,7 @@ use super::connect_frontend::{NO_TUNNEL, ROUTE_ATTEMPTS};
 use super::session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
 use super::Shared;
 use crate::engine::grpc::{self, code, PacketReceiver, PacketSender, SendBuf};
+use crate::engine::window::{self, ConnWindow};
 use crate::metrics::DialResult;
 use crate::protocol::packet::{self, Frame};
 use crate::protocol::PROXY_PATH;
@@ -124,6 +125,8 @@ struct Conn {
     agent_random: i64,
     connect_id: Option<i64>,
     started: Instant,
+    /// Flow-control window, used when the agent negotiated it.
+    window: Arc<ConnWindow>,
 }
 
 /// Picks an agent for `address` (not `gone`, whose connection just ended)
@@ -212,6 +215,7 @@ async fn proxy_stream(
                         let sink = FrontendSink {
                             tx: ev_tx.clone(),
                             token,
+                            window: Some(c.window.clone()),
                         };
                         let gone = c.agent.key;
                         match dial_agent(shared, &c.address, c.agent_random, sink, Some(gone)).await
@@ -272,9 +276,11 @@ async fn proxy_stream(
                             break r;
                         }
                     };
+                    let window = ConnWindow::new(window::CONNECTION_WINDOW);
                     let sink = FrontendSink {
                         tx: ev_tx.clone(),
                         token: next_token,
+                        window: Some(window.clone()),
                     };
                     let Some(agent) =
                         dial_agent(shared, &req.address, agent_random, sink, None).await
@@ -296,11 +302,19 @@ async fn proxy_stream(
                             agent_random,
                             connect_id: None,
                             started: Instant::now(),
+                            window,
                         },
                     );
                 }
                 Frame::Data(d) => {
                     if let Some(c) = by_id.get(&d.connect_id).and_then(|t| conns.get(t)) {
+                        if c.agent.window {
+                            // Past the window this stream waits: the client
+                            // multiplexes on it, the agent's other
+                            // connections do not.
+                            c.window.ready().await;
+                            c.window.sent(d.data.len());
+                        }
                         c.agent
                             .send(AgentCmd::Data {
                                 connect_id: d.connect_id,

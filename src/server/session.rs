@@ -7,6 +7,7 @@ use futures::channel::mpsc;
 use futures::SinkExt;
 
 use crate::engine::budget::Credit;
+use crate::engine::window::ConnWindow;
 
 /// How a frontend reaches an agent connection (cloneable, any core).
 #[derive(Clone)]
@@ -15,6 +16,8 @@ pub struct AgentHandle {
     pub core: usize,
     pub agent_id: Arc<str>,
     pub half_close: bool,
+    /// The agent speaks the per-connection window extension.
+    pub window: bool,
     pub cmds: mpsc::Sender<AgentCmd>,
 }
 
@@ -71,6 +74,8 @@ pub enum FrontendEvent {
 pub struct FrontendSink {
     pub tx: mpsc::UnboundedSender<(u64, FrontendEvent)>,
     pub token: u64,
+    /// The connection's flow-control window, when the agent negotiated it.
+    pub window: Option<Arc<ConnWindow>>,
 }
 
 impl FrontendSink {
