@@ -356,16 +356,10 @@ async fn relay_conn(
     let (rd, mut wr) = stream.into_split();
     let mut out = shared.out.clone();
     let up = async {
-        let mut r = ChunkReader::new(rd);
+        let mut r = ChunkReader::new(rd).with_flow_control(window);
         loop {
-            if let Some(w) = &window {
-                w.ready().await;
-            }
             match r.next().await {
                 Ok(Some(chunk)) => {
-                    if let Some(w) = &window {
-                        w.sent(chunk.len());
-                    }
                     if out
                         .send(packet::encode_data(connect_id, chunk))
                         .await

@@ -5,9 +5,12 @@
 
 use std::io;
 use std::os::fd::{FromRawFd, IntoRawFd, RawFd};
+use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
+
+use super::window::ConnWindow;
 
 /// Largest buffer reads are carved from.
 const READ_BUFFER: usize = 256 * 1024;
@@ -60,6 +63,8 @@ pub struct ChunkReader<R> {
     inner: R,
     buf: BytesMut,
     window: ReadWindow,
+    /// The peer's flow-control window for what is read, if negotiated.
+    flow: Option<Arc<ConnWindow>>,
 }
 
 impl<R: AsyncReadRent> ChunkReader<R> {
@@ -68,11 +73,22 @@ impl<R: AsyncReadRent> ChunkReader<R> {
             inner,
             buf: BytesMut::new(),
             window: ReadWindow::default(),
+            flow: None,
         }
+    }
+
+    /// Reads only while the peer's window has room, and charges every chunk
+    /// to it (see [`crate::engine::window`]).
+    pub fn with_flow_control(mut self, flow: Option<Arc<ConnWindow>>) -> Self {
+        self.flow = flow;
+        self
     }
 
     /// The next chunk, `None` at end of stream.
     pub async fn next(&mut self) -> io::Result<Option<Bytes>> {
+        if let Some(flow) = &self.flow {
+            flow.ready().await;
+        }
         let want = self.window.size();
         if self.buf.capacity() < want {
             self.buf = BytesMut::with_capacity(self.window.block());
@@ -86,6 +102,9 @@ impl<R: AsyncReadRent> ChunkReader<R> {
             return Ok(None);
         }
         self.window.after_read(n);
+        if let Some(flow) = &self.flow {
+            flow.sent(n);
+        }
         window.truncate(n);
         Ok(Some(window.freeze()))
     }

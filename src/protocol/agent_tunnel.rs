@@ -96,33 +96,34 @@ impl<C: Clone> AgentTunnel<C> {
                     address: req.address,
                 }
             }
-            Frame::Data(d) if packet::window_grant(&d).is_some() => {
-                let bytes = packet::window_grant(&d).unwrap_or(0);
+            Frame::Data(d) => {
+                if let Some(bytes) = packet::window_grant(&d) {
+                    return match self.open.get(&d.connect_id) {
+                        Some(c) => AgentAction::Window {
+                            conn: c.clone(),
+                            bytes,
+                        },
+                        // Updates may trail a close: nothing to answer.
+                        None => AgentAction::Ignored(format!(
+                            "window update for unknown connectID {}",
+                            d.connect_id
+                        )),
+                    };
+                }
                 match self.open.get(&d.connect_id) {
-                    Some(c) => AgentAction::Window {
+                    Some(c) if d.data.is_empty() && d.error == HALF_CLOSE_MARK => {
+                        AgentAction::ShutdownWrite { conn: c.clone() }
+                    }
+                    Some(c) => AgentAction::Write {
                         conn: c.clone(),
-                        bytes,
+                        payload: d.data,
                     },
-                    // Updates may trail a close: nothing to answer.
-                    None => AgentAction::Ignored(format!(
-                        "window update for unknown connectID {}",
-                        d.connect_id
+                    None => AgentAction::Reply(packet::close_response(
+                        d.connect_id,
+                        "unrecognized connectID",
                     )),
                 }
             }
-            Frame::Data(d) => match self.open.get(&d.connect_id) {
-                Some(c) if d.data.is_empty() && d.error == HALF_CLOSE_MARK => {
-                    AgentAction::ShutdownWrite { conn: c.clone() }
-                }
-                Some(c) => AgentAction::Write {
-                    conn: c.clone(),
-                    payload: d.data,
-                },
-                None => AgentAction::Reply(packet::close_response(
-                    d.connect_id,
-                    "unrecognized connectID",
-                )),
-            },
             Frame::CloseRequest(c) => match self.open.remove(&c.connect_id) {
                 Some(conn) => AgentAction::Close {
                     conn,

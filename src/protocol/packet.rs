@@ -251,6 +251,7 @@ pub fn window_grant(d: &Data) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::grpc_frame::FrameDecoder;
 
     #[test]
     fn window_updates_round_trip_and_nothing_else_is_one() {
@@ -273,7 +274,6 @@ mod tests {
         };
         assert_eq!(window_grant(&with_payload), None);
     }
-    use crate::protocol::grpc_frame::FrameDecoder;
 
     fn roundtrip(frame: Frame) -> Frame {
         let enc = encode(frame);

@@ -170,38 +170,39 @@ impl<F: Clone> ServerTunnel<F> {
                     connect_id: rsp.connect_id,
                 }
             }
-            Frame::Data(d) if packet::window_grant(&d).is_some() => {
-                let bytes = packet::window_grant(&d).unwrap_or(0);
-                match self.open.get(&d.connect_id) {
-                    Some(f) => ServerAction::Window {
-                        frontend: f.clone(),
-                        bytes,
-                    },
-                    // Updates may trail a close: nothing to answer.
-                    None => ServerAction::Ignored(format!(
-                        "window update for unknown connectID {}",
-                        d.connect_id
-                    )),
+            Frame::Data(d) => {
+                if let Some(bytes) = packet::window_grant(&d) {
+                    return match self.open.get(&d.connect_id) {
+                        Some(f) => ServerAction::Window {
+                            frontend: f.clone(),
+                            bytes,
+                        },
+                        // Updates may trail a close: nothing to answer.
+                        None => ServerAction::Ignored(format!(
+                            "window update for unknown connectID {}",
+                            d.connect_id
+                        )),
+                    };
                 }
-            }
-            Frame::Data(d) => match self.open.get(&d.connect_id) {
-                Some(f) if d.data.is_empty() && d.error == HALF_CLOSE_MARK => {
-                    ServerAction::PeerFinished {
+                match self.open.get(&d.connect_id) {
+                    Some(f) if d.data.is_empty() && d.error == HALF_CLOSE_MARK => {
+                        ServerAction::PeerFinished {
+                            frontend: f.clone(),
+                        }
+                    }
+                    Some(f) => ServerAction::Data {
                         frontend: f.clone(),
+                        payload: d.data,
+                    },
+                    None if self.closing.contains_key(&d.connect_id) => ServerAction::Ignored(
+                        format!("DATA for closing connectID {}", d.connect_id),
+                    ),
+                    None => {
+                        self.remember_closing(d.connect_id);
+                        ServerAction::Reply(packet::close_request(d.connect_id))
                     }
                 }
-                Some(f) => ServerAction::Data {
-                    frontend: f.clone(),
-                    payload: d.data,
-                },
-                None if self.closing.contains_key(&d.connect_id) => {
-                    ServerAction::Ignored(format!("DATA for closing connectID {}", d.connect_id))
-                }
-                None => {
-                    self.remember_closing(d.connect_id);
-                    ServerAction::Reply(packet::close_request(d.connect_id))
-                }
-            },
+            }
             Frame::CloseResponse(c) => {
                 self.closing.remove(&c.connect_id);
                 match self.open.remove(&c.connect_id) {

@@ -18,6 +18,7 @@ use super::Shared;
 use crate::engine::budget::Budget;
 use crate::engine::grpc::{self, code, PacketReceiver, PacketSender, SendBuf};
 use crate::engine::listener;
+use crate::engine::window::ConnWindow;
 use crate::metrics::DialResult;
 use crate::protocol::identifiers::Identifiers;
 use crate::protocol::packet::{self, Frame};
@@ -277,6 +278,12 @@ struct AgentState {
 }
 
 impl AgentState {
+    /// A connection's window, if this agent negotiated windows (a gRPC
+    /// frontend's sink carries one whichever agent its dial lands on).
+    fn window_of<'a>(&self, frontend: &'a FrontendSink) -> Option<&'a Arc<ConnWindow>> {
+        frontend.window.as_ref().filter(|_| self.window)
+    }
+
     /// Publishes this connection's changes to the shared gauges.
     fn sync_gauges(&self) {
         let t = self.tunnel.borrow();
@@ -328,7 +335,7 @@ async fn read_loop(
                 connect_id,
             } => {
                 state.dial_finished(random, DialResult::Success);
-                if let Some(w) = frontend.window.as_ref().filter(|_| state.window) {
+                if let Some(w) = state.window_of(&frontend) {
                     w.bind(connect_id, ctl.clone());
                 }
                 if !frontend.deliver(FrontendEvent::DialOk { connect_id }) {
@@ -353,14 +360,14 @@ async fn read_loop(
                 // Without, waiting here (only past the budget) is the
                 // backpressure toward the agent; below it, a slow frontend
                 // stalls nobody.
-                let credit = match frontend.window.as_ref().filter(|_| state.window) {
+                let credit = match state.window_of(&frontend) {
                     Some(w) => state.budget.charge_now(payload).acking(w.clone()),
                     None => state.budget.charge(payload).await,
                 };
                 frontend.deliver(FrontendEvent::Data(credit));
             }
             ServerAction::Window { frontend, bytes } => {
-                if let Some(w) = frontend.window.as_ref().filter(|_| state.window) {
+                if let Some(w) = state.window_of(&frontend) {
                     w.granted(bytes);
                 }
             }

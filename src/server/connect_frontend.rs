@@ -362,18 +362,12 @@ where
     }
     let (rd, mut wr) = sock.into_split();
     let up = async {
-        let mut r = ChunkReader::new(rd);
+        let mut r = ChunkReader::new(rd).with_flow_control(window.clone());
         // One sender for the whole stream (a clone per chunk would allocate).
         let mut cmds = agent.cmds.clone();
         loop {
-            if let Some(w) = &window {
-                w.ready().await;
-            }
             match r.next().await {
                 Ok(Some(chunk)) => {
-                    if let Some(w) = &window {
-                        w.sent(chunk.len());
-                    }
                     let cmd = AgentCmd::Data {
                         connect_id,
                         payload: chunk,
