@@ -599,23 +599,72 @@ fn counting_target() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
     (addr, got)
 }
 
-/// Bytes a healthy download (or upload) moves through the agent while
-/// another connection's reader is stalled in the same direction, given
-/// `patience` without progress.
+/// A source that starts sending, as fast as it can, once its client has
+/// sent one byte; counts what it wrote.
+fn triggered_source() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let sent = Arc::new(AtomicUsize::new(0));
+    let total = sent.clone();
+    thread::spawn(move || {
+        for mut s in l.incoming().flatten() {
+            let total = total.clone();
+            thread::spawn(move || {
+                let mut go = [0u8; 1];
+                if s.read_exact(&mut go).is_err() {
+                    return;
+                }
+                let chunk = vec![7u8; 64 * 1024];
+                while s.write_all(&chunk).is_ok() {
+                    total.fetch_add(chunk.len(), Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    (addr, sent)
+}
+
+/// Waits until `counter` has not moved for `quiet` (the stall is in place:
+/// every buffer on the stalled connection's way is full).
+fn wait_until_still(counter: &AtomicUsize, quiet: Duration) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = (counter.load(Ordering::SeqCst), Instant::now());
+    while last.1.elapsed() < quiet {
+        assert!(
+            Instant::now() < deadline,
+            "the stalled connection never stalled"
+        );
+        thread::sleep(Duration::from_millis(20));
+        let now = counter.load(Ordering::SeqCst);
+        if now != last.0 {
+            last = (now, Instant::now());
+        }
+    }
+}
+
+/// Bytes a healthy download (or upload) moves through the agent once
+/// another connection's reader has stalled in the same direction (the
+/// stalled one fills every buffer it can before the healthy one starts),
+/// given `patience` without progress.
 fn healthy_bytes_beside_a_stall(upload: bool, agent_flags: &[&str], patience: Duration) -> usize {
     let env = Env::new();
     let server = Server::start(&env, &[]);
     let _agent = Agent::start(&env, server.agent, "node1", "host=node1", agent_flags);
+    let quiet = Duration::from_secs(1);
     if !upload {
         // Both open first: without windows, no dial is answered once the
         // stalled connection has spent the budget.
-        let (source, _) = source_server();
-        let (status, _, mut healthy) = connect_tcp(server.connect, &source.to_string());
+        let (healthy_source, _) = triggered_source();
+        let (stalled_source, stalled_sent) = triggered_source();
+        let (status, _, mut healthy) = connect_tcp(server.connect, &healthy_source.to_string());
         assert_eq!(status, 200);
         // This client never reads what its target sends.
-        let (status, _, _stalled_reader) = connect_tcp(server.connect, &source.to_string());
+        let (status, _, mut stalled_reader) =
+            connect_tcp(server.connect, &stalled_source.to_string());
         assert_eq!(status, 200);
-        thread::sleep(Duration::from_millis(500));
+        stalled_reader.write_all(b"g").unwrap();
+        wait_until_still(&stalled_sent, quiet);
+        healthy.write_all(b"g").unwrap();
         healthy.set_read_timeout(Some(patience)).unwrap();
         let mut buf = vec![0u8; 1 << 20];
         let mut downloaded = 0;
@@ -637,11 +686,15 @@ fn healthy_bytes_beside_a_stall(upload: bool, agent_flags: &[&str], patience: Du
     stalled_writer
         .set_write_timeout(Some(patience * 4))
         .unwrap();
+    let stalled_sent = Arc::new(AtomicUsize::new(0));
+    let counter = stalled_sent.clone();
     thread::spawn(move || {
-        let chunk = vec![3u8; 1 << 20];
-        while stalled_writer.write_all(&chunk).is_ok() {}
+        let chunk = vec![3u8; 64 * 1024];
+        while stalled_writer.write_all(&chunk).is_ok() {
+            counter.fetch_add(chunk.len(), Ordering::SeqCst);
+        }
     });
-    thread::sleep(Duration::from_millis(500));
+    wait_until_still(&stalled_sent, quiet);
     healthy.set_write_timeout(Some(patience)).unwrap();
     let chunk = vec![5u8; 1 << 20];
     let mut sent = 0;
@@ -676,6 +729,7 @@ fn stalled_reader_does_not_hold_up_other_connections() {
         assert!(moved >= PAST_THE_BUDGET, "{way} stalled at {moved} bytes");
         let moved =
             healthy_bytes_beside_a_stall(upload, &["--no-flow-control"], Duration::from_secs(3));
+        eprintln!("{way}: without windows the healthy connection moved {moved} bytes");
         assert!(
             moved < PAST_THE_BUDGET,
             "without windows the {way} moved {moved} bytes"
