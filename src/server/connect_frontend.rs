@@ -303,43 +303,43 @@ where
     }
     let timeout = shared.cfg.dial_timeout;
     let first = monoio::time::timeout(timeout, events.next()).await;
+    let connect_id = match first {
+        // The agent went away before answering: another may serve the dial.
+        Ok(Some((_, FrontendEvent::AgentGone))) | Ok(None) => return Some((sock, dial)),
+        Ok(Some((_, FrontendEvent::DialOk { connect_id }))) => connect_id,
+        Ok(Some((_, FrontendEvent::DialErr(e)))) | Ok(Some((_, FrontendEvent::Closed(e)))) => {
+            let status = http_connect::dial_error_status(&e);
+            tracing::info!(address = %dial.address, agent = %dial.agent.agent_id, status, error = %e, "dial failed");
+            let body = http_connect::truncate_error_body(&e);
+            refuse(&mut sock, dial.mode, status, &body).await;
+            return None;
+        }
+        Ok(Some((_, other))) => {
+            tracing::warn!(?other, "unexpected event before the dial answer");
+            refuse(&mut sock, dial.mode, 502, "unexpected answer from agent").await;
+            return None;
+        }
+        Err(_) => {
+            shared
+                .metrics
+                .dial_done(DialResult::Timeout, started.elapsed());
+            dial.agent.send(AgentCmd::CancelDial { random }).await;
+            tracing::info!(address = %dial.address, agent = %dial.agent.agent_id, "dial timed out");
+            let body = format!(
+                "Backend dial timeout: dial {} timed out after {timeout:?}\r\n",
+                dial.address
+            );
+            refuse(&mut sock, dial.mode, 504, &body).await;
+            return None;
+        }
+    };
     let Pending {
         address,
         leftover,
         agent,
         mode,
         ..
-    } = match first {
-        Ok(Some((_, FrontendEvent::AgentGone))) | Ok(None) => return Some((sock, dial)),
-        _ => dial,
-    };
-    let connect_id = match first {
-        Ok(Some((_, FrontendEvent::DialOk { connect_id }))) => connect_id,
-        Ok(Some((_, FrontendEvent::DialErr(e)))) | Ok(Some((_, FrontendEvent::Closed(e)))) => {
-            let status = http_connect::dial_error_status(&e);
-            tracing::info!(%address, agent = %agent.agent_id, status, error = %e, "dial failed");
-            let body = http_connect::truncate_error_body(&e);
-            refuse(&mut sock, mode, status, &body).await;
-            return None;
-        }
-        Ok(Some((_, other))) => {
-            tracing::warn!(?other, "unexpected event before the dial answer");
-            refuse(&mut sock, mode, 502, "unexpected answer from agent").await;
-            return None;
-        }
-        Ok(None) => return None,
-        Err(_) => {
-            shared
-                .metrics
-                .dial_done(DialResult::Timeout, started.elapsed());
-            agent.send(AgentCmd::CancelDial { random }).await;
-            tracing::info!(%address, agent = %agent.agent_id, "dial timed out");
-            let body =
-                format!("Backend dial timeout: dial {address} timed out after {timeout:?}\r\n");
-            refuse(&mut sock, mode, 504, &body).await;
-            return None;
-        }
-    };
+    } = dial;
     let span = tracing::debug_span!("tunnel", %address, connect_id, agent = %agent.agent_id);
     tracing::debug!(parent: &span, "tunnel established");
     if mode == Mode::Connect {
