@@ -248,14 +248,10 @@ async fn read_loop(shared: Rc<Shared>, mut rx: PacketReceiver) -> Result<(), Box
                 monoio::spawn(dial(shared.clone(), random, connect_id, protocol, address));
             }
             AgentAction::Write { conn, payload } => {
-                // With windows the server bounds each connection: never
-                // wait. Without, waiting here (only past the budget) is the
-                // backpressure toward the server; below it a slow target
-                // stalls nobody.
-                let credit = match &conn.window {
-                    Some(w) => shared.budget.charge_now(payload).acking(w.clone()),
-                    None => shared.budget.charge(payload).await,
-                };
+                let credit = shared
+                    .budget
+                    .charge_for(payload, conn.window.as_ref())
+                    .await;
                 let _ = conn.tx.unbounded_send(ConnEvent::Data(credit));
             }
             AgentAction::Window { conn, bytes } => {

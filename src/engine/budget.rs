@@ -58,10 +58,29 @@ impl Budget {
         self.charge_now(bytes)
     }
 
-    /// Wraps `bytes` in a credit without waiting: for payload already bounded
-    /// by its connection's window ([`crate::engine::window`]), which must
-    /// never make the shared stream wait.
-    pub fn charge_now(self: &Arc<Self>, bytes: Bytes) -> Credit {
+    /// Charges payload received for one tunneled connection. With the
+    /// connection's negotiated window ([`crate::engine::window`]) the peer
+    /// already bounds it: never wait (that would stall the shared stream),
+    /// and acknowledge it to the window once written. Without one, wait past
+    /// the budget: that is the backpressure toward the peer, and below the
+    /// budget a slow local reader stalls nobody.
+    pub async fn charge_for(
+        self: &Arc<Self>,
+        bytes: Bytes,
+        window: Option<&Arc<ConnWindow>>,
+    ) -> Credit {
+        match window {
+            Some(w) => {
+                let mut credit = self.charge_now(bytes);
+                credit.window = Some(w.clone());
+                credit
+            }
+            None => self.charge(bytes).await,
+        }
+    }
+
+    /// Wraps `bytes` in a credit without waiting.
+    fn charge_now(self: &Arc<Self>, bytes: Bytes) -> Credit {
         self.used.fetch_add(bytes.len(), Ordering::AcqRel);
         Credit {
             bytes,
@@ -80,12 +99,6 @@ pub struct Credit {
 }
 
 impl Credit {
-    /// Also acknowledges the payload to the peer's window when dropped.
-    pub fn acking(mut self, window: Arc<ConnWindow>) -> Self {
-        self.window = Some(window);
-        self
-    }
-
     /// The payload, for writing. The credit is returned when `self` drops.
     pub fn bytes(&self) -> &Bytes {
         &self.bytes
@@ -115,6 +128,7 @@ impl Drop for Credit {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::packet;
     use std::future::Future;
     use std::pin::pin;
     use std::task::{Context, Waker};
@@ -143,5 +157,34 @@ mod tests {
             Poll::Pending => panic!("empty budget admits anything"),
         };
         assert_eq!(big.len(), 50);
+    }
+
+    #[test]
+    fn windowed_payload_never_waits_and_is_acknowledged_when_written() {
+        let b = Budget::new(10);
+        let w = ConnWindow::new(8);
+        let (tx, mut rx) = futures::channel::mpsc::unbounded();
+        w.bind(3, tx);
+        let mut cx = Context::from_waker(Waker::noop());
+        let first = match pin!(b.charge(Bytes::from_static(b"12345678"))).poll(&mut cx) {
+            Poll::Ready(c) => c,
+            Poll::Pending => panic!("budget is free"),
+        };
+        // Past the budget, yet admitted: the peer's window bounds it.
+        let windowed =
+            match pin!(b.charge_for(Bytes::from_static(b"12345"), Some(&w))).poll(&mut cx) {
+                Poll::Ready(c) => c,
+                Poll::Pending => panic!("windowed payload waited on the budget"),
+            };
+        assert_eq!(b.used(), 13);
+        assert!(rx.try_recv().is_err());
+        drop(windowed);
+        assert_eq!(rx.try_recv().ok(), Some(packet::window_update(3, 5)));
+        drop(first);
+        assert!(
+            rx.try_recv().is_err(),
+            "unwindowed payload is not acknowledged"
+        );
+        assert_eq!(b.used(), 0);
     }
 }

@@ -356,14 +356,10 @@ async fn read_loop(
                     .metrics
                     .bytes_from_agent
                     .fetch_add(payload.len() as u64, Relaxed);
-                // With windows the agent bounds each connection: never wait.
-                // Without, waiting here (only past the budget) is the
-                // backpressure toward the agent; below it, a slow frontend
-                // stalls nobody.
-                let credit = match state.window_of(&frontend) {
-                    Some(w) => state.budget.charge_now(payload).acking(w.clone()),
-                    None => state.budget.charge(payload).await,
-                };
+                let credit = state
+                    .budget
+                    .charge_for(payload, state.window_of(&frontend))
+                    .await;
                 frontend.deliver(FrontendEvent::Data(credit));
             }
             ServerAction::Window { frontend, bytes } => {
