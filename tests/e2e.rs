@@ -578,22 +578,15 @@ fn stalled_target() -> std::net::SocketAddr {
 
 /// A target that counts what it reads.
 fn counting_target() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
     let got = Arc::new(AtomicUsize::new(0));
     let g = got.clone();
-    thread::spawn(move || {
-        for mut s in l.incoming().flatten() {
-            let g = g.clone();
-            thread::spawn(move || {
-                let mut buf = vec![0u8; 256 * 1024];
-                while let Ok(n) = s.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    g.fetch_add(n, Ordering::SeqCst);
-                }
-            });
+    let addr = serve_each("127.0.0.1", move |mut s| {
+        let mut buf = vec![0u8; 256 * 1024];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            g.fetch_add(n, Ordering::SeqCst);
         }
     });
     (addr, got)
@@ -602,23 +595,16 @@ fn counting_target() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
 /// A source that starts sending, as fast as it can, once its client has
 /// sent one byte; counts what it wrote.
 fn triggered_source() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
     let sent = Arc::new(AtomicUsize::new(0));
     let total = sent.clone();
-    thread::spawn(move || {
-        for mut s in l.incoming().flatten() {
-            let total = total.clone();
-            thread::spawn(move || {
-                let mut go = [0u8; 1];
-                if s.read_exact(&mut go).is_err() {
-                    return;
-                }
-                let chunk = vec![7u8; 64 * 1024];
-                while s.write_all(&chunk).is_ok() {
-                    total.fetch_add(chunk.len(), Ordering::SeqCst);
-                }
-            });
+    let addr = serve_each("127.0.0.1", move |mut s| {
+        let mut go = [0u8; 1];
+        if s.read_exact(&mut go).is_err() {
+            return;
+        }
+        let chunk = vec![7u8; 64 * 1024];
+        while s.write_all(&chunk).is_ok() {
+            total.fetch_add(chunk.len(), Ordering::SeqCst);
         }
     });
     (addr, sent)

@@ -301,55 +301,51 @@ pub struct Echo {
     pub closed: Arc<AtomicUsize>,
 }
 
-pub fn echo_server(ip: &str) -> Echo {
-    let l = TcpListener::bind((ip, 0)).expect("bind echo");
+/// Accepts on `ip` (any port) and runs `handle` on its own thread for
+/// every connection.
+pub fn serve_each<F>(ip: &str, handle: F) -> SocketAddr
+where
+    F: Fn(TcpStream) + Send + Sync + 'static,
+{
+    let l = TcpListener::bind((ip, 0)).expect("bind test target");
     let addr = l.local_addr().unwrap();
+    let handle = Arc::new(handle);
+    thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            let handle = handle.clone();
+            thread::spawn(move || handle(s));
+        }
+    });
+    addr
+}
+
+pub fn echo_server(ip: &str) -> Echo {
     let closed = Arc::new(AtomicUsize::new(0));
     let c = closed.clone();
-    thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { continue };
-            let c = c.clone();
-            thread::spawn(move || {
-                let mut r = s.try_clone().unwrap();
-                let _ = std::io::copy(&mut r, &mut s);
-                let _ = s.shutdown(Shutdown::Write);
-                c.fetch_add(1, Ordering::SeqCst);
-            });
-        }
+    let addr = serve_each(ip, move |mut s| {
+        let mut r = s.try_clone().unwrap();
+        let _ = std::io::copy(&mut r, &mut s);
+        let _ = s.shutdown(Shutdown::Write);
+        c.fetch_add(1, Ordering::SeqCst);
     });
     Echo { addr, closed }
 }
 
 /// A target that answers every connection with `reply` and closes.
 pub fn banner_server(ip: &str, reply: &'static str) -> SocketAddr {
-    let l = TcpListener::bind((ip, 0)).expect("bind banner");
-    let addr = l.local_addr().unwrap();
-    thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { continue };
-            let _ = s.write_all(reply.as_bytes());
-        }
-    });
-    addr
+    serve_each(ip, move |mut s| {
+        let _ = s.write_all(reply.as_bytes());
+    })
 }
 
 /// A target that sends endlessly; counts connections that ended.
 pub fn source_server() -> (SocketAddr, Arc<AtomicUsize>) {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind source");
-    let addr = l.local_addr().unwrap();
     let ended = Arc::new(AtomicUsize::new(0));
     let e = ended.clone();
-    thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { continue };
-            let e = e.clone();
-            thread::spawn(move || {
-                let chunk = vec![7u8; 64 * 1024];
-                while s.write_all(&chunk).is_ok() {}
-                e.fetch_add(1, Ordering::SeqCst);
-            });
-        }
+    let addr = serve_each("127.0.0.1", move |mut s| {
+        let chunk = vec![7u8; 64 * 1024];
+        while s.write_all(&chunk).is_ok() {}
+        e.fetch_add(1, Ordering::SeqCst);
     });
     (addr, ended)
 }
