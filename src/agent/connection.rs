@@ -149,6 +149,7 @@ pub(crate) async fn run(slots: Rc<ServerSlots>) -> Result<Ended, BoxError> {
     slots.want_slots(server_count);
     tracing::info!(server = %addr, %server_id, server_count, half_close, window, "connected to server");
     println!("CONNECTED {addr} {server_id}");
+    slots.mark_established();
 
     let (ctl_tx, ctl_rx) = mpsc::unbounded();
     let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE);

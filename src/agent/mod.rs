@@ -145,6 +145,10 @@ impl ServerSlots {
         }
     }
 
+    /// The connection of this slot is up (TLS, HTTP/2 and the Connect
+    /// stream accepted). Placeholder for the backoff reset.
+    pub(crate) fn mark_established(&self) {}
+
     /// Called when a server reports its count: start more slots if needed.
     fn want_slots(self: &Rc<Self>, server_count: usize) {
         let have = *self.slots.borrow();

@@ -127,7 +127,7 @@ async fn serve(
             .max_frame_size(grpc::MAX_FRAME)
             .max_send_buffer_size(grpc::MAX_SEND_BUFFER)
             .max_concurrent_streams(16)
-            .handshake::<_, SendBuf>(tls)
+            .handshake::<_, SendBuf>(crate::engine::h2_server_io::wrap(tls))
             .await?;
         let first = conn
             .accept()

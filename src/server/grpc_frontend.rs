@@ -72,7 +72,7 @@ where
         .initial_connection_window_size(grpc::CONNECTION_WINDOW)
         .max_frame_size(grpc::MAX_FRAME)
         .max_send_buffer_size(grpc::MAX_SEND_BUFFER)
-        .handshake::<_, SendBuf>(io)
+        .handshake::<_, SendBuf>(crate::engine::h2_server_io::wrap(io))
         .await;
     let mut conn = match conn {
         Ok(c) => c,
