@@ -140,6 +140,12 @@ pub struct EngineArgs {
     /// HTTP/2 keepalive PING interval, seconds.
     #[arg(long, default_value_t = 30)]
     pub keepalive_secs: u64,
+    /// Seconds a half-closed tunnel (one side finished sending, with the
+    /// half-close extension between edgetunnel peers) waits for the other
+    /// side to finish before it is closed, like haproxy's `timeout
+    /// client-fin`.
+    #[arg(long, default_value_t = 30.0)]
+    pub half_close_linger_secs: f64,
 }
 
 #[derive(Args, Debug)]
@@ -555,6 +561,7 @@ impl ServerArgs {
             no_agent_status: self.no_agent_status,
             max_message: self.engine.max_message_size,
             keepalive: Duration::from_secs(self.engine.keepalive_secs.max(1)),
+            half_close_linger: secs(self.engine.half_close_linger_secs),
         })
     }
 }
@@ -624,6 +631,7 @@ impl AgentArgs {
             driver: self.engine.driver,
             max_message: self.engine.max_message_size,
             half_close: !self.no_half_close,
+            half_close_linger: secs(self.engine.half_close_linger_secs),
             window: !self.no_flow_control,
         })
     }

@@ -120,6 +120,129 @@ fn half_close_delivers_the_whole_answer() {
     server.wait_metric("edgetunnel_open_connections", 0.0);
 }
 
+/// A target that reads until its peer finishes, then stays silent and
+/// open until asked (on the returned sender) whether its connection is
+/// still there: it writes twice; the answer is whether a write failed (a
+/// closed peer answers the first with RST).
+fn silent_target() -> (
+    std::net::SocketAddr,
+    std::sync::mpsc::Sender<()>,
+    std::sync::mpsc::Receiver<bool>,
+) {
+    let (ask_tx, ask_rx) = std::sync::mpsc::channel::<()>();
+    let (answer_tx, answer_rx) = std::sync::mpsc::channel();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+        }
+        if ask_rx.recv().is_ok() {
+            let first = s.write_all(b"x");
+            thread::sleep(Duration::from_millis(200));
+            let second = s.write_all(b"x");
+            let _ = answer_tx.send(first.is_err() || second.is_err());
+        }
+    });
+    (addr, ask_tx, answer_rx)
+}
+
+/// A caller that finishes (half-close) while its target stays silent and
+/// open: the tunnel is closed after the idle linger, on both sides, instead
+/// of lingering in CLOSE-WAIT / FIN-WAIT-2 for ever.
+#[test]
+fn half_closed_tunnel_to_a_silent_target_is_released_by_the_linger() {
+    let env = Env::new();
+    // Only the server lingers briefly: the agent's default (30 s) shows the
+    // server's linger alone releases both ends.
+    let server = Server::start(&env, &["--half-close-linger-secs", "1"]);
+    let _agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    let (target, ask, closed_at_target) = silent_target();
+    let (status, _, mut s) = connect_tcp(server.connect, &target.to_string());
+    assert_eq!(status, 200);
+    s.write_all(b"request").unwrap();
+    s.shutdown(Shutdown::Write).unwrap();
+    let finished = Instant::now();
+    server.wait_metric("edgetunnel_open_connections", 1.0);
+    // The client sees the tunnel end (EOF), the target sees its peer gone.
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).expect("tunnel closed within 10 s");
+    let closed = finished.elapsed();
+    println!("client EOF after {closed:?}");
+    assert!(
+        closed >= Duration::from_millis(900),
+        "closed before the linger: {closed:?}"
+    );
+    server.wait_metric("edgetunnel_open_connections", 0.0);
+    // The agent closed the target's connection too (its default linger is
+    // 30 s: only the server's close can have done it).
+    ask.send(()).unwrap();
+    assert!(
+        closed_at_target
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap(),
+        "the target's connection is still open at the agent"
+    );
+
+    // The other way round: the target finishes, the caller stays silent;
+    // an agent with a short linger releases it too, and data flowing keeps
+    // a half-closed tunnel alive past the linger.
+    let env = Env::new();
+    let server = Server::start(&env, &[]);
+    let _agent = Agent::start(
+        &env,
+        server.agent,
+        "node1",
+        "host=node1",
+        &["--half-close-linger-secs", "1"],
+    );
+    // Target: says hello, closes its sending side, then reads for ever.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let target = l.local_addr().unwrap().to_string();
+    let got = Arc::new(AtomicUsize::new(0));
+    let got_t = got.clone();
+    thread::spawn(move || {
+        let (mut t, _) = l.accept().unwrap();
+        t.write_all(b"hello").unwrap();
+        t.shutdown(Shutdown::Write).unwrap();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = t.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            got_t.fetch_add(n, Ordering::SeqCst);
+        }
+    });
+    let (status, _, mut s) = connect_tcp(server.connect, &target);
+    assert_eq!(status, 200);
+    let mut hello = [0u8; 5];
+    s.read_exact(&mut hello).unwrap();
+    // Keep sending for 2.5 s (past the 1 s linger): the tunnel stays.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(2500) {
+        s.write_all(b"tick").unwrap();
+        thread::sleep(Duration::from_millis(200));
+    }
+    let sent_until = Instant::now();
+    // Then go silent: the tunnel closes about a linger later.
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).expect("tunnel closed within 10 s");
+    let idle = sent_until.elapsed();
+    println!("silent caller released after {idle:?} idle");
+    assert_eq!(got.load(Ordering::SeqCst) % 4, 0);
+    assert!(
+        got.load(Ordering::SeqCst) >= 4 * 10,
+        "ticks reached the target"
+    );
+    server.wait_metric("edgetunnel_open_connections", 0.0);
+}
+
 #[test]
 fn refused_target_and_missing_agent_get_anp_status_codes() {
     let env = Env::new();

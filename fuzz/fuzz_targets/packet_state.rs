@@ -247,7 +247,7 @@ impl Sim {
             3 => {
                 let got = self.server.cancel_dial(arg);
                 assert_eq!(got.is_some(), self.sm.pending.remove(&arg).is_some());
-                if let Some(f) = got {
+                if let Some((f, _)) = got {
                     self.send_to_agent(f);
                 }
             }

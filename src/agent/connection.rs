@@ -1,7 +1,7 @@
 //! One agent-to-server connection: TLS, HTTP/2, the Connect stream, and the
 //! relays for the local connections dialed on the server's behalf.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,6 +57,8 @@ struct Shared {
     ctl: mpsc::UnboundedSender<Frame>,
     out: mpsc::Sender<Encoded>,
     half_close: bool,
+    /// How long a half-closed connection may stay idle.
+    half_close_linger: Duration,
     window: bool,
     dial_timeout: Duration,
     /// Payload queued toward local connections and not yet written.
@@ -158,6 +160,7 @@ pub(crate) async fn run(slots: Rc<ServerSlots>) -> Result<Ended, BoxError> {
         ctl: ctl_tx,
         out: out_tx,
         half_close,
+        half_close_linger: cfg.half_close_linger,
         window,
         dial_timeout: cfg.dial_timeout,
         budget: Budget::new(TARGET_BUDGET),
@@ -352,11 +355,17 @@ async fn relay_conn(
 ) {
     let (rd, mut wr) = stream.into_split();
     let mut out = shared.out.clone();
+    // Chunks moved each way, so that a half-closed connection's linger
+    // counts idle time only.
+    let moved = (Cell::new(0u64), Cell::new(0u64));
+    let (up_moved, down_moved) = (&moved.0, &moved.1);
+    let linger = shared.half_close_linger;
     let up = async {
         let mut r = ChunkReader::new(rd).with_flow_control(window);
         loop {
             match r.next().await {
                 Ok(Some(chunk)) => {
+                    up_moved.set(up_moved.get() + 1);
                     if out
                         .send(packet::encode_data(connect_id, chunk))
                         .await
@@ -393,6 +402,7 @@ async fn relay_conn(
                         },
                     );
                     stashed = next;
+                    down_moved.set(down_moved.get() + 1);
                     let chunks = credits.iter().map(|c| c.bytes().clone()).collect();
                     if relay::write_chunks(&mut wr, chunks).await.is_err() {
                         return (Down::Failed, events);
@@ -415,7 +425,11 @@ async fn relay_conn(
                     d.error = HALF_CLOSE_MARK.to_string();
                 }
                 let _ = shared.out.clone().send(packet::encode(eof)).await;
-                down.await.0 != Down::Closed
+                // The server's side gets `linger` (idle) to finish too.
+                match relay::linger(linger, down_moved, down).await {
+                    Some((ended, _)) => ended != Down::Closed,
+                    None => true,
+                }
             } else {
                 true
             }
@@ -431,9 +445,11 @@ async fn relay_conn(
                 }
             };
             futures::pin_mut!(closed);
-            match futures::future::select(up, closed).await {
-                futures::future::Either::Left(_) => true,
-                futures::future::Either::Right(_) => false,
+            // The target gets `linger` (idle) to finish too.
+            let rest = futures::future::select(up, closed);
+            match relay::linger(linger, up_moved, rest).await {
+                Some(futures::future::Either::Left(_)) | None => true,
+                Some(futures::future::Either::Right(_)) => false,
             }
         }
         futures::future::Either::Right(((Down::Failed, _), _)) => true,

@@ -34,6 +34,8 @@ pub struct AgentConfig {
     pub max_message: usize,
     /// Offer the half-close extension to servers.
     pub half_close: bool,
+    /// How long a half-closed connection waits for its other side to finish.
+    pub half_close_linger: Duration,
     /// Offer per-connection flow control (`engine::window`) to servers.
     pub window: bool,
     /// Kubernetes access, for certificates from CSRs.

@@ -5,6 +5,8 @@
 //! stream waits in h2's buffer. Incoming DATA chunks feed a
 //! [`FrameDecoder`]; flow-control credit is returned as chunks are consumed.
 
+use std::task::{ready, Context, Poll};
+
 use bytes::buf::Chain;
 use bytes::{Buf, Bytes};
 use h2::{RecvStream, SendStream};
@@ -79,6 +81,11 @@ impl PacketSender {
         Ok(())
     }
 
+    /// Ready when the peer resets the stream (or the connection fails).
+    pub fn poll_reset(&mut self, cx: &mut Context<'_>) -> Poll<Result<h2::Reason, GrpcError>> {
+        self.stream.poll_reset(cx).map_err(Into::into)
+    }
+
     pub fn reset(&mut self) {
         self.stream.send_reset(h2::Reason::CANCEL);
     }
@@ -88,6 +95,8 @@ impl PacketSender {
 pub struct PacketReceiver {
     body: RecvStream,
     decoder: FrameDecoder,
+    /// The body ended; only trailers remain.
+    body_done: bool,
 }
 
 impl PacketReceiver {
@@ -95,40 +104,51 @@ impl PacketReceiver {
         Self {
             body,
             decoder: FrameDecoder::new(max_message),
+            body_done: false,
         }
     }
 
     /// The next packet; `Ok(None)` at a clean end of stream. Packets of a
     /// type this build does not know are skipped with a log line.
+    /// Cancel-safe: bytes already received stay in the decoder.
     pub async fn next(&mut self) -> Result<Option<Frame>, GrpcError> {
+        futures::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    /// [`Self::next`] as a poll function.
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Frame>, GrpcError>> {
         loop {
             if let Some(msg) = self.decoder.next_message()? {
                 match packet::decode(msg) {
-                    Ok(f) => return Ok(Some(f)),
+                    Ok(f) => return Poll::Ready(Ok(Some(f))),
                     Err(PacketError::UnknownType(t)) => {
                         tracing::debug!(packet_type = t, "skipping packet of unknown type");
                         continue;
                     }
-                    Err(e) => return Err(e.into()),
+                    Err(e) => return Poll::Ready(Err(e.into())),
                 }
             }
-            match self.body.data().await {
-                Some(Ok(chunk)) => {
-                    let n = chunk.len();
-                    self.decoder.push(chunk);
-                    let _ = self.body.flow_control().release_capacity(n);
-                }
-                Some(Err(e)) => return Err(e.into()),
-                None => {
-                    self.decoder.finish()?;
-                    if let Ok(Some(trailers)) = self.body.trailers().await {
-                        if let Some(err) = status_error(&trailers) {
-                            return Err(err);
-                        }
+            if !self.body_done {
+                match ready!(self.body.poll_data(cx)) {
+                    Some(Ok(chunk)) => {
+                        let n = chunk.len();
+                        self.decoder.push(chunk);
+                        let _ = self.body.flow_control().release_capacity(n);
+                        continue;
                     }
-                    return Ok(None);
+                    Some(Err(e)) => return Poll::Ready(Err(e.into())),
+                    None => {
+                        self.decoder.finish()?;
+                        self.body_done = true;
+                    }
                 }
             }
+            if let Ok(Some(trailers)) = ready!(self.body.poll_trailers(cx)) {
+                if let Some(err) = status_error(&trailers) {
+                    return Poll::Ready(Err(err));
+                }
+            }
+            return Poll::Ready(Ok(None));
         }
     }
 }

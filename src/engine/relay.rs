@@ -284,6 +284,26 @@ impl<T> Duplex for T where
 {
 }
 
+/// Runs `rest` (what remains of a half-closed tunnel: the other direction
+/// until it finishes) as long as it does not stay idle for `linger`: while
+/// `moved` (bumped on every chunk the remaining direction moves) changes
+/// the tunnel lives on. `None` if the linger ran out.
+pub async fn linger<F: std::future::Future>(
+    linger: std::time::Duration,
+    moved: &std::cell::Cell<u64>,
+    rest: F,
+) -> Option<F::Output> {
+    let mut rest = std::pin::pin!(rest);
+    loop {
+        let before = moved.get();
+        match monoio::time::timeout(linger, rest.as_mut()).await {
+            Ok(out) => return Some(out),
+            Err(_) if moved.get() == before => return None,
+            Err(_) => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

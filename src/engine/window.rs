@@ -63,18 +63,20 @@ impl ConnWindow {
     /// data stays below the window plus one chunk. Only the one task that
     /// reads the connection's local socket may wait.
     pub async fn ready(&self) {
-        futures::future::poll_fn(|cx| {
-            if self.in_flight.load(Ordering::Acquire) < self.limit {
-                return Poll::Ready(());
-            }
-            self.waiter.register(cx.waker());
-            if self.in_flight.load(Ordering::Acquire) < self.limit {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        })
-        .await
+        futures::future::poll_fn(|cx| self.poll_ready(cx)).await
+    }
+
+    /// [`Self::ready`] as a poll function.
+    pub fn poll_ready(&self, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        if self.in_flight.load(Ordering::Acquire) < self.limit {
+            return Poll::Ready(());
+        }
+        self.waiter.register(cx.waker());
+        if self.in_flight.load(Ordering::Acquire) < self.limit {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
     }
 
     /// Records `n` payload bytes handed to the peer.

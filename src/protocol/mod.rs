@@ -11,6 +11,7 @@ pub mod grpc_frame;
 pub mod http_connect;
 pub mod identifiers;
 pub mod packet;
+pub mod proxy_stream;
 pub mod routing;
 pub mod server_tunnel;
 
@@ -36,6 +37,13 @@ pub const FEATURES_HEADER: &str = "x-edgetunnel-features";
 pub const FEATURE_HALF_CLOSE: &str = "half-close";
 /// Per-connection flow control (see `engine::window`).
 pub const FEATURE_WINDOW: &str = "window";
+
+/// Why a dial found no agent (as ANP words it; the CONNECT body and the
+/// gRPC DIAL_RSP error).
+pub const NO_TUNNEL: &str = "currently no tunnels available: No agent available";
+
+/// Agents tried for one dial whose agent connections end before answering.
+pub const ROUTE_ATTEMPTS: u8 = 3;
 
 /// Whether a features header value lists `feature`.
 pub fn has_feature(header: Option<&str>, feature: &str) -> bool {

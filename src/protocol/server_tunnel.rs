@@ -93,11 +93,12 @@ impl<F: Clone> ServerTunnel<F> {
     }
 
     /// The frontend gave up on a pending dial (timeout, disconnect): returns
-    /// the DIAL_CLS to send, if the dial was still pending.
-    pub fn cancel_dial(&mut self, random: i64) -> Option<Frame> {
+    /// the DIAL_CLS to send and the frontend it was pending for, if the dial
+    /// was still pending.
+    pub fn cancel_dial(&mut self, random: i64) -> Option<(Frame, F)> {
         self.pending
             .remove(&random)
-            .map(|_| packet::dial_close(random))
+            .map(|f| (packet::dial_close(random), f))
     }
 
     /// The frontend closed an open connection: returns the CLOSE_REQ to send.
@@ -277,7 +278,7 @@ mod tests {
             }
         );
         t.begin_dial(2, "a:1", 2).unwrap();
-        assert_eq!(t.cancel_dial(2), Some(packet::dial_close(2)));
+        assert_eq!(t.cancel_dial(2), Some((packet::dial_close(2), 2)));
         // The late answer opens a connection nobody wants: close it.
         assert_eq!(
             t.on_agent_frame(packet::dial_response(2, 55, "")),

@@ -475,8 +475,9 @@ async fn handle_cmd(state: &AgentState, cmd: AgentCmd) -> Option<packet::Encoded
         }
         AgentCmd::Close { connect_id } => state.tunnel.borrow_mut().close(connect_id)?,
         AgentCmd::CancelDial { random } => {
-            let f = state.tunnel.borrow_mut().cancel_dial(random)?;
+            let (f, frontend) = state.tunnel.borrow_mut().cancel_dial(random)?;
             state.dial_started.borrow_mut().remove(&random);
+            frontend.deliver(FrontendEvent::DialCancelled);
             f
         }
     };

@@ -7,6 +7,7 @@
 //! 502 with the agent's message, a non-CONNECT method 405, a malformed
 //! request 400.
 
+use std::cell::Cell;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,8 +48,7 @@ impl Mode {
     }
 }
 
-/// Body of the answer when no agent can take the dial (as ANP words it).
-pub const NO_TUNNEL: &str = "currently no tunnels available: No agent available";
+pub use crate::protocol::NO_TUNNEL;
 
 pub(super) async fn accept_tcp(core: usize, shared: Arc<Shared>, l: monoio::net::TcpListener) {
     loop {
@@ -120,8 +120,7 @@ where
     run_on_agent_core(core, shared, sock, moved, dial).await;
 }
 
-/// Agents tried for one dial whose agent connections end before answering.
-pub(super) const ROUTE_ATTEMPTS: u8 = 3;
+use crate::protocol::ROUTE_ATTEMPTS;
 
 /// A dial routed to an agent and not yet answered.
 pub(crate) struct Pending {
@@ -361,6 +360,10 @@ where
             .await;
     }
     let (rd, mut wr) = sock.into_split();
+    let linger = shared.cfg.half_close_linger;
+    // Chunks moved each way, so that a half-closed tunnel's linger counts
+    // idle time only.
+    let (up_moved, down_moved) = (Cell::new(0u64), Cell::new(0u64));
     let up = async {
         let mut r = ChunkReader::new(rd).with_flow_control(window.clone());
         // One sender for the whole stream (a clone per chunk would allocate).
@@ -368,6 +371,7 @@ where
         loop {
             match r.next().await {
                 Ok(Some(chunk)) => {
+                    up_moved.set(up_moved.get() + 1);
                     let cmd = AgentCmd::Data {
                         connect_id,
                         payload: chunk,
@@ -404,6 +408,7 @@ where
                         },
                     );
                     stashed = next;
+                    down_moved.set(down_moved.get() + 1);
                     let chunks = credits.iter().map(|c| c.bytes().clone()).collect();
                     if relay::write_chunks(&mut wr, chunks).await.is_err() {
                         return false;
@@ -411,9 +416,21 @@ where
                 }
                 FrontendEvent::Finished => {
                     let _ = wr.shutdown().await;
+                    // The target is done; the client gets `linger` to
+                    // finish too, then the tunnel closes.
+                    let closed = async {
+                        while let Some((_, ev)) = events.next().await {
+                            if let FrontendEvent::Closed(_) | FrontendEvent::AgentGone = ev {
+                                return;
+                            }
+                        }
+                    };
+                    return relay::linger(linger, &up_moved, closed).await.is_some();
                 }
                 FrontendEvent::Closed(_) | FrontendEvent::AgentGone => return true,
-                FrontendEvent::DialOk { .. } | FrontendEvent::DialErr(_) => {}
+                FrontendEvent::DialOk { .. }
+                | FrontendEvent::DialErr(_)
+                | FrontendEvent::DialCancelled => {}
             }
         }
     };
@@ -421,8 +438,10 @@ where
     match futures::future::select(up, down).await {
         futures::future::Either::Left((clean_eof, down)) => {
             if clean_eof && agent.half_close {
+                // The client is done; the target gets `linger` to finish
+                // too, then the tunnel closes.
                 agent.send(AgentCmd::HalfClose { connect_id }).await;
-                if down.await {
+                if let Some(true) = relay::linger(linger, &down_moved, down).await {
                     return None;
                 }
             }

@@ -1,24 +1,30 @@
 //! The gRPC `ProxyService/Proxy` frontend (konnectivity-client): each HTTP/2
 //! stream carries DIAL_REQ/DATA/CLOSE_REQ/DIAL_CLS from the client; the
-//! server answers DIAL_RSP/DATA/CLOSE_RSP. The client's `random` is kept on
-//! this side; agents see a fresh server-chosen one, so clients cannot collide.
+//! server answers DIAL_RSP/DATA/CLOSE_RSP. What each packet means is decided
+//! by the sans-I/O [`ProxyStream`]; this module routes its dials, moves its
+//! packets and payload, and keeps reading the client while the client does
+//! not read.
 
-use std::collections::HashMap;
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures::channel::mpsc;
 use futures::StreamExt;
 use monoio::io::IntoPollIo;
 
-use super::connect_frontend::{NO_TUNNEL, ROUTE_ATTEMPTS};
 use super::session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
 use super::Shared;
-use crate::engine::grpc::{self, code, PacketReceiver, PacketSender, SendBuf};
+use crate::engine::budget::Credit;
+use crate::engine::grpc::{self, code, GrpcError, PacketReceiver, PacketSender, SendBuf};
 use crate::engine::window::{self, ConnWindow};
 use crate::metrics::DialResult;
 use crate::protocol::packet::{self, Frame};
-use crate::protocol::PROXY_PATH;
+use crate::protocol::proxy_stream::{Abandoned, AgentEvent, ProxyStream, StreamAction};
+use crate::protocol::{PROXY_PATH, ROUTE_ATTEMPTS};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -115,18 +121,184 @@ where
     }
 }
 
-struct Conn {
-    agent: AgentHandle,
-    /// The dial's address, kept to route it again if the agent goes away
-    /// before answering.
-    address: String,
-    attempts: u8,
-    client_random: i64,
-    agent_random: i64,
-    connect_id: Option<i64>,
-    started: Instant,
-    /// Flow-control window, used when the agent negotiated it.
+/// An agent one of this stream's dials went to.
+struct Route {
+    handle: AgentHandle,
+    /// This stream's own sender to the agent (a clone per packet would
+    /// allocate).
+    cmds: RefCell<mpsc::Sender<AgentCmd>>,
+    /// The connection's flow-control window (used when the agent negotiated
+    /// windows).
     window: Arc<ConnWindow>,
+}
+
+type Machine = ProxyStream<Rc<Route>, Credit>;
+type Action = StreamAction<Rc<Route>, Credit>;
+
+/// What goes to the client, in order.
+enum Out {
+    Frame(Frame),
+    Data(i64, Credit),
+}
+
+/// Packets (not payload, which agent budgets and windows bound) queued
+/// toward a client that does not read: past this the stream stops reading
+/// the client's requests.
+const MAX_QUEUED_FRAMES: usize = 1024;
+/// How long answers already queued may take to reach a client whose stream
+/// ended cleanly.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Client payload for an agent, waiting for the connection's window or the
+/// agent's queue.
+struct Parked {
+    route: Rc<Route>,
+    connect_id: i64,
+    payload: Bytes,
+}
+
+impl Parked {
+    /// Ready once the payload went to the agent (or the agent is gone).
+    fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let route = &self.route;
+        if route.handle.window {
+            // Past the window this stream waits for this connection: the
+            // client multiplexes on it, the agent's other connections do not.
+            ready!(route.window.poll_ready(cx));
+        }
+        let mut cmds = route.cmds.borrow_mut();
+        if ready!(cmds.poll_ready(cx)).is_ok() {
+            let payload = std::mem::take(&mut self.payload);
+            if route.handle.window {
+                route.window.sent(payload.len());
+            }
+            let _ = cmds.start_send(AgentCmd::Data {
+                connect_id: self.connect_id,
+                payload,
+            });
+        }
+        Poll::Ready(())
+    }
+}
+
+/// The stream's side of the queue toward the client.
+struct ToClient {
+    out: mpsc::UnboundedSender<Out>,
+    /// Packets queued and not yet taken by the writer.
+    queued: Cell<usize>,
+    /// The reader waiting for the queue to shrink.
+    reader: RefCell<Option<Waker>>,
+}
+
+impl ToClient {
+    fn frame(&self, f: Frame) {
+        self.queued.set(self.queued.get() + 1);
+        let _ = self.out.unbounded_send(Out::Frame(f));
+    }
+
+    fn taken(&self) {
+        self.queued.set(self.queued.get().saturating_sub(1));
+        if self.queued.get() < MAX_QUEUED_FRAMES {
+            if let Some(w) = self.reader.borrow_mut().take() {
+                w.wake();
+            }
+        }
+    }
+
+    fn has_room(&self, cx: &mut Context<'_>) -> bool {
+        if self.queued.get() < MAX_QUEUED_FRAMES {
+            return true;
+        }
+        *self.reader.borrow_mut() = Some(cx.waker().clone());
+        false
+    }
+}
+
+/// Sends a close or cancel to an agent without making the stream wait.
+fn tell_agent(route: &Route, cmd: AgentCmd) {
+    if let Err(e) = route.cmds.borrow_mut().try_send(cmd) {
+        if e.is_full() {
+            let handle = route.handle.clone();
+            let cmd = e.into_inner();
+            monoio::spawn(async move {
+                handle.send(cmd).await;
+            });
+        }
+    }
+}
+
+/// Carries out an action that needs no waiting.
+fn carry_out(shared: &Shared, to_client: &ToClient, parked: &mut Option<Parked>, a: Action) {
+    match a {
+        // Only the stream loop routes dials; the end of a stream makes none.
+        StreamAction::Dial { token, .. } => tracing::error!(token, "dial outside the stream loop"),
+        StreamAction::ToClient(f) => to_client.frame(f),
+        StreamAction::ToClientData {
+            connect_id,
+            payload,
+        } => {
+            let _ = to_client.out.unbounded_send(Out::Data(connect_id, payload));
+        }
+        StreamAction::ToAgentData {
+            agent,
+            connect_id,
+            payload,
+        } => {
+            debug_assert!(parked.is_none(), "one client packet at a time");
+            *parked = Some(Parked {
+                route: agent,
+                connect_id,
+                payload,
+            });
+        }
+        StreamAction::CloseAtAgent { agent, connect_id } => {
+            tell_agent(&agent, AgentCmd::Close { connect_id })
+        }
+        StreamAction::CancelAtAgent {
+            agent,
+            agent_random,
+        } => tell_agent(
+            &agent,
+            AgentCmd::CancelDial {
+                random: agent_random,
+            },
+        ),
+        StreamAction::DialAbandoned { why, after } => match why {
+            Abandoned::NoAgent => shared.metrics.dial_done(DialResult::NoAgent, after),
+            Abandoned::ByClient => shared.metrics.dial_done(DialResult::Timeout, after),
+        },
+        StreamAction::Ignored(reason) => tracing::debug!(%reason, "proxy stream: ignored"),
+    }
+}
+
+/// Routes dial `token` and reports the outcome to the machine.
+async fn route_dial(
+    shared: &Shared,
+    machine: &mut Machine,
+    events: &mpsc::UnboundedSender<(u64, FrontendEvent)>,
+    (token, address, agent_random, avoid): (u64, String, i64, Option<Rc<Route>>),
+) {
+    let window = avoid
+        .as_ref()
+        .map(|r| r.window.clone())
+        .unwrap_or_else(|| ConnWindow::new(window::CONNECTION_WINDOW));
+    let sink = FrontendSink {
+        tx: events.clone(),
+        token,
+        window: Some(window.clone()),
+    };
+    let gone = avoid.map(|r| r.handle.key);
+    match dial_agent(shared, &address, agent_random, sink, gone).await {
+        Some(handle) => {
+            let route = Route {
+                cmds: RefCell::new(handle.cmds.clone()),
+                handle,
+                window,
+            };
+            machine.dial_sent(token, Rc::new(route), agent_random);
+        }
+        None => machine.no_agent(token),
+    }
 }
 
 /// Picks an agent for `address` (not `gone`, whose connection just ended)
@@ -156,238 +328,133 @@ async fn dial_agent(
     None
 }
 
-/// One Proxy stream: any number of dials, each to its own agent.
+fn agent_event(ev: FrontendEvent) -> AgentEvent<Credit> {
+    match ev {
+        FrontendEvent::DialOk { connect_id } => AgentEvent::DialOk { connect_id },
+        FrontendEvent::DialErr(e) => AgentEvent::DialErr(e),
+        FrontendEvent::Data(c) => AgentEvent::Data(c),
+        FrontendEvent::Finished => AgentEvent::Finished,
+        FrontendEvent::Closed(e) => AgentEvent::Closed(e),
+        FrontendEvent::AgentGone => AgentEvent::AgentGone,
+        FrontendEvent::DialCancelled => AgentEvent::DialCancelled,
+    }
+}
+
+enum Next {
+    Agent(u64, FrontendEvent),
+    Client(Result<Option<Frame>, GrpcError>),
+    Unparked,
+}
+
+/// One Proxy stream: any number of dials, each to its own agent. The
+/// client's packets and the agents' events are handled by one task while
+/// another writes to the client, so a client that stops reading never
+/// keeps its own CLOSE_REQ, its disconnect or anybody's close from being
+/// handled.
 async fn proxy_stream(
     shared: &Shared,
     mut rx: PacketReceiver,
     tx: &mut PacketSender,
 ) -> Result<(), BoxError> {
     let (ev_tx, mut events) = mpsc::unbounded::<(u64, FrontendEvent)>();
-    let mut conns: HashMap<u64, Conn> = HashMap::new();
-    let mut by_id: HashMap<i64, u64> = HashMap::new();
-    let mut next_token = 0u64;
-    let result = loop {
-        let next = futures::select_biased! {
-            ev = events.next() => Err(ev),
-            p = rx.next().fuse_pinned() => Ok(p),
-        };
-        match next {
-            Err(None) => break Ok(()),
-            Err(Some((token, ev))) => {
-                let Some(c) = conns.get_mut(&token) else {
-                    continue;
-                };
-                match ev {
-                    FrontendEvent::DialOk { connect_id } => {
-                        if by_id.contains_key(&connect_id) {
-                            // Another agent used this connectID on this stream.
-                            c.agent.send(AgentCmd::Close { connect_id }).await;
-                            let random = c.client_random;
-                            conns.remove(&token);
-                            tx.send_frame(packet::dial_response(
-                                random,
-                                0,
-                                "connectID collision on this stream",
-                            ))
-                            .await?;
-                            continue;
-                        }
-                        c.connect_id = Some(connect_id);
-                        by_id.insert(connect_id, token);
-                        tx.send_frame(packet::dial_response(c.client_random, connect_id, ""))
-                            .await?;
+    let (out_tx, mut out_rx) = mpsc::unbounded::<Out>();
+    let mut machine: Machine = ProxyStream::new(fastrand::u64(..));
+    let to_client = ToClient {
+        out: out_tx,
+        queued: Cell::new(0),
+        reader: RefCell::new(None),
+    };
+    let mut parked: Option<Parked> = None;
+
+    let handle = async {
+        loop {
+            while let Some(a) = machine.poll_action() {
+                match a {
+                    StreamAction::Dial {
+                        token,
+                        address,
+                        agent_random,
+                        avoid,
+                    } => {
+                        let dial = (token, address, agent_random, avoid);
+                        route_dial(shared, &mut machine, &ev_tx, dial).await
                     }
-                    FrontendEvent::DialErr(e) => {
-                        let random = c.client_random;
-                        conns.remove(&token);
-                        tx.send_frame(packet::dial_response(random, 0, e)).await?;
-                    }
-                    FrontendEvent::Data(b) => {
-                        if let Some(id) = c.connect_id {
-                            tx.send(packet::encode_data(id, b.bytes().clone())).await?;
-                        }
-                    }
-                    FrontendEvent::Finished => {}
-                    FrontendEvent::AgentGone
-                        if c.connect_id.is_none() && c.attempts < ROUTE_ATTEMPTS =>
-                    {
-                        // Never reached the target: route the dial again.
-                        let sink = FrontendSink {
-                            tx: ev_tx.clone(),
-                            token,
-                            window: Some(c.window.clone()),
-                        };
-                        let gone = c.agent.key;
-                        match dial_agent(shared, &c.address, c.agent_random, sink, Some(gone)).await
-                        {
-                            Some(agent) => {
-                                c.agent = agent;
-                                c.attempts += 1;
-                            }
-                            None => {
-                                let random = c.client_random;
-                                conns.remove(&token);
-                                shared
-                                    .metrics
-                                    .dial_done(DialResult::NoAgent, Duration::ZERO);
-                                tx.send_frame(packet::dial_response(random, 0, NO_TUNNEL))
-                                    .await?;
-                            }
-                        }
-                    }
-                    FrontendEvent::AgentGone => {
-                        let c = conns.remove(&token).expect("present");
-                        if let Some(id) = c.connect_id {
-                            by_id.remove(&id);
-                            tx.send_frame(packet::close_response(id, "agent disconnected"))
-                                .await?;
-                        } else {
-                            tx.send_frame(packet::dial_response(
-                                c.client_random,
-                                0,
-                                "agent disconnected",
-                            ))
-                            .await?;
-                        }
-                    }
-                    FrontendEvent::Closed(e) => {
-                        let c = conns.remove(&token).expect("present");
-                        match c.connect_id {
-                            Some(id) => {
-                                by_id.remove(&id);
-                                tx.send_frame(packet::close_response(id, e)).await?;
-                            }
-                            None => {
-                                tx.send_frame(packet::dial_response(c.client_random, 0, e))
-                                    .await?;
-                            }
-                        }
-                    }
+                    a => carry_out(shared, &to_client, &mut parked, a),
                 }
             }
-            Ok(Err(e)) => break Err(e.into()),
-            Ok(Ok(None)) => break Ok(()),
-            Ok(Ok(Some(frame))) => match frame {
-                Frame::DialRequest(req) => {
-                    next_token += 1;
-                    let agent_random = loop {
-                        let r = fastrand::i64(..);
-                        if r != 0 {
-                            break r;
-                        }
-                    };
-                    let window = ConnWindow::new(window::CONNECTION_WINDOW);
-                    let sink = FrontendSink {
-                        tx: ev_tx.clone(),
-                        token: next_token,
-                        window: Some(window.clone()),
-                    };
-                    let Some(agent) =
-                        dial_agent(shared, &req.address, agent_random, sink, None).await
-                    else {
-                        shared
-                            .metrics
-                            .dial_done(DialResult::NoAgent, Duration::ZERO);
-                        tx.send_frame(packet::dial_response(req.random, 0, NO_TUNNEL))
-                            .await?;
-                        continue;
-                    };
-                    conns.insert(
-                        next_token,
-                        Conn {
-                            agent,
-                            address: req.address,
-                            attempts: 1,
-                            client_random: req.random,
-                            agent_random,
-                            connect_id: None,
-                            started: Instant::now(),
-                            window,
-                        },
-                    );
+            let next = futures::future::poll_fn(|cx| {
+                if let Poll::Ready(Some((token, ev))) = events.poll_next_unpin(cx) {
+                    return Poll::Ready(Next::Agent(token, ev));
                 }
-                Frame::Data(d) => {
-                    if let Some(c) = by_id.get(&d.connect_id).and_then(|t| conns.get(t)) {
-                        if c.agent.window {
-                            // Past the window this stream waits: the client
-                            // multiplexes on it, the agent's other
-                            // connections do not.
-                            c.window.ready().await;
-                            c.window.sent(d.data.len());
-                        }
-                        c.agent
-                            .send(AgentCmd::Data {
-                                connect_id: d.connect_id,
-                                payload: d.data,
-                            })
-                            .await;
-                    } else {
-                        tx.send_frame(packet::close_response(
-                            d.connect_id,
-                            "unrecognized connectID",
-                        ))
-                        .await?;
+                if let Some(p) = &mut parked {
+                    if p.poll_send(cx).is_ready() {
+                        return Poll::Ready(Next::Unparked);
+                    }
+                } else if to_client.has_room(cx) {
+                    if let Poll::Ready(r) = rx.poll_next(cx) {
+                        return Poll::Ready(Next::Client(r));
                     }
                 }
-                Frame::CloseRequest(c) => {
-                    let Some(token) = by_id.remove(&c.connect_id) else {
-                        tx.send_frame(packet::close_response(c.connect_id, "Unknown connectID"))
-                            .await?;
-                        continue;
-                    };
-                    if let Some(conn) = conns.remove(&token) {
-                        conn.agent
-                            .send(AgentCmd::Close {
-                                connect_id: c.connect_id,
-                            })
-                            .await;
-                    }
-                    tx.send_frame(packet::close_response(c.connect_id, ""))
-                        .await?;
-                }
-                Frame::DialClose(c) => {
-                    let token = conns
-                        .iter()
-                        .find(|(_, v)| v.client_random == c.random && v.connect_id.is_none())
-                        .map(|(t, _)| *t);
-                    if let Some(token) = token {
-                        let conn = conns.remove(&token).expect("present");
-                        shared
-                            .metrics
-                            .dial_done(DialResult::Timeout, conn.started.elapsed());
-                        conn.agent
-                            .send(AgentCmd::CancelDial {
-                                random: conn.agent_random,
-                            })
-                            .await;
-                    }
-                }
-                other => {
-                    tracing::debug!(packet = other.name(), "ignored packet from proxy client");
-                }
-            },
+                Poll::Pending
+            })
+            .await;
+            match next {
+                Next::Agent(token, ev) => machine.on_agent_event(token, agent_event(ev)),
+                Next::Unparked => parked = None,
+                Next::Client(Ok(Some(frame))) => machine.on_client_frame(frame, Instant::now()),
+                Next::Client(end) => return end.map(|_| ()),
+            }
         }
     };
-    // The stream is over: release every connection it held.
-    for (_, c) in conns.drain() {
-        match c.connect_id {
-            Some(id) => c.agent.send(AgentCmd::Close { connect_id: id }).await,
-            None => {
-                c.agent
-                    .send(AgentCmd::CancelDial {
-                        random: c.agent_random,
-                    })
-                    .await
+    let write = async {
+        loop {
+            let next = futures::future::poll_fn(|cx| {
+                if let Poll::Ready(o) = out_rx.poll_next_unpin(cx) {
+                    return Poll::Ready(Ok(o));
+                }
+                tx.poll_reset(cx).map(|r| match r {
+                    Ok(reason) => Err(GrpcError::H2(reason.into())),
+                    Err(e) => Err(e),
+                })
+            })
+            .await?;
+            match next {
+                None => return Ok::<(), GrpcError>(()),
+                Some(Out::Frame(f)) => {
+                    to_client.taken();
+                    tx.send_frame(f).await?;
+                }
+                Some(Out::Data(connect_id, credit)) => {
+                    tx.send(packet::encode_data(connect_id, credit.bytes().clone()))
+                        .await?;
+                }
             }
-        };
+        }
+    };
+    let mut write = std::pin::pin!(write);
+    let (result, writing) = {
+        let handle = std::pin::pin!(handle);
+        match futures::future::select(handle, write.as_mut()).await {
+            futures::future::Either::Left((r, _)) => (r, true),
+            futures::future::Either::Right((w, _)) => {
+                tracing::debug!(result = ?w.err(), "proxy client stream broke");
+                (Ok(()), false)
+            }
+        }
+    };
+    // The stream is over: release everything it held at the agents; queue
+    // the last answers for the client.
+    machine.finish();
+    while let Some(a) = machine.poll_action() {
+        carry_out(shared, &to_client, &mut parked, a);
     }
-    result
-}
-
-/// `select_biased!` wants fused futures; ours are polled afresh each turn.
-trait FusePinned: std::future::Future + Sized {
-    fn fuse_pinned(self) -> futures::future::Fuse<std::pin::Pin<Box<Self>>> {
-        futures::FutureExt::fuse(Box::pin(self))
+    to_client.out.close_channel();
+    if writing {
+        match monoio::time::timeout(FLUSH_TIMEOUT, write).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "proxy client stream broke"),
+            Err(_) => tracing::debug!("proxy client did not take its last answers in time"),
+        }
     }
+    result.map_err(Into::into)
 }
-impl<F: std::future::Future> FusePinned for F {}

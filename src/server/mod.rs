@@ -53,6 +53,8 @@ pub struct ServerConfig {
     pub no_agent_status: u16,
     pub max_message: usize,
     pub keepalive: Duration,
+    /// How long a half-closed tunnel waits for its other side to finish.
+    pub half_close_linger: Duration,
     pub interception_bind: Option<SocketAddr>,
     pub interception_tls: Option<InterceptionTls>,
     pub localhost_proxy_ports: Vec<u16>,

@@ -66,6 +66,9 @@ pub enum FrontendEvent {
     /// the target was never reached through it, so the frontend may route
     /// the dial to another agent.
     AgentGone,
+    /// A pending dial the frontend cancelled was dropped: nothing more will
+    /// come for it.
+    DialCancelled,
 }
 
 /// Where an agent connection delivers a frontend connection's events.
