@@ -1,4 +1,5 @@
-//! The admin listener: `/metrics`, `/healthz`, `/readyz` over HTTP/1.1.
+//! The admin and health listeners: `/metrics`, `/healthz`, `/readyz` (and
+//! `/ready`, ANP's deprecated name kept for old probes) over HTTP/1.1.
 //! Tiny and self-contained; one request per connection.
 
 use std::net::SocketAddr;
@@ -17,8 +18,14 @@ pub trait AdminState: 'static {
 /// Serves the admin endpoints on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, state: Rc<dyn AdminState>) {
     loop {
-        let Ok((mut stream, peer)) = listener.accept().await else {
-            continue;
+        let (mut stream, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                // Out of descriptors and the like: back off, never spin.
+                tracing::warn!(error = %e, "admin listener accept failed");
+                monoio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
         };
         let state = state.clone();
         monoio::spawn(async move {
@@ -61,7 +68,7 @@ fn respond(req: &[u8], state: &dyn AdminState, peer: SocketAddr) -> String {
     match path {
         "/metrics" => reply(200, "text/plain; version=0.0.4", &state.metrics()),
         "/healthz" => reply(200, "text/plain", "ok"),
-        "/readyz" => match state.ready() {
+        "/readyz" | "/ready" => match state.ready() {
             Ok(t) => reply(200, "text/plain", &t),
             Err(t) => reply(500, "text/plain", &t),
         },

@@ -848,3 +848,31 @@ fn stalled_reader_does_not_hold_up_other_connections() {
         );
     }
 }
+
+/// The server's health listener (ANP's `--health-port`) answers /healthz,
+/// /readyz and ANP's older /ready, and readiness follows the agents.
+#[test]
+fn health_listener_reports_readiness_by_agents() {
+    let env = Env::new();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let health: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let server = Server::start(&env, &["--health-bind", &health.to_string()]);
+    assert_eq!(http_get(health, "/healthz").0, 200);
+    for path in ["/readyz", "/ready"] {
+        let (status, body) = http_get(health, path);
+        assert_eq!(status, 500, "{path}: {body}");
+    }
+    let _agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    server.wait_metric("edgetunnel_agents_connected", 1.0);
+    for path in ["/readyz", "/ready"] {
+        let (status, body) = http_get(health, path);
+        assert_eq!(status, 200, "{path}: {body}");
+    }
+    assert!(http_get(health, "/metrics")
+        .1
+        .contains("edgetunnel_agents_connected 1"));
+}

@@ -41,6 +41,9 @@ pub struct ServerConfig {
     pub grpc_bind: Option<SocketAddr>,
     pub grpc_uds: Option<PathBuf>,
     pub admin_bind: Option<SocketAddr>,
+    /// Health listener (ANP's `--health-port`): the same endpoints as the
+    /// admin listener, usually bound where kubelet probes reach it.
+    pub health_bind: Option<SocketAddr>,
     pub tls: tls::TlsFiles,
     pub agent_token: Option<String>,
     pub strategies: Vec<Strategy>,
@@ -140,6 +143,7 @@ struct WorkerListeners {
     grpc: Option<std::net::TcpListener>,
     grpc_uds: Option<std::os::unix::net::UnixListener>,
     admin: Option<std::net::TcpListener>,
+    health: Option<std::net::TcpListener>,
     interception: Option<std::net::TcpListener>,
     interception_tls: Option<std::net::TcpListener>,
 }
@@ -185,6 +189,10 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
         .admin_bind
         .map(|a| listener::bind_tcp(a, 1))
         .transpose()?;
+    let mut health_l = cfg
+        .health_bind
+        .map(|a| listener::bind_tcp(a, 1))
+        .transpose()?;
     let mut intercept_l = cfg
         .interception_bind
         .map(|a| listener::bind_tcp(a, n))
@@ -226,6 +234,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
     print_addr("connect", &connect_l);
     print_addr("grpc", &grpc_l);
     print_addr("admin", &admin_l);
+    print_addr("health", &health_l);
     print_addr("interception", &intercept_l);
     print_addr("interception-tls", &intercept_tls_l);
 
@@ -238,6 +247,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
             grpc: take(&mut grpc_l),
             grpc_uds: take(&mut grpc_u),
             admin: if i == 0 { take(&mut admin_l) } else { None },
+            health: if i == 0 { take(&mut health_l) } else { None },
             interception: take(&mut intercept_l),
             interception_tls: take(&mut intercept_tls_l),
         })));
@@ -360,7 +370,7 @@ async fn worker(
         let i = monoio::net::TcpListener::from_std(i)?;
         monoio::spawn(intercept_frontend::accept_tls(core, shared.clone(), i, t));
     }
-    if let Some(a) = l.admin {
+    for a in [l.admin, l.health].into_iter().flatten() {
         let a = monoio::net::TcpListener::from_std(a)?;
         let view: Rc<dyn crate::admin::AdminState> = Rc::new(AdminView(shared.clone()));
         monoio::spawn(crate::admin::serve(a, view));
