@@ -168,6 +168,10 @@ pub struct ServerArgs {
     /// Admin listener: /metrics, /healthz, /readyz.
     #[arg(long, default_value = "127.0.0.1:10265")]
     pub admin_bind: SocketAddr,
+    /// Health listener: /healthz, /readyz (/ready), /metrics, like the
+    /// admin one, for kubelet probes (ANP's --health-port).
+    #[arg(long)]
+    pub health_bind: Option<SocketAddr>,
     #[command(flatten)]
     pub tls: TlsArgs,
     /// File holding a bearer token agents must present.
@@ -333,6 +337,11 @@ pub struct AgentArgs {
     /// Longest reconnect delay, seconds.
     #[arg(long, default_value_t = 30.0)]
     pub backoff_max_secs: f64,
+    /// A connection that stayed up this many seconds resets the backoff
+    /// (the next retry comes within --backoff-initial-secs); shorter ones,
+    /// like failed attempts, keep it growing.
+    #[arg(long, default_value_t = crate::agent::backoff::DEFAULT_RESET_AFTER.as_secs_f64())]
+    pub backoff_reset_after_secs: f64,
     /// After SIGTERM (DRAIN sent), how long open connections may finish.
     #[arg(long, default_value_t = 30.0)]
     pub drain_grace_secs: f64,
@@ -550,6 +559,7 @@ impl ServerArgs {
             grpc_bind: self.grpc_bind,
             grpc_uds: self.grpc_uds,
             admin_bind: Some(self.admin_bind),
+            health_bind: self.health_bind,
             tls,
             agent_token,
             strategies,
@@ -626,6 +636,7 @@ impl AgentArgs {
             keepalive: Duration::from_secs(self.engine.keepalive_secs.max(1)),
             backoff_initial: secs(self.backoff_initial_secs),
             backoff_max: secs(self.backoff_max_secs),
+            backoff_reset_after: secs(self.backoff_reset_after_secs),
             drain_grace: secs(self.drain_grace_secs),
             dial_timeout: secs(self.dial_timeout_secs),
             driver: self.engine.driver,

@@ -65,7 +65,7 @@ struct Shared {
     budget: Arc<Budget>,
 }
 
-pub(crate) async fn run(slots: Rc<ServerSlots>) -> Result<Ended, BoxError> {
+pub(crate) async fn run(slots: Rc<ServerSlots>, slot: &super::Slot) -> Result<Ended, BoxError> {
     let cfg = &slots.cfg;
     let addr = slots.addr.clone();
     let setup = async {
@@ -151,7 +151,7 @@ pub(crate) async fn run(slots: Rc<ServerSlots>) -> Result<Ended, BoxError> {
     slots.want_slots(server_count);
     tracing::info!(server = %addr, %server_id, server_count, half_close, window, "connected to server");
     println!("CONNECTED {addr} {server_id}");
-    slots.mark_established();
+    slot.mark_established();
 
     let (ctl_tx, ctl_rx) = mpsc::unbounded();
     let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE);

@@ -1,16 +1,20 @@
 //! `edgetunnel agent`: dials out to one or more servers over mutual TLS,
 //! registers its identifiers on the `AgentService/Connect` stream, dials the
 //! local targets it is asked for and relays bytes. Reconnects with
-//! exponential backoff and jitter; on SIGTERM sends DRAIN, lets open
-//! connections finish (up to a grace period), then closes cleanly.
+//! exponential backoff and jitter (reset once a connection stayed up for a
+//! while, see [`backoff`]); on SIGTERM sends DRAIN, lets open connections
+//! finish (up to a grace period), then closes cleanly.
 
+pub mod backoff;
 mod connection;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+pub use backoff::{Attempt, Backoff};
 
 use crate::engine::runtime::{self, Driver};
 use crate::engine::{signals, tls};
@@ -28,6 +32,8 @@ pub struct AgentConfig {
     pub keepalive: Duration,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
+    /// A connection up this long resets the backoff.
+    pub backoff_reset_after: Duration,
     pub drain_grace: Duration,
     pub dial_timeout: Duration,
     pub driver: Driver,
@@ -124,32 +130,48 @@ impl ServerSlots {
     }
 
     async fn slot_loop(self: Rc<Self>) {
-        let mut backoff = Backoff::new(self.cfg.backoff_initial, self.cfg.backoff_max);
+        let mut backoff = Backoff::new(
+            self.cfg.backoff_initial,
+            self.cfg.backoff_max,
+            self.cfg.backoff_reset_after,
+        );
+        let slot = Slot::default();
         loop {
             if self.shutdown.requested() > 0 {
                 return;
             }
-            let result = connection::run(self.clone()).await;
-            match result {
+            slot.established.set(None);
+            let result = connection::run(self.clone(), &slot).await;
+            let ended = || match slot.established.get() {
+                Some(established) => Attempt::Ended {
+                    established,
+                    ended: Instant::now(),
+                },
+                None => Attempt::Failed,
+            };
+            let attempt = match result {
                 Ok(connection::Ended::Shutdown) => return,
-                Ok(connection::Ended::Served) => backoff.reset(),
-                Ok(connection::Ended::Duplicate) => {}
+                Ok(connection::Ended::Duplicate) => Attempt::Duplicate,
+                Ok(connection::Ended::Served) => ended(),
                 Err(e) => {
-                    tracing::warn!(server = %self.addr, error = %e, "connection to server failed")
+                    tracing::warn!(server = %self.addr, error = %e, "connection to server failed");
+                    ended()
                 }
-            }
-            let delay = backoff.next_delay();
-            tracing::info!(server = %self.addr, ?delay, "reconnecting");
+            };
+            let delay = backoff.next_delay(attempt);
+            let up = match attempt {
+                Attempt::Ended { established, ended } => {
+                    Some(ended.saturating_duration_since(established))
+                }
+                _ => None,
+            };
+            tracing::info!(server = %self.addr, ?delay, ?up, "reconnecting");
             monoio::select! {
                 _ = monoio::time::sleep(delay) => {}
                 _ = self.shutdown.wait(1) => return,
             }
         }
     }
-
-    /// The connection of this slot is up (TLS, HTTP/2 and the Connect
-    /// stream accepted). Placeholder for the backoff reset.
-    pub(crate) fn mark_established(&self) {}
 
     /// Called when a server reports its count: start more slots if needed.
     fn want_slots(self: &Rc<Self>, server_count: usize) {
@@ -160,50 +182,19 @@ impl ServerSlots {
     }
 }
 
-/// Exponential backoff with full jitter.
-pub struct Backoff {
-    initial: Duration,
-    max: Duration,
-    current: Duration,
+/// What one slot (one of the connections to an address) carries from one
+/// attempt to the next; `connection::run` reports into it. Each slot loop
+/// has its own, as one `ServerSlots` runs several (serverCount > 1).
+#[derive(Default)]
+pub(crate) struct Slot {
+    /// When the current attempt's connection was established.
+    established: Cell<Option<Instant>>,
 }
 
-impl Backoff {
-    pub fn new(initial: Duration, max: Duration) -> Self {
-        Self {
-            initial,
-            max,
-            current: initial,
-        }
-    }
-
-    pub fn reset(&mut self) {
-        self.current = self.initial;
-    }
-
-    /// A delay in [current/2, current], then doubles current up to max.
-    pub fn next_delay(&mut self) -> Duration {
-        let base = self.current;
-        self.current = (self.current * 2).min(self.max);
-        let half = base / 2;
-        half + half.mul_f64(fastrand::f64())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_grows_jitters_and_caps() {
-        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
-        let d1 = b.next_delay();
-        assert!(d1 >= Duration::from_millis(50) && d1 <= Duration::from_millis(100));
-        for _ in 0..10 {
-            let d = b.next_delay();
-            assert!(d <= Duration::from_secs(1));
-        }
-        assert!(b.next_delay() >= Duration::from_millis(500));
-        b.reset();
-        assert!(b.next_delay() <= Duration::from_millis(100));
+impl Slot {
+    /// The connection of this slot is up (TLS, HTTP/2 and the Connect
+    /// stream accepted, not a duplicate).
+    pub(crate) fn mark_established(&self) {
+        self.established.set(Some(Instant::now()));
     }
 }
