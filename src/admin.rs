@@ -66,7 +66,7 @@ fn respond(req: &[u8], state: &dyn AdminState, peer: SocketAddr) -> String {
     };
     tracing::trace!(%peer, path, "admin request");
     match path {
-        "/metrics" => reply(200, "text/plain; version=0.0.4", &state.metrics()),
+        "/metrics" => reply(200, crate::metrics::CONTENT_TYPE, &state.metrics()),
         "/healthz" => reply(200, "text/plain", "ok"),
         "/readyz" | "/ready" => match state.ready() {
             Ok(t) => reply(200, "text/plain", &t),

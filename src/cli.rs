@@ -180,8 +180,9 @@ pub struct ServerArgs {
     /// Proxy strategies tried in order: destHost, defaultRoute, default.
     #[arg(long, default_value = "destHost,default")]
     pub proxy_strategies: String,
-    /// This server's ID, sent to agents (default: random).
-    #[arg(long)]
+    /// This server's ID, sent to agents and the holder of its lease
+    /// (default: $PROXY_SERVER_ID, else random).
+    #[arg(long, env = "PROXY_SERVER_ID")]
     pub server_id: Option<String>,
     /// Number of servers behind the agents' address (agents connect to each).
     #[arg(long, default_value_t = 1)]
@@ -308,6 +309,29 @@ pub struct ServerArgs {
     /// Lease duration, seconds: a dead leader is replaced after this long.
     #[arg(long, default_value_t = 15)]
     pub leader_lease_secs: u32,
+    /// Publish this server's Lease in ANP's format
+    /// (`konnectivity-proxy-server-<server ID>`, renewed every 15 s, 30 s
+    /// long) and delete expired ones with --lease-label, so that agents
+    /// with --count-server-leases (ANP's or ours) find every server; needs
+    /// --kube.
+    #[arg(long)]
+    pub enable_lease_controller: bool,
+    /// Namespace of the server leases.
+    #[arg(long, default_value = crate::control::server_lease::DEFAULT_NAMESPACE)]
+    pub lease_namespace: String,
+    /// Labels (`k=v,...`) put on this server's lease and selecting the
+    /// leases garbage-collected.
+    #[arg(long, default_value = crate::control::server_lease::DEFAULT_LABEL)]
+    pub lease_label: String,
+    /// Server lease duration, seconds (ANP: 30; for tests).
+    #[arg(long, hide = true, default_value_t = crate::control::server_lease::DEFAULT_DURATION_SECS)]
+    pub lease_duration_secs: i32,
+    /// Server lease renewal period, seconds (ANP: 15; for tests).
+    #[arg(long, hide = true, default_value_t = 15.0)]
+    pub lease_renew_secs: f64,
+    /// Expired-lease collection period, seconds (ANP: 15; for tests).
+    #[arg(long, hide = true, default_value_t = 15.0)]
+    pub lease_gc_secs: f64,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -367,6 +391,33 @@ pub struct AgentArgs {
     /// 80% of its lifetime).
     #[arg(long, default_value = "files")]
     pub cert_mode: String,
+    /// Keep as many server connections as there are valid server leases
+    /// (ANP's format, see the server's --enable-lease-controller) rather
+    /// than the servers' reported count; needs --kube.
+    #[arg(long)]
+    pub count_server_leases: bool,
+    /// Namespace of the server leases.
+    #[arg(long, default_value = crate::control::server_lease::DEFAULT_NAMESPACE)]
+    pub lease_namespace: String,
+    /// Label selector of the server leases counted.
+    #[arg(long, alias = "lease-label", default_value = crate::control::server_lease::DEFAULT_LABEL)]
+    pub lease_label_selector: String,
+    /// How lease and server-reported counts combine: `default` (the lease
+    /// count when counting leases, else the servers') or `max`.
+    #[arg(long, default_value = "default")]
+    pub server_count_source: String,
+    /// How often the server leases are listed, seconds (validity is judged
+    /// every second).
+    #[arg(long, default_value_t = 10.0)]
+    pub lease_poll_secs: f64,
+    /// Health listener: /healthz, /ready and /readyz (500 while no server
+    /// connection is up), /metrics (ANP's --health-server-port; off by
+    /// default here).
+    #[arg(long)]
+    pub health_bind: Option<SocketAddr>,
+    /// Admin listener: /metrics (and the health paths); off by default.
+    #[arg(long)]
+    pub admin_bind: Option<SocketAddr>,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -522,6 +573,23 @@ impl ServerArgs {
         if self.dns_configmap.is_some() && kube.is_none() {
             return Err("--dns-configmap needs --kube".into());
         }
+        let server_lease = if self.enable_lease_controller {
+            if kube.is_none() {
+                return Err("--enable-lease-controller needs --kube".into());
+            }
+            let labels = crate::control::server_lease::parse_labels(&self.lease_label)?;
+            let mut spec = crate::control::server_lease::ServerLeaseSpec::new(
+                &self.lease_namespace,
+                labels,
+                &server_id,
+            );
+            spec.duration_secs = self.lease_duration_secs.max(1);
+            spec.renew = secs(self.lease_renew_secs).max(Duration::from_millis(100));
+            spec.gc_period = secs(self.lease_gc_secs).max(Duration::from_millis(100));
+            Some(spec)
+        } else {
+            None
+        };
         let dns = match (&self.dns_hosts_file, &self.dns_configmap) {
             (None, None) => None,
             (file, _) => {
@@ -549,6 +617,8 @@ impl ServerArgs {
                 kube,
                 certs: Vec::new(),
                 csr,
+                server_lease,
+                lease_count: None,
             },
             interception_tls,
             interception_bind: self.interception_bind,
@@ -624,7 +694,22 @@ impl AgentArgs {
             "csr" => return Err("--cert-mode csr needs --kube".into()),
             other => return Err(format!("--cert-mode {other:?}: files or csr").into()),
         };
+        let source = crate::control::lease_count::CountSource::parse(&self.server_count_source)?;
+        let lease_count = if self.count_server_leases {
+            if kube.is_none() {
+                return Err("--count-server-leases needs --kube".into());
+            }
+            Some(crate::control::lease_count::LeaseCountSpec::new(
+                &self.lease_namespace,
+                crate::control::lease_count::Selector::parse(&self.lease_label_selector)?,
+                source,
+                secs(self.lease_poll_secs).max(Duration::from_millis(100)),
+            ))
+        } else {
+            None
+        };
         Ok(AgentConfig {
+            lease_count,
             kube,
             csr,
             servers: self.server_addr,
@@ -644,6 +729,8 @@ impl AgentArgs {
             half_close: !self.no_half_close,
             half_close_linger: secs(self.engine.half_close_linger_secs),
             window: !self.no_flow_control,
+            health_bind: self.health_bind,
+            admin_bind: self.admin_bind,
         })
     }
 }

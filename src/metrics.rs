@@ -1,129 +1,578 @@
-//! Prometheus metrics of the tunnel: plain atomics shared by all cores
-//! (updated per dial or per chunk, never per byte), rendered as text.
+//! Prometheus metrics of the tunnel, built on `prometheus-client` and
+//! rendered in the Prometheus text format (0.0.4, [`CONTENT_TYPE`]).
+//!
+//! Two sets of families live side by side:
+//! - edgetunnel's own (`edgetunnel_*`), unchanged in names, labels and
+//!   meaning;
+//! - the names of apiserver-network-proxy's Go server
+//!   (`konnectivity_network_proxy_server_*`, from ANP's
+//!   `pkg/server/metrics/metrics.go` and
+//!   `konnectivity-client/pkg/common/metrics/metrics.go`), so that dashboards
+//!   and alerts written for ANP keep working.
+//!
+//! Every value is an atomic shared by all cores; the per-packet counters are
+//! handles created once (no label lookup on the hot path).
 
-use std::fmt::Write;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+pub mod agent;
+
+use std::fmt;
 use std::time::Duration;
 
-/// Upper bounds (seconds) of the dial latency histogram buckets.
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    prometheus_text, DescriptorEncoder, EncodeMetric, MetricEncoder,
+};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::{Metric, Registry};
+
+use crate::protocol::packet::Frame;
+use crate::protocol::routing::Strategy;
+
+/// `Content-Type` of [`Metrics::render`]'s output.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
+/// Upper bounds (seconds) of `edgetunnel_dial_duration_seconds`.
 const DIAL_BUCKETS: [f64; 12] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
 ];
 
-/// Outcome of a dial, a label of `edgetunnel_dials_total`.
+/// ANP server `latencyBuckets` (pkg/server/metrics/metrics.go).
+pub const ANP_SERVER_LATENCY_BUCKETS: [f64; 9] =
+    [0.000001, 0.00001, 0.0001, 0.005, 0.025, 0.1, 0.5, 2.5, 12.5];
+
+const ANP_SERVER: &str = "konnectivity_network_proxy_server_";
+
+/// Outcome of a dial, a label of `edgetunnel_dials_total` (and, for
+/// failures, a reason of ANP's `dial_failure_count`).
 #[derive(Debug, Clone, Copy)]
 pub enum DialResult {
     Success,
+    /// The agent answered with an error (ANP `error_response`).
     Failure,
+    /// No answer in time (ANP `backend_dial_timeout`).
     Timeout,
     NoAgent,
+    /// The agent closed the dial (DIAL_CLS) before answering: counted as
+    /// `failure` here, ANP `backend_close`.
+    BackendClose,
+    /// The client gave up (closed its stream or sent DIAL_CLS) before the
+    /// answer: counted as `timeout` here, ANP `frontend_close`.
+    FrontendClose,
 }
 
-#[derive(Default)]
+impl DialResult {
+    /// Index into `edgetunnel_dials_total{result}`.
+    fn index(self) -> usize {
+        match self {
+            DialResult::Success => 0,
+            DialResult::Failure | DialResult::BackendClose => 1,
+            DialResult::Timeout | DialResult::FrontendClose => 2,
+            DialResult::NoAgent => 3,
+        }
+    }
+
+    fn anp_reason(self) -> Option<DialFailure> {
+        Some(match self {
+            DialResult::Success => return None,
+            DialResult::Failure => DialFailure::ErrorResponse,
+            DialResult::Timeout => DialFailure::BackendDialTimeout,
+            DialResult::NoAgent => DialFailure::NoAgent,
+            DialResult::BackendClose => DialFailure::BackendClose,
+            DialResult::FrontendClose => DialFailure::FrontendClose,
+        })
+    }
+}
+
+const DIAL_RESULTS: [&str; 4] = ["success", "failure", "timeout", "no_agent"];
+
+/// ANP's `DialFailureReason` values (pkg/server/metrics/metrics.go).
+#[derive(Debug, Clone, Copy)]
+pub enum DialFailure {
+    NoAgent,
+    ErrorResponse,
+    UnrecognizedResponse,
+    SendResponse,
+    BackendClose,
+    BackendDialTimeout,
+    FrontendClose,
+}
+
+const DIAL_FAILURES: [&str; 7] = [
+    "no_agent",
+    "error_response",
+    "unrecognized_response",
+    "send_rsp",
+    "backend_close",
+    "backend_dial_timeout",
+    "frontend_close",
+];
+
+/// A stream segment, ANP's `commonmetrics.Segment`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Segment {
+    FromClient,
+    ToClient,
+    FromAgent,
+    ToAgent,
+}
+
+impl Segment {
+    pub fn as_str(self) -> &'static str {
+        ["from_client", "to_client", "from_agent", "to_agent"][self as usize]
+    }
+}
+
+/// `PacketType` names (konnectivity-client/proto/client), by number.
+pub const PACKET_TYPES: [&str; 7] = [
+    "DIAL_REQ",
+    "DIAL_RSP",
+    "CLOSE_REQ",
+    "CLOSE_RSP",
+    "DATA",
+    "DIAL_CLS",
+    "DRAIN",
+];
+
+/// The packet type number of a frame.
+pub fn frame_type(f: &Frame) -> usize {
+    match f {
+        Frame::DialRequest(_) => 0,
+        Frame::DialResponse(_) => 1,
+        Frame::CloseRequest(_) => 2,
+        Frame::CloseResponse(_) => 3,
+        Frame::Data(_) => 4,
+        Frame::DialClose(_) => 5,
+        Frame::Drain => 6,
+    }
+}
+
+/// The packet type number of an encoded gRPC message (its 5-byte prefix
+/// included): `type` is field 1, written first, and left out when 0
+/// (DIAL_REQ).
+pub fn encoded_type(message_head: &[u8]) -> usize {
+    match message_head.get(5..7) {
+        Some([0x08, t]) if (*t as usize) < PACKET_TYPES.len() => *t as usize,
+        _ => 0,
+    }
+}
+
+/// A counter shown under its exact name (no `_total` added) as an untyped
+/// sample, the way ANP's `*_count` counters read in the text format.
+#[derive(Debug, Clone, Default)]
+pub struct UntypedCounter(Counter);
+
+impl UntypedCounter {
+    pub fn inc(&self) {
+        self.0.inc();
+    }
+    pub fn get(&self) -> u64 {
+        self.0.get()
+    }
+}
+
+impl TypedMetric for UntypedCounter {
+    const TYPE: MetricType = MetricType::Unknown;
+}
+
+impl EncodeMetric for UntypedCounter {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), fmt::Error> {
+        encoder.encode_gauge(&self.0.get())
+    }
+    fn metric_type(&self) -> MetricType {
+        MetricType::Unknown
+    }
+}
+
+/// Families encoded with their exact name and help text (the registry's
+/// own `register` appends a period to every help text).
+#[derive(Debug, Default)]
+pub(crate) struct Exact {
+    items: Vec<(String, &'static str, Box<dyn Metric>)>,
+}
+
+impl Exact {
+    pub(crate) fn add(&mut self, name: impl Into<String>, help: &'static str, m: impl Metric) {
+        self.items.push((name.into(), help, Box::new(m)));
+    }
+}
+
+impl Collector for Exact {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        for (name, help, metric) in &self.items {
+            if metric.is_empty() {
+                continue;
+            }
+            let e = encoder.encode_descriptor(name, help, None, metric.metric_type())?;
+            metric.encode(e)?;
+        }
+        Ok(())
+    }
+}
+
+pub(crate) type Label1 = [(&'static str, &'static str); 1];
+pub(crate) type Label2 = [(&'static str, &'static str); 2];
+pub(crate) type Label3 = [(&'static str, &'static str); 3];
+
+/// `stream_packets_total` handles, one per segment and packet type, and
+/// the `stream_errors_total` family.
+#[derive(Debug)]
+pub(crate) struct Streams {
+    packets: Vec<[Counter; 7]>,
+    segments: Vec<Segment>,
+    errors: Family<Label3, Counter>,
+}
+
+impl Streams {
+    pub(crate) fn new(exact: &mut Exact, prefix: &str, segments: &[Segment]) -> Self {
+        let family = Family::<Label2, Counter>::default();
+        let packets = segments
+            .iter()
+            .map(|s| {
+                std::array::from_fn(|t| {
+                    family.get_or_create_owned(&[
+                        ("segment", s.as_str()),
+                        ("packet_type", PACKET_TYPES[t]),
+                    ])
+                })
+            })
+            .collect();
+        let errors = Family::<Label3, Counter>::default();
+        exact.add(
+            format!("{prefix}stream_packets"),
+            "Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)",
+            family,
+        );
+        exact.add(
+            format!("{prefix}stream_errors"),
+            "Count of gRPC stream errors, by segment, grpc Code, packet type. (example: from_agent, Code.Unavailable, DIAL_RSP)",
+            errors.clone(),
+        );
+        Streams {
+            packets,
+            segments: segments.to_vec(),
+            errors,
+        }
+    }
+
+    /// One packet of type `packet_type` (see [`PACKET_TYPES`]) on `segment`.
+    #[inline]
+    pub(crate) fn packet(&self, segment: Segment, packet_type: usize) {
+        if let Some(i) = self.segments.iter().position(|s| *s == segment) {
+            if let Some(c) = self.packets[i].get(packet_type) {
+                c.inc();
+            }
+        }
+    }
+
+    /// A stream error; `packet_type` is "Unknown" when no packet was read.
+    pub(crate) fn error(&self, segment: Segment, code: &'static str, packet_type: &'static str) {
+        self.errors
+            .get_or_create(&[
+                ("segment", segment.as_str()),
+                ("code", code),
+                ("packet_type", packet_type),
+            ])
+            .inc();
+    }
+
+    pub(crate) fn packets(&self, segment: Segment, packet_type: usize) -> u64 {
+        let i = self.segments.iter().position(|s| *s == segment);
+        i.map_or(0, |i| self.packets[i][packet_type].get())
+    }
+}
+
+/// Decrements its gauge when dropped.
+#[derive(Debug)]
+pub struct GaugeGuard(Gauge);
+
+impl GaugeGuard {
+    pub fn new(g: &Gauge) -> Self {
+        g.inc();
+        GaugeGuard(g.clone())
+    }
+}
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+fn strategy_name(s: &Strategy) -> &'static str {
+    match s {
+        Strategy::Default => "default",
+        Strategy::DestHost => "destHost",
+        Strategy::DefaultRoute => "defaultRoute",
+    }
+}
+
+/// The server's metrics.
+#[derive(Debug)]
 pub struct Metrics {
-    pub agents_connected: AtomicI64,
-    pub open_connections: AtomicI64,
-    pub pending_dials: AtomicI64,
-    dials: [AtomicU64; 4],
-    pub bytes_to_agent: AtomicU64,
-    pub bytes_from_agent: AtomicU64,
-    pub frontend_errors: AtomicU64,
-    pub agent_protocol_errors: AtomicU64,
-    dial_buckets: [AtomicU64; DIAL_BUCKETS.len()],
-    dial_count: AtomicU64,
-    dial_sum_micros: AtomicU64,
+    registry: Registry,
+    pub agents_connected: Gauge,
+    pub open_connections: Gauge,
+    pub pending_dials: Gauge,
+    dials: [Counter; 4],
+    pub bytes_to_agent: Counter,
+    pub bytes_from_agent: Counter,
+    pub frontend_errors: Counter,
+    pub agent_protocol_errors: Counter,
+    dial_duration: Histogram,
+    // ANP (konnectivity_network_proxy_server_*)
+    anp_dial_duration: Histogram,
+    grpc_proxy: Gauge,
+    grpc_connect: Gauge,
+    http_connections: Gauge,
+    ready_backend_connections: Gauge,
+    ready_backends: Vec<Gauge>,
+    anp_pending: Gauge,
+    anp_established: Gauge,
+    dial_failures: [UntypedCounter; 7],
+    streams: Streams,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new(&[Strategy::Default])
+    }
 }
 
 impl Metrics {
-    pub fn dial_done(&self, result: DialResult, elapsed: Duration) {
-        self.dials[result as usize].fetch_add(1, Relaxed);
-        if let DialResult::Success = result {
-            let secs = elapsed.as_secs_f64();
-            for (i, le) in DIAL_BUCKETS.iter().enumerate() {
-                if secs <= *le {
-                    self.dial_buckets[i].fetch_add(1, Relaxed);
-                }
-            }
-            self.dial_count.fetch_add(1, Relaxed);
-            self.dial_sum_micros
-                .fetch_add(elapsed.as_micros() as u64, Relaxed);
+    /// `strategies`: the proxy strategies, labels of `ready_backends`.
+    pub fn new(strategies: &[Strategy]) -> Self {
+        let mut x = Exact::default();
+        let gauge = |x: &mut Exact, name: &str, help: &'static str| {
+            let g = Gauge::default();
+            x.add(name, help, g.clone());
+            g
+        };
+        let counter = |x: &mut Exact, name: &str, help: &'static str| {
+            let c = Counter::default();
+            x.add(name, help, c.clone());
+            c
+        };
+        let agents_connected = gauge(
+            &mut x,
+            "edgetunnel_agents_connected",
+            "Agent connections registered.",
+        );
+        let open_connections = gauge(
+            &mut x,
+            "edgetunnel_open_connections",
+            "Tunneled connections open.",
+        );
+        let pending_dials = gauge(
+            &mut x,
+            "edgetunnel_pending_dials",
+            "Dials waiting for the agent's answer.",
+        );
+        let family = Family::<Label1, Counter>::default();
+        let dials = DIAL_RESULTS.map(|r| family.get_or_create_owned(&[("result", r)]));
+        x.add("edgetunnel_dials", "Dials by result.", family);
+        let bytes = Family::<Label1, Counter>::default();
+        let bytes_to_agent = bytes.get_or_create_owned(&[("direction", "to_agent")]);
+        let bytes_from_agent = bytes.get_or_create_owned(&[("direction", "from_agent")]);
+        x.add("edgetunnel_bytes", "Payload bytes relayed.", bytes);
+        let frontend_errors = counter(
+            &mut x,
+            "edgetunnel_frontend_errors",
+            "Frontend requests refused or broken.",
+        );
+        let agent_protocol_errors = counter(
+            &mut x,
+            "edgetunnel_agent_protocol_errors",
+            "Agent connections closed for bad input.",
+        );
+        let dial_duration = Histogram::new(DIAL_BUCKETS);
+        x.add(
+            "edgetunnel_dial_duration_seconds",
+            "Time from DIAL_REQ to a successful DIAL_RSP.",
+            dial_duration.clone(),
+        );
+
+        // ANP server families, in the order of pkg/server/metrics/metrics.go.
+        let anp_dial_duration = Histogram::new(ANP_SERVER_LATENCY_BUCKETS);
+        x.add(
+            format!("{ANP_SERVER}dial_duration_seconds"),
+            "Latency of dial to the remote endpoint in seconds",
+            anp_dial_duration.clone(),
+        );
+        let grpc = Family::<Label1, Gauge>::default();
+        let grpc_proxy = grpc.get_or_create_owned(&[("service_method", "Proxy")]);
+        let grpc_connect = grpc.get_or_create_owned(&[("service_method", "Connect")]);
+        x.add(
+            format!("{ANP_SERVER}grpc_connections"),
+            "Number of current grpc connections, partitioned by service method.",
+            grpc,
+        );
+        let http_connections = gauge(
+            &mut x,
+            &format!("{ANP_SERVER}http_connections"),
+            "Number of current HTTP CONNECT connections",
+        );
+        let ready_backend_connections = gauge(
+            &mut x,
+            &format!("{ANP_SERVER}ready_backend_connections"),
+            "Number of konnectivity agent connected to the proxy server. DEPRECATED, please use ready_backends",
+        );
+        let rb = Family::<Label1, Gauge>::default();
+        let ready_backends = strategies
+            .iter()
+            .map(|s| rb.get_or_create_owned(&[("proxy_strategy", strategy_name(s))]))
+            .collect();
+        x.add(
+            format!("{ANP_SERVER}ready_backends"),
+            "Number of konnectivity agent connected to the proxy server",
+            rb,
+        );
+        let anp_pending = gauge(
+            &mut x,
+            &format!("{ANP_SERVER}pending_backend_dials"),
+            "Current number of pending backend dial requests",
+        );
+        let anp_established = gauge(
+            &mut x,
+            &format!("{ANP_SERVER}established_connections"),
+            "Current number of established end-to-end connections (post-dial).",
+        );
+        let df = Family::<Label1, UntypedCounter>::default();
+        let dial_failures = DIAL_FAILURES.map(|r| df.get_or_create_owned(&[("reason", r)]));
+        x.add(
+            format!("{ANP_SERVER}dial_failure_count"),
+            "Number of dial failures observed. Multiple failures can occur for a single dial request.",
+            df,
+        );
+        let streams = Streams::new(
+            &mut x,
+            ANP_SERVER,
+            &[
+                Segment::FromClient,
+                Segment::ToClient,
+                Segment::FromAgent,
+                Segment::ToAgent,
+            ],
+        );
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(x));
+        Metrics {
+            registry,
+            agents_connected,
+            open_connections,
+            pending_dials,
+            dials,
+            bytes_to_agent,
+            bytes_from_agent,
+            frontend_errors,
+            agent_protocol_errors,
+            dial_duration,
+            anp_dial_duration,
+            grpc_proxy,
+            grpc_connect,
+            http_connections,
+            ready_backend_connections,
+            ready_backends,
+            anp_pending,
+            anp_established,
+            dial_failures,
+            streams,
         }
+    }
+
+    /// A dial ended: `edgetunnel_dials_total`, the latency histograms (on
+    /// success) and ANP's `dial_failure_count`.
+    pub fn dial_done(&self, result: DialResult, elapsed: Duration) {
+        self.dials[result.index()].inc();
+        match result.anp_reason() {
+            None => {
+                let secs = elapsed.as_secs_f64();
+                self.dial_duration.observe(secs);
+                self.anp_dial_duration.observe(secs);
+            }
+            Some(reason) => self.dial_failure(reason),
+        }
+    }
+
+    /// ANP's `dial_failure_count{reason}` alone (failures edgetunnel does
+    /// not count as a dial result: an unrecognized DIAL_RSP, an answer the
+    /// frontend was gone for).
+    pub fn dial_failure(&self, reason: DialFailure) {
+        self.dial_failures[reason as usize].inc();
     }
 
     pub fn dials(&self, result: DialResult) -> u64 {
-        self.dials[result as usize].load(Relaxed)
+        self.dials[result.index()].get()
     }
 
-    /// The Prometheus text exposition.
+    /// An agent connection registered; `registered`: connections now in the
+    /// registry.
+    pub fn agent_connected(&self, registered: usize) {
+        self.agents_connected.inc();
+        self.grpc_connect.inc();
+        self.set_backends(registered);
+    }
+
+    pub fn agent_disconnected(&self, registered: usize) {
+        self.agents_connected.dec();
+        self.grpc_connect.dec();
+        self.set_backends(registered);
+    }
+
+    fn set_backends(&self, n: usize) {
+        self.ready_backend_connections.set(n as i64);
+        for g in &self.ready_backends {
+            g.set(n as i64);
+        }
+    }
+
+    /// Changes of the open connections (post-dial) gauge.
+    pub fn open_delta(&self, d: i64) {
+        if d != 0 {
+            self.open_connections.inc_by(d);
+            self.anp_established.inc_by(d);
+        }
+    }
+
+    /// Changes of the pending dials gauge.
+    pub fn pending_delta(&self, d: i64) {
+        if d != 0 {
+            self.pending_dials.inc_by(d);
+            self.anp_pending.inc_by(d);
+        }
+    }
+
+    /// Held while an HTTP CONNECT connection is served.
+    pub fn http_connection(&self) -> GaugeGuard {
+        GaugeGuard::new(&self.http_connections)
+    }
+
+    /// Held while a gRPC `ProxyService/Proxy` stream is served.
+    pub fn proxy_stream(&self) -> GaugeGuard {
+        GaugeGuard::new(&self.grpc_proxy)
+    }
+
+    /// One packet on a gRPC stream (type number, see [`PACKET_TYPES`]).
+    #[inline]
+    pub fn packet(&self, segment: Segment, packet_type: usize) {
+        self.streams.packet(segment, packet_type);
+    }
+
+    pub fn stream_error(&self, segment: Segment, code: &'static str, packet_type: &'static str) {
+        self.streams.error(segment, code, packet_type);
+    }
+
+    pub fn packets(&self, segment: Segment, packet_type: usize) -> u64 {
+        self.streams.packets(segment, packet_type)
+    }
+
+    /// The Prometheus text exposition ([`CONTENT_TYPE`]).
     pub fn render(&self) -> String {
         let mut s = String::new();
-        let gauge = |s: &mut String, name: &str, help: &str, v: i64| {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-        };
-        gauge(
-            &mut s,
-            "edgetunnel_agents_connected",
-            "Agent connections registered.",
-            self.agents_connected.load(Relaxed),
-        );
-        gauge(
-            &mut s,
-            "edgetunnel_open_connections",
-            "Tunneled connections open.",
-            self.open_connections.load(Relaxed),
-        );
-        gauge(
-            &mut s,
-            "edgetunnel_pending_dials",
-            "Dials waiting for the agent's answer.",
-            self.pending_dials.load(Relaxed),
-        );
-        let _ = writeln!(
-            s,
-            "# HELP edgetunnel_dials_total Dials by result.\n# TYPE edgetunnel_dials_total counter"
-        );
-        for (i, label) in ["success", "failure", "timeout", "no_agent"]
-            .iter()
-            .enumerate()
-        {
-            let _ = writeln!(
-                s,
-                "edgetunnel_dials_total{{result=\"{label}\"}} {}",
-                self.dials[i].load(Relaxed)
-            );
-        }
-        let _ = writeln!(s, "# HELP edgetunnel_bytes_total Payload bytes relayed.\n# TYPE edgetunnel_bytes_total counter");
-        let _ = writeln!(
-            s,
-            "edgetunnel_bytes_total{{direction=\"to_agent\"}} {}",
-            self.bytes_to_agent.load(Relaxed)
-        );
-        let _ = writeln!(
-            s,
-            "edgetunnel_bytes_total{{direction=\"from_agent\"}} {}",
-            self.bytes_from_agent.load(Relaxed)
-        );
-        let _ = writeln!(s, "# HELP edgetunnel_frontend_errors_total Frontend requests refused or broken.\n# TYPE edgetunnel_frontend_errors_total counter\nedgetunnel_frontend_errors_total {}", self.frontend_errors.load(Relaxed));
-        let _ = writeln!(s, "# HELP edgetunnel_agent_protocol_errors_total Agent connections closed for bad input.\n# TYPE edgetunnel_agent_protocol_errors_total counter\nedgetunnel_agent_protocol_errors_total {}", self.agent_protocol_errors.load(Relaxed));
-        let _ = writeln!(s, "# HELP edgetunnel_dial_duration_seconds Time from DIAL_REQ to a successful DIAL_RSP.\n# TYPE edgetunnel_dial_duration_seconds histogram");
-        for (i, le) in DIAL_BUCKETS.iter().enumerate() {
-            let _ = writeln!(
-                s,
-                "edgetunnel_dial_duration_seconds_bucket{{le=\"{le}\"}} {}",
-                self.dial_buckets[i].load(Relaxed)
-            );
-        }
-        let count = self.dial_count.load(Relaxed);
-        let _ = writeln!(
-            s,
-            "edgetunnel_dial_duration_seconds_bucket{{le=\"+Inf\"}} {count}"
-        );
-        let _ = writeln!(
-            s,
-            "edgetunnel_dial_duration_seconds_sum {}",
-            self.dial_sum_micros.load(Relaxed) as f64 / 1e6
-        );
-        let _ = writeln!(s, "edgetunnel_dial_duration_seconds_count {count}");
+        prometheus_text::encode(&mut s, &self.registry).expect("writing to a String");
         s
     }
 }
@@ -142,5 +591,125 @@ mod tests {
         assert!(text.contains("edgetunnel_dial_duration_seconds_bucket{le=\"0.005\"} 1"));
         assert!(text.contains("edgetunnel_dial_duration_seconds_bucket{le=\"+Inf\"} 1"));
         assert!(text.contains("edgetunnel_dials_total{result=\"no_agent\"} 1"));
+    }
+
+    fn sample(text: &str, sample: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(sample).and_then(|r| r.strip_prefix(' ')))
+            .map(|v| v.trim().parse().unwrap())
+    }
+
+    #[test]
+    fn edgetunnel_families_keep_their_names() {
+        let m = Metrics::default();
+        m.agent_connected(1);
+        m.open_delta(2);
+        m.pending_delta(1);
+        m.bytes_to_agent.inc_by(10);
+        m.frontend_errors.inc();
+        m.agent_protocol_errors.inc();
+        m.dial_done(DialResult::FrontendClose, Duration::ZERO);
+        m.dial_done(DialResult::BackendClose, Duration::ZERO);
+        let t = m.render();
+        for (s, v) in [
+            ("edgetunnel_agents_connected", 1.0),
+            ("edgetunnel_open_connections", 2.0),
+            ("edgetunnel_pending_dials", 1.0),
+            ("edgetunnel_dials_total{result=\"success\"}", 0.0),
+            ("edgetunnel_dials_total{result=\"failure\"}", 1.0),
+            ("edgetunnel_dials_total{result=\"timeout\"}", 1.0),
+            ("edgetunnel_bytes_total{direction=\"to_agent\"}", 10.0),
+            ("edgetunnel_bytes_total{direction=\"from_agent\"}", 0.0),
+            ("edgetunnel_frontend_errors_total", 1.0),
+            ("edgetunnel_agent_protocol_errors_total", 1.0),
+            ("edgetunnel_dial_duration_seconds_count", 0.0),
+        ] {
+            assert_eq!(sample(&t, s), Some(v), "{s} in\n{t}");
+        }
+        assert!(t.contains("# HELP edgetunnel_agents_connected Agent connections registered.\n"));
+        assert!(t.contains("# TYPE edgetunnel_dials_total counter\n"));
+        assert!(!t.contains("# EOF"));
+    }
+
+    #[test]
+    fn anp_server_families() {
+        let m = Metrics::new(&[Strategy::DestHost, Strategy::Default]);
+        m.agent_connected(1);
+        m.open_delta(1);
+        m.open_delta(-1);
+        let _http = m.http_connection();
+        {
+            let _p = m.proxy_stream();
+        }
+        m.dial_done(DialResult::Success, Duration::from_millis(3));
+        m.dial_done(DialResult::Failure, Duration::ZERO);
+        m.dial_done(DialResult::Timeout, Duration::ZERO);
+        m.dial_failure(DialFailure::UnrecognizedResponse);
+        m.packet(Segment::FromAgent, 1);
+        m.packet(Segment::ToAgent, encoded_type(&[0, 0, 0, 0, 3, 0x12, 1, 2]));
+        m.stream_error(Segment::FromAgent, "Unknown", "Unknown");
+        let t = m.render();
+        let p = ANP_SERVER;
+        for (s, v) in [
+            (format!("{p}ready_backend_connections"), 1.0),
+            (format!("{p}ready_backends{{proxy_strategy=\"destHost\"}}"), 1.0),
+            (format!("{p}ready_backends{{proxy_strategy=\"default\"}}"), 1.0),
+            (format!("{p}grpc_connections{{service_method=\"Connect\"}}"), 1.0),
+            (format!("{p}grpc_connections{{service_method=\"Proxy\"}}"), 0.0),
+            (format!("{p}http_connections"), 1.0),
+            (format!("{p}established_connections"), 0.0),
+            (format!("{p}pending_backend_dials"), 0.0),
+            (format!("{p}dial_failure_count{{reason=\"error_response\"}}"), 1.0),
+            (format!("{p}dial_failure_count{{reason=\"backend_dial_timeout\"}}"), 1.0),
+            (format!("{p}dial_failure_count{{reason=\"unrecognized_response\"}}"), 1.0),
+            (format!("{p}dial_failure_count{{reason=\"no_agent\"}}"), 0.0),
+            (format!("{p}dial_duration_seconds_bucket{{le=\"0.0001\"}}"), 0.0),
+            (format!("{p}dial_duration_seconds_bucket{{le=\"0.005\"}}"), 1.0),
+            (format!("{p}dial_duration_seconds_bucket{{le=\"1e-06\"}}"), 0.0),
+            (format!("{p}dial_duration_seconds_bucket{{le=\"12.5\"}}"), 1.0),
+            (format!("{p}dial_duration_seconds_bucket{{le=\"+Inf\"}}"), 1.0),
+            (format!("{p}dial_duration_seconds_count"), 1.0),
+            (
+                format!("{p}stream_packets_total{{segment=\"from_agent\",packet_type=\"DIAL_RSP\"}}"),
+                1.0,
+            ),
+            (
+                format!("{p}stream_packets_total{{segment=\"to_agent\",packet_type=\"DIAL_REQ\"}}"),
+                1.0,
+            ),
+            (
+                format!("{p}stream_errors_total{{segment=\"from_agent\",code=\"Unknown\",packet_type=\"Unknown\"}}"),
+                1.0,
+            ),
+        ] {
+            assert_eq!(sample(&t, &s), Some(v), "{s} in\n{t}");
+        }
+        assert!(t.contains(&format!(
+            "# HELP {p}dial_duration_seconds Latency of dial to the remote endpoint in seconds\n# TYPE {p}dial_duration_seconds histogram\n"
+        )));
+        assert!(t.contains(&format!("# TYPE {p}dial_failure_count untyped\n")));
+        assert!(t.contains(&format!(
+            "# HELP {p}stream_packets_total Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)\n"
+        )));
+        assert_eq!(
+            t.matches(&format!("{p}dial_duration_seconds_bucket"))
+                .count(),
+            10
+        );
+    }
+
+    #[test]
+    fn encoded_type_reads_the_packet_type() {
+        use crate::protocol::packet;
+        for f in [
+            packet::dial_request("tcp", "a:1", 7),
+            packet::dial_response(7, 1, ""),
+            Frame::Drain,
+        ] {
+            let want = frame_type(&f);
+            assert_eq!(encoded_type(&packet::encode(f).head), want);
+        }
+        let d = packet::encode_data(3, bytes::Bytes::from_static(b"x"));
+        assert_eq!(encoded_type(&d.head), 4);
     }
 }

@@ -19,6 +19,8 @@ use crate::engine::grpc::{self, PacketReceiver, PacketSender, SendBuf};
 use crate::engine::listener;
 use crate::engine::relay::{self, ChunkReader};
 use crate::engine::window::{self, ConnWindow};
+use crate::metrics::agent::{metrics as agent_metrics, Direction, EndpointDialFailure};
+use crate::metrics::Segment;
 use crate::protocol::agent_tunnel::{AgentAction, AgentTunnel, DialOutcome};
 use crate::protocol::packet::{self, Encoded, Frame};
 use crate::protocol::server_tunnel::HALF_CLOSE_MARK;
@@ -152,6 +154,7 @@ pub(crate) async fn run(slots: Rc<ServerSlots>, slot: &super::Slot) -> Result<En
     tracing::info!(server = %addr, %server_id, server_count, half_close, window, "connected to server");
     println!("CONNECTED {addr} {server_id}");
     slot.mark_established();
+    let _up = agent_metrics().server_connection();
 
     let (ctl_tx, ctl_rx) = mpsc::unbounded();
     let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE);
@@ -232,15 +235,27 @@ async fn write_loop(
             m = out.next() => m,
         };
         let Some(msg) = msg else { return Ok(()) };
-        tx.send(msg).await?;
+        let kind = crate::metrics::encoded_type(&msg.head);
+        agent_metrics().packet(Segment::FromAgent, kind);
+        if let Err(e) = tx.send(msg).await {
+            let t = crate::metrics::PACKET_TYPES[kind];
+            agent_metrics().server_failure(Direction::ToServer, "Unavailable", t);
+            return Err(e.into());
+        }
     }
 }
 
 async fn read_loop(shared: Rc<Shared>, mut rx: PacketReceiver) -> Result<(), BoxError> {
     loop {
-        let Some(frame) = rx.next().await? else {
-            return Ok(());
+        let frame = match rx.next().await {
+            Ok(Some(f)) => f,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                agent_metrics().server_failure(Direction::FromServer, "Unknown", "Unknown");
+                return Err(e.into());
+            }
         };
+        agent_metrics().packet(Segment::ToAgent, crate::metrics::frame_type(&frame));
         let action = shared.tunnel.borrow_mut().on_server_frame(frame);
         match action {
             AgentAction::Dial {
@@ -290,14 +305,23 @@ async fn dial(shared: Rc<Shared>, random: i64, connect_id: i64, protocol: String
         return;
     }
     tracing::debug!(%address, connect_id, "dialing");
+    let started = std::time::Instant::now();
     let attempt = monoio::time::timeout(
         shared.dial_timeout,
         monoio::net::TcpStream::connect(address.as_str()),
     )
     .await;
     let stream = match attempt {
-        Ok(Ok(s)) => s,
+        Ok(Ok(s)) => {
+            agent_metrics().dial_succeeded(started.elapsed());
+            s
+        }
         Ok(Err(e)) => {
+            let reason = match e.kind() {
+                std::io::ErrorKind::TimedOut => EndpointDialFailure::Timeout,
+                _ => EndpointDialFailure::Unknown,
+            };
+            agent_metrics().dial_failed(reason);
             let msg = format!("dial tcp {address}: {e}");
             tracing::info!(%address, error = %e, "dial failed");
             if let Some(f) = shared.tunnel.borrow_mut().dial_failed(random, &msg) {
@@ -306,6 +330,7 @@ async fn dial(shared: Rc<Shared>, random: i64, connect_id: i64, protocol: String
             return;
         }
         Err(_) => {
+            agent_metrics().dial_failed(EndpointDialFailure::Timeout);
             let msg = format!("dial tcp {address}: i/o timeout");
             if let Some(f) = shared.tunnel.borrow_mut().dial_failed(random, &msg) {
                 let _ = shared.ctl.unbounded_send(f);
@@ -332,6 +357,7 @@ async fn dial(shared: Rc<Shared>, random: i64, connect_id: i64, protocol: String
         DialOutcome::Cancelled => {}
         DialOutcome::Respond(f) => {
             let _ = shared.ctl.unbounded_send(f);
+            let _open = agent_metrics().endpoint_connection();
             relay_conn(shared, connect_id, stream, rx, window).await;
         }
     }

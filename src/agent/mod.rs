@@ -48,6 +48,12 @@ pub struct AgentConfig {
     pub kube: Option<crate::control::manager::KubeSpec>,
     /// The agent certificate kept signed through a CSR.
     pub csr: Vec<crate::control::csr::Job>,
+    /// Server count from ANP-format server leases (`--count-server-leases`).
+    pub lease_count: Option<crate::control::lease_count::LeaseCountSpec>,
+    /// Health listener (/healthz, /ready, /readyz, /metrics).
+    pub health_bind: Option<std::net::SocketAddr>,
+    /// Admin listener (/metrics and the health paths).
+    pub admin_bind: Option<std::net::SocketAddr>,
 }
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -66,6 +72,7 @@ pub fn run(cfg: AgentConfig) -> Result<(), BoxError> {
             certs: vec![cert],
             kube: cfg.kube.clone(),
             csr: cfg.csr.clone(),
+            lease_count: cfg.lease_count.clone(),
             ..Default::default()
         },
         crate::control::manager::Sources::none(),
@@ -78,8 +85,27 @@ pub fn run(cfg: AgentConfig) -> Result<(), BoxError> {
         driver = cfg.driver.name(),
         "edgetunnel agent starting"
     );
+    // Health and admin listeners: bound now so a bad address fails the start.
+    let mut admin_l = Vec::new();
+    for (what, addr) in [("health", cfg.health_bind), ("admin", cfg.admin_bind)] {
+        let Some(addr) = addr else { continue };
+        let l = std::net::TcpListener::bind(addr)
+            .map_err(|e| format!("{what} listener {addr}: {e}"))?;
+        l.set_nonblocking(true)?;
+        // Machine-readable line for scripts and tests.
+        println!("LISTEN {what} {}", l.local_addr()?);
+        admin_l.push(l);
+    }
     let cfg = Arc::new(cfg);
     runtime::block_on(cfg.driver, async move {
+        for l in admin_l {
+            match monoio::net::TcpListener::from_std(l) {
+                Ok(l) => {
+                    monoio::spawn(crate::admin::serve(l, Rc::new(AgentAdmin)));
+                }
+                Err(e) => tracing::error!(error = %e, "agent admin listener"),
+            }
+        }
         let mut tasks = Vec::new();
         for addr in cfg.servers.clone() {
             let ctx = Rc::new(ServerSlots {
@@ -88,8 +114,13 @@ pub fn run(cfg: AgentConfig) -> Result<(), BoxError> {
                 addr,
                 connected: RefCell::new(HashSet::new()),
                 slots: RefCell::new(0),
+                reported: Cell::new(0),
                 shutdown: shutdown.clone(),
             });
+            if ctx.cfg.lease_count.is_some() {
+                // The lease count changes without any server saying so.
+                monoio::spawn(ServerSlots::follow_leases(ctx.clone()));
+            }
             tasks.push(monoio::spawn(ServerSlots::start_slot(ctx)));
         }
         for t in tasks {
@@ -105,6 +136,22 @@ pub fn run(cfg: AgentConfig) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// What the agent's health and admin listeners report.
+struct AgentAdmin;
+
+impl crate::admin::AdminState for AgentAdmin {
+    fn metrics(&self) -> String {
+        crate::metrics::agent::metrics().render()
+    }
+
+    fn ready(&self) -> Result<String, String> {
+        match crate::metrics::agent::metrics().open_server_connections() {
+            0 => Err("no connection to any proxy server".to_string()),
+            n => Ok(format!("ok: {n} server connection(s)")),
+        }
+    }
+}
+
 thread_local! {
     static SLOTS_RUNNING: RefCell<usize> = const { RefCell::new(0) };
 }
@@ -118,6 +165,8 @@ pub(crate) struct ServerSlots {
     addr: String,
     connected: RefCell<HashSet<String>>,
     slots: RefCell<usize>,
+    /// The last `serverCount` a server reported (0: none yet).
+    reported: Cell<usize>,
     shutdown: Arc<signals::Shutdown>,
 }
 
@@ -174,10 +223,31 @@ impl ServerSlots {
     }
 
     /// Called when a server reports its count: start more slots if needed.
-    fn want_slots(self: &Rc<Self>, server_count: usize) {
+    /// With `--count-server-leases` the lease count decides (or the larger
+    /// of both with `--server-count-source max`), as with ANP's agent.
+    fn want_slots(self: &Rc<Self>, reported: usize) {
+        self.reported.set(reported);
+        let server_count = match &self.cfg.lease_count {
+            Some(lc) => lc.wanted(reported),
+            None => reported,
+        };
+        crate::metrics::agent::metrics().set_known_servers(server_count);
         let have = *self.slots.borrow();
         for _ in have..server_count.min(64) {
             monoio::spawn(ServerSlots::start_slot(self.clone()));
+        }
+    }
+}
+
+impl ServerSlots {
+    /// Rechecks the lease count every second until shutdown.
+    async fn follow_leases(self: Rc<Self>) {
+        loop {
+            monoio::select! {
+                _ = monoio::time::sleep(Duration::from_secs(1)) => {}
+                _ = self.shutdown.wait(1) => return,
+            }
+            self.want_slots(self.reported.get());
         }
     }
 }

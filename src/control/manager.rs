@@ -132,6 +132,11 @@ pub struct ControlSpec {
     pub certs: Vec<Arc<crate::engine::cert_reload::ReloadingCert>>,
     /// Certificates kept signed through Kubernetes CSRs (needs `kube`).
     pub csr: Vec<super::csr::Job>,
+    /// The server's ANP-format Lease, renewed, with expired ones culled
+    /// (needs `kube`).
+    pub server_lease: Option<super::server_lease::ServerLeaseSpec>,
+    /// The agent's server count from leases (needs `kube`).
+    pub lease_count: Option<super::lease_count::LeaseCountSpec>,
 }
 
 /// Readers of the data plane's state: agents' addresses and node names.
@@ -202,6 +207,20 @@ async fn run(spec: ControlSpec, sources: Sources, shutdown: Arc<Shutdown>) {
     if let Some(k) = &kube {
         super::kube_sync::start_renewals(k.client(), spec.csr.clone());
     }
+    let mut lease_tasks = Vec::new();
+    if let Some(k) = &kube {
+        if let Some(sl) = &spec.server_lease {
+            lease_tasks.extend(super::server_lease::start(k.client(), sl.clone()));
+        }
+        if let Some(lc) = &spec.lease_count {
+            lease_tasks.push(tokio::spawn(super::lease_count::run(
+                k.client(),
+                lc.clone(),
+            )));
+        }
+    } else if spec.server_lease.is_some() || spec.lease_count.is_some() {
+        tracing::error!("server leases need a Kubernetes client; not publishing or counting them");
+    }
     let mut applied: Vec<Plan> = Vec::new();
     let mut last: Option<(BTreeSet<IpAddr>, BTreeSet<String>, u64)> = None;
     let mut last_full = Instant::now();
@@ -261,6 +280,12 @@ async fn run(spec: ControlSpec, sources: Sources, shutdown: Arc<Shutdown>) {
             last_full = Instant::now();
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    for t in &lease_tasks {
+        t.abort();
+    }
+    if let (Some(k), Some(sl)) = (&kube, &spec.server_lease) {
+        super::server_lease::release(k.client(), sl).await;
     }
     let Some(ipt) = &spec.iptables else { return };
     if ipt.keep_rules {

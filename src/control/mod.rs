@@ -9,5 +9,7 @@ pub mod iptables;
 pub mod iptables_sync;
 pub mod kube_sync;
 pub mod lease;
+pub mod lease_count;
 pub mod manager;
 pub mod nodes;
+pub mod server_lease;

@@ -4,7 +4,6 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,7 +18,7 @@ use crate::engine::budget::Budget;
 use crate::engine::grpc::{self, code, PacketReceiver, PacketSender, SendBuf};
 use crate::engine::listener;
 use crate::engine::window::ConnWindow;
-use crate::metrics::DialResult;
+use crate::metrics::{self, DialFailure, DialResult, Segment};
 use crate::protocol::identifiers::Identifiers;
 use crate::protocol::packet::{self, Frame};
 use crate::protocol::server_tunnel::{ServerAction, ServerTunnel, HALF_CLOSE_MARK};
@@ -187,7 +186,8 @@ async fn serve(
         ids.clone(),
         handle,
     );
-    shared.metrics.agents_connected.fetch_add(1, Relaxed);
+    let registered = shared.registry.lock().expect("registry lock").len();
+    shared.metrics.agent_connected(registered);
     let span = tracing::info_span!("agent", id = %agent_id, %peer, key);
     tracing::info!(parent: &span, identifiers = %ids.encode(), half_close, window, core, "agent connected");
 
@@ -249,8 +249,12 @@ async fn serve(
         r = keepalive => r,
     };
     // Teardown: unregister, then tell every frontend.
-    shared.registry.lock().expect("registry lock").remove(key);
-    shared.metrics.agents_connected.fetch_sub(1, Relaxed);
+    let registered = {
+        let mut r = shared.registry.lock().expect("registry lock");
+        r.remove(key);
+        r.len()
+    };
+    shared.metrics.agent_disconnected(registered);
     let orphans = state.tunnel.borrow_mut().drain_all();
     state.sync_gauges();
     let n = orphans.len();
@@ -289,12 +293,8 @@ impl AgentState {
         let t = self.tunnel.borrow();
         let (open, pending) = (t.open_connections(), t.pending_dials());
         let m = &self.shared.metrics;
-        m.open_connections
-            .fetch_add(open as i64 - self.last_open.replace(open) as i64, Relaxed);
-        m.pending_dials.fetch_add(
-            pending as i64 - self.last_pending.replace(pending) as i64,
-            Relaxed,
-        );
+        m.open_delta(open as i64 - self.last_open.replace(open) as i64);
+        m.pending_delta(pending as i64 - self.last_pending.replace(pending) as i64);
     }
 
     fn dial_finished(&self, random: Option<i64>, result: DialResult) {
@@ -314,11 +314,11 @@ async fn read_loop(
             Ok(Some(f)) => f,
             Ok(None) => return Ok(()),
             Err(e) => {
+                state.shared.metrics.agent_protocol_errors.inc();
                 state
                     .shared
                     .metrics
-                    .agent_protocol_errors
-                    .fetch_add(1, Relaxed);
+                    .stream_error(Segment::FromAgent, "Unknown", "Unknown");
                 tracing::warn!(error = %e, "closing agent connection: bad input");
                 return Err(e.into());
             }
@@ -327,6 +327,8 @@ async fn read_loop(
             Frame::DialResponse(r) => Some(r.random),
             _ => None,
         };
+        let kind = metrics::frame_type(&frame);
+        state.shared.metrics.packet(Segment::FromAgent, kind);
         let action = state.tunnel.borrow_mut().on_agent_frame(frame);
         state.sync_gauges();
         match action {
@@ -339,6 +341,7 @@ async fn read_loop(
                     w.bind(connect_id, ctl.clone());
                 }
                 if !frontend.deliver(FrontendEvent::DialOk { connect_id }) {
+                    state.shared.metrics.dial_failure(DialFailure::SendResponse);
                     // The frontend left: close what the agent opened.
                     if let Some(f) = state.tunnel.borrow_mut().close(connect_id) {
                         let _ = ctl.unbounded_send(f);
@@ -347,7 +350,11 @@ async fn read_loop(
                 }
             }
             ServerAction::DialFailed { frontend, error } => {
-                state.dial_finished(random, DialResult::Failure);
+                let result = match kind {
+                    5 => DialResult::BackendClose, // DIAL_CLS
+                    _ => DialResult::Failure,
+                };
+                state.dial_finished(random, result);
                 frontend.deliver(FrontendEvent::DialErr(error));
             }
             ServerAction::Data { frontend, payload } => {
@@ -355,7 +362,7 @@ async fn read_loop(
                     .shared
                     .metrics
                     .bytes_from_agent
-                    .fetch_add(payload.len() as u64, Relaxed);
+                    .inc_by(payload.len() as u64);
                 let credit = state
                     .budget
                     .charge_for(payload, state.window_of(&frontend))
@@ -383,9 +390,24 @@ async fn read_loop(
                     .set_draining(state.key);
             }
             ServerAction::Reply(f) => {
+                if kind == 1 {
+                    // A DIAL_RSP for a dial no longer pending.
+                    state
+                        .shared
+                        .metrics
+                        .dial_failure(DialFailure::UnrecognizedResponse);
+                }
                 let _ = ctl.unbounded_send(f);
             }
-            ServerAction::Ignored(reason) => tracing::debug!(%reason, "agent packet ignored"),
+            ServerAction::Ignored(reason) => {
+                if kind == 1 {
+                    state
+                        .shared
+                        .metrics
+                        .dial_failure(DialFailure::UnrecognizedResponse);
+                }
+                tracing::debug!(%reason, "agent packet ignored")
+            }
         }
     }
 }
@@ -409,7 +431,14 @@ async fn write_loop(
                 None => continue,
             },
         };
+        let kind = metrics::encoded_type(&msg.head);
+        state.shared.metrics.packet(Segment::ToAgent, kind);
         if let Err(e) = tx.send(msg).await {
+            state.shared.metrics.stream_error(
+                Segment::ToAgent,
+                "Unavailable",
+                metrics::PACKET_TYPES[kind],
+            );
             cmds.close();
             // Fail the dials that were queued behind the broken stream.
             while let Ok(cmd) = cmds.try_recv() {
@@ -460,7 +489,7 @@ async fn handle_cmd(state: &AgentState, cmd: AgentCmd) -> Option<packet::Encoded
                 .shared
                 .metrics
                 .bytes_to_agent
-                .fetch_add(payload.len() as u64, Relaxed);
+                .inc_by(payload.len() as u64);
             return Some(packet::encode_data(connect_id, payload));
         }
         AgentCmd::HalfClose { connect_id } => {

@@ -8,7 +8,6 @@
 //! request 400.
 
 use std::cell::Cell;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -90,7 +89,7 @@ where
         Ok(Ok(Some(h))) => h,
         Ok(Ok(None)) => return, // closed before a full head: nothing to answer
         Ok(Err(HeadError::Refused(status, msg))) => {
-            shared.metrics.frontend_errors.fetch_add(1, Relaxed);
+            shared.metrics.frontend_errors.inc();
             tracing::info!(status, reason = %msg, "CONNECT request refused");
             let _ = sock
                 .write_all(http_connect::error_response(status, &msg))
@@ -102,7 +101,7 @@ where
             return;
         }
         Err(_) => {
-            shared.metrics.frontend_errors.fetch_add(1, Relaxed);
+            shared.metrics.frontend_errors.inc();
             let _ = sock
                 .write_all(http_connect::error_response(
                     408,
@@ -116,7 +115,8 @@ where
         no_agent(&shared, &mut sock, Mode::Connect, &address).await;
         return;
     };
-    let dial = Pending::new(address, leftover, agent, Mode::Connect);
+    let mut dial = Pending::new(address, leftover, agent, Mode::Connect);
+    dial.http = Some(shared.metrics.http_connection());
     run_on_agent_core(core, shared, sock, moved, dial).await;
 }
 
@@ -130,6 +130,9 @@ pub(crate) struct Pending {
     agent: AgentHandle,
     mode: Mode,
     attempt: u8,
+    /// Counts an HTTP CONNECT connection (ANP's `http_connections`) while
+    /// the dial and its tunnel last, on whichever core they run.
+    http: Option<crate::metrics::GaugeGuard>,
 }
 
 impl Pending {
@@ -140,6 +143,7 @@ impl Pending {
             agent,
             mode,
             attempt: 0,
+            http: None,
         }
     }
 }
@@ -337,6 +341,7 @@ where
         leftover,
         agent,
         mode,
+        http: _http,
         ..
     } = dial;
     let span = tracing::debug_span!("tunnel", %address, connect_id, agent = %agent.agent_id);

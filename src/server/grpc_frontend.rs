@@ -21,7 +21,7 @@ use super::Shared;
 use crate::engine::budget::Credit;
 use crate::engine::grpc::{self, code, GrpcError, PacketReceiver, PacketSender, SendBuf};
 use crate::engine::window::{self, ConnWindow};
-use crate::metrics::DialResult;
+use crate::metrics::{self, DialResult, Segment};
 use crate::protocol::packet::{self, Frame};
 use crate::protocol::proxy_stream::{Abandoned, AgentEvent, ProxyStream, StreamAction};
 use crate::protocol::{PROXY_PATH, ROUTE_ATTEMPTS};
@@ -107,6 +107,7 @@ where
         let rx = PacketReceiver::new(req.into_body(), shared.cfg.max_message);
         let shared = shared.clone();
         monoio::spawn(async move {
+            let _stream = shared.metrics.proxy_stream();
             let mut tx = PacketSender::new(send);
             match proxy_stream(&shared, rx, &mut tx).await {
                 Ok(()) => {
@@ -265,7 +266,7 @@ fn carry_out(shared: &Shared, to_client: &ToClient, parked: &mut Option<Parked>,
         ),
         StreamAction::DialAbandoned { why, after } => match why {
             Abandoned::NoAgent => shared.metrics.dial_done(DialResult::NoAgent, after),
-            Abandoned::ByClient => shared.metrics.dial_done(DialResult::Timeout, after),
+            Abandoned::ByClient => shared.metrics.dial_done(DialResult::FrontendClose, after),
         },
         StreamAction::Ignored(reason) => tracing::debug!(%reason, "proxy stream: ignored"),
     }
@@ -401,7 +402,17 @@ async fn proxy_stream(
             match next {
                 Next::Agent(token, ev) => machine.on_agent_event(token, agent_event(ev)),
                 Next::Unparked => parked = None,
-                Next::Client(Ok(Some(frame))) => machine.on_client_frame(frame, Instant::now()),
+                Next::Client(Ok(Some(frame))) => {
+                    let kind = metrics::frame_type(&frame);
+                    shared.metrics.packet(Segment::FromClient, kind);
+                    machine.on_client_frame(frame, Instant::now())
+                }
+                Next::Client(Err(e)) => {
+                    shared
+                        .metrics
+                        .stream_error(Segment::FromClient, "Unknown", "Unknown");
+                    return Err(e);
+                }
                 Next::Client(end) => return end.map(|_| ()),
             }
         }
@@ -422,11 +433,26 @@ async fn proxy_stream(
                 None => return Ok::<(), GrpcError>(()),
                 Some(Out::Frame(f)) => {
                     to_client.taken();
-                    tx.send_frame(f).await?;
+                    let kind = metrics::frame_type(&f);
+                    shared.metrics.packet(Segment::ToClient, kind);
+                    if let Err(e) = tx.send_frame(f).await {
+                        let t = metrics::PACKET_TYPES[kind];
+                        shared
+                            .metrics
+                            .stream_error(Segment::ToClient, "Unavailable", t);
+                        return Err(e);
+                    }
                 }
                 Some(Out::Data(connect_id, credit)) => {
-                    tx.send(packet::encode_data(connect_id, credit.bytes().clone()))
-                        .await?;
+                    shared.metrics.packet(Segment::ToClient, 4);
+                    let m = packet::encode_data(connect_id, credit.bytes().clone());
+                    if let Err(e) = tx.send(m).await {
+                        let t = metrics::PACKET_TYPES[4];
+                        shared
+                            .metrics
+                            .stream_error(Segment::ToClient, "Unavailable", t);
+                        return Err(e);
+                    }
                 }
             }
         }

@@ -10,7 +10,6 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -124,7 +123,7 @@ async fn front(
                 (route, dial, head, Mode::Transparent { http_errors: true })
             }
             Ok(Err(msg)) => {
-                shared.metrics.frontend_errors.fetch_add(1, Relaxed);
+                shared.metrics.frontend_errors.inc();
                 tracing::info!(%peer, "interception request refused: {msg}");
                 let _ = monoio::io::AsyncWriteRentExt::write_all(
                     &mut sock,

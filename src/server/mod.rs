@@ -257,7 +257,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
         cfg: cfg.clone(),
         registry: Mutex::new(Registry::default()),
         inboxes: OnceLock::new(),
-        metrics: Arc::new(Metrics::default()),
+        metrics: Arc::new(Metrics::new(&cfg.strategies)),
         next_key: AtomicU64::new(0),
     });
     let mut inbox_rx = Vec::with_capacity(n);

@@ -205,6 +205,80 @@ impl FakeKube {
         }
     }
 
+    /// Stores `obj` as it is given (a new resourceVersion): e.g. a lease
+    /// written by another program.
+    pub fn put_object(&self, resource: &str, ns: &str, name: &str, obj: Value) -> Value {
+        self.store(resource, ns, name, obj)
+    }
+
+    /// The `resource` objects of `ns` whose labels have every `k=v` of
+    /// `selector` (equality requirements only), as a List.
+    pub fn list(&self, resource: &str, ns: &str, selector: Option<&str>) -> Value {
+        let want: Vec<(&str, &str)> = selector
+            .unwrap_or("")
+            .split(',')
+            .filter(|r| !r.is_empty())
+            .map(|r| r.split_once('=').unwrap_or((r, "")))
+            .map(|(k, v)| (k.trim(), v.trim_start_matches('=').trim()))
+            .collect();
+        let st = self.state.0.lock().unwrap();
+        let items: Vec<Value> = st
+            .objects
+            .iter()
+            .filter(|(k, _)| k.0 == resource && k.1 == ns)
+            .map(|(_, v)| v.clone())
+            .filter(|o| {
+                want.iter()
+                    .all(|(k, v)| o["metadata"]["labels"][*k].as_str() == Some(*v))
+            })
+            .collect();
+        json!({"apiVersion": "v1", "kind": "List",
+            "metadata": {"resourceVersion": st.version.to_string()}, "items": items})
+    }
+
+    /// Removes an object; returns whether it was there.
+    pub fn remove_object(&self, resource: &str, ns: &str, name: &str) -> bool {
+        self.change(|st| {
+            st.objects
+                .remove(&(resource.to_string(), ns.to_string(), name.to_string()))
+                .is_some()
+        })
+    }
+
+    /// DELETE honouring `preconditions.resourceVersion` (409 on mismatch).
+    fn delete_request(
+        &self,
+        w: &mut TcpStream,
+        resource: &str,
+        ns: &str,
+        name: &str,
+        body: &[u8],
+    ) -> bool {
+        let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let Some(current) = self.object(resource, ns, name) else {
+            return reply(
+                w,
+                404,
+                &status(404, "NotFound", &format!("{resource} \"{name}\" not found")),
+            );
+        };
+        if let Some(rv) = v["preconditions"]["resourceVersion"].as_str() {
+            if current["metadata"]["resourceVersion"].as_str() != Some(rv) {
+                return reply(
+                    w,
+                    409,
+                    &status(409, "Conflict", "precondition failed: resourceVersion"),
+                );
+            }
+        }
+        self.remove_object(resource, ns, name);
+        reply(
+            w,
+            200,
+            &json!({"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 200}),
+        )
+    }
+
     /// Stores a Service with a cluster IP and a load-balancer ingress IP.
     pub fn put_service(&self, ns: &str, name: &str, cluster_ip: &str, lb_ip: &str) {
         let svc = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
@@ -369,6 +443,15 @@ impl FakeKube {
                     Some(name),
                     &body,
                 ),
+                ("GET", ["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases"]) => {
+                    let selector = q.get("labelSelector").map(|v| percent_decode(v));
+                    let list = self.list("leases", ns, selector.as_deref());
+                    reply(&mut w, 200, &list)
+                }
+                (
+                    "DELETE",
+                    ["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases", name],
+                ) => self.delete_request(&mut w, "leases", ns, name, &body),
                 (
                     m,
                     ["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases", rest @ ..],
@@ -420,6 +503,29 @@ impl FakeKube {
             }
         }
     }
+}
+
+/// Decodes `%XX` escapes and `+` in a query value.
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => match u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                Ok(x) => {
+                    out.push(x);
+                    i += 3;
+                    continue;
+                }
+                Err(_) => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn status(code: u16, reason: &str, message: &str) -> Value {

@@ -1,0 +1,237 @@
+//! The agent's metrics: ANP's agent families
+//! (`konnectivity_network_proxy_agent_*`, from ANP's
+//! `pkg/agent/metrics/metrics.go` and
+//! `konnectivity-client/pkg/common/metrics/metrics.go`) and a few of
+//! edgetunnel's own (`edgetunnel_agent_*`). One agent per process: the
+//! values are process-wide, like ANP's.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use super::{Exact, GaugeGuard, Label1, Segment, Streams, UntypedCounter};
+
+/// ANP agent `latencyBuckets` (pkg/agent/metrics/metrics.go).
+pub const ANP_AGENT_LATENCY_BUCKETS: [f64; 7] = [0.005, 0.025, 0.1, 0.5, 2.5, 10.0, 30.0];
+
+const ANP_AGENT: &str = "konnectivity_network_proxy_agent_";
+
+/// Why a dial to a local endpoint failed (ANP's agent `DialFailureReason`).
+#[derive(Debug, Clone, Copy)]
+pub enum EndpointDialFailure {
+    Timeout,
+    Unknown,
+}
+
+/// Direction of a server connection failure (ANP's agent `Direction`).
+#[derive(Debug, Clone, Copy)]
+pub enum Direction {
+    ToServer,
+    FromServer,
+}
+
+#[derive(Debug)]
+pub struct AgentMetrics {
+    registry: Registry,
+    dial_duration: Histogram,
+    server_failures: [UntypedCounter; 2],
+    dial_failures: [Counter; 2],
+    open_server_connections: Gauge,
+    known_server_count: Gauge,
+    open_endpoint_connections: Gauge,
+    streams: Streams,
+    servers_connected: Gauge,
+    dials: [Counter; 3],
+}
+
+static METRICS: LazyLock<AgentMetrics> = LazyLock::new(AgentMetrics::new);
+
+/// The process's agent metrics.
+pub fn metrics() -> &'static AgentMetrics {
+    &METRICS
+}
+
+impl AgentMetrics {
+    fn new() -> Self {
+        let mut x = Exact::default();
+        let dial_duration = Histogram::new(ANP_AGENT_LATENCY_BUCKETS);
+        x.add(
+            format!("{ANP_AGENT}dial_duration_seconds"),
+            "Latency of dial to the remote endpoint in seconds",
+            dial_duration.clone(),
+        );
+        let sf = Family::<Label1, UntypedCounter>::default();
+        let server_failures =
+            ["to_server", "from_server"].map(|d| sf.get_or_create_owned(&[("direction", d)]));
+        x.add(
+            format!("{ANP_AGENT}server_connection_failure_count"),
+            "Count of failures to send to or receive from the proxy server, labeled by the direction (from_server or to_server). DEPRECATED, please use stream_events_error_total",
+            sf,
+        );
+        let df = Family::<Label1, Counter>::default();
+        let dial_failures =
+            ["timeout", "unknown"].map(|r| df.get_or_create_owned(&[("reason", r)]));
+        // Registered without "_total": the text encoder adds it to counters.
+        x.add(
+            format!("{ANP_AGENT}endpoint_dial_failure"),
+            "Number of failures dialing the remote endpoint, by reason (example: timeout).",
+            df,
+        );
+        let gauge = |x: &mut Exact, name: String, help: &'static str| {
+            let g = Gauge::default();
+            x.add(name, help, g.clone());
+            g
+        };
+        let open_server_connections = gauge(
+            &mut x,
+            format!("{ANP_AGENT}open_server_connections"),
+            "Current number of open server connections.",
+        );
+        let known_server_count = gauge(
+            &mut x,
+            format!("{ANP_AGENT}known_server_count"),
+            "Current number of servers agent is trying to connect to.",
+        );
+        let open_endpoint_connections = gauge(
+            &mut x,
+            format!("{ANP_AGENT}open_endpoint_connections"),
+            "Current number of open endpoint connections.",
+        );
+        let streams = Streams::new(&mut x, ANP_AGENT, &[Segment::FromAgent, Segment::ToAgent]);
+        let servers_connected = gauge(
+            &mut x,
+            "edgetunnel_agent_servers_connected".into(),
+            "Server connections up (Connect stream accepted).",
+        );
+        let d = Family::<Label1, Counter>::default();
+        let dials =
+            ["success", "failure", "timeout"].map(|r| d.get_or_create_owned(&[("result", r)]));
+        x.add(
+            "edgetunnel_agent_dials",
+            "Dials to local endpoints by result.",
+            d,
+        );
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(x));
+        AgentMetrics {
+            registry,
+            dial_duration,
+            server_failures,
+            dial_failures,
+            open_server_connections,
+            known_server_count,
+            open_endpoint_connections,
+            streams,
+            servers_connected,
+            dials,
+        }
+    }
+
+    /// Held while a server connection is up.
+    pub fn server_connection(&self) -> (GaugeGuard, GaugeGuard) {
+        (
+            GaugeGuard::new(&self.open_server_connections),
+            GaugeGuard::new(&self.servers_connected),
+        )
+    }
+
+    /// Servers the agent tries to keep a connection to (summed over its
+    /// addresses' `serverCount`).
+    pub fn set_known_servers(&self, n: usize) {
+        self.known_server_count.set(n as i64);
+    }
+
+    /// Held while a connection to a local endpoint is open.
+    pub fn endpoint_connection(&self) -> GaugeGuard {
+        GaugeGuard::new(&self.open_endpoint_connections)
+    }
+
+    pub fn dial_succeeded(&self, elapsed: Duration) {
+        self.dial_duration.observe(elapsed.as_secs_f64());
+        self.dials[0].inc();
+    }
+
+    pub fn dial_failed(&self, reason: EndpointDialFailure) {
+        match reason {
+            EndpointDialFailure::Timeout => {
+                self.dial_failures[0].inc();
+                self.dials[2].inc();
+            }
+            EndpointDialFailure::Unknown => {
+                self.dial_failures[1].inc();
+                self.dials[1].inc();
+            }
+        }
+    }
+
+    /// A send to (`ToServer`) or receive from the server failed.
+    pub fn server_failure(&self, d: Direction, code: &'static str, packet_type: &'static str) {
+        self.server_failures[d as usize].inc();
+        let segment = match d {
+            Direction::ToServer => Segment::FromAgent,
+            Direction::FromServer => Segment::ToAgent,
+        };
+        self.streams.error(segment, code, packet_type);
+    }
+
+    /// One packet sent (`FromAgent`) or received (`ToAgent`).
+    #[inline]
+    pub fn packet(&self, segment: Segment, packet_type: usize) {
+        self.streams.packet(segment, packet_type);
+    }
+
+    pub fn open_server_connections(&self) -> i64 {
+        self.open_server_connections.get()
+    }
+
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        prometheus_text::encode(&mut s, &self.registry).expect("writing to a String");
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anp_agent_families() {
+        let m = AgentMetrics::new();
+        let _s = m.server_connection();
+        m.set_known_servers(2);
+        let _e = m.endpoint_connection();
+        m.dial_succeeded(Duration::from_millis(30));
+        m.dial_failed(EndpointDialFailure::Timeout);
+        m.server_failure(Direction::FromServer, "Unknown", "Unknown");
+        m.packet(Segment::ToAgent, 0);
+        m.packet(Segment::FromAgent, 1);
+        let t = m.render();
+        let p = ANP_AGENT;
+        for s in [
+            format!("{p}open_server_connections 1\n"),
+            format!("{p}known_server_count 2\n"),
+            format!("{p}open_endpoint_connections 1\n"),
+            format!("{p}dial_duration_seconds_bucket{{le=\"0.025\"}} 0\n"),
+            format!("{p}dial_duration_seconds_bucket{{le=\"0.1\"}} 1\n"),
+            format!("{p}dial_duration_seconds_bucket{{le=\"30\"}} 1\n"),
+            format!("{p}dial_duration_seconds_bucket{{le=\"+Inf\"}} 1\n"),
+            format!("{p}endpoint_dial_failure_total{{reason=\"timeout\"}} 1\n"),
+            format!("{p}server_connection_failure_count{{direction=\"from_server\"}} 1\n"),
+            format!("{p}stream_packets_total{{segment=\"to_agent\",packet_type=\"DIAL_REQ\"}} 1\n"),
+            format!("{p}stream_packets_total{{segment=\"from_agent\",packet_type=\"DIAL_RSP\"}} 1\n"),
+            format!("{p}stream_errors_total{{segment=\"to_agent\",code=\"Unknown\",packet_type=\"Unknown\"}} 1\n"),
+            "edgetunnel_agent_servers_connected 1\n".to_string(),
+            "edgetunnel_agent_dials_total{result=\"timeout\"} 1\n".to_string(),
+            format!("# HELP {p}open_server_connections Current number of open server connections.\n"),
+        ] {
+            assert!(t.contains(&s), "{s} missing in\n{t}");
+        }
+    }
+}
