@@ -123,18 +123,21 @@ pub fn init(dir: &Path, spec: &CertsSpec) -> Result<(), CertsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::tls::{client_config, server_config, TlsFiles};
+    use crate::engine::tls::{client_config, server_config, ClientCert, TlsFiles};
 
     #[test]
     fn generated_files_make_valid_tls_configs() {
         let dir = tempfile::tempdir().unwrap();
         init(dir.path(), &CertsSpec::default()).unwrap();
         let p = |n: &str| dir.path().join(n);
-        server_config(&TlsFiles {
-            cert: p("server.crt"),
-            key: p("server.key"),
-            ca: p("ca.crt"),
-        })
+        server_config(
+            &TlsFiles {
+                cert: p("server.crt"),
+                key: p("server.key"),
+                ca: p("ca.crt"),
+            },
+            ClientCert::Required,
+        )
         .unwrap();
         client_config(&TlsFiles {
             cert: p("agent.crt"),

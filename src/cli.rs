@@ -309,6 +309,18 @@ pub struct ServerArgs {
     /// Lease duration, seconds: a dead leader is replaced after this long.
     #[arg(long, default_value_t = 15)]
     pub leader_lease_secs: u32,
+    /// Agents authenticate with a ServiceAccount token checked by a
+    /// TokenReview (ANP's agent authentication): the agent's namespace.
+    /// With --agent-service-account and --authentication-audience; needs
+    /// --kube; agents then need no client certificate.
+    #[arg(long)]
+    pub agent_namespace: Option<String>,
+    /// The agents' ServiceAccount name (see --agent-namespace).
+    #[arg(long)]
+    pub agent_service_account: Option<String>,
+    /// The audience the agents' tokens must carry (see --agent-namespace).
+    #[arg(long)]
+    pub authentication_audience: Option<String>,
     /// Publish this server's Lease in ANP's format
     /// (`konnectivity-proxy-server-<server ID>`, renewed every 15 s, 30 s
     /// long) and delete expired ones with --lease-label, so that agents
@@ -430,7 +442,26 @@ fn secs(s: f64) -> Duration {
 
 impl ServerArgs {
     pub fn into_config(self) -> Result<ServerConfig, BoxError> {
-        let tls = self.tls.files("server")?;
+        let token_auth = self.agent_namespace.is_some();
+        let tls = match self.tls.files("server") {
+            // Token-authenticated agents: no CA needed (none is asked for).
+            Err(_) if token_auth && self.tls.ca.is_none() && self.tls.certs_dir.is_none() => {
+                TlsFiles {
+                    cert: self
+                        .tls
+                        .cert
+                        .clone()
+                        .ok_or("--cert or --certs-dir is required")?,
+                    key: self
+                        .tls
+                        .key
+                        .clone()
+                        .ok_or("--key or --certs-dir is required")?,
+                    ca: PathBuf::new(),
+                }
+            }
+            other => other?,
+        };
         let agent_token = read_token(&self.agent_token_file)?;
         let strategies = parse_strategies(&self.proxy_strategies)?;
         if strategies.is_empty() {
@@ -573,6 +604,26 @@ impl ServerArgs {
         if self.dns_configmap.is_some() && kube.is_none() {
             return Err("--dns-configmap needs --kube".into());
         }
+        let agent_auth = match (
+            &self.agent_namespace,
+            &self.agent_service_account,
+            &self.authentication_audience,
+        ) {
+            (None, None, None) => None,
+            (Some(ns), Some(sa), Some(aud)) if !ns.is_empty() && !sa.is_empty() => {
+                if kube.is_none() {
+                    return Err("--agent-namespace/--agent-service-account need --kube".into());
+                }
+                Some(crate::control::token_review::AgentAuthSpec {
+                    audience: aud.clone(),
+                    namespace: ns.clone(),
+                    service_account: sa.clone(),
+                })
+            }
+            _ => {
+                return Err("agent authentication needs --agent-namespace, --agent-service-account and --authentication-audience together".into())
+            }
+        };
         let server_lease = if self.enable_lease_controller {
             if kube.is_none() {
                 return Err("--enable-lease-controller needs --kube".into());
@@ -619,7 +670,9 @@ impl ServerArgs {
                 csr,
                 server_lease,
                 lease_count: None,
+                token_review: None,
             },
+            agent_auth,
             interception_tls,
             interception_bind: self.interception_bind,
             localhost_proxy_ports: self.localhost_proxy_ports,
@@ -656,8 +709,27 @@ fn parse_no_agent_status(s: &str) -> Result<u16, String> {
 
 impl AgentArgs {
     pub fn into_config(self) -> Result<AgentConfig, BoxError> {
-        let tls = self.tls.files("agent")?;
-        let token = read_token(&self.token_file)?;
+        // With a token and no certificate given, the agent presents no
+        // client certificate (ANP's token-authenticated agents).
+        let client_cert = self.token_file.is_none()
+            || self.tls.cert.is_some()
+            || self.tls.key.is_some()
+            || self.tls.certs_dir.is_some();
+        let tls = if client_cert {
+            self.tls.files("agent")?
+        } else {
+            TlsFiles {
+                cert: PathBuf::new(),
+                key: PathBuf::new(),
+                ca: self
+                    .tls
+                    .ca
+                    .clone()
+                    .ok_or("--ca or --certs-dir is required")?,
+            }
+        };
+        // Checked now; read again at every connect (projected tokens rotate).
+        read_token(&self.token_file)?;
         let agent_id = match self.agent_id {
             Some(id) => id,
             None => hostname(),
@@ -717,7 +789,8 @@ impl AgentArgs {
             tls,
             agent_id,
             identifiers,
-            token,
+            token_file: self.token_file.clone(),
+            client_cert,
             keepalive: Duration::from_secs(self.engine.keepalive_secs.max(1)),
             backoff_initial: secs(self.backoff_initial_secs),
             backoff_max: secs(self.backoff_max_secs),

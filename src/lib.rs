@@ -9,6 +9,7 @@ pub mod admin;
 pub mod agent;
 pub mod certs;
 pub mod cli;
+pub mod compat;
 pub mod control;
 pub mod engine;
 pub mod metrics;

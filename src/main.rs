@@ -5,7 +5,12 @@ use edgetunnel::cli::{CertsCommand, Cli, Command, IptablesCommand};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
-    let cli = Cli::parse();
+    // `proxy-server`, `yurt-tunnel-agent`, ...: the Go binaries' flags.
+    let compat = edgetunnel::compat::from_process_args();
+    let cli = match &compat {
+        Some(t) => Cli::parse_from(&t.argv),
+        None => Cli::parse(),
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_new(&cli.log)
@@ -14,6 +19,9 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if let Some(t) = &compat {
+        t.log_notes();
+    }
     // kubectl's wording for the drop-in `proxy`.
     let prefix = match cli.command {
         Command::Proxy(_) => "error",

@@ -109,8 +109,11 @@ pub(crate) async fn run(slots: Rc<ServerSlots>, slot: &super::Slot) -> Result<En
     if !offered.is_empty() {
         metadata.push((proto::FEATURES_HEADER, offered.join(",")));
     }
-    if let Some(t) = &cfg.token {
-        metadata.push(("authorization", format!("Bearer {t}")));
+    if let Some(path) = &cfg.token_file {
+        // Read at every connect: projected ServiceAccount tokens rotate.
+        let t = std::fs::read_to_string(path)
+            .map_err(|e| format!("reading token {}: {e}", path.display()))?;
+        metadata.push(("authorization", format!("Bearer {}", t.trim())));
     }
     let req = grpc::request_head(&addr, proto::AGENT_CONNECT_PATH, &metadata)?;
     let mut client = client.ready().await?;

@@ -28,7 +28,12 @@ pub struct AgentConfig {
     pub tls: tls::TlsFiles,
     pub agent_id: String,
     pub identifiers: Identifiers,
-    pub token: Option<String>,
+    /// The bearer token's file, read at every connect (a projected
+    /// ServiceAccount token rotates).
+    pub token_file: Option<std::path::PathBuf>,
+    /// Present `tls.cert`/`tls.key` as client certificate (false: an agent
+    /// that authenticates with its token only).
+    pub client_cert: bool,
     pub keepalive: Duration,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
@@ -63,13 +68,18 @@ pub fn run(cfg: AgentConfig) -> Result<(), BoxError> {
     if let (Some(kube), false) = (&cfg.kube, cfg.csr.is_empty()) {
         crate::control::kube_sync::obtain_missing(kube, &cfg.csr, Duration::from_secs(900))?;
     }
-    let (client_tls, cert) = tls::client_config(&cfg.tls)?;
+    let (client_tls, certs) = if cfg.client_cert {
+        let (c, cert) = tls::client_config(&cfg.tls)?;
+        (c, vec![cert])
+    } else {
+        (tls::client_config_without_cert(&cfg.tls.ca)?, Vec::new())
+    };
     let shutdown = signals::Shutdown::new();
     signals::install(shutdown.clone())?;
     // The control thread swaps in a renewed agent certificate.
     let control = crate::control::manager::spawn(
         crate::control::manager::ControlSpec {
-            certs: vec![cert],
+            certs,
             kube: cfg.kube.clone(),
             csr: cfg.csr.clone(),
             lease_count: cfg.lease_count.clone(),

@@ -137,6 +137,8 @@ pub struct ControlSpec {
     pub server_lease: Option<super::server_lease::ServerLeaseSpec>,
     /// The agent's server count from leases (needs `kube`).
     pub lease_count: Option<super::lease_count::LeaseCountSpec>,
+    /// Agents' ServiceAccount tokens to review (needs `kube`).
+    pub token_review: Option<super::token_review::ReviewQueue>,
 }
 
 /// Readers of the data plane's state: agents' addresses and node names.
@@ -207,18 +209,28 @@ async fn run(spec: ControlSpec, sources: Sources, shutdown: Arc<Shutdown>) {
     if let Some(k) = &kube {
         super::kube_sync::start_renewals(k.client(), spec.csr.clone());
     }
-    let mut lease_tasks = Vec::new();
+    let mut kube_tasks = Vec::new();
     if let Some(k) = &kube {
         if let Some(sl) = &spec.server_lease {
-            lease_tasks.extend(super::server_lease::start(k.client(), sl.clone()));
+            kube_tasks.extend(super::server_lease::start(k.client(), sl.clone()));
         }
         if let Some(lc) = &spec.lease_count {
-            lease_tasks.push(tokio::spawn(super::lease_count::run(
+            kube_tasks.push(tokio::spawn(super::lease_count::run(
                 k.client(),
                 lc.clone(),
             )));
         }
-    } else if spec.server_lease.is_some() || spec.lease_count.is_some() {
+    }
+    if let Some(q) = &spec.token_review {
+        kube_tasks.push(match &kube {
+            Some(k) => tokio::spawn(super::token_review::serve(k.client(), q.clone())),
+            None => tokio::spawn(super::token_review::refuse_all(
+                q.clone(),
+                "token review unavailable: no Kubernetes client".into(),
+            )),
+        });
+    }
+    if kube.is_none() && (spec.server_lease.is_some() || spec.lease_count.is_some()) {
         tracing::error!("server leases need a Kubernetes client; not publishing or counting them");
     }
     let mut applied: Vec<Plan> = Vec::new();
@@ -281,7 +293,7 @@ async fn run(spec: ControlSpec, sources: Sources, shutdown: Arc<Shutdown>) {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    for t in &lease_tasks {
+    for t in &kube_tasks {
         t.abort();
     }
     if let (Some(k), Some(sl)) = (&kube, &spec.server_lease) {

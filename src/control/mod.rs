@@ -13,3 +13,4 @@ pub mod lease_count;
 pub mod manager;
 pub mod nodes;
 pub mod server_lease;
+pub mod token_review;

@@ -97,20 +97,39 @@ pub struct TlsFiles {
     pub ca: std::path::PathBuf,
 }
 
-/// Server side of mutual TLS: peers must present a certificate signed by
-/// `ca`. ALPN offers h2. Our certificate comes from `cert`, which the
-/// control thread may swap for a renewed one.
+/// Whether peers must present a client certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientCert {
+    Required,
+    /// Verified when presented (agents that authenticate with a token).
+    Optional,
+}
+
+/// Server side of mutual TLS: peers present a certificate signed by `ca`
+/// (or, with [`ClientCert::Optional`], none; with no `ca` path at all no
+/// certificate is asked for). ALPN offers h2. Our
+/// certificate comes from `cert`, which the control thread may swap for a
+/// renewed one.
 pub fn server_config(
     files: &TlsFiles,
+    client_cert: ClientCert,
 ) -> Result<(Arc<ServerConfig>, Arc<ReloadingCert>), TlsError> {
-    let verifier =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(load_roots(&files.ca)?), provider())
-            .build()?;
     let cert = ReloadingCert::load(&files.cert, &files.key)?;
-    let mut cfg = ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()?
-        .with_client_cert_verifier(verifier)
-        .with_cert_resolver(cert.clone());
+    let builder =
+        ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
+    let mut cfg = if client_cert == ClientCert::Optional && files.ca.as_os_str().is_empty() {
+        // Token-authenticated agents and no CA to check certificates with.
+        builder.with_no_client_auth()
+    } else {
+        let roots = Arc::new(load_roots(&files.ca)?);
+        let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider());
+        let verifier = match client_cert {
+            ClientCert::Required => verifier.build()?,
+            ClientCert::Optional => verifier.allow_unauthenticated().build()?,
+        };
+        builder.with_client_cert_verifier(verifier)
+    }
+    .with_cert_resolver(cert.clone());
     cfg.alpn_protocols = vec![b"h2".to_vec()];
     Ok((Arc::new(cfg), cert))
 }
@@ -127,6 +146,17 @@ pub fn client_config(
         .with_client_cert_resolver(cert.clone());
     cfg.alpn_protocols = vec![b"h2".to_vec()];
     Ok((Arc::new(cfg), cert))
+}
+
+/// Client side without a client certificate (an agent that authenticates
+/// with a ServiceAccount token): verifies the server against `ca`.
+pub fn client_config_without_cert(ca: &Path) -> Result<Arc<ClientConfig>, TlsError> {
+    let mut cfg = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(load_roots(ca)?)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(cfg))
 }
 
 /// The interception listener's TLS: our certificate (swappable), no client

@@ -108,6 +108,40 @@ fn validate(shared: &Shared, head: &http::request::Parts) -> Result<AgentHello, 
     })
 }
 
+/// How long an agent's token review may take.
+const REVIEW_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// With agent authentication on, the Connect request's ServiceAccount token
+/// must pass a TokenReview (see [`crate::control::token_review`]).
+async fn authenticate(shared: &Shared, head: &http::request::Parts) -> Result<(), (u32, String)> {
+    let Some(reviewer) = &shared.reviewer else {
+        return Ok(());
+    };
+    let refused = |e: String| {
+        (
+            code::UNAUTHENTICATED,
+            format!("Failed to validate authentication token, err:{e}"),
+        )
+    };
+    let values: Vec<&str> = head
+        .headers
+        .get_all("authorization")
+        .iter()
+        .map(|v| v.to_str().unwrap_or(""))
+        .collect();
+    let token = crate::control::token_review::bearer_token(&values)
+        .map_err(|e| (code::UNAUTHENTICATED, e))?;
+    let review = crate::control::token_review::review(reviewer, token);
+    match monoio::time::timeout(REVIEW_TIMEOUT, review).await {
+        Ok(Ok(user)) => {
+            tracing::debug!(%user, "agent authenticated by token");
+            Ok(())
+        }
+        Ok(Err(e)) => Err(refused(e)),
+        Err(_) => Err(refused("token review timed out".into())),
+    }
+}
+
 async fn serve(
     core: usize,
     shared: Arc<Shared>,
@@ -140,7 +174,11 @@ async fn serve(
     conn.set_initial_window_size(grpc::STREAM_WINDOW).ok();
 
     let (head, body) = request.into_parts();
-    let hello = match validate(&shared, &head) {
+    let checked = match validate(&shared, &head) {
+        Ok(h) => authenticate(&shared, &head).await.map(|_| h),
+        Err(e) => Err(e),
+    };
+    let hello = match checked {
         Ok(h) => h,
         Err((c, m)) => {
             tracing::warn!(%peer, code = c, reason = %m, "agent refused");

@@ -62,6 +62,9 @@ pub struct ServerConfig {
     pub interception_tls: Option<InterceptionTls>,
     pub localhost_proxy_ports: Vec<u16>,
     pub control: crate::control::manager::ControlSpec,
+    /// Agents authenticate with ServiceAccount tokens (TokenReview); they
+    /// then need no client certificate.
+    pub agent_auth: Option<crate::control::token_review::AgentAuthSpec>,
 }
 
 /// The TLS interception listener's settings.
@@ -89,6 +92,8 @@ pub(crate) struct Shared {
     inboxes: OnceLock<Vec<mpsc::UnboundedSender<Handoff>>>,
     metrics: Arc<Metrics>,
     next_key: AtomicU64,
+    /// Sends agents' tokens to the control thread for review.
+    reviewer: Option<crate::control::token_review::Reviewer>,
 }
 
 impl Shared {
@@ -163,7 +168,18 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
             Duration::from_secs(900),
         )?;
     }
-    let (tls_config, server_cert) = tls::server_config(&cfg.tls)?;
+    let client_cert = match cfg.agent_auth {
+        Some(_) => tls::ClientCert::Optional,
+        None => tls::ClientCert::Required,
+    };
+    let (tls_config, server_cert) = tls::server_config(&cfg.tls, client_cert)?;
+    let (reviewer, review_queue) = match &cfg.agent_auth {
+        Some(spec) => {
+            let (r, q) = crate::control::token_review::channel(spec.clone());
+            (Some(r), Some(q))
+        }
+        None => (None, None),
+    };
     let mut watched = vec![server_cert];
     let n = cfg.workers.max(1);
     let mut agent_l = Some(listener::bind_tcp(cfg.agent_bind, n)?);
@@ -259,6 +275,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
         inboxes: OnceLock::new(),
         metrics: Arc::new(Metrics::new(&cfg.strategies)),
         next_key: AtomicU64::new(0),
+        reviewer,
     });
     let mut inbox_rx = Vec::with_capacity(n);
     let mut inbox_tx = Vec::with_capacity(n);
@@ -282,6 +299,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
         };
         let mut spec = cfg.control.clone();
         spec.certs.extend(watched);
+        spec.token_review = review_queue;
         Some(crate::control::manager::spawn(
             spec,
             sources,

@@ -1,0 +1,239 @@
+//! Agent authentication by ServiceAccount token, as ANP's server does it
+//! (`validateAuthToken` in pkg/server/server.go): the agent presents
+//! `authorization: Bearer <token>` on its Connect stream; the server sends
+//! a TokenReview with the audience from `--authentication-audience`, and
+//! accepts only an authenticated `system:serviceaccount:<ns>:<name>` user
+//! whose namespace and name are `--agent-namespace` and
+//! `--agent-service-account`.
+//!
+//! The data plane never talks to Kubernetes: it sends a [`ReviewRequest`]
+//! to the control thread and awaits the answer on a oneshot channel.
+
+use std::sync::{Arc, Mutex};
+
+use futures::channel::{mpsc, oneshot};
+use futures::StreamExt;
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenReviewStatus};
+
+/// Who may connect as an agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentAuthSpec {
+    pub audience: String,
+    pub namespace: String,
+    pub service_account: String,
+}
+
+/// One token to review, with where the verdict goes.
+pub struct ReviewRequest {
+    pub token: String,
+    pub reply: oneshot::Sender<Result<String, String>>,
+}
+
+/// The data plane's end: send requests here.
+pub type Reviewer = mpsc::UnboundedSender<ReviewRequest>;
+
+/// The control thread's end, handed over once through the control spec.
+#[derive(Clone)]
+pub struct ReviewQueue {
+    pub spec: AgentAuthSpec,
+    rx: Arc<Mutex<Option<mpsc::UnboundedReceiver<ReviewRequest>>>>,
+}
+
+impl std::fmt::Debug for ReviewQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReviewQueue")
+            .field("spec", &self.spec)
+            .finish()
+    }
+}
+
+/// A reviewer for the data plane and the queue for the control thread.
+pub fn channel(spec: AgentAuthSpec) -> (Reviewer, ReviewQueue) {
+    let (tx, rx) = mpsc::unbounded();
+    let queue = ReviewQueue {
+        spec,
+        rx: Arc::new(Mutex::new(Some(rx))),
+    };
+    (tx, queue)
+}
+
+/// The Connect request's token, as ANP reads it: exactly one
+/// `authorization` value, with the `Bearer ` prefix.
+pub fn bearer_token<'a>(values: &[&'a str]) -> Result<&'a str, String> {
+    match values {
+        [] => Err("Authentication context was not found in metadata".to_string()),
+        [one] => one
+            .strip_prefix("Bearer ")
+            .ok_or_else(|| "received token does not have \"Bearer \" prefix".to_string()),
+        more => Err(format!("too many ({}) tokens are received", more.len())),
+    }
+}
+
+/// The TokenReview the server sends for `token`.
+pub fn review_for(token: &str, spec: &AgentAuthSpec) -> TokenReview {
+    TokenReview {
+        spec: TokenReviewSpec {
+            token: Some(token.to_string()),
+            audiences: Some(vec![spec.audience.clone()]),
+        },
+        ..Default::default()
+    }
+}
+
+/// ANP's verdict on a TokenReview's status: the username, or why not.
+pub fn judge(status: Option<&TokenReviewStatus>, spec: &AgentAuthSpec) -> Result<String, String> {
+    let empty = TokenReviewStatus::default();
+    let status = status.unwrap_or(&empty);
+    if let Some(e) = status.error.as_deref().filter(|e| !e.is_empty()) {
+        return Err(format!("lookup failed: {e}"));
+    }
+    if status.authenticated != Some(true) {
+        return Err("lookup failed: service account jwt not valid".to_string());
+    }
+    let username = status
+        .user
+        .as_ref()
+        .and_then(|u| u.username.clone())
+        .unwrap_or_default();
+    let parts: Vec<&str> = username.split(':').collect();
+    let [system, kind, ns, sa] = parts.as_slice() else {
+        return Err("lookup failed: unexpected username format".to_string());
+    };
+    if *system != "system" || *kind != "serviceaccount" {
+        return Err("lookup failed: username returned is not a service account".to_string());
+    }
+    if *ns != spec.namespace {
+        return Err(format!(
+            "lookup failed: incoming request from {ns:?} namespace. Expected {:?}",
+            spec.namespace
+        ));
+    }
+    if *sa != spec.service_account {
+        return Err(format!(
+            "lookup failed: incoming request from {sa:?} service account. Expected {:?}",
+            spec.service_account
+        ));
+    }
+    Ok(username)
+}
+
+/// Runs on the control thread: answers every review request.
+pub async fn serve(client: kube::Client, queue: ReviewQueue) {
+    let Some(mut rx) = queue.rx.lock().ok().and_then(|mut r| r.take()) else {
+        return;
+    };
+    let api: kube::Api<TokenReview> = kube::Api::all(client);
+    while let Some(req) = rx.next().await {
+        let api = api.clone();
+        let spec = queue.spec.clone();
+        tokio::spawn(async move {
+            let review = review_for(&req.token, &spec);
+            let verdict = match api.create(&Default::default(), &review).await {
+                Ok(r) => judge(r.status.as_ref(), &spec),
+                Err(e) => Err(format!("Failed to authenticate request. err:{e}")),
+            };
+            let _ = req.reply.send(verdict);
+        });
+    }
+}
+
+/// Answers review requests when no Kubernetes client could be made.
+pub async fn refuse_all(queue: ReviewQueue, why: String) {
+    let Some(mut rx) = queue.rx.lock().ok().and_then(|mut r| r.take()) else {
+        return;
+    };
+    while let Some(req) = rx.next().await {
+        let _ = req.reply.send(Err(why.clone()));
+    }
+}
+
+/// Asks the control thread to review `token` (data-plane side).
+pub async fn review(reviewer: &Reviewer, token: &str) -> Result<String, String> {
+    let (reply, verdict) = oneshot::channel();
+    let req = ReviewRequest {
+        token: token.to_string(),
+        reply,
+    };
+    if reviewer.unbounded_send(req).is_err() {
+        return Err("token review unavailable".to_string());
+    }
+    verdict
+        .await
+        .unwrap_or_else(|_| Err("token review unavailable".to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::authentication::v1::UserInfo;
+
+    fn spec() -> AgentAuthSpec {
+        AgentAuthSpec {
+            audience: "system:konnectivity-server".into(),
+            namespace: "kube-system".into(),
+            service_account: "konnectivity-agent".into(),
+        }
+    }
+
+    fn status(auth: bool, user: &str, error: Option<&str>) -> TokenReviewStatus {
+        TokenReviewStatus {
+            authenticated: Some(auth),
+            error: error.map(str::to_string),
+            user: Some(UserInfo {
+                username: Some(user.to_string()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn accepts_only_the_expected_service_account() {
+        let ok = "system:serviceaccount:kube-system:konnectivity-agent";
+        assert_eq!(judge(Some(&status(true, ok, None)), &spec()), Ok(ok.into()));
+        let cases = [
+            (status(false, ok, None), "jwt not valid"),
+            (status(true, ok, Some("expired")), "lookup failed: expired"),
+            (status(true, "alice", None), "unexpected username format"),
+            (
+                status(true, "system:node:n1:x", None),
+                "is not a service account",
+            ),
+            (
+                status(
+                    true,
+                    "system:serviceaccount:default:konnectivity-agent",
+                    None,
+                ),
+                "from \"default\" namespace. Expected \"kube-system\"",
+            ),
+            (
+                status(true, "system:serviceaccount:kube-system:other", None),
+                "from \"other\" service account",
+            ),
+        ];
+        for (st, want) in cases {
+            let got = judge(Some(&st), &spec()).unwrap_err();
+            assert!(got.contains(want), "{got} lacks {want}");
+        }
+        assert!(judge(None, &spec()).is_err());
+    }
+
+    #[test]
+    fn bearer_token_as_anp_reads_it() {
+        assert_eq!(bearer_token(&["Bearer abc"]), Ok("abc"));
+        assert!(bearer_token(&[]).unwrap_err().contains("not found"));
+        assert!(bearer_token(&["abc"]).unwrap_err().contains("prefix"));
+        assert!(bearer_token(&["Bearer a", "Bearer b"])
+            .unwrap_err()
+            .contains("too many (2)"));
+    }
+
+    #[test]
+    fn review_body_carries_token_and_audience() {
+        let r = review_for("tok", &spec());
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["spec"]["token"], "tok");
+        assert_eq!(v["spec"]["audiences"][0], "system:konnectivity-server");
+    }
+}

@@ -1,0 +1,596 @@
+//! The compatibility entry end to end: the argument lists of real
+//! manifests, run through symlinks named after the Go binaries (as a
+//! manifest's `command: ["/proxy-server"]` does in an image) or the
+//! `edgetunnel proxy-server ...` subcommand form, must start a server and an
+//! agent that carry traffic.
+//!
+//! - The Kubernetes documentation's konnectivity-server and
+//!   konnectivity-agent (`content/en/examples/admin/konnectivity/`, grpc
+//!   over a unix socket): a grpcio ProxyService client (as
+//!   `tests/interop.rs` uses) dials an echo target through them.
+//! - ANP's `examples/kubernetes/konnectivity-server.yaml` (http-connect
+//!   over a unix socket, `--logtostderr=false`) with
+//!   `examples/kind/konnectivity-agent-ds.yaml`: CONNECT to an echo target.
+//! - OpenYurt's last chart (v1.1.1 `charts/openyurt/templates/
+//!   yurt-tunnel-{server,agent}.yaml`) in a network namespace (the server
+//!   keeps iptables rules), against a fake Kubernetes API that signs the
+//!   CSRs: an HTTP request for the edge node through the interception
+//!   listener.
+//!
+//! What is changed in those lists, and only that: file paths move under a
+//! temp dir (the certificates there come from `edgetunnel certs init`);
+//! ports the test cannot hold on a shared machine become free ones (0 where
+//! the listener may pick); addresses outside this machine
+//! (`35.225.206.7`, `konnectivity-server.kube-system.svc.cluster.local`,
+//! `$(HOST_IP)`, `$(NODE_IP)`) become loopback. Two additions, each for a
+//! reason given where it is made: the agents get `--agent-cert/--agent-key`
+//! (edgetunnel has no certificate-less, token-only agents yet), and the
+//! yurt-tunnel processes get `--kube-config`/`--cert-dir` (their defaults
+//! are the pod's service account and `/var/lib`).
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use support::fake_kube::{node, FakeKube};
+use support::netns::{save, Netns};
+use support::*;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The interop venv's python (set up once, as `tests/interop.rs` does).
+fn python() -> PathBuf {
+    static PY: OnceLock<PathBuf> = OnceLock::new();
+    PY.get_or_init(|| {
+        let venv = std::env::var_os("EDGETUNNEL_INTEROP_VENV")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| repo().join("target/interop-venv"));
+        let out = Command::new("bash")
+            .arg(repo().join("tests/interop/setup.sh"))
+            .arg(&venv)
+            .output()
+            .expect("run tests/interop/setup.sh");
+        assert!(
+            out.status.success(),
+            "interop setup failed (needs python3-venv and PyPI):\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        venv.join("bin/python")
+    })
+    .clone()
+}
+
+/// Symlinks named after the Go binaries, pointing at edgetunnel.
+fn go_binaries(env: &Env) -> PathBuf {
+    let dir = env.path("bin");
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in [
+        "proxy-server",
+        "proxy-agent",
+        "yurt-tunnel-server",
+        "yurt-tunnel-agent",
+    ] {
+        std::os::unix::fs::symlink(BIN, dir.join(name)).unwrap();
+    }
+    dir
+}
+
+/// A port free right now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `args` with every `(from, to)` replaced inside each argument.
+fn substitute(args: &[&str], subs: &[(&str, String)]) -> Vec<String> {
+    args.iter()
+        .map(|a| {
+            let mut a = a.to_string();
+            for (from, to) in subs {
+                a = a.replace(from, to);
+            }
+            a
+        })
+        .collect()
+}
+
+fn listen(p: &Proc, what: &str) -> SocketAddr {
+    p.wait_line(&format!("LISTEN {what} "))
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Copies the `certs init` files to the names a manifest uses.
+fn place(env: &Env, files: &[(&str, &Path)]) {
+    for (from, to) in files {
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(env.certs().join(from), to).unwrap();
+    }
+}
+
+fn assert_logged(p: &Proc, wants: &[&str]) {
+    let log = p.log_text();
+    for w in wants {
+        assert!(log.contains(w), "{w:?} not logged:\n{log}");
+    }
+}
+
+/// kubernetes/website `content/en/examples/admin/konnectivity/
+/// konnectivity-server.yaml` (image v0.0.37), verbatim.
+const DOCS_SERVER: &[&str] = &[
+    "--logtostderr=true",
+    "--uds-name=/etc/kubernetes/konnectivity-server/konnectivity-server.socket",
+    "--delete-existing-uds-file",
+    "--cluster-cert=/etc/kubernetes/pki/apiserver.crt",
+    "--cluster-key=/etc/kubernetes/pki/apiserver.key",
+    "--mode=grpc",
+    "--server-port=0",
+    "--agent-port=8132",
+    "--admin-port=8133",
+    "--health-port=8134",
+    "--agent-namespace=kube-system",
+    "--agent-service-account=konnectivity-agent",
+    "--kubeconfig=/etc/kubernetes/konnectivity-server.conf",
+    "--authentication-audience=system:konnectivity-server",
+];
+
+/// kubernetes/website `.../konnectivity-agent.yaml` (image v0.0.37),
+/// verbatim.
+const DOCS_AGENT: &[&str] = &[
+    "--logtostderr=true",
+    "--ca-cert=/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+    "--proxy-server-host=35.225.206.7",
+    "--proxy-server-port=8132",
+    "--admin-server-port=8133",
+    "--health-server-port=8134",
+    "--service-account-token-path=/var/run/secrets/tokens/konnectivity-agent-token",
+];
+
+/// A pod's service-account and projected token files under `root`.
+fn pod_secrets(env: &Env, root: &Path) {
+    place(
+        env,
+        &[("ca.crt", &root.join("kubernetes.io/serviceaccount/ca.crt"))],
+    );
+    let tokens = root.join("tokens");
+    std::fs::create_dir_all(&tokens).unwrap();
+    std::fs::write(
+        tokens.join("konnectivity-agent-token"),
+        "token-from-the-kubelet\n",
+    )
+    .unwrap();
+}
+
+#[test]
+fn kubernetes_docs_konnectivity_server_and_agent_carry_grpc() {
+    let env = Env::new();
+    let bin = go_binaries(&env);
+    // The control plane's /etc/kubernetes: kubeadm keeps the cluster CA
+    // beside apiserver.crt, which is where the server finds it.
+    let etc = env.path("etc-kubernetes");
+    place(
+        &env,
+        &[
+            ("server.crt", &etc.join("pki/apiserver.crt")),
+            ("server.key", &etc.join("pki/apiserver.key")),
+            ("ca.crt", &etc.join("pki/ca.crt")),
+        ],
+    );
+    // The hostPath volume (DirectoryOrCreate) the socket lives in.
+    std::fs::create_dir_all(etc.join("konnectivity-server")).unwrap();
+    let server_args = substitute(
+        DOCS_SERVER,
+        &[
+            ("/etc/kubernetes/", format!("{}/", etc.display())),
+            // Free ports: the listeners pick their own.
+            ("--agent-port=8132", "--agent-port=0".into()),
+            ("--admin-port=8133", "--admin-port=0".into()),
+            ("--health-port=8134", "--health-port=0".into()),
+        ],
+    );
+    let mut cmd = Command::new(bin.join("proxy-server"));
+    cmd.args(&server_args).env_remove("PROXY_SERVER_ID");
+    let server = Proc::spawn(cmd, env.path("proxy-server.log"));
+    let agent_port = listen(&server, "agent").port();
+    let admin = listen(&server, "admin");
+    let health = listen(&server, "health");
+    server.wait_line("READY");
+    assert_logged(
+        &server,
+        &[
+            "accepted, no effect: --agent-namespace=kube-system",
+            "accepted, no effect: --agent-service-account=konnectivity-agent",
+            "accepted, no effect: --authentication-audience=system:konnectivity-server",
+            "accepted, no effect: --kubeconfig=",
+            "no --cluster-ca-cert",
+        ],
+    );
+    let (status, body) = http_get(health, "/healthz");
+    assert_eq!((status, body.as_str()), (200, "ok"));
+    assert!(admin.ip().is_loopback(), "ANP's admin default is 127.0.0.1");
+    assert_eq!(http_get(admin, "/metrics").0, 200);
+
+    // The agent's pod: service-account CA and projected token.
+    let secrets = env.path("var-run-secrets");
+    pod_secrets(&env, &secrets);
+    let (agent_health, agent_admin) = (free_port(), free_port());
+    let agent_args = substitute(
+        DOCS_AGENT,
+        &[
+            ("/var/run/secrets/", format!("{}/", secrets.display())),
+            ("35.225.206.7", "127.0.0.1".into()),
+            (
+                "--proxy-server-port=8132",
+                format!("--proxy-server-port={agent_port}"),
+            ),
+            (
+                "--admin-server-port=8133",
+                format!("--admin-server-port={agent_admin}"),
+            ),
+            (
+                "--health-server-port=8134",
+                format!("--health-server-port={agent_health}"),
+            ),
+        ],
+    );
+    // Verbatim, the agent has no certificate (it would prove itself with
+    // the token alone): edgetunnel refuses that and says why.
+    let out = Command::new(bin.join("proxy-agent"))
+        .args(&agent_args)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("Error: edgetunnel's agent authenticates with a client certificate"),
+        "{stderr}"
+    );
+    // With the one addition it needs.
+    let mut with_cert = agent_args.clone();
+    with_cert.push(format!(
+        "--agent-cert={}",
+        env.certs().join("agent.crt").display()
+    ));
+    with_cert.push(format!(
+        "--agent-key={}",
+        env.certs().join("agent.key").display()
+    ));
+    let mut cmd = Command::new(bin.join("proxy-agent"));
+    cmd.args(&with_cert).env_remove("PROXY_AGENT_ID");
+    let agent = Proc::spawn(cmd, env.path("proxy-agent.log"));
+    agent.wait_line("CONNECTED");
+    let (status, _) = http_get(SocketAddr::from(([127, 0, 0, 1], agent_health)), "/healthz");
+    assert_eq!(status, 200, "{}", agent.log_text());
+
+    // kube-apiserver's side: a grpc ProxyService client on the socket.
+    let echo = echo_server("127.0.0.1");
+    let sock = etc.join("konnectivity-server/konnectivity-server.socket");
+    let mut cmd = Command::new(python());
+    cmd.arg(repo().join("tests/interop/proxy_client.py")).args([
+        "--target".to_string(),
+        format!("unix:{}", sock.display()),
+        "--dial".into(),
+        echo.addr.to_string(),
+        "--payload-size".into(),
+        (1 << 20).to_string(),
+        "--connections".into(),
+        "2".into(),
+    ]);
+    let mut client = Proc::spawn(cmd, env.path("proxy_client.log"));
+    let last = client.wait_line_any(&["OK", "FAIL"], Duration::from_secs(60));
+    let status = client
+        .wait_exit(Duration::from_secs(30))
+        .expect("client exits");
+    assert!(
+        last.starts_with("OK") && status.success(),
+        "{last}\n{}\nserver:\n{}\nagent:\n{}",
+        client.log_text(),
+        server.log_text(),
+        agent.log_text()
+    );
+}
+
+/// ANP `examples/kubernetes/konnectivity-server.yaml`, verbatim.
+const ANP_EXAMPLE_SERVER: &[&str] = &[
+    "--log-file=/var/log/konnectivity-server.log",
+    "--logtostderr=false",
+    "--log-file-max-size=0",
+    "--uds-name=/etc/srv/kubernetes/konnectivity-server/konnectivity-server.socket",
+    "--cluster-cert=/etc/srv/kubernetes/pki/apiserver.crt",
+    "--cluster-key=/etc/srv/kubernetes/pki/apiserver.key",
+    "--server-port=0",
+    "--agent-port=8091",
+    "--health-port=8092",
+    "--admin-port=8093",
+    "--keepalive-time=1h",
+    "--mode=http-connect",
+    "--agent-namespace=kube-system",
+    "--agent-service-account=konnectivity-agent",
+    "--kubeconfig=/etc/srv/kubernetes/konnectivity-server/kubeconfig",
+    "--authentication-audience=system:konnectivity-server",
+];
+
+/// ANP `examples/kind/konnectivity-agent-ds.yaml`, verbatim.
+const ANP_KIND_AGENT: &[&str] = &[
+    "--logtostderr=true",
+    "--ca-cert=/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+    "--proxy-server-host=konnectivity-server.kube-system.svc.cluster.local",
+    "--proxy-server-port=8091",
+    "--sync-interval=5s",
+    "--sync-interval-cap=30s",
+    "--probe-interval=5s",
+    "--service-account-token-path=/var/run/secrets/tokens/konnectivity-agent-token",
+    "--agent-identifiers=ipv4=$(HOST_IP)",
+];
+
+#[test]
+fn anp_examples_http_connect_through_the_subcommand_form() {
+    let env = Env::new();
+    let srv = env.path("etc-srv-kubernetes");
+    place(
+        &env,
+        &[
+            ("server.crt", &srv.join("pki/apiserver.crt")),
+            ("server.key", &srv.join("pki/apiserver.key")),
+            ("ca.crt", &srv.join("pki/ca.crt")),
+        ],
+    );
+    std::fs::create_dir_all(srv.join("konnectivity-server")).unwrap();
+    let server_args = substitute(
+        ANP_EXAMPLE_SERVER,
+        &[
+            ("/etc/srv/kubernetes/", format!("{}/", srv.display())),
+            ("/var/log/", format!("{}/", env.dir.path().display())),
+            ("--agent-port=8091", "--agent-port=0".into()),
+            ("--health-port=8092", "--health-port=0".into()),
+            ("--admin-port=8093", "--admin-port=0".into()),
+        ],
+    );
+    let mut cmd = Command::new(BIN);
+    cmd.arg("proxy-server").args(&server_args);
+    let server = Proc::spawn(cmd, env.path("proxy-server.log"));
+    let agent_port = listen(&server, "agent").port();
+    server.wait_line("READY");
+    assert_logged(
+        &server,
+        &["accepted, no effect: --logtostderr=false --log-file="],
+    );
+
+    let secrets = env.path("var-run-secrets");
+    pod_secrets(&env, &secrets);
+    let mut agent_args = substitute(
+        ANP_KIND_AGENT,
+        &[
+            ("/var/run/secrets/", format!("{}/", secrets.display())),
+            (
+                "konnectivity-server.kube-system.svc.cluster.local",
+                "127.0.0.1".into(),
+            ),
+            (
+                "--proxy-server-port=8091",
+                format!("--proxy-server-port={agent_port}"),
+            ),
+            ("$(HOST_IP)", "127.0.0.1".into()),
+        ],
+    );
+    // Ports: the Go defaults (8093, 8094) may be taken on a shared machine.
+    agent_args.push(format!("--health-server-port={}", free_port()));
+    agent_args.push(format!("--admin-server-port={}", free_port()));
+    // No token-only agents in edgetunnel yet: the certificate it needs.
+    agent_args.push(format!(
+        "--agent-cert={}",
+        env.certs().join("agent.crt").display()
+    ));
+    agent_args.push(format!(
+        "--agent-key={}",
+        env.certs().join("agent.key").display()
+    ));
+    let mut cmd = Command::new(BIN);
+    cmd.arg("proxy-agent").args(&agent_args);
+    let agent = Proc::spawn(cmd, env.path("proxy-agent.log"));
+    agent.wait_line("CONNECTED");
+    assert_logged(&agent, &["accepted, no effect: --probe-interval=5s"]);
+
+    let echo = echo_server("127.0.0.1");
+    let sock = srv.join("konnectivity-server/konnectivity-server.socket");
+    let data = random_bytes(300_000, 7);
+    let (status, body, st) = connect_unix(&sock, &echo.addr.to_string());
+    assert_eq!(status, 200, "{body}\n{}", server.log_text());
+    assert!(echo_roundtrip(st, &data) == data);
+}
+
+/// Runs `f` on a thread inside network namespace `ns` (sockets it makes
+/// stay there).
+fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).expect("open netns");
+        // SAFETY: setns on this thread only.
+        let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+/// A kubeconfig for the fake API server, with the test CA as
+/// `certificate-authority-data` (where yurt-tunnel-server takes its CA).
+fn kubeconfig_with_ca(path: &Path, api: SocketAddr, ca_pem: &[u8]) {
+    use base64::Engine as _;
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{api}\n    certificate-authority-data: {ca}\nusers:\n- name: fake\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\n"
+    );
+    std::fs::write(path, text).unwrap();
+}
+
+/// Signs every pending CSR with the test CA until dropped.
+struct Signer(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Signer {
+    fn start(kube: &FakeKube, certs: PathBuf) -> Signer {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (kube, flag) = (kube.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                kube.sign_pending(&certs, 3600);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        Signer(stop)
+    }
+}
+
+impl Drop for Signer {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// OpenYurt v1.1.1 `charts/openyurt/templates/yurt-tunnel-server.yaml`,
+/// with `$(NODE_IP)` and the chart's `certDnsNames`/`certIps` values
+/// filled in below.
+const YURT_SERVER: &[&str] = &[
+    "--bind-address=$(NODE_IP)",
+    "--insecure-bind-address=$(NODE_IP)",
+    "--proxy-strategy=destHost",
+    "--cert-dns-names={{ .Values.yurtTunnelServer.parameters.certDnsNames }}",
+    "--cert-ips={{ .Values.yurtTunnelServer.parameters.certIps }}",
+    "--v=2",
+];
+
+/// OpenYurt v1.1.1 `charts/openyurt/templates/yurt-tunnel-agent.yaml`.
+const YURT_AGENT: &[&str] = &[
+    "--node-name=$(NODE_NAME)",
+    "--node-ip=$(POD_IP)",
+    "--tunnelserver-addr={{ .Values.yurtTunnelAgent.parameters.tunnelserverAddr }}",
+    "--v=2",
+];
+
+#[test]
+fn openyurt_chart_server_and_agent_in_a_network_namespace() {
+    let ns = Netns::new(&format!("etcompat{}", std::process::id() % 100_000));
+    let env = Env::new();
+    let bin = go_binaries(&env);
+    let kube = FakeKube::start(Some(&ns.0));
+    kube.put_node(node("edge-1", "127.0.0.1", true, true));
+    let kc = env.path("kubeconfig");
+    kubeconfig_with_ca(
+        &kc,
+        kube.addr,
+        &std::fs::read(env.certs().join("ca.crt")).unwrap(),
+    );
+    let _signer = Signer::start(&kube, env.certs());
+
+    // The namespace has only loopback: it is the node's address, and the
+    // name the agent checks on the server certificate. The default ports
+    // (10262-10265) are free in a fresh namespace.
+    let values = [
+        ("$(NODE_IP)", "127.0.0.1".to_string()),
+        (
+            "{{ .Values.yurtTunnelServer.parameters.certDnsNames }}",
+            String::new(),
+        ),
+        (
+            "{{ .Values.yurtTunnelServer.parameters.certIps }}",
+            "127.0.0.1".into(),
+        ),
+    ];
+    let mut server_args = substitute(YURT_SERVER, &values);
+    // In a pod these default to the service account (fixed paths) and
+    // /var/lib/yurttunnel-server/pki.
+    server_args.push(format!("--kube-config={}", kc.display()));
+    server_args.push(format!("--cert-dir={}", env.path("server-pki").display()));
+    let mut cmd = ns.cmd(bin.join("yurt-tunnel-server").to_str().unwrap());
+    cmd.args(&server_args);
+    let server = Proc::spawn(cmd, env.path("yurt-tunnel-server.log"));
+    assert_eq!(listen(&server, "agent").to_string(), "127.0.0.1:10262");
+    server.wait_line("READY");
+    assert_logged(
+        &server,
+        &["accepted, no effect: --enable-dns-controller=true"],
+    );
+    let deadline = Instant::now() + WAIT;
+    while !save(&ns).contains("TUNNEL-PORT") {
+        assert!(
+            Instant::now() < deadline,
+            "no iptables rules:\n{}\n{}",
+            save(&ns),
+            server.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let agent_values = [
+        ("$(NODE_NAME)", "edge-1".to_string()),
+        ("$(POD_IP)", "127.0.0.1".into()),
+        (
+            "{{ .Values.yurtTunnelAgent.parameters.tunnelserverAddr }}",
+            "127.0.0.1:10262".into(),
+        ),
+    ];
+    let mut agent_args = substitute(YURT_AGENT, &agent_values);
+    // In a pod: /etc/kubernetes/kubelet.conf and /var/lib/yurttunnel-agent/pki.
+    agent_args.push(format!("--kube-config={}", kc.display()));
+    agent_args.push(format!("--cert-dir={}", env.path("agent-pki").display()));
+    let mut cmd = ns.cmd(bin.join("yurt-tunnel-agent").to_str().unwrap());
+    cmd.args(&agent_args)
+        // The pod's service-account ca.crt, which verifies the server.
+        .env("EDGETUNNEL_COMPAT_SERVICEACCOUNT_DIR", env.certs());
+    let agent = Proc::spawn(cmd, env.path("yurt-tunnel-agent.log"));
+    agent.wait_line("CONNECTED");
+
+    // A kubelet stand-in on the node, and a cloud client asking the plain
+    // interception listener for it by node name.
+    let kubelet = in_netns(&ns.0, || {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for mut s in l.incoming().flatten() {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf);
+                let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 13\r\nConnection: close\r\n\r\nkubelet says!");
+            }
+        });
+        addr
+    });
+    let port = kubelet.port();
+    let answer = in_netns(&ns.0, move || {
+        let mut c = TcpStream::connect("127.0.0.1:10264").unwrap();
+        c.set_read_timeout(Some(WAIT)).unwrap();
+        write!(
+            c,
+            "GET /healthz HTTP/1.1\r\nHost: edge-1:{port}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut text = String::new();
+        let _ = c.read_to_string(&mut text);
+        text
+    });
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.ends_with("kubelet says!"),
+        "{answer:?}\nserver:\n{}\nagent:\n{}",
+        server.log_text(),
+        agent.log_text()
+    );
+    assert_eq!(
+        kube.csrs().len(),
+        3,
+        "serving, proxy-client and agent certificates"
+    );
+}
