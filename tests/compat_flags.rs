@@ -6,11 +6,14 @@
 //!
 //! - The Kubernetes documentation's konnectivity-server and
 //!   konnectivity-agent (`content/en/examples/admin/konnectivity/`, grpc
-//!   over a unix socket): a grpcio ProxyService client (as
-//!   `tests/interop.rs` uses) dials an echo target through them.
+//!   over a unix socket, agents authenticated by ServiceAccount token
+//!   against a fake Kubernetes API that answers TokenReviews): a grpcio
+//!   ProxyService client (as `tests/interop.rs` uses) dials an echo target
+//!   through them.
 //! - ANP's `examples/kubernetes/konnectivity-server.yaml` (http-connect
 //!   over a unix socket, `--logtostderr=false`) with
-//!   `examples/kind/konnectivity-agent-ds.yaml`: CONNECT to an echo target.
+//!   `examples/kind/konnectivity-agent-ds.yaml` (token authentication, as
+//!   above): CONNECT to an echo target.
 //! - OpenYurt's last chart (v1.1.1 `charts/openyurt/templates/
 //!   yurt-tunnel-{server,agent}.yaml`) in a network namespace (the server
 //!   keeps iptables rules), against a fake Kubernetes API that signs the
@@ -22,11 +25,11 @@
 //! ports the test cannot hold on a shared machine become free ones (0 where
 //! the listener may pick); addresses outside this machine
 //! (`35.225.206.7`, `konnectivity-server.kube-system.svc.cluster.local`,
-//! `$(HOST_IP)`, `$(NODE_IP)`) become loopback. Two additions, each for a
-//! reason given where it is made: the agents get `--agent-cert/--agent-key`
-//! (edgetunnel has no certificate-less, token-only agents yet), and the
-//! yurt-tunnel processes get `--kube-config`/`--cert-dir` (their defaults
-//! are the pod's service account and `/var/lib`).
+//! `$(HOST_IP)`, `$(NODE_IP)`) become loopback; the kubeconfig files the
+//! servers name point at the fake API. One addition, for a reason given
+//! where it is made: the yurt-tunnel processes get `--kube-config`/
+//! `--cert-dir` (their defaults are the pod's service account and
+//! `/var/lib`).
 
 mod support;
 
@@ -37,7 +40,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use support::fake_kube::{node, FakeKube};
+use support::fake_kube::{self, node, FakeKube};
 use support::netns::{save, Netns};
 use support::*;
 
@@ -160,6 +163,47 @@ const DOCS_AGENT: &[&str] = &[
     "--service-account-token-path=/var/run/secrets/tokens/konnectivity-agent-token",
 ];
 
+/// The projected token the kubelet writes for the agent's pod.
+const POD_TOKEN: &str = "token-from-the-kubelet";
+
+/// A fake API server that authenticates [`POD_TOKEN`] as the docs' agent
+/// ServiceAccount for the docs' audience, with a kubeconfig for it at
+/// `kubeconfig`.
+fn token_api(kubeconfig: &Path) -> FakeKube {
+    let kube = FakeKube::start(None);
+    kube.put_token(
+        POD_TOKEN,
+        "system:serviceaccount:kube-system:konnectivity-agent",
+        &["system:konnectivity-server"],
+    );
+    std::fs::create_dir_all(kubeconfig.parent().unwrap()).unwrap();
+    fake_kube::kubeconfig(kubeconfig, kube.addr);
+    kube
+}
+
+/// The fake API reviewed the pod's token as ANP's server does.
+fn assert_reviewed(kube: &FakeKube) {
+    let reviews = kube.token_reviews();
+    assert!(!reviews.is_empty(), "no TokenReview");
+    for r in &reviews {
+        assert_eq!(r["apiVersion"], "authentication.k8s.io/v1", "{r}");
+        assert_eq!(r["kind"], "TokenReview", "{r}");
+        assert_eq!(r["spec"]["token"], POD_TOKEN, "{r}");
+        assert_eq!(
+            r["spec"]["audiences"],
+            serde_json::json!(["system:konnectivity-server"]),
+            "{r}"
+        );
+    }
+}
+
+fn assert_not_logged(p: &Proc, unwanted: &[&str]) {
+    let log = p.log_text();
+    for u in unwanted {
+        assert!(!log.contains(u), "{u:?} logged:\n{log}");
+    }
+}
+
 /// A pod's service-account and projected token files under `root`.
 fn pod_secrets(env: &Env, root: &Path) {
     place(
@@ -170,7 +214,7 @@ fn pod_secrets(env: &Env, root: &Path) {
     std::fs::create_dir_all(&tokens).unwrap();
     std::fs::write(
         tokens.join("konnectivity-agent-token"),
-        "token-from-the-kubelet\n",
+        format!("{POD_TOKEN}\n"),
     )
     .unwrap();
 }
@@ -179,17 +223,18 @@ fn pod_secrets(env: &Env, root: &Path) {
 fn kubernetes_docs_konnectivity_server_and_agent_carry_grpc() {
     let env = Env::new();
     let bin = go_binaries(&env);
-    // The control plane's /etc/kubernetes: kubeadm keeps the cluster CA
-    // beside apiserver.crt, which is where the server finds it.
+    // The control plane's /etc/kubernetes. No --cluster-ca-cert: the
+    // server asks agents for no certificate and reviews their tokens with
+    // the API server named by konnectivity-server.conf.
     let etc = env.path("etc-kubernetes");
     place(
         &env,
         &[
             ("server.crt", &etc.join("pki/apiserver.crt")),
             ("server.key", &etc.join("pki/apiserver.key")),
-            ("ca.crt", &etc.join("pki/ca.crt")),
         ],
     );
+    let kube = token_api(&etc.join("konnectivity-server.conf"));
     // The hostPath volume (DirectoryOrCreate) the socket lives in.
     std::fs::create_dir_all(etc.join("konnectivity-server")).unwrap();
     let server_args = substitute(
@@ -212,11 +257,17 @@ fn kubernetes_docs_konnectivity_server_and_agent_carry_grpc() {
     assert_logged(
         &server,
         &[
-            "accepted, no effect: --agent-namespace=kube-system",
-            "accepted, no effect: --agent-service-account=konnectivity-agent",
-            "accepted, no effect: --authentication-audience=system:konnectivity-server",
-            "accepted, no effect: --kubeconfig=",
+            "--agent-namespace kube-system --agent-service-account konnectivity-agent --authentication-audience system:konnectivity-server",
+            "/konnectivity-server.conf`",
+        ],
+    );
+    assert_not_logged(
+        &server,
+        &[
+            "no effect: --agent-namespace",
+            "no effect: --kubeconfig",
             "no --cluster-ca-cert",
+            " --ca ",
         ],
     );
     let (status, body) = http_get(health, "/healthz");
@@ -247,32 +298,12 @@ fn kubernetes_docs_konnectivity_server_and_agent_carry_grpc() {
             ),
         ],
     );
-    // Verbatim, the agent has no certificate (it would prove itself with
-    // the token alone): edgetunnel refuses that and says why.
-    let out = Command::new(bin.join("proxy-agent"))
-        .args(&agent_args)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("Error: edgetunnel's agent authenticates with a client certificate"),
-        "{stderr}"
-    );
-    // With the one addition it needs.
-    let mut with_cert = agent_args.clone();
-    with_cert.push(format!(
-        "--agent-cert={}",
-        env.certs().join("agent.crt").display()
-    ));
-    with_cert.push(format!(
-        "--agent-key={}",
-        env.certs().join("agent.key").display()
-    ));
+    // Verbatim: no agent certificate, the projected token alone.
     let mut cmd = Command::new(bin.join("proxy-agent"));
-    cmd.args(&with_cert).env_remove("PROXY_AGENT_ID");
+    cmd.args(&agent_args).env_remove("PROXY_AGENT_ID");
     let agent = Proc::spawn(cmd, env.path("proxy-agent.log"));
     agent.wait_line("CONNECTED");
+    assert_reviewed(&kube);
     let (status, _) = http_get(SocketAddr::from(([127, 0, 0, 1], agent_health)), "/healthz");
     assert_eq!(status, 200, "{}", agent.log_text());
 
@@ -346,10 +377,10 @@ fn anp_examples_http_connect_through_the_subcommand_form() {
         &[
             ("server.crt", &srv.join("pki/apiserver.crt")),
             ("server.key", &srv.join("pki/apiserver.key")),
-            ("ca.crt", &srv.join("pki/ca.crt")),
         ],
     );
     std::fs::create_dir_all(srv.join("konnectivity-server")).unwrap();
+    let kube = token_api(&srv.join("konnectivity-server/kubeconfig"));
     let server_args = substitute(
         ANP_EXAMPLE_SERVER,
         &[
@@ -390,20 +421,12 @@ fn anp_examples_http_connect_through_the_subcommand_form() {
     // Ports: the Go defaults (8093, 8094) may be taken on a shared machine.
     agent_args.push(format!("--health-server-port={}", free_port()));
     agent_args.push(format!("--admin-server-port={}", free_port()));
-    // No token-only agents in edgetunnel yet: the certificate it needs.
-    agent_args.push(format!(
-        "--agent-cert={}",
-        env.certs().join("agent.crt").display()
-    ));
-    agent_args.push(format!(
-        "--agent-key={}",
-        env.certs().join("agent.key").display()
-    ));
     let mut cmd = Command::new(BIN);
     cmd.arg("proxy-agent").args(&agent_args);
     let agent = Proc::spawn(cmd, env.path("proxy-agent.log"));
     agent.wait_line("CONNECTED");
     assert_logged(&agent, &["accepted, no effect: --probe-interval=5s"]);
+    assert_reviewed(&kube);
 
     let echo = echo_server("127.0.0.1");
     let sock = srv.join("konnectivity-server/konnectivity-server.socket");

@@ -4,11 +4,12 @@
 //! - `--proxy-server-host:--proxy-server-port` -> `--server-addr`; the TLS
 //!   name checked is the host, as Go's `GetClientTLSConfig` sets it.
 //! - `--agent-cert`/`--agent-key`/`--ca-cert` -> `--cert`/`--key`/`--ca`.
-//!   Go lets an agent go without a certificate (it then proves itself with
-//!   `--service-account-token-path`); edgetunnel's agent always presents
-//!   one, so a command line without them is refused with that reason.
+//!   Without `--agent-cert` the agent presents no certificate and proves
+//!   itself with `--service-account-token-path` alone (the server's
+//!   `--agent-namespace` token review), as in Go; with neither it would
+//!   have no credentials at all, which is refused.
 //! - `--service-account-token-path` -> `--token-file` (sent as `Bearer`,
-//!   as ANP sends it).
+//!   as ANP sends it; read again at every connect).
 //! - `--agent-id` (else `PROXY_AGENT_ID`, else a UUID, as Go),
 //!   `--agent-identifiers` (checked as Go checks them).
 //! - `--sync-interval`/`--sync-interval-cap` -> `--backoff-initial-secs`/
@@ -98,9 +99,9 @@ pub fn translate(p: &Parsed, out: &mut Out, host: &dyn Host) -> Result<(), Compa
             "cannot have agent key empty when agent cert is set to {cert:?}"
         )));
     }
-    if cert.is_empty() {
+    if cert.is_empty() && p.str("service-account-token-path").is_empty() {
         return Err(invalid(
-            "edgetunnel's agent authenticates with a client certificate: give --agent-cert and --agent-key (an agent proving itself only with --service-account-token-path is not supported yet)",
+            "the agent has no credentials: give --agent-cert and --agent-key, or --service-account-token-path for a server with --agent-namespace token review",
         ));
     }
     if ca.is_empty() {
@@ -108,8 +109,10 @@ pub fn translate(p: &Parsed, out: &mut Out, host: &dyn Host) -> Result<(), Compa
             "--ca-cert is required: the CA that verifies the proxy server (ANP cannot load an empty CA file either)",
         ));
     }
-    out.arg("--cert", cert);
-    out.arg("--key", key);
+    if !cert.is_empty() {
+        out.arg("--cert", cert);
+        out.arg("--key", key);
+    }
     out.arg("--ca", ca);
 
     let server_port = p.int("proxy-server-port");
@@ -432,7 +435,7 @@ mod tests {
     }
 
     #[test]
-    fn the_documentation_arguments_need_a_certificate() {
+    fn the_documentation_arguments_use_the_token_alone() {
         // kubernetes/website's konnectivity-agent.yaml: no agent certificate.
         let docs = [
             "--logtostderr=true",
@@ -443,18 +446,8 @@ mod tests {
             "--health-server-port=8134",
             "--service-account-token-path=/var/run/secrets/tokens/konnectivity-agent-token",
         ];
-        let e = run(Binary::ProxyAgent, &docs, &FakeHost::default()).unwrap_err();
-        assert!(
-            e.to_string().contains("give --agent-cert and --agent-key"),
-            "{e}"
-        );
         let h = FakeHost::default().with_env("PROXY_AGENT_ID", "agent-from-env");
-        let with_cert: Vec<&str> = docs
-            .iter()
-            .copied()
-            .chain(["--agent-cert=/a.crt", "--agent-key=/a.key"])
-            .collect();
-        let t = run(Binary::ProxyAgent, &with_cert, &h).unwrap();
+        let t = run(Binary::ProxyAgent, &docs, &h).unwrap();
         assert_eq!(
             pairs(&t),
             [
@@ -463,8 +456,6 @@ mod tests {
                 "--token-file /var/run/secrets/tokens/konnectivity-agent-token",
                 "--lease-namespace kube-system",
                 "--server-count-source default",
-                "--cert /a.crt",
-                "--key /a.key",
                 "--ca /var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
                 "--server-addr 35.225.206.7:8132",
                 "--agent-id agent-from-env",
@@ -473,6 +464,34 @@ mod tests {
                 "--admin-bind 127.0.0.1:8133",
                 "--lease-label-selector k8s-app=konnectivity-server",
             ]
+        );
+        assert!(t.notes.is_empty(), "{:?}", t.notes);
+        assert_clap_accepts(&t);
+        // With a certificate as well, both are presented.
+        let with_cert: Vec<&str> = docs
+            .iter()
+            .copied()
+            .chain(["--agent-cert=/a.crt", "--agent-key=/a.key"])
+            .collect();
+        let t = run(Binary::ProxyAgent, &with_cert, &h).unwrap();
+        let p = pairs(&t);
+        for want in [
+            "--cert /a.crt",
+            "--key /a.key",
+            "--token-file /var/run/secrets/tokens/konnectivity-agent-token",
+        ] {
+            assert!(p.contains(&want.to_string()), "{want} not in {p:?}");
+        }
+        // Neither a certificate nor a token: no credentials, refused.
+        let e = run(
+            Binary::ProxyAgent,
+            &["--ca-cert=/pki/ca.crt"],
+            &FakeHost::default(),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("the agent has no credentials"),
+            "{e}"
         );
     }
 }

@@ -9,11 +9,15 @@
 //!   setup is refused rather than served in plaintext.
 //! - Agent listener: `--agent-bind-address:--agent-port` (empty address:
 //!   all) becomes `--agent-bind`, its TLS `--cluster-cert`/`--cluster-key`
-//!   `--cert`/`--key`, and `--cluster-ca-cert` `--ca`. Without
-//!   `--cluster-ca-cert` Go asks agents for no certificate (agents then
-//!   prove themselves with service-account tokens, `--agent-namespace`
-//!   ...); edgetunnel always verifies agent certificates and has no token
-//!   review yet, so it takes `ca.crt` next to `--cluster-cert` (kubeadm's
+//!   `--cert`/`--key`, and `--cluster-ca-cert` `--ca`.
+//! - Agent authentication: `--agent-namespace`, `--agent-service-account`,
+//!   `--authentication-audience` (all three, as Go demands) map to the same
+//!   edgetunnel flags, with `--kube` (`--kubeconfig`, else in-cluster) for
+//!   the TokenReviews. Without `--cluster-ca-cert` Go asks agents for no
+//!   certificate; so does edgetunnel then (no `--ca`): agents prove
+//!   themselves with their token alone. Without token authentication and
+//!   without `--cluster-ca-cert` edgetunnel, which must then verify agent
+//!   certificates, takes `ca.crt` next to `--cluster-cert` (kubeadm's
 //!   `/etc/kubernetes/pki` layout: `apiserver.crt` beside the cluster CA)
 //!   and says so, or refuses to start when there is none.
 //! - Health and admin: `--health-bind-address:--health-port` (all
@@ -24,9 +28,10 @@
 //! - Leases: `--enable-lease-controller` -> `--enable-lease-controller`
 //!   with `--kube` (`--kubeconfig`, else in-cluster, as client-go's
 //!   `BuildConfigFromFlags("", "")`), `--lease-namespace`, `--lease-label`.
-//!   Note that `--kube` also makes edgetunnel's server list and watch nodes
-//!   (its yurt-tunnel features), which needs that RBAC too. Without leases
-//!   `--kubeconfig` only serves token review in ANP: no effect here yet.
+//!   Note that `--kube` (for leases or token review) also makes
+//!   edgetunnel's server list and watch nodes (its yurt-tunnel features),
+//!   which needs that RBAC too. With neither, `--kubeconfig` is unused, as
+//!   in ANP.
 //! - `--keepalive-time` -> `--keepalive-secs` (grpc-go's server rule: 0
 //!   means 2h; rounded up to whole seconds); `--backend-dial-timeout` ->
 //!   `--dial-timeout-secs`, where Go's 0 ("no timeout": the agent's own
@@ -56,8 +61,6 @@ const fn f(name: &'static str, kind: Kind, default: &'static str, effect: Effect
 /// Frontend TLS toward kube-apiserver: being built elsewhere.
 const FRONTEND_TLS: &str =
     "edgetunnel's frontends have no TLS yet: it serves the frontend only on --uds-name";
-/// Token review of agents: being built elsewhere.
-const TOKEN_AUTH: &str = "edgetunnel does not review agent service-account tokens yet; agents are verified by client certificate (--cluster-ca-cert)";
 
 /// Every flag of ANP's proxy-server, with Go's defaults.
 pub fn flags() -> Vec<Flag> {
@@ -97,10 +100,10 @@ pub fn flags() -> Vec<Flag> {
         f("xfr-channel-size", Int, "10", NoEffect("edgetunnel buffers per connection by bytes, not by a packet channel")),
         f("graceful-shutdown-timeout", Duration, "0", NoEffect("edgetunnel's server stops at once on SIGTERM")),
         // Agent authentication by token.
-        f("agent-namespace", String, "", NoEffect(TOKEN_AUTH)),
-        f("agent-service-account", String, "", NoEffect(TOKEN_AUTH)),
-        f("authentication-audience", String, "", NoEffect(TOKEN_AUTH)),
-        f("kubeconfig", String, "", Composite("--kube with --enable-lease-controller (empty: in-cluster); token review: not yet")),
+        f("agent-namespace", String, "", Composite("--agent-namespace (with --kube for the TokenReviews)")),
+        f("agent-service-account", String, "", Composite("--agent-service-account")),
+        f("authentication-audience", String, "", Composite("--authentication-audience")),
+        f("kubeconfig", String, "", Composite("--kube with --enable-lease-controller or token review (empty: in-cluster)")),
         f("kubeconfig-qps", Float32, "0", NoEffect("edgetunnel's Kubernetes client is not rate-limited by flags")),
         f("kubeconfig-burst", Int, "0", NoEffect("edgetunnel's Kubernetes client is not rate-limited by flags")),
         f("kube-api-content-type", String, "application/vnd.kubernetes.protobuf", NoEffect("no Kubernetes client here yet")),
@@ -150,30 +153,13 @@ pub fn translate(p: &Parsed, out: &mut Out, host: &dyn Host) -> Result<(), Compa
             "the agent listener needs --cluster-cert and --cluster-key (ANP cannot start without them either)",
         ));
     }
-    out.arg("--cert", cert);
-    out.arg("--key", key);
-    if !ca.is_empty() {
-        out.arg("--ca", ca);
-    } else {
-        let beside = std::path::Path::new(cert).with_file_name("ca.crt");
-        if !host.exists(&beside) {
-            return Err(invalid(format!(
-                "no --cluster-ca-cert given and no {} beside --cluster-cert: edgetunnel verifies agents by client certificate and needs the CA that signs them (ANP would accept any agent and rely on --agent-namespace token review, which edgetunnel does not have yet)",
-                beside.display()
-            )));
-        }
-        out.arg("--ca", beside.display().to_string());
-        out.warn(format!(
-            "no --cluster-ca-cert: agents must present a certificate signed by {} (found beside --cluster-cert); ANP would ask for none and review service-account tokens, which edgetunnel does not do yet",
-            beside.display()
-        ));
-    }
     let auth = [
         "agent-namespace",
         "agent-service-account",
         "authentication-audience",
     ];
-    if auth.iter().any(|n| !p.str(n).is_empty()) {
+    let token_auth = auth.iter().any(|n| !p.str(n).is_empty());
+    if token_auth {
         for n in auth {
             if p.str(n).is_empty() {
                 return Err(invalid(format!(
@@ -181,6 +167,29 @@ pub fn translate(p: &Parsed, out: &mut Out, host: &dyn Host) -> Result<(), Compa
                 )));
             }
         }
+        for n in auth {
+            out.arg(&format!("--{n}"), p.str(n));
+        }
+    }
+    out.arg("--cert", cert);
+    out.arg("--key", key);
+    if !ca.is_empty() {
+        out.arg("--ca", ca);
+    } else if token_auth {
+        // As Go: no client certificate asked for; the token proves the agent.
+    } else {
+        let beside = std::path::Path::new(cert).with_file_name("ca.crt");
+        if !host.exists(&beside) {
+            return Err(invalid(format!(
+                "no --cluster-ca-cert given and no {} beside --cluster-cert: without --agent-namespace token authentication edgetunnel verifies agents by client certificate and needs the CA that signs them (ANP would accept any agent)",
+                beside.display()
+            )));
+        }
+        out.arg("--ca", beside.display().to_string());
+        out.warn(format!(
+            "no --cluster-ca-cert and no --agent-namespace: agents must present a certificate signed by {} (found beside --cluster-cert); ANP would ask for none and check nothing",
+            beside.display()
+        ));
     }
 
     // The frontend.
@@ -292,9 +301,9 @@ pub fn translate(p: &Parsed, out: &mut Out, host: &dyn Host) -> Result<(), Compa
     if p.str("proxy-strategies").is_empty() {
         return Err(invalid("ProxyStrategies cannot be empty"));
     }
-    // Kubernetes: for the leases (token review is not built yet).
+    // Kubernetes: for the leases and the agents' TokenReviews.
     let kubeconfig = p.str("kubeconfig");
-    if p.bool("enable-lease-controller") {
+    if p.bool("enable-lease-controller") || token_auth {
         out.arg(
             "--kube",
             if kubeconfig.is_empty() {
@@ -304,8 +313,8 @@ pub fn translate(p: &Parsed, out: &mut Out, host: &dyn Host) -> Result<(), Compa
             },
         );
     } else if !kubeconfig.is_empty() {
-        out.warn(format!(
-            "accepted, no effect: --kubeconfig={kubeconfig}: used for agent token review in ANP, which edgetunnel does not do yet (it is used for leases with --enable-lease-controller)"
+        out.info(format!(
+            "accepted: --kubeconfig={kubeconfig}: unused without --enable-lease-controller or --agent-namespace, as in ANP"
         ));
     }
     if p.int("xfr-channel-size") <= 0 {
@@ -477,7 +486,36 @@ mod tests {
                 &["--authentication-audience=system:konnectivity-server"],
                 Fails("--agent-namespace cannot be empty"),
             ),
-            (&["--kubeconfig=/etc/kubernetes/admin.conf"], NoEffect),
+            (
+                &[
+                    "--agent-namespace=kube-system",
+                    "--agent-service-account=konnectivity-agent",
+                    "--authentication-audience=system:konnectivity-server",
+                ],
+                Maps(&[
+                    "--agent-namespace kube-system",
+                    "--agent-service-account konnectivity-agent",
+                    "--authentication-audience system:konnectivity-server",
+                    "--kube in-cluster",
+                ]),
+            ),
+            (
+                &[
+                    "--agent-namespace=ns",
+                    "--agent-service-account=sa",
+                    "--authentication-audience=aud",
+                    "--kubeconfig=/etc/kubernetes/konnectivity-server.conf",
+                    "--enable-lease-controller",
+                ],
+                Maps(&[
+                    "--enable-lease-controller",
+                    "--agent-namespace ns",
+                    "--agent-service-account sa",
+                    "--authentication-audience aud",
+                    "--kube /etc/kubernetes/konnectivity-server.conf",
+                ]),
+            ),
+            (&["--kubeconfig=/etc/kubernetes/admin.conf"], Same),
             (&["--kubeconfig-qps=50"], NoEffect),
             (&["--kubeconfig-burst=100"], NoEffect),
             (&["--kube-api-content-type=application/json"], NoEffect),
@@ -524,32 +562,30 @@ mod tests {
     }
 
     #[test]
-    fn server_id_from_the_environment_and_ca_beside_the_cert() {
+    fn the_documentation_arguments_review_agent_tokens() {
         let h = FakeHost::default()
             .with_env("PROXY_SERVER_ID", "from-env")
             .with_file("/etc/kubernetes/pki/ca.crt", b"CA");
-        // The Kubernetes documentation's konnectivity-server arguments.
-        let t = run(
-            Binary::ProxyServer,
-            &[
-                "--logtostderr=true",
-                "--uds-name=/etc/kubernetes/konnectivity-server/konnectivity-server.socket",
-                "--delete-existing-uds-file",
-                "--cluster-cert=/etc/kubernetes/pki/apiserver.crt",
-                "--cluster-key=/etc/kubernetes/pki/apiserver.key",
-                "--mode=grpc",
-                "--server-port=0",
-                "--agent-port=8132",
-                "--admin-port=8133",
-                "--health-port=8134",
-                "--agent-namespace=kube-system",
-                "--agent-service-account=konnectivity-agent",
-                "--kubeconfig=/etc/kubernetes/konnectivity-server.conf",
-                "--authentication-audience=system:konnectivity-server",
-            ],
-            &h,
-        )
-        .unwrap();
+        // The Kubernetes documentation's konnectivity-server arguments: no
+        // --cluster-ca-cert, so no client certificate is asked for (no
+        // --ca); agents prove themselves by token.
+        let docs = [
+            "--logtostderr=true",
+            "--uds-name=/etc/kubernetes/konnectivity-server/konnectivity-server.socket",
+            "--delete-existing-uds-file",
+            "--cluster-cert=/etc/kubernetes/pki/apiserver.crt",
+            "--cluster-key=/etc/kubernetes/pki/apiserver.key",
+            "--mode=grpc",
+            "--server-port=0",
+            "--agent-port=8132",
+            "--admin-port=8133",
+            "--health-port=8134",
+            "--agent-namespace=kube-system",
+            "--agent-service-account=konnectivity-agent",
+            "--kubeconfig=/etc/kubernetes/konnectivity-server.conf",
+            "--authentication-audience=system:konnectivity-server",
+        ];
+        let t = run(Binary::ProxyServer, &docs, &h).unwrap();
         assert_eq!(
             pairs(&t),
             [
@@ -557,9 +593,11 @@ mod tests {
                 "--proxy-strategies default",
                 "--lease-namespace kube-system",
                 "--lease-label k8s-app=konnectivity-server",
+                "--agent-namespace kube-system",
+                "--agent-service-account konnectivity-agent",
+                "--authentication-audience system:konnectivity-server",
                 "--cert /etc/kubernetes/pki/apiserver.crt",
                 "--key /etc/kubernetes/pki/apiserver.key",
-                "--ca /etc/kubernetes/pki/ca.crt",
                 "--grpc-uds /etc/kubernetes/konnectivity-server/konnectivity-server.socket",
                 "--agent-bind 0.0.0.0:8132",
                 "--health-bind 0.0.0.0:8134",
@@ -567,6 +605,7 @@ mod tests {
                 "--keepalive-secs 3600",
                 "--dial-timeout-secs 86400",
                 "--server-id from-env",
+                "--kube /etc/kubernetes/konnectivity-server.conf",
             ]
         );
         let warns: Vec<&str> = t
@@ -577,15 +616,30 @@ mod tests {
                 _ => None,
             })
             .collect();
-        for w in [
-            "--agent-namespace",
-            "--agent-service-account",
-            "--authentication-audience",
-            "--kubeconfig",
-            "no --cluster-ca-cert",
-        ] {
-            assert!(warns.iter().any(|x| x.contains(w)), "{w} not in {warns:?}");
-        }
+        assert!(warns.is_empty(), "{warns:?}");
+        assert_clap_accepts(&t);
+        // With --cluster-ca-cert too, presented certificates are verified.
+        let with_ca: Vec<&str> = docs
+            .iter()
+            .copied()
+            .chain(["--cluster-ca-cert=/etc/kubernetes/pki/ca.crt"])
+            .collect();
+        let t = run(Binary::ProxyServer, &with_ca, &h).unwrap();
+        assert!(pairs(&t).contains(&"--ca /etc/kubernetes/pki/ca.crt".to_string()));
+        // Without token authentication and without --cluster-ca-cert: the
+        // CA beside the certificate, with a warning.
+        let no_auth = [
+            "--uds-name=/s",
+            "--server-port=0",
+            "--cluster-cert=/etc/kubernetes/pki/apiserver.crt",
+            "--cluster-key=/etc/kubernetes/pki/apiserver.key",
+        ];
+        let t = run(Binary::ProxyServer, &no_auth, &h).unwrap();
+        assert!(pairs(&t).contains(&"--ca /etc/kubernetes/pki/ca.crt".to_string()));
+        assert!(t
+            .notes
+            .iter()
+            .any(|n| matches!(n, Note::Warn(s) if s.contains("no --cluster-ca-cert"))));
         // No CA anywhere: refused with the reason.
         let e = run(
             Binary::ProxyServer,

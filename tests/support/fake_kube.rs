@@ -21,6 +21,10 @@ struct State {
     /// Node events after each version: (version, type, object).
     events: Vec<(u64, &'static str, Value)>,
     requests: Vec<String>,
+    /// Tokens the TokenReview endpoint knows: token -> (username, audiences).
+    tokens: BTreeMap<String, (String, Vec<String>)>,
+    /// Every TokenReview body received, in order.
+    token_reviews: Vec<Value>,
 }
 
 #[derive(Clone)]
@@ -340,6 +344,63 @@ impl FakeKube {
         n
     }
 
+    /// Registers `token` for the TokenReview endpoint: it authenticates as
+    /// `username` for any of `audiences`.
+    pub fn put_token(&self, token: &str, username: &str, audiences: &[&str]) {
+        self.change(|st| {
+            st.tokens.insert(
+                token.to_string(),
+                (
+                    username.to_string(),
+                    audiences.iter().map(|a| a.to_string()).collect(),
+                ),
+            );
+        })
+    }
+
+    /// Every TokenReview body received so far, oldest first.
+    pub fn token_reviews(&self) -> Vec<Value> {
+        self.state.0.lock().unwrap().token_reviews.clone()
+    }
+
+    /// Answers a TokenReview as kube-apiserver does: authenticated with the
+    /// user and the matching audiences when the token is known and one of
+    /// `spec.audiences` is its audience, else unauthenticated with an error.
+    fn token_review(&self, body: &[u8]) -> Value {
+        let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let known = self.change(|st| {
+            st.token_reviews.push(v.clone());
+            v["spec"]["token"]
+                .as_str()
+                .and_then(|t| st.tokens.get(t).cloned())
+        });
+        let wanted: Vec<String> = v["spec"]["audiences"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let status = match known {
+            None => json!({"authenticated": false, "user": {},
+                "error": "[invalid bearer token, token lookup failed]"}),
+            Some((user, auds)) => {
+                let matched: Vec<&String> = wanted.iter().filter(|a| auds.contains(a)).collect();
+                if matched.is_empty() {
+                    json!({"authenticated": false, "user": {},
+                        "error": format!("[invalid bearer token, token audiences {auds:?} is invalid for the target audiences {wanted:?}]")})
+                } else {
+                    json!({"authenticated": true,
+                        "user": {"username": user, "uid": "uid-1", "groups": ["system:serviceaccounts", "system:authenticated"]},
+                        "audiences": matched})
+                }
+            }
+        };
+        json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+            "metadata": {"creationTimestamp": null}, "spec": v["spec"].clone(), "status": status})
+    }
+
     /// Request lines seen so far.
     pub fn requests(&self) -> Vec<String> {
         self.state.0.lock().unwrap().requests.clone()
@@ -443,6 +504,10 @@ impl FakeKube {
                     Some(name),
                     &body,
                 ),
+                ("POST", ["apis", "authentication.k8s.io", "v1", "tokenreviews"]) => {
+                    let r = self.token_review(&body);
+                    reply(&mut w, 201, &r)
+                }
                 ("GET", ["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases"]) => {
                     let selector = q.get("labelSelector").map(|v| percent_decode(v));
                     let list = self.list("leases", ns, selector.as_deref());

@@ -1,0 +1,298 @@
+//! Agent authentication by ServiceAccount token, as ANP does it, end to
+//! end against a fake Kubernetes API that answers TokenReviews.
+//!
+//! The server runs with `--agent-namespace kube-system
+//! --agent-service-account konnectivity-agent --authentication-audience
+//! system:konnectivity-server --kube <fake>` and `--cert/--key` only (no CA:
+//! no client certificate asked for). Agents present `--ca` and
+//! `--token-file` only.
+//!
+//! - A valid token connects and carries a CONNECT dial.
+//! - The token file is read again at every connect: rewritten with a
+//!   second token, the next connection (after a server restart on the same
+//!   agent port) is reviewed with the new one.
+//! - Wrong audience, namespace, service account, unknown token, and no
+//!   token at all (an agent with a client certificate only) are refused:
+//!   no agent counts as connected, and the server logs why.
+//! - Every review body has ANP's shape.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::fake_kube::{self, FakeKube};
+use support::*;
+
+const NS: &str = "kube-system";
+const SA: &str = "konnectivity-agent";
+const AUDIENCE: &str = "system:konnectivity-server";
+const GOOD_USER: &str = "system:serviceaccount:kube-system:konnectivity-agent";
+
+/// A token-reviewing server with only --cert/--key (no CA).
+fn start_server(env: &Env, kubeconfig: &std::path::Path, agent_bind: &str, tag: &str) -> Server {
+    let connect_uds = env.path(&format!("connect-{tag}.sock"));
+    let grpc_uds = env.path(&format!("grpc-{tag}.sock"));
+    let mut cmd = Command::new(BIN);
+    cmd.arg("server")
+        .arg("--cert")
+        .arg(env.certs().join("server.crt"))
+        .arg("--key")
+        .arg(env.certs().join("server.key"))
+        .args(["--agent-bind", agent_bind])
+        .args(["--connect-bind", "127.0.0.1:0"])
+        .args(["--grpc-bind", "127.0.0.1:0"])
+        .args(["--admin-bind", "127.0.0.1:0"])
+        .arg("--connect-uds")
+        .arg(&connect_uds)
+        .arg("--grpc-uds")
+        .arg(&grpc_uds)
+        .args(["--agent-namespace", NS])
+        .args(["--agent-service-account", SA])
+        .args(["--authentication-audience", AUDIENCE])
+        .arg("--kube")
+        .arg(kubeconfig);
+    let proc = Proc::spawn(cmd, env.path(&format!("server-{tag}.log")));
+    let addr = |what: &str| -> SocketAddr {
+        let l = proc.wait_line(&format!("LISTEN {what} "));
+        l.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let agent = addr("agent");
+    let connect = addr("connect");
+    let grpc = addr("grpc");
+    let admin = addr("admin");
+    proc.wait_line("READY");
+    Server {
+        proc,
+        agent,
+        connect,
+        grpc,
+        admin,
+        connect_uds,
+        grpc_uds,
+        interception: None,
+    }
+}
+
+/// An agent with `--ca` and, when given, `--token-file` only; `extra` adds
+/// flags (e.g. a client certificate).
+fn spawn_agent(
+    env: &Env,
+    server: SocketAddr,
+    id: &str,
+    token_file: Option<&std::path::Path>,
+    extra: &[&str],
+) -> Proc {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("agent")
+        .arg("--ca")
+        .arg(env.certs().join("ca.crt"))
+        .args(["--server-addr", &server.to_string()])
+        .args(["--server-name", "localhost"])
+        .args(["--agent-id", id])
+        .args(["--backoff-initial-secs", "0.1", "--backoff-max-secs", "0.5"])
+        .args(extra);
+    if let Some(t) = token_file {
+        cmd.arg("--token-file").arg(t);
+    }
+    Proc::spawn(cmd, env.path(&format!("agent-{id}.log")))
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool, log: impl Fn() -> String) {
+    let deadline = Instant::now() + WAIT;
+    while !f() {
+        assert!(Instant::now() < deadline, "{what}:\n{}", log());
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn tokens_reviewed(kube: &FakeKube) -> Vec<String> {
+    kube.token_reviews()
+        .iter()
+        .map(|r| r["spec"]["token"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+/// ANP's TokenReview: authentication.k8s.io/v1, the token, the audience.
+fn assert_anp_shape(review: &Value) {
+    assert_eq!(review["apiVersion"], "authentication.k8s.io/v1", "{review}");
+    assert_eq!(review["kind"], "TokenReview", "{review}");
+    assert!(review["spec"]["token"].is_string(), "{review}");
+    assert_eq!(review["spec"]["audiences"], json!([AUDIENCE]), "{review}");
+    let spec_keys: Vec<&String> = review["spec"].as_object().unwrap().keys().collect();
+    assert_eq!(spec_keys, ["audiences", "token"], "{review}");
+}
+
+fn dial_ok(server: &Server) {
+    let echo = echo_server("127.0.0.1");
+    let (status, body, s) = connect_tcp(server.connect, &echo.addr.to_string());
+    assert_eq!(status, 200, "{body}\n{}", server.proc.log_text());
+    let data = random_bytes(100_000, 3);
+    assert!(echo_roundtrip(s, &data) == data);
+}
+
+#[test]
+fn token_authenticated_agents_connect_and_tokens_are_reread() {
+    let env = Env::new();
+    let kube = FakeKube::start(None);
+    kube.put_token("token-one", GOOD_USER, &[AUDIENCE]);
+    kube.put_token("token-two", GOOD_USER, &[AUDIENCE]);
+    let kc = env.path("kubeconfig");
+    fake_kube::kubeconfig(&kc, kube.addr);
+    let server = start_server(&env, &kc, "127.0.0.1:0", "a");
+    server.wait_metric("edgetunnel_agents_connected", 0.0);
+
+    // (a) A token-only agent connects and carries a dial.
+    let token = env.path("token");
+    std::fs::write(&token, "token-one\n").unwrap();
+    let agent = spawn_agent(&env, server.agent, "good", Some(&token), &[]);
+    agent.wait_line("CONNECTED");
+    server.wait_metric("edgetunnel_agents_connected", 1.0);
+    dial_ok(&server);
+    assert_eq!(tokens_reviewed(&kube), ["token-one"]);
+
+    // (b) The token rotates; the next connection presents the new one.
+    std::fs::write(&token, "token-two\n").unwrap();
+    let port = server.agent;
+    drop(server);
+    let server = start_server(&env, &kc, &port.to_string(), "b");
+    agent.wait_line("CONNECTED");
+    server.wait_metric("edgetunnel_agents_connected", 1.0);
+    wait_for(
+        "the new token reviewed",
+        || tokens_reviewed(&kube).last().map(String::as_str) == Some("token-two"),
+        || format!("{:?}\n{}", tokens_reviewed(&kube), server.proc.log_text()),
+    );
+    assert!(
+        !tokens_reviewed(&kube)[1..].contains(&"token-one".to_string()),
+        "the old token presented after the rewrite: {:?}",
+        tokens_reviewed(&kube)
+    );
+    dial_ok(&server);
+
+    // (d) Every body has ANP's shape.
+    let reviews = kube.token_reviews();
+    assert!(reviews.len() >= 2);
+    for r in &reviews {
+        assert_anp_shape(r);
+    }
+}
+
+#[test]
+fn wrong_tokens_and_missing_tokens_are_refused() {
+    let env = Env::new();
+    let kube = FakeKube::start(None);
+    kube.put_token(
+        "other-audience",
+        GOOD_USER,
+        &["https://kubernetes.default.svc"],
+    );
+    kube.put_token(
+        "other-namespace",
+        "system:serviceaccount:default:konnectivity-agent",
+        &[AUDIENCE],
+    );
+    kube.put_token(
+        "other-account",
+        "system:serviceaccount:kube-system:someone-else",
+        &[AUDIENCE],
+    );
+    let kc = env.path("kubeconfig");
+    fake_kube::kubeconfig(&kc, kube.addr);
+    let server = start_server(&env, &kc, "127.0.0.1:0", "r");
+
+    // (c) Each refused case, with the reason the server logs for it.
+    let cases: &[(&str, Option<&str>, &str)] = &[
+        (
+            "audience",
+            Some("other-audience"),
+            "is invalid for the target audiences",
+        ),
+        (
+            "namespace",
+            Some("other-namespace"),
+            "incoming request from \"default\" namespace. Expected \"kube-system\"",
+        ),
+        (
+            "account",
+            Some("other-account"),
+            "incoming request from \"someone-else\" service account. Expected \"konnectivity-agent\"",
+        ),
+        ("unknown", Some("never-issued"), "token lookup failed"),
+        ("missing", None, "Authentication context was not found in metadata"),
+    ];
+    let mut agents = Vec::new();
+    for (id, tok, _) in cases {
+        let a = match tok {
+            Some(t) => {
+                let f = env.path(&format!("token-{id}"));
+                std::fs::write(&f, t).unwrap();
+                spawn_agent(&env, server.agent, id, Some(&f), &[])
+            }
+            // A client certificate but no token.
+            None => {
+                let (c, k) = (env.certs().join("agent.crt"), env.certs().join("agent.key"));
+                spawn_agent(
+                    &env,
+                    server.agent,
+                    id,
+                    None,
+                    &["--cert", c.to_str().unwrap(), "--key", k.to_str().unwrap()],
+                )
+            }
+        };
+        agents.push(a);
+    }
+    for (_, _, reason) in cases {
+        wait_for(
+            &format!("no refusal logged with {reason:?}"),
+            || {
+                server
+                    .proc
+                    .log_text()
+                    .lines()
+                    .any(|l| l.contains("agent refused") && l.contains(reason))
+            },
+            || server.proc.log_text(),
+        );
+    }
+    // Several attempts each, and never one counted as connected.
+    for _ in 0..10 {
+        assert_eq!(
+            server.metric("edgetunnel_agents_connected"),
+            0.0,
+            "{}",
+            server.proc.log_text()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    for a in &agents {
+        let connected: Vec<String> = a
+            .lines
+            .try_iter()
+            .filter(|l| l.starts_with("CONNECTED"))
+            .collect();
+        assert!(connected.is_empty(), "{connected:?}\n{}", a.log_text());
+    }
+    // The refused tokens were all reviewed, in ANP's shape.
+    let reviewed = tokens_reviewed(&kube);
+    for t in [
+        "other-audience",
+        "other-namespace",
+        "other-account",
+        "never-issued",
+    ] {
+        assert!(
+            reviewed.iter().any(|x| x == t),
+            "{t} not reviewed: {reviewed:?}"
+        );
+    }
+    for r in kube.token_reviews() {
+        assert_anp_shape(&r);
+    }
+    // The agent without a token was never reviewed (refused before).
+    assert_eq!(reviewed.iter().filter(|t| t.is_empty()).count(), 0);
+}
