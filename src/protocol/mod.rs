@@ -8,6 +8,7 @@
 
 pub mod agent_tunnel;
 pub mod grpc_frame;
+pub mod h2_authority;
 pub mod http_connect;
 pub mod identifiers;
 pub mod packet;

@@ -43,6 +43,9 @@ def parse_args():
     p.add_argument("--cert", help="TLS client certificate (PEM), with --key")
     p.add_argument("--key", help="TLS client private key (PEM)")
     p.add_argument("--server-name", help="TLS: override the name checked against the server certificate")
+    p.add_argument("--raw-authority", action="store_true",
+                   help="unix targets: keep grpc C-core's own :authority (the percent-encoded socket path, "
+                        "like kube-apiserver's grpc-go with its custom dialer) instead of 'localhost'")
     c.add_common_args(p)
     a = p.parse_args()
     if a.connections < 1 or a.payload_size < 0 or a.chunk_size < 1:
@@ -56,10 +59,12 @@ def parse_args():
 
 def make_channel(grpc, a):
     opts = list(c.GRPC_OPTIONS)
-    if a.target.startswith("unix:"):
+    if a.target.startswith("unix:") and not getattr(a, "raw_authority", False):
         # grpc C-core sends the percent-encoded socket path as :authority,
-        # which is not a valid authority (h2 servers reject it). grpc-go
-        # (konnectivity-client) sends "localhost" for unix targets: do the same.
+        # which is not a valid URI authority (the h2 crate rejects it; our
+        # server drops it first, see src/protocol/h2_authority.rs). grpc-go
+        # sends "localhost" for "unix:" targets: do the same unless
+        # --raw-authority asks for C-core's own value.
         opts.append(("grpc.default_authority", "localhost"))
     if not a.ca:
         return grpc.insecure_channel(a.target, options=opts)
