@@ -37,39 +37,11 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use support::fake_kube::{self, node, FakeKube};
 use support::netns::{save, Netns};
 use support::*;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The interop venv's python (set up once, as `tests/interop.rs` does).
-fn python() -> PathBuf {
-    static PY: OnceLock<PathBuf> = OnceLock::new();
-    PY.get_or_init(|| {
-        let venv = std::env::var_os("EDGETUNNEL_INTEROP_VENV")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| repo().join("target/interop-venv"));
-        let out = Command::new("bash")
-            .arg(repo().join("tests/interop/setup.sh"))
-            .arg(&venv)
-            .output()
-            .expect("run tests/interop/setup.sh");
-        assert!(
-            out.status.success(),
-            "interop setup failed (needs python3-venv and PyPI):\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        venv.join("bin/python")
-    })
-    .clone()
-}
 
 /// Symlinks named after the Go binaries, pointing at edgetunnel.
 fn go_binaries(env: &Env) -> PathBuf {

@@ -25,9 +25,7 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
-use std::process::Command;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -350,42 +348,6 @@ fn agent_connect_with_odd_authority_over_tls() {
         drop(c);
         server.wait_metric("edgetunnel_agents_connected", 0.0);
     }
-}
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The venv's python, set up once per test binary.
-fn python() -> PathBuf {
-    static PY: OnceLock<PathBuf> = OnceLock::new();
-    PY.get_or_init(|| {
-        let venv = std::env::var_os("EDGETUNNEL_INTEROP_VENV")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| repo().join("target/interop-venv"));
-        let out = Command::new("bash")
-            .arg(repo().join("tests/interop/setup.sh"))
-            .arg(&venv)
-            .output()
-            .expect("run tests/interop/setup.sh");
-        assert!(
-            out.status.success(),
-            "interop setup failed (needs python3-venv and PyPI):\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        venv.join("bin/python")
-    })
-    .clone()
-}
-
-fn script(env: &Env, name: &str, args: &[String]) -> Proc {
-    let mut cmd = Command::new(python());
-    cmd.arg(repo().join("tests/interop").join(name)).args(args);
-    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let log = env.path(&format!("{name}-{n}.log"));
-    Proc::spawn(cmd, log)
 }
 
 /// grpc C-core over `unix:PATH` with its own `:authority` (the

@@ -7,52 +7,9 @@
 
 mod support;
 
-use std::path::PathBuf;
-use std::process::Command;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use support::*;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The venv's python, set up once per test binary.
-fn python() -> PathBuf {
-    static PY: OnceLock<PathBuf> = OnceLock::new();
-    PY.get_or_init(|| {
-        let venv = std::env::var_os("EDGETUNNEL_INTEROP_VENV")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| repo().join("target/interop-venv"));
-        let out = Command::new("bash")
-            .arg(repo().join("tests/interop/setup.sh"))
-            .arg(&venv)
-            .output()
-            .expect("run tests/interop/setup.sh");
-        assert!(
-            out.status.success(),
-            "interop setup failed (needs python3-venv and PyPI):\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        venv.join("bin/python")
-    })
-    .clone()
-}
-
-fn script(env: &Env, name: &str, args: &[String]) -> Proc {
-    let mut cmd = Command::new(python());
-    cmd.arg(repo().join("tests/interop").join(name)).args(args);
-    let log = env.path(&format!("{name}-{}.log", fastrand_like()));
-    Proc::spawn(cmd, log)
-}
-
-fn fastrand_like() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    N.fetch_add(1, Ordering::Relaxed)
-}
 
 fn s(v: impl ToString) -> String {
     v.to_string()

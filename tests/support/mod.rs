@@ -453,3 +453,42 @@ pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
         .unwrap_or_default();
     (status, body)
 }
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The interop venv's python (Python grpcio from PyPI), set up once per
+/// test binary by `tests/interop/setup.sh`; `EDGETUNNEL_INTEROP_VENV`
+/// names a venv to reuse.
+pub fn python() -> PathBuf {
+    static PY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PY.get_or_init(|| {
+        let venv = std::env::var_os("EDGETUNNEL_INTEROP_VENV")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| repo().join("target/interop-venv"));
+        let out = Command::new("bash")
+            .arg(repo().join("tests/interop/setup.sh"))
+            .arg(&venv)
+            .output()
+            .expect("run tests/interop/setup.sh");
+        assert!(
+            out.status.success(),
+            "interop setup failed (needs python3-venv and PyPI):\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        venv.join("bin/python")
+    })
+    .clone()
+}
+
+/// Starts one of the `tests/interop/` Python scripts, logging to `env`.
+pub fn script(env: &Env, name: &str, args: &[String]) -> Proc {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let mut cmd = Command::new(python());
+    cmd.arg(repo().join("tests/interop").join(name)).args(args);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    Proc::spawn(cmd, env.path(&format!("{name}-{n}.log")))
+}
