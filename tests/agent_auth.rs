@@ -33,48 +33,25 @@ const AUDIENCE: &str = "system:konnectivity-server";
 const GOOD_USER: &str = "system:serviceaccount:kube-system:konnectivity-agent";
 
 /// A token-reviewing server with only --cert/--key (no CA).
-fn start_server(env: &Env, kubeconfig: &std::path::Path, agent_bind: &str, tag: &str) -> Server {
-    let connect_uds = env.path(&format!("connect-{tag}.sock"));
-    let grpc_uds = env.path(&format!("grpc-{tag}.sock"));
-    let mut cmd = Command::new(BIN);
-    cmd.arg("server")
-        .arg("--cert")
-        .arg(env.certs().join("server.crt"))
-        .arg("--key")
-        .arg(env.certs().join("server.key"))
-        .args(["--agent-bind", agent_bind])
-        .args(["--connect-bind", "127.0.0.1:0"])
-        .args(["--grpc-bind", "127.0.0.1:0"])
-        .args(["--admin-bind", "127.0.0.1:0"])
-        .arg("--connect-uds")
-        .arg(&connect_uds)
-        .arg("--grpc-uds")
-        .arg(&grpc_uds)
-        .args(["--agent-namespace", NS])
-        .args(["--agent-service-account", SA])
-        .args(["--authentication-audience", AUDIENCE])
-        .arg("--kube")
-        .arg(kubeconfig);
-    let proc = Proc::spawn(cmd, env.path(&format!("server-{tag}.log")));
-    let addr = |what: &str| -> SocketAddr {
-        let l = proc.wait_line(&format!("LISTEN {what} "));
-        l.rsplit(' ').next().unwrap().parse().unwrap()
-    };
-    let agent = addr("agent");
-    let connect = addr("connect");
-    let grpc = addr("grpc");
-    let admin = addr("admin");
-    proc.wait_line("READY");
-    Server {
-        proc,
-        agent,
-        connect,
-        grpc,
-        admin,
-        connect_uds,
-        grpc_uds,
-        interception: None,
-    }
+fn start_server(env: &Env, kubeconfig: &std::path::Path, agent_bind: &str) -> Server {
+    let cert = env.certs().join("server.crt").display().to_string();
+    let key = env.certs().join("server.key").display().to_string();
+    let kube = kubeconfig.display().to_string();
+    Server::start_with_tls(
+        env,
+        agent_bind,
+        &["--cert", &cert, "--key", &key],
+        &[
+            "--agent-namespace",
+            NS,
+            "--agent-service-account",
+            SA,
+            "--authentication-audience",
+            AUDIENCE,
+            "--kube",
+            &kube,
+        ],
+    )
 }
 
 /// An agent with `--ca` and, when given, `--token-file` only; `extra` adds
@@ -142,7 +119,7 @@ fn token_authenticated_agents_connect_and_tokens_are_reread() {
     kube.put_token("token-two", GOOD_USER, &[AUDIENCE]);
     let kc = env.path("kubeconfig");
     fake_kube::kubeconfig(&kc, kube.addr);
-    let server = start_server(&env, &kc, "127.0.0.1:0", "a");
+    let server = start_server(&env, &kc, "127.0.0.1:0");
     server.wait_metric("edgetunnel_agents_connected", 0.0);
 
     // (a) A token-only agent connects and carries a dial.
@@ -158,7 +135,7 @@ fn token_authenticated_agents_connect_and_tokens_are_reread() {
     std::fs::write(&token, "token-two\n").unwrap();
     let port = server.agent;
     drop(server);
-    let server = start_server(&env, &kc, &port.to_string(), "b");
+    let server = start_server(&env, &kc, &port.to_string());
     agent.wait_line("CONNECTED");
     server.wait_metric("edgetunnel_agents_connected", 1.0);
     wait_for(
@@ -202,7 +179,7 @@ fn wrong_tokens_and_missing_tokens_are_refused() {
     );
     let kc = env.path("kubeconfig");
     fake_kube::kubeconfig(&kc, kube.addr);
-    let server = start_server(&env, &kc, "127.0.0.1:0", "r");
+    let server = start_server(&env, &kc, "127.0.0.1:0");
 
     // (c) Each refused case, with the reason the server logs for it.
     let cases: &[(&str, Option<&str>, &str)] = &[

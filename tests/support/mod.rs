@@ -173,13 +173,19 @@ impl Server {
     }
 
     pub fn start_on(env: &Env, agent_bind: &str, extra: &[&str]) -> Server {
+        let certs = env.certs().display().to_string();
+        Self::start_with_tls(env, agent_bind, &["--certs-dir", &certs], extra)
+    }
+
+    /// A server whose TLS files are given by `tls` (e.g. `--cert`/`--key`
+    /// only) instead of the test certificates directory.
+    pub fn start_with_tls(env: &Env, agent_bind: &str, tls: &[&str], extra: &[&str]) -> Server {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let connect_uds = env.path(&format!("connect-{n}.sock"));
         let grpc_uds = env.path(&format!("grpc-{n}.sock"));
         let mut cmd = Command::new(BIN);
         cmd.arg("server")
-            .arg("--certs-dir")
-            .arg(env.certs())
+            .args(tls)
             .args(["--agent-bind", agent_bind])
             .args(["--connect-bind", "127.0.0.1:0"])
             .args(["--grpc-bind", "127.0.0.1:0"])
