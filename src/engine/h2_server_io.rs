@@ -16,7 +16,7 @@ use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 
 use crate::protocol::h2_authority::AuthorityFilter;
 
@@ -198,35 +198,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for H2ServerIo<T> {
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for H2ServerIo<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-}
+super::forward_async_write!(H2ServerIo);
 
 #[cfg(test)]
 mod tests {
@@ -236,6 +208,7 @@ mod tests {
         TYPE_CONTINUATION, TYPE_HEADERS,
     };
     use std::task::Waker;
+    use tokio::io::AsyncWrite;
 
     const PERCENT: &[u8] =
         b"%2Fetc%2Fkubernetes%2Fkonnectivity-server%2Fkonnectivity-server.socket";
