@@ -137,6 +137,7 @@ mod tests {
                 ca: p("ca.crt"),
             },
             ClientCert::Required,
+            &Default::default(),
         )
         .unwrap();
         client_config(&TlsFiles {

@@ -159,12 +159,34 @@ pub struct ServerArgs {
     /// HTTP CONNECT frontend on a unix socket.
     #[arg(long)]
     pub connect_uds: Option<PathBuf>,
-    /// gRPC ProxyService frontend (konnectivity-client) on TCP, plaintext h2.
+    /// gRPC ProxyService frontend (konnectivity-client) on TCP: plaintext
+    /// h2, or TLS with --frontend-cert.
     #[arg(long)]
     pub grpc_bind: Option<SocketAddr>,
     /// gRPC ProxyService frontend on a unix socket.
     #[arg(long)]
     pub grpc_uds: Option<PathBuf>,
+    /// Certificate (PEM) the TCP frontends (--connect-bind, --grpc-bind)
+    /// present: with it they speak TLS only (ANP's --server-cert).
+    #[arg(long, requires = "frontend_key")]
+    pub frontend_cert: Option<PathBuf>,
+    /// Its private key (ANP's --server-key).
+    #[arg(long, requires = "frontend_cert")]
+    pub frontend_key: Option<PathBuf>,
+    /// CA that signs the certificates TCP frontend callers must present
+    /// (ANP's --server-ca-cert); without it no client certificate is asked.
+    #[arg(long, requires = "frontend_cert")]
+    pub frontend_ca: Option<PathBuf>,
+    /// Lowest TLS version of the agent and frontend listeners: VersionTLS12
+    /// (default) or VersionTLS13 (ANP's --tls-min-version).
+    #[arg(long, default_value = "")]
+    pub tls_min_version: String,
+    /// TLS 1.2 cipher suites the agent and frontend listeners allow, by
+    /// IANA name, comma-separated (ANP's --cipher-suites; TLS 1.3 suites are
+    /// not configurable). Default: all of edgetunnel's (ECDHE with AES-GCM
+    /// or ChaCha20-Poly1305).
+    #[arg(long, value_delimiter = ',')]
+    pub cipher_suites: Vec<String>,
     /// Admin listener: /metrics, /healthz, /readyz.
     #[arg(long, default_value = "127.0.0.1:10265")]
     pub admin_bind: SocketAddr,
@@ -661,7 +683,27 @@ impl ServerArgs {
                 })
             }
         };
+        let (tls_policy, tls_warnings) =
+            crate::engine::tls::TlsPolicy::parse(&self.tls_min_version, &self.cipher_suites)?;
+        for w in tls_warnings {
+            tracing::warn!("{w}");
+        }
+        let frontend_tls = match (self.frontend_cert, self.frontend_key) {
+            (Some(cert), Some(key)) => Some(crate::server::FrontendTls {
+                cert,
+                key,
+                ca: self.frontend_ca,
+            }),
+            _ => None,
+        };
+        if frontend_tls.is_some() && self.connect_bind.is_none() && self.grpc_bind.is_none() {
+            return Err(
+                "--frontend-cert needs a TCP frontend (--connect-bind or --grpc-bind)".into(),
+            );
+        }
         Ok(ServerConfig {
+            frontend_tls,
+            tls_policy,
             control: crate::control::manager::ControlSpec {
                 iptables,
                 dns,

@@ -59,14 +59,6 @@ fn go_binaries(env: &Env) -> PathBuf {
 }
 
 /// A port free right now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// `args` with every `(from, to)` replaced inside each argument.
 fn substitute(args: &[&str], subs: &[(&str, String)]) -> Vec<String> {
     args.iter()

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use support::apiserver::{self, fnv, FakeApiServer};
 use support::http_raw::{exchange, read_response, read_response_from, Endpoint};
 use support::proxy_proc::{kubectl, kubectl_cmd, ours_cmd, start, Running};
-use support::{random_bytes, Env};
+use support::{free_port, random_bytes, Env};
 
 fn p0() -> Vec<String> {
     vec!["--port=0".to_string()]
@@ -171,14 +171,6 @@ fn metric(addr: &str, name: &str) -> f64 {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no {name} in {text}"))
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[test]

@@ -11,13 +11,13 @@
 
 mod support;
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use support::fake_kube::{self, FakeKube};
-use support::{connect_tcp, echo_roundtrip, echo_server, Agent, Env, Proc, Server};
+use support::{connect_tcp, echo_roundtrip, echo_server, free_port, Agent, Env, Proc, Server};
 
 const NS: &str = "kube-system";
 const LABEL: &str = "k8s-app=konnectivity-server";
@@ -48,14 +48,6 @@ fn lease_names(kube: &FakeKube) -> Vec<String> {
         .collect();
     v.sort();
     v
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn haproxy_bin() -> Option<String> {

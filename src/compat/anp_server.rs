@@ -3,10 +3,13 @@
 //!
 //! - Frontend: with `--uds-name` (and `--server-port=0`, which Go demands
 //!   with it) `--mode=grpc` becomes `--grpc-uds`, `--mode=http-connect`
-//!   `--connect-uds`. Without it Go serves the frontend on TCP with mutual
-//!   TLS toward kube-apiserver (`--server-cert/--server-key/--server-ca-cert`
-//!   are then required); edgetunnel's frontends have no TLS yet, so that
-//!   setup is refused rather than served in plaintext.
+//!   `--connect-uds`. Without it Go serves the frontend on TCP
+//!   (`--server-bind-address:--server-port`) with mutual TLS toward
+//!   kube-apiserver: `--grpc-bind`/`--connect-bind` with `--frontend-cert`,
+//!   `--frontend-key` and `--frontend-ca` (Go demands `--server-ca-cert`
+//!   there, and so callers always present a certificate).
+//! - `--cipher-suites`, `--tls-min-version` -> the same edgetunnel flags
+//!   (agent and frontend listeners, as Go's `getTLSConfig`).
 //! - Agent listener: `--agent-bind-address:--agent-port` (empty address:
 //!   all) becomes `--agent-bind`, its TLS `--cluster-cert`/`--cluster-key`
 //!   `--cert`/`--key`, and `--cluster-ca-cert` `--ca`.
@@ -58,10 +61,6 @@ const fn f(name: &'static str, kind: Kind, default: &'static str, effect: Effect
     flag(name, kind, default, effect)
 }
 
-/// Frontend TLS toward kube-apiserver: being built elsewhere.
-const FRONTEND_TLS: &str =
-    "edgetunnel's frontends have no TLS yet: it serves the frontend only on --uds-name";
-
 /// Every flag of ANP's proxy-server, with Go's defaults.
 pub fn flags() -> Vec<Flag> {
     use Kind::*;
@@ -70,11 +69,11 @@ pub fn flags() -> Vec<Flag> {
         f("mode", String, "grpc", Composite("--grpc-uds (grpc) or --connect-uds (http-connect)")),
         f("uds-name", String, "", Composite("--grpc-uds / --connect-uds")),
         f("delete-existing-uds-file", Bool, "true", Composite("edgetunnel always replaces an existing file at the socket path")),
-        f("server-port", Int, "8090", Composite("must be 0 with --uds-name; a TCP frontend needs frontend TLS, not built yet")),
-        f("server-bind-address", String, "", Composite("the TCP frontend's address (not built yet)")),
-        f("server-cert", String, "", NoEffect(FRONTEND_TLS)),
-        f("server-key", String, "", NoEffect(FRONTEND_TLS)),
-        f("server-ca-cert", String, "", NoEffect(FRONTEND_TLS)),
+        f("server-port", Int, "8090", Composite("must be 0 with --uds-name; else the TCP frontend's port: --grpc-bind / --connect-bind")),
+        f("server-bind-address", String, "", Composite("the TCP frontend's address: --grpc-bind / --connect-bind (empty: all)")),
+        f("server-cert", String, "", Composite("--frontend-cert (TCP frontend)")),
+        f("server-key", String, "", Composite("--frontend-key (TCP frontend)")),
+        f("server-ca-cert", String, "", Composite("--frontend-ca (TCP frontend)")),
         f("frontend-keepalive-time", Duration, "1h", NoEffect("edgetunnel's frontends send no keepalive PINGs; callers are watched by their own keepalives and the socket")),
         // Agent listener.
         f("agent-port", Int, "8091", Composite("--agent-bind")),
@@ -83,8 +82,8 @@ pub fn flags() -> Vec<Flag> {
         f("cluster-key", String, "", Composite("--key")),
         f("cluster-ca-cert", String, "", Composite("--ca (default: ca.crt beside --cluster-cert)")),
         f("keepalive-time", Duration, "1h", Composite("--keepalive-secs")),
-        f("cipher-suites", StringSlice, "", NoEffect("edgetunnel uses rustls' fixed set of secure TLS 1.2/1.3 suites")),
-        f("tls-min-version", String, "", NoEffect("edgetunnel speaks TLS 1.2 and 1.3")),
+        f("cipher-suites", StringSlice, "", To("--cipher-suites", Conv::Text)),
+        f("tls-min-version", String, "", To("--tls-min-version", Conv::Text)),
         // Health and admin.
         f("health-port", Int, "8092", Composite("--health-bind (/healthz, /readyz, /metrics)")),
         f("health-bind-address", String, "", Composite("--health-bind (empty: all addresses)")),
@@ -227,10 +226,29 @@ pub fn translate(p: &Parsed, out: &mut Out, host: &dyn Host) -> Result<(), Compa
                 "server ca cert must be set when in TCP mode (uds-name is empty)",
             ));
         }
-        return Err(invalid(format!(
-            "a TCP frontend ({}:{server_port}, {mode}) is served by ANP with mutual TLS toward kube-apiserver; edgetunnel's frontends have no TLS yet, so only --uds-name is supported",
-            p.str("server-bind-address")
-        )));
+        let (cert, key) = (p.str("server-cert"), p.str("server-key"));
+        if cert.is_empty() || key.is_empty() {
+            // Go fails in tls.LoadX509KeyPair.
+            return Err(invalid(format!(
+                "failed to load X509 key pair {cert} and {key}: the TCP frontend needs --server-cert and --server-key"
+            )));
+        }
+        let addr = bind_addr(
+            "server-bind-address",
+            p.str("server-bind-address"),
+            port(p, "server-port")?,
+        )?;
+        out.arg(
+            if mode == "grpc" {
+                "--grpc-bind"
+            } else {
+                "--connect-bind"
+            },
+            addr.to_string(),
+        );
+        out.arg("--frontend-cert", cert);
+        out.arg("--frontend-key", key);
+        out.arg("--frontend-ca", p.str("server-ca-cert"));
     }
 
     // Agent, health and admin listeners.
@@ -397,6 +415,42 @@ mod tests {
                 Fails("server ca cert must be set when in TCP mode"),
             ),
             (
+                &[
+                    "--uds-name=",
+                    "--server-port=8090",
+                    "--server-cert=/pki/s.crt",
+                    "--server-key=/pki/s.key",
+                    "--server-ca-cert=/pki/ca.crt",
+                ],
+                Maps(&[
+                    "--grpc-bind 0.0.0.0:8090",
+                    "--frontend-cert /pki/s.crt",
+                    "--frontend-key /pki/s.key",
+                    "--frontend-ca /pki/ca.crt",
+                ]),
+            ),
+            (
+                &[
+                    "--uds-name=",
+                    "--mode=http-connect",
+                    "--server-bind-address=10.0.0.1",
+                    "--server-port=8131",
+                    "--server-cert=/pki/s.crt",
+                    "--server-key=/pki/s.key",
+                    "--server-ca-cert=/pki/ca.crt",
+                ],
+                Maps(&[
+                    "--connect-bind 10.0.0.1:8131",
+                    "--frontend-cert /pki/s.crt",
+                    "--frontend-key /pki/s.key",
+                    "--frontend-ca /pki/ca.crt",
+                ]),
+            ),
+            (
+                &["--uds-name=", "--server-ca-cert=/pki/ca.crt"],
+                Fails("failed to load X509 key pair"),
+            ),
+            (
                 &["--server-cert=/pki/s.crt"],
                 Fails("server cert should not be set for UDS"),
             ),
@@ -427,8 +481,16 @@ mod tests {
                 Maps(&["--ca /other/ca.crt"]),
             ),
             (&["--keepalive-time=90s"], Maps(&["--keepalive-secs 90"])),
-            (&["--cipher-suites=TLS_AES_128_GCM_SHA256"], NoEffect),
-            (&["--tls-min-version=VersionTLS13"], NoEffect),
+            (
+                &["--cipher-suites=TLS_AES_128_GCM_SHA256,TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256"],
+                Maps(&[
+                    "--cipher-suites TLS_AES_128_GCM_SHA256,TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+                ]),
+            ),
+            (
+                &["--tls-min-version=VersionTLS13"],
+                Maps(&["--tls-min-version VersionTLS13"]),
+            ),
             (
                 &["--health-port=8134"],
                 Maps(&["--health-bind 0.0.0.0:8134"]),
@@ -672,22 +734,30 @@ mod tests {
         )
         .unwrap();
         assert!(pairs(&t).contains(&"--keepalive-secs 1".to_string()));
-        // A TCP frontend is refused, not served in plaintext.
-        let e = run(
+        // A TCP frontend (Go's default when --uds-name is empty) is served
+        // with TLS and client certificates on server-bind-address:8090.
+        let t = run(
             Binary::ProxyServer,
             &[
                 "--cluster-cert=/pki/apiserver.crt",
                 "--cluster-key=/pki/apiserver.key",
+                "--cluster-ca-cert=/pki/ca.crt",
                 "--server-ca-cert=/pki/ca.crt",
                 "--server-cert=/pki/s.crt",
                 "--server-key=/pki/s.key",
             ],
             &host(),
         )
-        .unwrap_err();
-        assert!(
-            e.to_string().contains("only --uds-name is supported"),
-            "{e}"
-        );
+        .unwrap();
+        let p = pairs(&t);
+        for want in [
+            "--grpc-bind 0.0.0.0:8090",
+            "--frontend-cert /pki/s.crt",
+            "--frontend-key /pki/s.key",
+            "--frontend-ca /pki/ca.crt",
+        ] {
+            assert!(p.contains(&want.to_string()), "{want} in {p:?}");
+        }
+        assert_clap_accepts(&t);
     }
 }

@@ -22,12 +22,18 @@ pub enum TlsError {
     Rustls(#[from] rustls::Error),
     #[error("client certificate verifier: {0}")]
     Verifier(#[from] rustls::server::VerifierBuilderError),
+    #[error("{0}")]
+    Policy(String),
 }
 
 /// ring, with AES-128-GCM preferred: with AES-NI it is about a third
 /// cheaper than AES-256-GCM and it is what Go peers prefer too. Bulk
 /// encryption is the largest cost of the agent link.
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(base_provider())
+}
+
+fn base_provider() -> rustls::crypto::CryptoProvider {
     use rustls::crypto::ring::cipher_suite as cs;
     let mut p = rustls::crypto::ring::default_provider();
     p.cipher_suites = vec![
@@ -41,7 +47,139 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
         cs::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
         cs::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
     ];
-    Arc::new(p)
+    p
+}
+
+/// The TLS 1.2 suites Go's `tls.CipherSuites()` offers that rustls does not
+/// implement (CBC and RSA key exchange): ANP accepts their names in
+/// `--cipher-suites`; edgetunnel skips them with a warning.
+const GO_ONLY_SUITES: &[&str] = &[
+    "TLS_RSA_WITH_AES_128_CBC_SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA",
+];
+
+/// What a server listener allows: ANP's `--tls-min-version` and
+/// `--cipher-suites` (which, as in Go, restrict TLS 1.2 only; TLS 1.3
+/// suites are not configurable).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsPolicy {
+    /// Refuse TLS 1.2.
+    pub tls13_only: bool,
+    /// TLS 1.2 suites allowed, by IANA name; `None`: all of ours.
+    pub tls12_suites: Option<Vec<String>>,
+}
+
+impl TlsPolicy {
+    /// Reads the flags' values: a minimum version as Go names it
+    /// (`VersionTLS12`, `VersionTLS13`, also `1.2`/`1.3`; empty: TLS 1.2)
+    /// and cipher suite names as Go's `tls.CipherSuites()` names them.
+    /// Returns the policy and warnings for what edgetunnel cannot honour
+    /// exactly (TLS 1.0/1.1 minimums, suites rustls lacks).
+    pub fn parse(min_version: &str, suites: &[String]) -> Result<(Self, Vec<String>), TlsError> {
+        let mut warnings = Vec::new();
+        let tls13_only = match min_version {
+            "" | "VersionTLS12" | "1.2" => false,
+            "VersionTLS13" | "1.3" => true,
+            "VersionTLS10" | "VersionTLS11" | "1.0" | "1.1" => {
+                warnings.push(format!(
+                    "--tls-min-version={min_version}: edgetunnel never speaks TLS below 1.2; the minimum is TLS 1.2"
+                ));
+                false
+            }
+            other => return Err(TlsError::Policy(format!(
+                "unsupported TLS version {other:?}, supported values are: VersionTLS10, VersionTLS11, VersionTLS12, VersionTLS13"
+            ))),
+        };
+        let suites: Vec<&str> = suites
+            .iter()
+            .map(|s| s.trim())
+            .filter(|s| !s.is_empty())
+            .collect();
+        if suites.is_empty() {
+            return Ok((
+                Self {
+                    tls13_only,
+                    tls12_suites: None,
+                },
+                warnings,
+            ));
+        }
+        let ours = base_provider();
+        let mut tls12 = Vec::new();
+        for name in suites {
+            let known = ours.cipher_suites.iter().find(|s| suite_name(s) == *name);
+            match known {
+                Some(s) if s.version() == &rustls::version::TLS12 => tls12.push(name.to_string()),
+                // TLS 1.3 names are accepted and change nothing, as in Go.
+                Some(_) => {}
+                None if GO_ONLY_SUITES.contains(&name) => warnings.push(format!(
+                    "--cipher-suites: {name} is not implemented by edgetunnel (rustls has no CBC or RSA key exchange suites); skipped"
+                )),
+                None => {
+                    return Err(TlsError::Policy(format!(
+                        "cipher suite {name} not supported, doesn't exist or considered as insecure"
+                    )))
+                }
+            }
+        }
+        if tls12.is_empty() && !tls13_only {
+            warnings.push(
+                "--cipher-suites names no TLS 1.2 suite edgetunnel has: TLS 1.2 is refused, TLS 1.3 only"
+                    .to_string(),
+            );
+        }
+        Ok((
+            Self {
+                tls13_only,
+                tls12_suites: Some(tls12),
+            },
+            warnings,
+        ))
+    }
+
+    /// The provider (suites) and protocol versions this policy allows.
+    fn apply(
+        &self,
+    ) -> (
+        Arc<rustls::crypto::CryptoProvider>,
+        &'static [&'static rustls::SupportedProtocolVersion],
+    ) {
+        let mut p = base_provider();
+        if let Some(allowed) = &self.tls12_suites {
+            p.cipher_suites.retain(|s| {
+                s.version() != &rustls::version::TLS12 || allowed.contains(&suite_name(s))
+            });
+        }
+        let has_tls12 = p
+            .cipher_suites
+            .iter()
+            .any(|s| s.version() == &rustls::version::TLS12);
+        let versions: &'static [&'static rustls::SupportedProtocolVersion] =
+            if self.tls13_only || !has_tls12 {
+                TLS13_ONLY
+            } else {
+                rustls::DEFAULT_VERSIONS
+            };
+        (Arc::new(p), versions)
+    }
+}
+
+static TLS13_ONLY: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
+
+/// The IANA name of a suite as Go spells it (rustls writes TLS 1.3 names
+/// as `TLS13_...`, IANA and Go as `TLS_...`).
+fn suite_name(s: &rustls::SupportedCipherSuite) -> String {
+    let n = s.suite().as_str().unwrap_or("");
+    match n.strip_prefix("TLS13_") {
+        Some(rest) => format!("TLS_{rest}"),
+        None => n.to_string(),
+    }
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
@@ -113,10 +251,11 @@ pub enum ClientCert {
 pub fn server_config(
     files: &TlsFiles,
     client_cert: ClientCert,
+    policy: &TlsPolicy,
 ) -> Result<(Arc<ServerConfig>, Arc<ReloadingCert>), TlsError> {
     let cert = ReloadingCert::load(&files.cert, &files.key)?;
-    let builder =
-        ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
+    let (suites, versions) = policy.apply();
+    let builder = ServerConfig::builder_with_provider(suites).with_protocol_versions(versions)?;
     let mut cfg = if client_cert == ClientCert::Optional && files.ca.as_os_str().is_empty() {
         // Token-authenticated agents and no CA to check certificates with.
         builder.with_no_client_auth()
@@ -132,6 +271,35 @@ pub fn server_config(
     .with_cert_resolver(cert.clone());
     cfg.alpn_protocols = vec![b"h2".to_vec()];
     Ok((Arc::new(cfg), cert))
+}
+
+/// A frontend listener's TLS (ANP's `--server-cert/--server-key/
+/// --server-ca-cert`): our certificate (swappable); with a CA, callers must
+/// present a certificate it signed, without one none is asked for (as ANP's
+/// `getTLSConfig`). `alpn` is what the frontend speaks: `h2` for gRPC,
+/// `http/1.1` for HTTP CONNECT.
+pub fn frontend_server_config(
+    cert: &Path,
+    key: &Path,
+    ca: Option<&Path>,
+    alpn: &[u8],
+    policy: &TlsPolicy,
+) -> Result<(Arc<ServerConfig>, Arc<ReloadingCert>), TlsError> {
+    let pair = ReloadingCert::load(cert, key)?;
+    let (suites, versions) = policy.apply();
+    let builder = ServerConfig::builder_with_provider(suites).with_protocol_versions(versions)?;
+    let mut cfg = match ca {
+        Some(ca) => {
+            let roots = Arc::new(load_roots(ca)?);
+            builder.with_client_cert_verifier(
+                WebPkiClientVerifier::builder_with_provider(roots, provider()).build()?,
+            )
+        }
+        None => builder.with_no_client_auth(),
+    }
+    .with_cert_resolver(pair.clone());
+    cfg.alpn_protocols = vec![alpn.to_vec()];
+    Ok((Arc::new(cfg), pair))
 }
 
 /// Client side of mutual TLS: verifies the server against `ca` and presents
@@ -244,5 +412,61 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAnyServer {
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TlsPolicy;
+
+    fn parse(min: &str, suites: &[&str]) -> Result<(TlsPolicy, Vec<String>), String> {
+        let suites: Vec<String> = suites.iter().map(|s| s.to_string()).collect();
+        TlsPolicy::parse(min, &suites).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn versions_as_go_names_them() {
+        assert_eq!(parse("", &[]).unwrap().0, TlsPolicy::default());
+        assert!(!parse("VersionTLS12", &[]).unwrap().0.tls13_only);
+        assert!(parse("VersionTLS13", &[]).unwrap().0.tls13_only);
+        let (p, w) = parse("VersionTLS10", &[]).unwrap();
+        assert!(!p.tls13_only);
+        assert_eq!(w.len(), 1, "{w:?}");
+        let e = parse("TLS12", &[]).unwrap_err();
+        assert!(e.contains("unsupported TLS version \"TLS12\""), "{e}");
+    }
+
+    #[test]
+    fn suites_restrict_tls12_only() {
+        let (p, w) = parse("", &["TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256"]).unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        let (provider, versions) = p.apply();
+        let names: Vec<String> = provider
+            .cipher_suites
+            .iter()
+            .map(super::suite_name)
+            .collect();
+        assert!(
+            names.contains(&"TLS_AES_128_GCM_SHA256".to_string()),
+            "{names:?}"
+        );
+        assert!(names.contains(&"TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256".to_string()));
+        assert!(!names.contains(&"TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384".to_string()));
+        assert_eq!(versions.len(), 2);
+    }
+
+    #[test]
+    fn go_only_and_unknown_suites() {
+        let (p, w) = parse("", &["TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA"]).unwrap();
+        assert_eq!(w.len(), 2, "skipped suite and TLS 1.3 only: {w:?}");
+        assert_eq!(p.apply().1.len(), 1, "TLS 1.3 only");
+        let (p, w) = parse("", &["TLS_AES_128_GCM_SHA256"]).unwrap();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(p.apply().1.len(), 1);
+        let e = parse("", &["TLS_FOO"]).unwrap_err();
+        assert_eq!(
+            e,
+            "cipher suite TLS_FOO not supported, doesn't exist or considered as insecure"
+        );
     }
 }

@@ -49,16 +49,81 @@ impl Mode {
 
 pub use crate::protocol::NO_TUNNEL;
 
-pub(super) async fn accept_tcp(core: usize, shared: Arc<Shared>, l: monoio::net::TcpListener) {
+/// The TCP listener; with `tls`, callers speak TLS (see [`tls_front`]).
+pub(super) async fn accept_tcp(
+    core: usize,
+    shared: Arc<Shared>,
+    l: monoio::net::TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
     loop {
         match l.accept().await {
-            Ok((s, _)) => {
+            Ok((s, peer)) => {
                 listener::nodelay(&s);
-                monoio::spawn(front(core, shared.clone(), s, MovedSocket::from_tcp));
+                match &tls {
+                    Some(t) => {
+                        monoio::spawn(tls_front(core, shared.clone(), s, peer, t.clone()));
+                    }
+                    None => {
+                        monoio::spawn(front(core, shared.clone(), s, MovedSocket::from_tcp));
+                    }
+                }
             }
             Err(e) => accept_error(e).await,
         }
     }
+}
+
+/// A TLS caller (ANP's TCP frontend with `--server-cert`): the handshake
+/// (and the client certificate check) happens here, on the accepting core;
+/// the plaintext then goes through a socket pair whose other end is served
+/// as an ordinary CONNECT socket, so that routing, the socket handoff to
+/// the agent's core and the tunnel are the same code as for plaintext
+/// callers. The TLS records stay on this core.
+async fn tls_front(
+    core: usize,
+    shared: Arc<Shared>,
+    sock: monoio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    tls: tokio_rustls::TlsAcceptor,
+) {
+    use monoio::io::IntoPollIo;
+    let Ok(io) = sock.into_poll_io() else { return };
+    let caller = match monoio::time::timeout(HEAD_TIMEOUT, tls.accept(io)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            shared.metrics.frontend_errors.inc();
+            tracing::info!(%peer, "CONNECT frontend TLS handshake failed: {e}");
+            return;
+        }
+        Err(_) => {
+            shared.metrics.frontend_errors.inc();
+            tracing::info!(%peer, "CONNECT frontend TLS handshake timed out");
+            return;
+        }
+    };
+    let Ok((plain, ours)) = socket_pair() else {
+        return;
+    };
+    monoio::spawn(front(core, shared, plain, MovedSocket::from_unix));
+    let Ok(mut ours) = ours.into_poll_io() else {
+        return;
+    };
+    let mut caller = caller;
+    if let Err(e) = tokio::io::copy_bidirectional(&mut caller, &mut ours).await {
+        tracing::debug!(%peer, error = %e, "TLS CONNECT caller relay ended");
+    }
+}
+
+/// A connected pair of unix sockets on this core's runtime.
+pub(super) fn socket_pair() -> std::io::Result<(monoio::net::UnixStream, monoio::net::UnixStream)> {
+    let (a, b) = std::os::unix::net::UnixStream::pair()?;
+    a.set_nonblocking(true)?;
+    b.set_nonblocking(true)?;
+    Ok((
+        monoio::net::UnixStream::from_std(a)?,
+        monoio::net::UnixStream::from_std(b)?,
+    ))
 }
 
 pub(super) async fn accept_unix(core: usize, shared: Arc<Shared>, l: monoio::net::UnixListener) {

@@ -28,16 +28,42 @@ use crate::protocol::{PROXY_PATH, ROUTE_ATTEMPTS};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-pub(super) async fn accept_tcp(shared: Arc<Shared>, l: monoio::net::TcpListener) {
+/// How long a TLS caller may take to finish its handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The TCP listener; with `tls`, callers speak TLS (ALPN h2).
+pub(super) async fn accept_tcp(
+    shared: Arc<Shared>,
+    l: monoio::net::TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
     loop {
         match l.accept().await {
             Ok((s, peer)) => {
                 crate::engine::listener::nodelay(&s);
                 let shared = shared.clone();
+                let tls = tls.clone();
                 monoio::spawn(async move {
-                    match s.into_poll_io() {
-                        Ok(io) => serve_conn(shared, io, peer.to_string()).await,
-                        Err(e) => tracing::warn!(error = %e, "poll-io conversion failed"),
+                    let io = match s.into_poll_io() {
+                        Ok(io) => io,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "poll-io conversion failed");
+                            return;
+                        }
+                    };
+                    let Some(tls) = tls else {
+                        return serve_conn(shared, io, peer.to_string()).await;
+                    };
+                    match monoio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(io)).await {
+                        Ok(Ok(io)) => serve_conn(shared, io, peer.to_string()).await,
+                        Ok(Err(e)) => {
+                            shared.metrics.frontend_errors.inc();
+                            tracing::info!(%peer, "gRPC frontend TLS handshake failed: {e}");
+                        }
+                        Err(_) => {
+                            shared.metrics.frontend_errors.inc();
+                            tracing::info!(%peer, "gRPC frontend TLS handshake timed out");
+                        }
                     }
                 });
             }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use monoio::io::AsyncReadRent;
 
-use super::connect_frontend::{run_on_agent_core, Mode, Pending, NO_TUNNEL};
+use super::connect_frontend::{run_on_agent_core, socket_pair, Mode, Pending, NO_TUNNEL};
 use super::Shared;
 use crate::engine::listener;
 use crate::engine::relay::MovedSocket;
@@ -172,17 +172,6 @@ async fn front(
         .map_or(route.as_str(), |(h, _)| h)
         .trim_matches(['[', ']']);
     relay_traced(down, up, leftover, node, &dial, &agent_id, started).await;
-}
-
-/// A connected pair of unix sockets on this core's runtime.
-fn socket_pair() -> std::io::Result<(monoio::net::UnixStream, monoio::net::UnixStream)> {
-    let (a, b) = std::os::unix::net::UnixStream::pair()?;
-    a.set_nonblocking(true)?;
-    b.set_nonblocking(true)?;
-    Ok((
-        monoio::net::UnixStream::from_std(a)?,
-        monoio::net::UnixStream::from_std(b)?,
-    ))
 }
 
 /// Reads a plain HTTP request head and returns the Host's node and port

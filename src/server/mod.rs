@@ -45,6 +45,10 @@ pub struct ServerConfig {
     /// admin listener, usually bound where kubelet probes reach it.
     pub health_bind: Option<SocketAddr>,
     pub tls: tls::TlsFiles,
+    /// TLS on the TCP frontends (CONNECT and gRPC); `None`: plaintext.
+    pub frontend_tls: Option<FrontendTls>,
+    /// Versions and TLS 1.2 suites of the agent and frontend listeners.
+    pub tls_policy: tls::TlsPolicy,
     pub agent_token: Option<String>,
     pub strategies: Vec<Strategy>,
     pub server_id: String,
@@ -65,6 +69,31 @@ pub struct ServerConfig {
     /// Agents authenticate with ServiceAccount tokens (TokenReview); they
     /// then need no client certificate.
     pub agent_auth: Option<crate::control::token_review::AgentAuthSpec>,
+}
+
+/// TLS of the TCP frontends (ANP's `--server-cert/--server-key/
+/// --server-ca-cert`).
+#[derive(Debug, Clone)]
+pub struct FrontendTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Callers must present a certificate this CA signed; `None`: no client
+    /// certificate is asked.
+    pub ca: Option<PathBuf>,
+}
+
+/// The TCP frontends' TLS acceptors, one per protocol (their ALPN differs).
+#[derive(Clone)]
+pub(crate) struct FrontendAcceptors {
+    connect: tokio_rustls::TlsAcceptor,
+    grpc: tokio_rustls::TlsAcceptor,
+}
+
+/// A worker's TLS configurations.
+struct WorkerTls {
+    agent: Arc<rustls::ServerConfig>,
+    intercept: Option<intercept_frontend::InterceptTls>,
+    frontend: Option<FrontendAcceptors>,
 }
 
 /// The TLS interception listener's settings.
@@ -172,7 +201,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
         Some(_) => tls::ClientCert::Optional,
         None => tls::ClientCert::Required,
     };
-    let (tls_config, server_cert) = tls::server_config(&cfg.tls, client_cert)?;
+    let (tls_config, server_cert) = tls::server_config(&cfg.tls, client_cert, &cfg.tls_policy)?;
     let (reviewer, review_queue) = match &cfg.agent_auth {
         Some(spec) => {
             let (r, q) = crate::control::token_review::channel(spec.clone());
@@ -181,6 +210,22 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
         None => (None, None),
     };
     let mut watched = vec![server_cert];
+    let frontend_tls = match &cfg.frontend_tls {
+        Some(f) => {
+            let build = |alpn: &[u8]| {
+                tls::frontend_server_config(&f.cert, &f.key, f.ca.as_deref(), alpn, &cfg.tls_policy)
+            };
+            let (connect, a) = build(b"http/1.1")?;
+            let (grpc, b) = build(b"h2")?;
+            watched.push(a);
+            watched.push(b);
+            Some(FrontendAcceptors {
+                connect: connect.into(),
+                grpc: grpc.into(),
+            })
+        }
+        None => None,
+    };
     let n = cfg.workers.max(1);
     let mut agent_l = Some(listener::bind_tcp(cfg.agent_bind, n)?);
     let mut connect_l = cfg
@@ -318,7 +363,11 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
     let inbox_rx = Arc::new(inbox_rx);
     runtime::run_workers(n, cfg.driver, move |idx| {
         let shared = shared.clone();
-        let tls_config = tls_config.clone();
+        let tls = WorkerTls {
+            agent: tls_config.clone(),
+            intercept: intercept_tls.clone(),
+            frontend: frontend_tls.clone(),
+        };
         let listeners = per_worker[idx]
             .lock()
             .expect("listeners")
@@ -326,19 +375,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
             .expect("once");
         let inbox = inbox_rx[idx].lock().expect("inbox").take().expect("once");
         let shutdown = shutdown.clone();
-        let intercept_tls = intercept_tls.clone();
-        async move {
-            worker(
-                idx,
-                shared,
-                tls_config,
-                listeners,
-                inbox,
-                shutdown,
-                intercept_tls,
-            )
-            .await
-        }
+        async move { worker(idx, shared, tls, listeners, inbox, shutdown).await }
     })?;
     if let Some(c) = control {
         // It removes its rules before it returns.
@@ -350,11 +387,10 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
 async fn worker(
     core: usize,
     shared: Arc<Shared>,
-    tls_config: Arc<rustls::ServerConfig>,
+    tls: WorkerTls,
     l: WorkerListeners,
     mut inbox: mpsc::UnboundedReceiver<Handoff>,
     shutdown: Arc<signals::Shutdown>,
-    intercept_tls: Option<intercept_frontend::InterceptTls>,
 ) -> std::io::Result<()> {
     tracing::debug!(core, "worker started");
     let agent = monoio::net::TcpListener::from_std(l.agent)?;
@@ -362,11 +398,12 @@ async fn worker(
         core,
         shared.clone(),
         agent,
-        tls_config,
+        tls.agent,
     ));
     if let Some(c) = l.connect {
         let c = monoio::net::TcpListener::from_std(c)?;
-        monoio::spawn(connect_frontend::accept_tcp(core, shared.clone(), c));
+        let tls = tls.frontend.as_ref().map(|t| t.connect.clone());
+        monoio::spawn(connect_frontend::accept_tcp(core, shared.clone(), c, tls));
     }
     if let Some(c) = l.connect_uds {
         let c = monoio::net::UnixListener::from_std(c)?;
@@ -374,7 +411,8 @@ async fn worker(
     }
     if let Some(g) = l.grpc {
         let g = monoio::net::TcpListener::from_std(g)?;
-        monoio::spawn(grpc_frontend::accept_tcp(shared.clone(), g));
+        let tls = tls.frontend.as_ref().map(|t| t.grpc.clone());
+        monoio::spawn(grpc_frontend::accept_tcp(shared.clone(), g, tls));
     }
     if let Some(g) = l.grpc_uds {
         let g = monoio::net::UnixListener::from_std(g)?;
@@ -384,7 +422,7 @@ async fn worker(
         let i = monoio::net::TcpListener::from_std(i)?;
         monoio::spawn(intercept_frontend::accept_tcp(core, shared.clone(), i));
     }
-    if let (Some(i), Some(t)) = (l.interception_tls, intercept_tls) {
+    if let (Some(i), Some(t)) = (l.interception_tls, tls.intercept) {
         let i = monoio::net::TcpListener::from_std(i)?;
         monoio::spawn(intercept_frontend::accept_tls(core, shared.clone(), i, t));
     }

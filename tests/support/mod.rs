@@ -461,6 +461,15 @@ pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
 }
 
 /// The repository root.
+/// A TCP port free at the time of asking (for flags that refuse port 0).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
