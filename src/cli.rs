@@ -177,6 +177,11 @@ pub struct ServerArgs {
     /// (ANP's --server-ca-cert); without it no client certificate is asked.
     #[arg(long, requires = "frontend_cert")]
     pub frontend_ca: Option<PathBuf>,
+    /// HTTP/2 PING interval toward gRPC frontend callers, seconds (ANP's
+    /// --frontend-keepalive-time, 1h by default); an unanswered PING
+    /// (twice this long) closes the caller's connection.
+    #[arg(long, default_value_t = 3600.0)]
+    pub frontend_keepalive_secs: f64,
     /// Lowest TLS version of the agent and frontend listeners: VersionTLS12
     /// (default) or VersionTLS13 (ANP's --tls-min-version).
     #[arg(long, default_value = "")]
@@ -736,6 +741,7 @@ impl ServerArgs {
             no_agent_status: self.no_agent_status,
             max_message: self.engine.max_message_size,
             keepalive: Duration::from_secs(self.engine.keepalive_secs.max(1)),
+            frontend_keepalive: secs(self.frontend_keepalive_secs).max(Duration::from_millis(100)),
             half_close_linger: secs(self.engine.half_close_linger_secs),
         })
     }

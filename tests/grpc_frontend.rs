@@ -605,3 +605,62 @@ fn connect_client_closes_once(stall: f64) -> Result<String, String> {
         ))
     }
 }
+
+/// ANP's `--frontend-keepalive-time`: a caller whose HTTP/2 stack stops
+/// answering PINGs (a peer gone without a FIN looks the same) is PINGed
+/// and then dropped; one that answers stays.
+#[test]
+fn grpc_frontend_keepalive_drops_a_caller_that_does_not_answer_pings() {
+    let env = Env::new();
+    let server = Server::start(&env, &["--frontend-keepalive-secs", "0.3"]);
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    // An empty SETTINGS frame and the ACK of the server's.
+    const SETTINGS: [u8; 9] = [0, 0, 0, 4, 0, 0, 0, 0, 0];
+    const SETTINGS_ACK: [u8; 9] = [0, 0, 0, 4, 1, 0, 0, 0, 0];
+    for answer in [false, true] {
+        let mut c = std::net::TcpStream::connect(server.grpc).unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        c.write_all(PREFACE).unwrap();
+        c.write_all(&SETTINGS).unwrap();
+        c.write_all(&SETTINGS_ACK).unwrap();
+        let t0 = mono();
+        let (mut pings, mut closed_after) = (0, None);
+        let mut buf: Vec<u8> = Vec::new();
+        while mono() - t0 < 3.0 && closed_after.is_none() {
+            let mut chunk = [0u8; 4096];
+            match c.read(&mut chunk) {
+                Ok(0) => closed_after = Some(mono() - t0),
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(_) => closed_after = Some(mono() - t0),
+            }
+            // Whole frames: count PINGs (type 6, no ACK flag), answer
+            // them when this caller is the answering kind.
+            while buf.len() >= 9 {
+                let len = (buf[0] as usize) << 16 | (buf[1] as usize) << 8 | buf[2] as usize;
+                if buf.len() < 9 + len {
+                    break;
+                }
+                let frame: Vec<u8> = buf.drain(..9 + len).collect();
+                if frame[3] == 6 && frame[4] & 1 == 0 {
+                    pings += 1;
+                    if answer {
+                        let mut ack = frame.clone();
+                        ack[4] = 1;
+                        let _ = c.write_all(&ack);
+                    }
+                }
+            }
+        }
+        if answer {
+            assert!(pings >= 3, "PINGs every 0.3 s: {pings}");
+            assert_eq!(closed_after, None, "an answering caller was dropped");
+        } else {
+            assert!(pings >= 1, "no PING sent");
+            let after = closed_after.expect("a silent caller is dropped");
+            assert!(after < 2.5, "dropped after {after:.2} s");
+        }
+    }
+}

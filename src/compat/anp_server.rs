@@ -74,7 +74,7 @@ pub fn flags() -> Vec<Flag> {
         f("server-cert", String, "", Composite("--frontend-cert (TCP frontend)")),
         f("server-key", String, "", Composite("--frontend-key (TCP frontend)")),
         f("server-ca-cert", String, "", Composite("--frontend-ca (TCP frontend)")),
-        f("frontend-keepalive-time", Duration, "1h", NoEffect("edgetunnel's frontends send no keepalive PINGs; callers are watched by their own keepalives and the socket")),
+        f("frontend-keepalive-time", Duration, "1h", Composite("--frontend-keepalive-secs (0: grpc-go's 2h)")),
         // Agent listener.
         f("agent-port", Int, "8091", Composite("--agent-bind")),
         f("agent-bind-address", String, "", Composite("--agent-bind")),
@@ -293,6 +293,13 @@ pub fn translate(p: &Parsed, out: &mut Out, host: &dyn Host) -> Result<(), Compa
         whole_seconds(ka).max(1)
     };
     out.arg("--keepalive-secs", ka_secs.to_string());
+    let fka = p.duration("frontend-keepalive-time");
+    let fka_secs = if fka == 0 {
+        GRPC_SERVER_KEEPALIVE_SECS.to_string()
+    } else {
+        super::seconds(fka)
+    };
+    out.arg("--frontend-keepalive-secs", fka_secs);
     non_negative(p, "graceful-shutdown-timeout")?;
     let dial = non_negative(p, "backend-dial-timeout")?;
     if dial == 0 {
@@ -380,6 +387,7 @@ mod tests {
                 "--health-bind 0.0.0.0:8092",
                 "--admin-bind 127.0.0.1:8095",
                 "--keepalive-secs 3600",
+                "--frontend-keepalive-secs 3600",
                 "--dial-timeout-secs 86400",
                 "--server-id 00000000-0000-4000-8000-000000000000",
             ]
@@ -462,7 +470,14 @@ mod tests {
                 &["--server-ca-cert=/pki/ca.crt"],
                 Fails("server ca cert should not be set for UDS"),
             ),
-            (&["--frontend-keepalive-time=30s"], NoEffect),
+            (
+                &["--frontend-keepalive-time=30s"],
+                Maps(&["--frontend-keepalive-secs 30"]),
+            ),
+            (
+                &["--frontend-keepalive-time=0"],
+                Maps(&["--frontend-keepalive-secs 7200"]),
+            ),
             (&["--agent-port=8132"], Maps(&["--agent-bind 0.0.0.0:8132"])),
             (
                 &["--agent-bind-address=::"],
@@ -665,6 +680,7 @@ mod tests {
                 "--health-bind 0.0.0.0:8134",
                 "--admin-bind 127.0.0.1:8133",
                 "--keepalive-secs 3600",
+                "--frontend-keepalive-secs 3600",
                 "--dial-timeout-secs 86400",
                 "--server-id from-env",
                 "--kube /etc/kubernetes/konnectivity-server.conf",

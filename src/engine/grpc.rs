@@ -6,6 +6,7 @@
 //! [`FrameDecoder`]; flow-control credit is returned as chunks are consumed.
 
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::buf::Chain;
 use bytes::{Buf, Bytes};
@@ -275,4 +276,30 @@ pub fn chain(head: Bytes, payload: Bytes) -> SendBuf {
 /// Remaining bytes of a send buffer (for metrics).
 pub fn remaining(b: &SendBuf) -> usize {
     b.remaining()
+}
+
+/// Why a connection's keepalive gave up.
+#[derive(Debug, thiserror::Error)]
+pub enum KeepaliveError {
+    #[error("keepalive ping failed: {0}")]
+    Ping(#[from] h2::Error),
+    #[error("keepalive ping not answered within {0:?}")]
+    Timeout(Duration),
+}
+
+/// Sends an HTTP/2 PING every `every` and fails when one is not answered
+/// within twice that (a peer or path that went away without a FIN). Never
+/// returns `Ok`; without a `PingPong` (already taken) it waits forever.
+pub async fn keep_alive(ping: Option<h2::PingPong>, every: Duration) -> KeepaliveError {
+    let Some(mut p) = ping else {
+        return futures::future::pending().await;
+    };
+    loop {
+        monoio::time::sleep(every).await;
+        match monoio::time::timeout(every * 2, p.ping(h2::Ping::opaque())).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return e.into(),
+            Err(_) => return KeepaliveError::Timeout(every * 2),
+        }
+    }
 }

@@ -113,7 +113,20 @@ where
             return;
         }
     };
-    while let Some(next) = conn.accept().await {
+    // PINGs toward callers that stay connected (ANP's
+    // --frontend-keepalive-time): a caller gone without a FIN is noticed
+    // and its streams end.
+    let keepalive = grpc::keep_alive(conn.ping_pong(), shared.cfg.frontend_keepalive);
+    let mut keepalive = std::pin::pin!(keepalive);
+    loop {
+        let next = monoio::select! {
+            next = conn.accept() => next,
+            e = &mut keepalive => {
+                tracing::info!(%peer, error = %e, "gRPC frontend caller lost");
+                return;
+            }
+        };
+        let Some(next) = next else { return };
         let (req, mut respond) = match next {
             Ok(r) => r,
             Err(e) => {

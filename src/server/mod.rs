@@ -60,6 +60,8 @@ pub struct ServerConfig {
     pub no_agent_status: u16,
     pub max_message: usize,
     pub keepalive: Duration,
+    /// HTTP/2 PING interval toward gRPC frontend callers.
+    pub frontend_keepalive: Duration,
     /// How long a half-closed tunnel waits for its other side to finish.
     pub half_close_linger: Duration,
     pub interception_bind: Option<SocketAddr>,
