@@ -177,6 +177,13 @@ pub struct ServerArgs {
     /// (ANP's --server-ca-cert); without it no client certificate is asked.
     #[arg(long, requires = "frontend_cert")]
     pub frontend_ca: Option<PathBuf>,
+    /// On SIGTERM/SIGINT, seconds open tunnels may take to finish before
+    /// the server exits (ANP's --graceful-shutdown-timeout): listeners
+    /// close at once, /readyz fails, agents get a DRAIN packet and an HTTP/2
+    /// GOAWAY, gRPC callers a GOAWAY. 0 (the default): exit at once. A second
+    /// signal ends the wait.
+    #[arg(long, default_value_t = 0.0)]
+    pub graceful_shutdown_timeout_secs: f64,
     /// HTTP/2 PING interval toward gRPC frontend callers, seconds (ANP's
     /// --frontend-keepalive-time, 1h by default); an unanswered PING
     /// (twice this long) closes the caller's connection.
@@ -742,6 +749,7 @@ impl ServerArgs {
             max_message: self.engine.max_message_size,
             keepalive: Duration::from_secs(self.engine.keepalive_secs.max(1)),
             frontend_keepalive: secs(self.frontend_keepalive_secs).max(Duration::from_millis(100)),
+            graceful_shutdown: secs(self.graceful_shutdown_timeout_secs),
             half_close_linger: secs(self.engine.half_close_linger_secs),
         })
     }

@@ -550,6 +550,16 @@ impl Metrics {
         GaugeGuard::new(&self.http_connections)
     }
 
+    /// Callers still being served: CONNECT connections (pending or
+    /// tunneled), gRPC proxy streams, and tunnels and dials of any
+    /// frontend. A draining server exits when this reaches 0.
+    pub fn in_flight(&self) -> i64 {
+        self.http_connections.get()
+            + self.grpc_proxy.get()
+            + self.open_connections.get()
+            + self.pending_dials.get()
+    }
+
     /// Held while a gRPC `ProxyService/Proxy` stream is served.
     pub fn proxy_stream(&self) -> GaugeGuard {
         GaugeGuard::new(&self.grpc_proxy)

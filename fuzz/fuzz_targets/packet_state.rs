@@ -199,6 +199,7 @@ impl Sim {
                 };
                 assert_eq!(self.am.dialing.remove(&c.random), Some(connect_id));
             }
+            AgentAction::ServerDraining => assert_eq!(before, Frame::Drain),
             AgentAction::Ignored(_) => {}
         }
     }

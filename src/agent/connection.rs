@@ -65,6 +65,10 @@ struct Shared {
     dial_timeout: Duration,
     /// Payload queued toward local connections and not yet written.
     budget: Arc<Budget>,
+    /// Set when the server said it drains.
+    server_draining: Cell<bool>,
+    /// Wakes the connection's task when the server drains.
+    drain_notice: mpsc::UnboundedSender<()>,
 }
 
 pub(crate) async fn run(slots: Rc<ServerSlots>, slot: &super::Slot) -> Result<Ended, BoxError> {
@@ -161,6 +165,7 @@ pub(crate) async fn run(slots: Rc<ServerSlots>, slot: &super::Slot) -> Result<En
 
     let (ctl_tx, ctl_rx) = mpsc::unbounded();
     let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE);
+    let (drain_tx, mut drain_rx) = mpsc::unbounded();
     let shared = Rc::new(Shared {
         tunnel: RefCell::new(AgentTunnel::default()),
         ctl: ctl_tx,
@@ -170,6 +175,8 @@ pub(crate) async fn run(slots: Rc<ServerSlots>, slot: &super::Slot) -> Result<En
         window,
         dial_timeout: cfg.dial_timeout,
         budget: Budget::new(TARGET_BUDGET),
+        server_draining: Cell::new(false),
+        drain_notice: drain_tx,
     });
     let reader = read_loop(
         shared.clone(),
@@ -207,7 +214,18 @@ pub(crate) async fn run(slots: Rc<ServerSlots>, slot: &super::Slot) -> Result<En
         // Give the writer a moment to flush the DRAIN and last packets.
         monoio::time::sleep(Duration::from_millis(50)).await;
     };
+    // The server drains: another connection (through the same address,
+    // usually to another server) takes new dials at once; this one stays
+    // for the tunnels it carries until the server closes it.
+    let server_drains = async {
+        if drain_rx.next().await.is_some() {
+            tracing::info!(server = %addr, %server_id, "server is draining: connecting again for new dials");
+            slots.replace(slot);
+        }
+        futures::future::pending::<()>().await
+    };
     let outcome: Result<Ended, BoxError> = monoio::select! {
+        _ = server_drains => unreachable!("pending forever"),
         r = &mut conn => r.map(|_| Ended::Served).map_err(Into::into),
         r = reader => r.map(|_| Ended::Served),
         r = writer => r.map(|_| Ended::Served),
@@ -293,6 +311,11 @@ async fn read_loop(shared: Rc<Shared>, mut rx: PacketReceiver) -> Result<(), Box
             }
             AgentAction::CancelDial { connect_id } => {
                 tracing::debug!(connect_id, "dial cancelled by server");
+            }
+            AgentAction::ServerDraining => {
+                if !shared.server_draining.replace(true) {
+                    let _ = shared.drain_notice.unbounded_send(());
+                }
             }
             AgentAction::Ignored(reason) => tracing::debug!(%reason, "server packet ignored"),
         }

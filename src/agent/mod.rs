@@ -201,6 +201,10 @@ impl ServerSlots {
             }
             slot.established.set(None);
             let result = connection::run(self.clone(), &slot).await;
+            if slot.replaced.get() {
+                // A replacement slot took over when the server drained.
+                return;
+            }
             let ended = || match slot.established.get() {
                 Some(established) => Attempt::Ended {
                     established,
@@ -230,6 +234,16 @@ impl ServerSlots {
                 _ = self.shutdown.wait(1) => return,
             }
         }
+    }
+
+    /// The server of `slot`'s connection drains: a new slot connects in its
+    /// place; `slot` ends with its connection.
+    pub(crate) fn replace(self: &Rc<Self>, slot: &Slot) {
+        if slot.replaced.replace(true) || self.shutdown.requested() > 0 {
+            return;
+        }
+        *self.slots.borrow_mut() -= 1;
+        monoio::spawn(ServerSlots::start_slot(self.clone()));
     }
 
     /// Called when a server reports its count: start more slots if needed.
@@ -269,6 +283,8 @@ impl ServerSlots {
 pub(crate) struct Slot {
     /// When the current attempt's connection was established.
     established: Cell<Option<Instant>>,
+    /// Another slot took over (the server drains): do not reconnect.
+    replaced: Cell<bool>,
 }
 
 impl Slot {

@@ -97,7 +97,7 @@ pub fn flags() -> Vec<Flag> {
         f("proxy-strategies", String, "default", To("--proxy-strategies", Conv::Text)),
         f("backend-dial-timeout", Duration, "0", Composite("--dial-timeout-secs (0: one day)")),
         f("xfr-channel-size", Int, "10", NoEffect("edgetunnel buffers per connection by bytes, not by a packet channel")),
-        f("graceful-shutdown-timeout", Duration, "0", NoEffect("edgetunnel's server stops at once on SIGTERM")),
+        f("graceful-shutdown-timeout", Duration, "0", To("--graceful-shutdown-timeout-secs", Conv::Seconds)),
         // Agent authentication by token.
         f("agent-namespace", String, "", Composite("--agent-namespace (with --kube for the TokenReviews)")),
         f("agent-service-account", String, "", Composite("--agent-service-account")),
@@ -105,7 +105,7 @@ pub fn flags() -> Vec<Flag> {
         f("kubeconfig", String, "", Composite("--kube with --enable-lease-controller or token review (empty: in-cluster)")),
         f("kubeconfig-qps", Float32, "0", NoEffect("edgetunnel's Kubernetes client is not rate-limited by flags")),
         f("kubeconfig-burst", Int, "0", NoEffect("edgetunnel's Kubernetes client is not rate-limited by flags")),
-        f("kube-api-content-type", String, "application/vnd.kubernetes.protobuf", NoEffect("no Kubernetes client here yet")),
+        f("kube-api-content-type", String, "application/vnd.kubernetes.protobuf", NoEffect("edgetunnel's Kubernetes client speaks JSON")),
         // Leases.
         f("enable-lease-controller", Bool, "false", To("--enable-lease-controller", Conv::Switch)),
         f("lease-namespace", String, "kube-system", To("--lease-namespace", Conv::Text)),
@@ -377,6 +377,7 @@ mod tests {
             [
                 "--server-count 1",
                 "--proxy-strategies default",
+                "--graceful-shutdown-timeout-secs 0",
                 "--lease-namespace kube-system",
                 "--lease-label k8s-app=konnectivity-server",
                 "--cert /pki/apiserver.crt",
@@ -550,7 +551,10 @@ mod tests {
                 Fails("backend-dial-timeout must be >= 0, got -1s"),
             ),
             (&["--xfr-channel-size=20"], NoEffect),
-            (&["--graceful-shutdown-timeout=10s"], NoEffect),
+            (
+                &["--graceful-shutdown-timeout=10s"],
+                Maps(&["--graceful-shutdown-timeout-secs 10"]),
+            ),
             (
                 &["--agent-namespace=kube-system"],
                 Fails("--agent-service-account cannot be empty"),
@@ -668,6 +672,7 @@ mod tests {
             [
                 "--server-count 1",
                 "--proxy-strategies default",
+                "--graceful-shutdown-timeout-secs 0",
                 "--lease-namespace kube-system",
                 "--lease-label k8s-app=konnectivity-server",
                 "--agent-namespace kube-system",

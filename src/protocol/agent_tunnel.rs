@@ -37,6 +37,10 @@ pub enum AgentAction<C> {
     Reply(Frame),
     /// Abort the dial in progress for this connectID.
     CancelDial { connect_id: i64 },
+    /// The server is shutting down (edgetunnel's server sends DRAIN, which
+    /// ANP defines only from agents): connect again for new dials, keep
+    /// this connection for the open ones.
+    ServerDraining,
     /// Nothing to do; worth a log line.
     Ignored(String),
 }
@@ -137,6 +141,7 @@ impl<C: Clone> AgentTunnel<C> {
                 Some(connect_id) => AgentAction::CancelDial { connect_id },
                 None => AgentAction::Ignored(format!("DIAL_CLS for unknown random {}", c.random)),
             },
+            Frame::Drain => AgentAction::ServerDraining,
             other => AgentAction::Ignored(format!(
                 "server sent {} which agents do not expect",
                 other.name()
@@ -232,10 +237,7 @@ mod tests {
             t.on_server_frame(packet::close_request(3)),
             AgentAction::Reply(packet::close_response(3, "Unknown connectID"))
         );
-        assert!(matches!(
-            t.on_server_frame(Frame::Drain),
-            AgentAction::Ignored(_)
-        ));
+        assert_eq!(t.on_server_frame(Frame::Drain), AgentAction::ServerDraining);
     }
 
     #[test]

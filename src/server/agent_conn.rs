@@ -230,9 +230,31 @@ async fn serve(
     tracing::info!(parent: &span, identifiers = %ids.encode(), half_close, window, core, "agent connected");
 
     // Keep HTTP/2 moving (and refuse extra streams) while the tasks run.
+    // When the server drains, the agent is told twice: an HTTP/2 GOAWAY
+    // (grpc-go's GracefulStop, what ANP's agents see) and a DRAIN packet,
+    // on which edgetunnel's agents open a replacement connection at once
+    // (ANP's agents log an unknown packet at V(5) and ignore it) while
+    // this one carries the tunnels still open.
+    let (ctl_tx, ctl_rx) = mpsc::unbounded();
     let mut ping = conn.ping_pong();
+    let drain_ctl = ctl_tx.clone();
+    let drain_shared = shared.clone();
     let driver = async move {
-        while let Some(extra) = conn.accept().await {
+        let mut draining = std::pin::pin!(drain_shared.draining());
+        let mut told = false;
+        loop {
+            let next = monoio::select! {
+                e = conn.accept() => Some(e),
+                _ = &mut draining, if !told => None,
+            };
+            let Some(next) = next else {
+                told = true;
+                tracing::info!("server draining: agent told (GOAWAY, DRAIN)");
+                conn.graceful_shutdown();
+                let _ = drain_ctl.unbounded_send(Frame::Drain);
+                continue;
+            };
+            let Some(extra) = next else { break };
             match extra {
                 Ok((_, mut r)) => {
                     let _ = r.send_response(
@@ -259,7 +281,6 @@ async fn serve(
         budget: Budget::new(FRONTEND_BUDGET),
         window,
     });
-    let (ctl_tx, ctl_rx) = mpsc::unbounded();
     let reader = read_loop(
         state.clone(),
         PacketReceiver::new(body, shared.cfg.max_message),

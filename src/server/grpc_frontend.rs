@@ -118,12 +118,31 @@ where
     // and its streams end.
     let keepalive = grpc::keep_alive(conn.ping_pong(), shared.cfg.frontend_keepalive);
     let mut keepalive = std::pin::pin!(keepalive);
+    // A draining server sends GOAWAY (grpc-go's GracefulStop): the caller
+    // opens new streams elsewhere, the open ones finish here.
+    let mut draining = std::pin::pin!(shared.draining());
+    let mut told = false;
     loop {
+        enum Next<T> {
+            Stream(T),
+            Lost(grpc::KeepaliveError),
+            Drain,
+        }
         let next = monoio::select! {
-            next = conn.accept() => next,
-            e = &mut keepalive => {
+            next = conn.accept() => Next::Stream(next),
+            e = &mut keepalive => Next::Lost(e),
+            _ = &mut draining, if !told => Next::Drain,
+        };
+        let next = match next {
+            Next::Stream(n) => n,
+            Next::Lost(e) => {
                 tracing::info!(%peer, error = %e, "gRPC frontend caller lost");
                 return;
+            }
+            Next::Drain => {
+                told = true;
+                conn.graceful_shutdown();
+                continue;
             }
         };
         let Some(next) = next else { return };

@@ -62,6 +62,10 @@ pub struct ServerConfig {
     pub keepalive: Duration,
     /// HTTP/2 PING interval toward gRPC frontend callers.
     pub frontend_keepalive: Duration,
+    /// On SIGTERM, how long open tunnels may take to finish (listeners
+    /// closed, agents and gRPC callers told) before the server exits;
+    /// zero: exit at once.
+    pub graceful_shutdown: Duration,
     /// How long a half-closed tunnel waits for its other side to finish.
     pub half_close_linger: Duration,
     pub interception_bind: Option<SocketAddr>,
@@ -125,6 +129,8 @@ pub(crate) struct Shared {
     next_key: AtomicU64,
     /// Sends agents' tokens to the control thread for review.
     reviewer: Option<crate::control::token_review::Reviewer>,
+    /// SIGTERM/SIGINT: the first starts the drain, the second ends it.
+    shutdown: Arc<signals::Shutdown>,
 }
 
 impl Shared {
@@ -152,6 +158,20 @@ impl Shared {
     fn next_key(&self) -> u64 {
         self.next_key.fetch_add(1, Ordering::Relaxed) + 1
     }
+
+    /// Resolves when the server starts to drain (first SIGTERM/SIGINT).
+    fn draining(&self) -> signals::WaitShutdown {
+        self.shutdown.wait(1)
+    }
+}
+
+/// Runs `task` (an accept loop) until the server drains; dropping it closes
+/// its listener, so new callers are refused and go elsewhere.
+async fn until_drain(shared: Arc<Shared>, task: impl std::future::Future<Output = ()>) {
+    monoio::select! {
+        _ = task => {}
+        _ = shared.draining() => {}
+    }
 }
 
 struct AdminView(Arc<Shared>);
@@ -162,6 +182,9 @@ impl crate::admin::AdminState for AdminView {
     }
 
     fn ready(&self) -> Result<String, String> {
+        if self.0.shutdown.requested() > 0 {
+            return Err("shutting down".to_string());
+        }
         let n = self.0.registry.lock().expect("registry lock").len();
         if n > 0 {
             Ok(format!("ok: {n} agent connection(s)"))
@@ -316,6 +339,8 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
         })));
     }
 
+    let shutdown = signals::Shutdown::new();
+    signals::install(shutdown.clone())?;
     let shared = Arc::new(Shared {
         cfg: cfg.clone(),
         registry: Mutex::new(Registry::default()),
@@ -323,6 +348,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
         metrics: Arc::new(Metrics::new(&cfg.strategies)),
         next_key: AtomicU64::new(0),
         reviewer,
+        shutdown: shutdown.clone(),
     });
     let mut inbox_rx = Vec::with_capacity(n);
     let mut inbox_tx = Vec::with_capacity(n);
@@ -333,8 +359,6 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
     }
     let _ = shared.inboxes.set(inbox_tx);
 
-    let shutdown = signals::Shutdown::new();
-    signals::install(shutdown.clone())?;
     // The control thread (iptables, DNS records, certificate renewal): its
     // own runtime, reading the agent registry briefly, never running on a
     // data-plane core.
@@ -376,8 +400,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
             .take()
             .expect("once");
         let inbox = inbox_rx[idx].lock().expect("inbox").take().expect("once");
-        let shutdown = shutdown.clone();
-        async move { worker(idx, shared, tls, listeners, inbox, shutdown).await }
+        async move { worker(idx, shared, tls, listeners, inbox).await }
     })?;
     if let Some(c) = control {
         // It removes its rules before it returns.
@@ -392,58 +415,103 @@ async fn worker(
     tls: WorkerTls,
     l: WorkerListeners,
     mut inbox: mpsc::UnboundedReceiver<Handoff>,
-    shutdown: Arc<signals::Shutdown>,
 ) -> std::io::Result<()> {
     tracing::debug!(core, "worker started");
+    let s = &shared;
     let agent = monoio::net::TcpListener::from_std(l.agent)?;
-    monoio::spawn(agent_conn::accept_loop(
-        core,
-        shared.clone(),
-        agent,
-        tls.agent,
-    ));
+    let accept = agent_conn::accept_loop(core, s.clone(), agent, tls.agent);
+    monoio::spawn(until_drain(s.clone(), accept));
     if let Some(c) = l.connect {
         let c = monoio::net::TcpListener::from_std(c)?;
         let tls = tls.frontend.as_ref().map(|t| t.connect.clone());
-        monoio::spawn(connect_frontend::accept_tcp(core, shared.clone(), c, tls));
+        let accept = connect_frontend::accept_tcp(core, s.clone(), c, tls);
+        monoio::spawn(until_drain(s.clone(), accept));
     }
     if let Some(c) = l.connect_uds {
         let c = monoio::net::UnixListener::from_std(c)?;
-        monoio::spawn(connect_frontend::accept_unix(core, shared.clone(), c));
+        let accept = connect_frontend::accept_unix(core, s.clone(), c);
+        monoio::spawn(until_drain(s.clone(), accept));
     }
     if let Some(g) = l.grpc {
         let g = monoio::net::TcpListener::from_std(g)?;
         let tls = tls.frontend.as_ref().map(|t| t.grpc.clone());
-        monoio::spawn(grpc_frontend::accept_tcp(shared.clone(), g, tls));
+        let accept = grpc_frontend::accept_tcp(s.clone(), g, tls);
+        monoio::spawn(until_drain(s.clone(), accept));
     }
     if let Some(g) = l.grpc_uds {
         let g = monoio::net::UnixListener::from_std(g)?;
-        monoio::spawn(grpc_frontend::accept_unix(shared.clone(), g));
+        let accept = grpc_frontend::accept_unix(s.clone(), g);
+        monoio::spawn(until_drain(s.clone(), accept));
     }
     if let Some(i) = l.interception {
         let i = monoio::net::TcpListener::from_std(i)?;
-        monoio::spawn(intercept_frontend::accept_tcp(core, shared.clone(), i));
+        let accept = intercept_frontend::accept_tcp(core, s.clone(), i);
+        monoio::spawn(until_drain(s.clone(), accept));
     }
     if let (Some(i), Some(t)) = (l.interception_tls, tls.intercept) {
         let i = monoio::net::TcpListener::from_std(i)?;
-        monoio::spawn(intercept_frontend::accept_tls(core, shared.clone(), i, t));
+        let accept = intercept_frontend::accept_tls(core, s.clone(), i, t);
+        monoio::spawn(until_drain(s.clone(), accept));
     }
+    // Health and admin keep answering while the server drains (/readyz
+    // then fails).
     for a in [l.admin, l.health].into_iter().flatten() {
         let a = monoio::net::TcpListener::from_std(a)?;
-        let view: Rc<dyn crate::admin::AdminState> = Rc::new(AdminView(shared.clone()));
+        let view: Rc<dyn crate::admin::AdminState> = Rc::new(AdminView(s.clone()));
         monoio::spawn(crate::admin::serve(a, view));
     }
+    // Sockets handed over by other cores, also while draining (their dials
+    // are under way).
     let handoffs = {
-        let shared = shared.clone();
+        let shared = s.clone();
         async move {
             while let Some(h) = inbox.next().await {
                 monoio::spawn(connect_frontend::adopt(core, shared.clone(), h));
             }
         }
     };
-    monoio::select! {
-        _ = handoffs => {}
-        _ = shutdown.wait(1) => {}
-    }
+    monoio::spawn(handoffs);
+    s.draining().await;
+    drain(core, s).await;
     Ok(())
+}
+
+/// The graceful part of a shutdown (ANP's `--graceful-shutdown-timeout`):
+/// listeners are closed and agents and gRPC callers told (each connection
+/// does that itself on [`Shared::draining`]); this waits until no caller is
+/// served any more, the timeout passes, or a second signal comes.
+async fn drain(core: usize, shared: &Shared) {
+    let grace = shared.cfg.graceful_shutdown;
+    if grace.is_zero() {
+        return;
+    }
+    let started = std::time::Instant::now();
+    if core == 0 {
+        tracing::info!(
+            timeout = ?grace,
+            in_flight = shared.metrics.in_flight(),
+            "draining: listeners closed, waiting for open tunnels to finish"
+        );
+    }
+    loop {
+        if shared.metrics.in_flight() <= 0 {
+            if core == 0 {
+                tracing::info!(elapsed = ?started.elapsed(), "drained: no tunnel left");
+            }
+            return;
+        }
+        if started.elapsed() >= grace {
+            if core == 0 {
+                tracing::warn!(
+                    in_flight = shared.metrics.in_flight(),
+                    "graceful shutdown timed out after {grace:?}, closing what is left"
+                );
+            }
+            return;
+        }
+        monoio::select! {
+            _ = monoio::time::sleep(Duration::from_millis(20)) => {}
+            _ = shared.shutdown.wait(2) => return,
+        }
+    }
 }
