@@ -6,7 +6,12 @@
 //!   `--connect-uds`. Without it Go serves the frontend on TCP with mutual
 //!   TLS toward kube-apiserver (`--server-cert/--server-key/--server-ca-cert`
 //!   are then required); edgetunnel's frontends have no TLS yet, so that
-//!   setup is refused rather than served in plaintext.
+//!   setup is refused rather than served in plaintext. The socket gets
+//!   Go's mode (`getUDSListener` binds under umask 0007: 0770) as
+//!   `--uds-mode 0770`; `--delete-existing-uds-file=false` is
+//!   `--keep-existing-uds` (Go then fails to bind an existing path), `true`
+//!   (Go removes whatever is at the path, `runUDSFrontendServer`) is
+//!   edgetunnel's default, which removes only a stale socket file.
 //! - Agent listener: `--agent-bind-address:--agent-port` (empty address:
 //!   all) becomes `--agent-bind`, its TLS `--cluster-cert`/`--cluster-key`
 //!   `--cert`/`--key`, and `--cluster-ca-cert` `--ca`.
@@ -69,7 +74,7 @@ pub fn flags() -> Vec<Flag> {
         // Frontend (kube-apiserver side).
         f("mode", String, "grpc", Composite("--grpc-uds (grpc) or --connect-uds (http-connect)")),
         f("uds-name", String, "", Composite("--grpc-uds / --connect-uds")),
-        f("delete-existing-uds-file", Bool, "true", Composite("edgetunnel always replaces an existing file at the socket path")),
+        f("delete-existing-uds-file", Bool, "true", Composite("true: a stale socket file is replaced (Go removes whatever is there; edgetunnel never a regular file or a live server's socket); false: --keep-existing-uds")),
         f("server-port", Int, "8090", Composite("must be 0 with --uds-name; a TCP frontend needs frontend TLS, not built yet")),
         f("server-bind-address", String, "", Composite("the TCP frontend's address (not built yet)")),
         f("server-cert", String, "", NoEffect(FRONTEND_TLS)),
@@ -218,8 +223,10 @@ pub fn translate(p: &Parsed, out: &mut Out, host: &dyn Host) -> Result<(), Compa
             },
             uds,
         );
+        // Go binds under umask 0007 (getUDSListener): srwxrwx---.
+        out.arg("--uds-mode", "0770");
         if !p.bool("delete-existing-uds-file") {
-            out.warn("accepted, no effect: --delete-existing-uds-file=false: edgetunnel always replaces an existing file at the socket path");
+            out.switch("--keep-existing-uds");
         }
     } else {
         if p.str("server-ca-cert").is_empty() {
@@ -358,6 +365,7 @@ mod tests {
                 "--key /pki/apiserver.key",
                 "--ca /pki/ca.crt",
                 "--grpc-uds /run/konnectivity.sock",
+                "--uds-mode 0770",
                 "--agent-bind 0.0.0.0:8091",
                 "--health-bind 0.0.0.0:8092",
                 "--admin-bind 127.0.0.1:8095",
@@ -387,7 +395,10 @@ mod tests {
                 Maps(&["--grpc-uds /tmp/other.sock"]),
             ),
             (&["--delete-existing-uds-file"], Maps(&[])),
-            (&["--delete-existing-uds-file=false"], NoEffect),
+            (
+                &["--delete-existing-uds-file=false"],
+                Maps(&["--keep-existing-uds"]),
+            ),
             (
                 &["--server-port=8090"],
                 Fails("server port should be set to 0 not 8090 for UDS"),
@@ -599,6 +610,7 @@ mod tests {
                 "--cert /etc/kubernetes/pki/apiserver.crt",
                 "--key /etc/kubernetes/pki/apiserver.key",
                 "--grpc-uds /etc/kubernetes/konnectivity-server/konnectivity-server.socket",
+                "--uds-mode 0770",
                 "--agent-bind 0.0.0.0:8132",
                 "--health-bind 0.0.0.0:8134",
                 "--admin-bind 127.0.0.1:8133",
