@@ -199,6 +199,16 @@ pub struct ServerArgs {
     /// or ChaCha20-Poly1305).
     #[arg(long, value_delimiter = ',')]
     pub cipher_suites: Vec<String>,
+    /// Permission bits (octal) of the --connect-uds/--grpc-uds socket files,
+    /// set before anyone can connect.
+    #[arg(long, default_value = "0600", value_parser = crate::engine::listener::parse_mode)]
+    pub uds_mode: u32,
+    /// Never remove an existing file at a --connect-uds/--grpc-uds path (the
+    /// bind then fails). Without it only a stale socket file (one that
+    /// refuses connections) is removed, never a regular file or a live
+    /// server's socket.
+    #[arg(long)]
+    pub keep_existing_uds: bool,
     /// Admin listener: /metrics, /healthz, /readyz.
     #[arg(long, default_value = "127.0.0.1:10265")]
     pub admin_bind: SocketAddr,
@@ -735,6 +745,10 @@ impl ServerArgs {
             connect_uds: self.connect_uds,
             grpc_bind: self.grpc_bind,
             grpc_uds: self.grpc_uds,
+            uds: crate::engine::listener::UdsOptions {
+                mode: self.uds_mode,
+                replace_stale: !self.keep_existing_uds,
+            },
             admin_bind: Some(self.admin_bind),
             health_bind: self.health_bind,
             tls,

@@ -64,7 +64,8 @@ fn draining_server_finishes_open_tunnels_and_refuses_new_callers() {
     );
     // ... readiness fails while health and metrics still answer ...
     let (code, body) = http_get(server.admin, "/readyz");
-    assert_eq!(code, 503, "{body}");
+    assert_eq!(code, 500, "{body}");
+    assert!(body.contains("shutting down"), "{body}");
     assert!(server.metrics().contains("edgetunnel_open_connections 2"));
     // ... the agent heard of it ...
     let deadline = Instant::now() + Duration::from_secs(5);

@@ -99,9 +99,9 @@ pub fn run(cfg: AgentConfig) -> Result<(), BoxError> {
     let mut admin_l = Vec::new();
     for (what, addr) in [("health", cfg.health_bind), ("admin", cfg.admin_bind)] {
         let Some(addr) = addr else { continue };
-        let l = std::net::TcpListener::bind(addr)
-            .map_err(|e| format!("{what} listener {addr}: {e}"))?;
-        l.set_nonblocking(true)?;
+        let l = crate::engine::listener::bind_tcp(addr, 1)
+            .map_err(|e| format!("{what} listener: {e}"))?
+            .remove(0);
         // Machine-readable line for scripts and tests.
         println!("LISTEN {what} {}", l.local_addr()?);
         admin_l.push(l);

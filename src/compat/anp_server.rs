@@ -7,7 +7,12 @@
 //!   (`--server-bind-address:--server-port`) with mutual TLS toward
 //!   kube-apiserver: `--grpc-bind`/`--connect-bind` with `--frontend-cert`,
 //!   `--frontend-key` and `--frontend-ca` (Go demands `--server-ca-cert`
-//!   there, and so callers always present a certificate).
+//!   there, and so callers always present a certificate). The socket gets
+//!   Go's mode (`getUDSListener` binds under umask 0007: 0770) as
+//!   `--uds-mode 0770`; `--delete-existing-uds-file=false` is
+//!   `--keep-existing-uds` (Go then fails to bind an existing path), `true`
+//!   (Go removes whatever is at the path, `runUDSFrontendServer`) is
+//!   edgetunnel's default, which removes only a stale socket file.
 //! - `--cipher-suites`, `--tls-min-version` -> the same edgetunnel flags
 //!   (agent and frontend listeners, as Go's `getTLSConfig`).
 //! - Agent listener: `--agent-bind-address:--agent-port` (empty address:
@@ -68,7 +73,7 @@ pub fn flags() -> Vec<Flag> {
         // Frontend (kube-apiserver side).
         f("mode", String, "grpc", Composite("--grpc-uds (grpc) or --connect-uds (http-connect)")),
         f("uds-name", String, "", Composite("--grpc-uds / --connect-uds")),
-        f("delete-existing-uds-file", Bool, "true", Composite("edgetunnel always replaces an existing file at the socket path")),
+        f("delete-existing-uds-file", Bool, "true", Composite("true: a stale socket file is replaced (Go removes whatever is there; edgetunnel never a regular file or a live server's socket); false: --keep-existing-uds")),
         f("server-port", Int, "8090", Composite("must be 0 with --uds-name; else the TCP frontend's port: --grpc-bind / --connect-bind")),
         f("server-bind-address", String, "", Composite("the TCP frontend's address: --grpc-bind / --connect-bind (empty: all)")),
         f("server-cert", String, "", Composite("--frontend-cert (TCP frontend)")),
@@ -217,8 +222,10 @@ pub fn translate(p: &Parsed, out: &mut Out, host: &dyn Host) -> Result<(), Compa
             },
             uds,
         );
+        // Go binds under umask 0007 (getUDSListener): srwxrwx---.
+        out.arg("--uds-mode", "0770");
         if !p.bool("delete-existing-uds-file") {
-            out.warn("accepted, no effect: --delete-existing-uds-file=false: edgetunnel always replaces an existing file at the socket path");
+            out.switch("--keep-existing-uds");
         }
     } else {
         if p.str("server-ca-cert").is_empty() {
@@ -384,6 +391,7 @@ mod tests {
                 "--key /pki/apiserver.key",
                 "--ca /pki/ca.crt",
                 "--grpc-uds /run/konnectivity.sock",
+                "--uds-mode 0770",
                 "--agent-bind 0.0.0.0:8091",
                 "--health-bind 0.0.0.0:8092",
                 "--admin-bind 127.0.0.1:8095",
@@ -414,7 +422,10 @@ mod tests {
                 Maps(&["--grpc-uds /tmp/other.sock"]),
             ),
             (&["--delete-existing-uds-file"], Maps(&[])),
-            (&["--delete-existing-uds-file=false"], NoEffect),
+            (
+                &["--delete-existing-uds-file=false"],
+                Maps(&["--keep-existing-uds"]),
+            ),
             (
                 &["--server-port=8090"],
                 Fails("server port should be set to 0 not 8090 for UDS"),
@@ -681,6 +692,7 @@ mod tests {
                 "--cert /etc/kubernetes/pki/apiserver.crt",
                 "--key /etc/kubernetes/pki/apiserver.key",
                 "--grpc-uds /etc/kubernetes/konnectivity-server/konnectivity-server.socket",
+                "--uds-mode 0770",
                 "--agent-bind 0.0.0.0:8132",
                 "--health-bind 0.0.0.0:8134",
                 "--admin-bind 127.0.0.1:8133",

@@ -60,24 +60,78 @@ pub fn parse(buf: &[u8]) -> Result<Option<ConnectRequest>, ConnectError> {
         return Err(ConnectError::MethodNotAllowed(method.to_string()));
     }
     let target = req.path.unwrap_or_default();
-    if target.is_empty() || target.starts_with('/') || target.contains('/') {
-        return Err(ConnectError::Malformed(format!(
-            "CONNECT target {target:?} is not host:port"
-        )));
-    }
-    let (host, port) = target
-        .rsplit_once(':')
-        .ok_or_else(|| ConnectError::Malformed(format!("CONNECT target {target:?} has no port")))?;
-    let digits = !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit());
-    if host.is_empty() || host.contains('@') || !digits || port.parse::<u16>().is_err() {
-        return Err(ConnectError::Malformed(format!(
-            "CONNECT target {target:?} is not host:port"
-        )));
-    }
+    check_authority(target).map_err(|why| {
+        ConnectError::Malformed(format!("CONNECT target {target:?} is not host:port: {why}"))
+    })?;
     Ok(Some(ConnectRequest {
         address: target.to_string(),
         head_len,
     }))
+}
+
+/// Longest host name (RFC 1035, without a trailing dot).
+pub const MAX_HOST: usize = 253;
+/// Longest label of a host name.
+pub const MAX_LABEL: usize = 63;
+
+/// Checks a CONNECT request-target: `host:port`, `1.2.3.4:port` or
+/// `[v6]:port` with a port of 1..=65535. A host name is ASCII letters,
+/// digits, `-` and `_` in dot-separated labels of 1..=63 bytes, at most 253
+/// bytes (one trailing dot allowed); all-numeric dotted hosts must be IPv4
+/// addresses. No userinfo, no path, no zone, no brackets around anything
+/// but an IPv6 address. The reason is returned for the 400 body.
+pub fn check_authority(target: &str) -> Result<(), &'static str> {
+    let (host, port) = if let Some(rest) = target.strip_prefix('[') {
+        let (v6, after) = rest.split_once(']').ok_or("unclosed [")?;
+        if v6.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err("not an IPv6 address inside [ ]");
+        }
+        let port = after.strip_prefix(':').ok_or("missing port")?;
+        (None, port)
+    } else {
+        let (host, port) = target.rsplit_once(':').ok_or("missing port")?;
+        (Some(host), port)
+    };
+    if port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("port is not a number");
+    }
+    match port.parse::<u32>() {
+        Ok(1..=65535) => {}
+        _ => return Err("port out of range 1-65535"),
+    }
+    if let Some(host) = host {
+        check_host(host)?;
+    }
+    Ok(())
+}
+
+fn check_host(host: &str) -> Result<(), &'static str> {
+    if host.is_empty() {
+        return Err("empty host");
+    }
+    let name = host.strip_suffix('.').unwrap_or(host);
+    if name.len() > MAX_HOST {
+        return Err("host name longer than 253 bytes");
+    }
+    for label in name.split('.') {
+        if label.is_empty() {
+            return Err("empty label in host name");
+        }
+        if label.len() > MAX_LABEL {
+            return Err("host name label longer than 63 bytes");
+        }
+        if !label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err("invalid character in host");
+        }
+    }
+    let numeric = name.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    if numeric && name.parse::<std::net::Ipv4Addr>().is_err() {
+        return Err("not an IPv4 address");
+    }
+    Ok(())
 }
 
 /// The success line sent once the tunnel is up.
@@ -189,6 +243,81 @@ mod tests {
                 .status(),
             400
         );
+    }
+
+    fn status_of(target: &str) -> Result<String, u16> {
+        let req = format!("CONNECT {target} HTTP/1.1\r\nHost: x\r\n\r\n");
+        match parse(req.as_bytes()) {
+            Ok(Some(r)) => Ok(r.address),
+            Ok(None) => panic!("partial: {target:?}"),
+            Err(e) => Err(e.status()),
+        }
+    }
+
+    #[test]
+    fn valid_authorities() {
+        for t in [
+            "node1:10250",
+            "node-1.example.com:443",
+            "node-1.example.com.:443",
+            "under_score:1",
+            "1.2.3.4:65535",
+            "[::1]:80",
+            "[fd00::1:2]:8080",
+            "[::ffff:1.2.3.4]:1",
+        ] {
+            assert_eq!(status_of(t), Ok(t.to_string()), "{t}");
+        }
+        let label = "a".repeat(63);
+        let long = [label.as_str(); 4].join(".");
+        assert_eq!(long.len(), 255);
+        let ok = format!("{}:1", &long[..253]);
+        assert_eq!(status_of(&ok), Ok(ok.clone()));
+    }
+
+    #[test]
+    fn malformed_authorities_are_400() {
+        let long_label = format!("{}.com:80", "a".repeat(64));
+        let long_host = format!("{}:80", ["abcdefghi"; 26].join("."));
+        assert!(long_host.len() > 253 + 3);
+        for t in [
+            "[::1",
+            "[::1]",
+            "[::1]:",
+            "[::1]80",
+            "[node]:80",
+            "[fe80::1%25eth0]:80",
+            "::1:80",
+            "a:0",
+            "a:00",
+            "a:65536",
+            "a:99999999999999999999",
+            "a:-1",
+            "a:+80",
+            "a: 80",
+            "a",
+            "a:",
+            ":80",
+            "a@b:1",
+            "u:p@b:1",
+            "a..b:1",
+            ".a:1",
+            "a.b..:1",
+            "a/b:1",
+            "a%2eb:1",
+            "a\tb:1",
+            "h\x7fst:1",
+            "h\u{e9}st:1",
+            "1.2.3:80",
+            "999.1.1.1:80",
+            "a*b:80",
+            long_label.as_str(),
+            long_host.as_str(),
+        ] {
+            assert_eq!(status_of(t), Err(400), "{t:?}");
+        }
+        // Spaces split the request line: not a valid request at all.
+        assert_eq!(status_of("a b:1"), Err(400));
     }
 
     #[test]

@@ -95,12 +95,14 @@ pub fn run(args: ProxyArgs) -> Result<(), BoxError> {
     args.validate()?;
     let shared = Arc::new(shared_from(&args)?);
     let workers = args.workers.unwrap_or_else(runtime::default_workers).max(1);
+    // The socket file (mode 0600: it carries this user's credentials to the
+    // apiserver) is removed when `run` returns.
+    let mut _socket_file = None;
     let (bound, shown) = if !args.unix_socket.is_empty() {
         let path = PathBuf::from(&args.unix_socket);
-        (
-            Bound::Unix(listener::bind_unix(&path, workers)?),
-            args.unix_socket.clone(),
-        )
+        let (ls, file) = listener::bind_unix(&path, workers, listener::UdsOptions::default())?;
+        _socket_file = Some(file);
+        (Bound::Unix(ls), args.unix_socket.clone())
     } else {
         let ip: IpAddr = args
             .address

@@ -40,6 +40,8 @@ pub struct ServerConfig {
     pub connect_uds: Option<PathBuf>,
     pub grpc_bind: Option<SocketAddr>,
     pub grpc_uds: Option<PathBuf>,
+    /// Mode of the unix socket files and what to do with an existing path.
+    pub uds: listener::UdsOptions,
     pub admin_bind: Option<SocketAddr>,
     /// Health listener (ANP's `--health-port`): the same endpoints as the
     /// admin listener, usually bound where kubelet probes reach it.
@@ -257,20 +259,21 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
         .connect_bind
         .map(|a| listener::bind_tcp(a, n))
         .transpose()?;
-    let mut connect_u = cfg
-        .connect_uds
-        .as_deref()
-        .map(|p| listener::bind_unix(p, n))
-        .transpose()?;
+    // The socket files are removed when `run` returns (after SIGTERM/SIGINT
+    // or on an error), dropping these guards.
+    let mut socket_files = Vec::new();
+    let mut bind_unix = |p: &std::path::Path| {
+        listener::bind_unix(p, n, cfg.uds).map(|(ls, file)| {
+            socket_files.push(file);
+            ls
+        })
+    };
+    let mut connect_u = cfg.connect_uds.as_deref().map(&mut bind_unix).transpose()?;
     let mut grpc_l = cfg
         .grpc_bind
         .map(|a| listener::bind_tcp(a, n))
         .transpose()?;
-    let mut grpc_u = cfg
-        .grpc_uds
-        .as_deref()
-        .map(|p| listener::bind_unix(p, n))
-        .transpose()?;
+    let mut grpc_u = cfg.grpc_uds.as_deref().map(&mut bind_unix).transpose()?;
     let mut admin_l = cfg
         .admin_bind
         .map(|a| listener::bind_tcp(a, 1))
@@ -406,6 +409,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
         // It removes its rules before it returns.
         let _ = c.join();
     }
+    drop(socket_files);
     Ok(())
 }
 

@@ -180,21 +180,53 @@ impl Server {
     /// A server whose TLS files are given by `tls` (e.g. `--cert`/`--key`
     /// only) instead of the test certificates directory.
     pub fn start_with_tls(env: &Env, agent_bind: &str, tls: &[&str], extra: &[&str]) -> Server {
+        let binds = Binds {
+            agent: agent_bind.to_string(),
+            ..Binds::default()
+        };
+        Self::start_full(env, tls, &binds, extra)
+    }
+
+    /// A server on the given addresses and socket paths.
+    pub fn start_at(env: &Env, binds: &Binds, extra: &[&str]) -> Server {
+        let certs = env.certs().display().to_string();
+        Self::start_full(env, &["--certs-dir", &certs], binds, extra)
+    }
+
+    /// The `edgetunnel server` command for `binds` (unix socket paths: new
+    /// ones in `env` when not given), its number and socket paths.
+    pub fn command(
+        env: &Env,
+        tls: &[&str],
+        binds: &Binds,
+        extra: &[&str],
+    ) -> (Command, usize, PathBuf, PathBuf) {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let connect_uds = env.path(&format!("connect-{n}.sock"));
-        let grpc_uds = env.path(&format!("grpc-{n}.sock"));
+        let connect_uds = binds
+            .connect_uds
+            .clone()
+            .unwrap_or_else(|| env.path(&format!("connect-{n}.sock")));
+        let grpc_uds = binds
+            .grpc_uds
+            .clone()
+            .unwrap_or_else(|| env.path(&format!("grpc-{n}.sock")));
         let mut cmd = Command::new(BIN);
         cmd.arg("server")
             .args(tls)
-            .args(["--agent-bind", agent_bind])
-            .args(["--connect-bind", "127.0.0.1:0"])
-            .args(["--grpc-bind", "127.0.0.1:0"])
-            .args(["--admin-bind", "127.0.0.1:0"])
+            .args(["--agent-bind", &binds.agent])
+            .args(["--connect-bind", &binds.connect])
+            .args(["--grpc-bind", &binds.grpc])
+            .args(["--admin-bind", &binds.admin])
             .arg("--connect-uds")
             .arg(&connect_uds)
             .arg("--grpc-uds")
             .arg(&grpc_uds)
             .args(extra);
+        (cmd, n, connect_uds, grpc_uds)
+    }
+
+    fn start_full(env: &Env, tls: &[&str], binds: &Binds, extra: &[&str]) -> Server {
+        let (cmd, n, connect_uds, grpc_uds) = Self::command(env, tls, binds, extra);
         let proc = Proc::spawn(cmd, env.path(&format!("server-{n}.log")));
         let addr = |what: &str| -> SocketAddr {
             let l = proc.wait_line(&format!("LISTEN {what} "));
@@ -258,6 +290,40 @@ impl Server {
 }
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// Where a test server listens: addresses as `--*-bind` values, unix
+/// socket paths (None: new ones in the test dir).
+#[derive(Debug, Clone)]
+pub struct Binds {
+    pub agent: String,
+    pub connect: String,
+    pub grpc: String,
+    pub admin: String,
+    pub connect_uds: Option<PathBuf>,
+    pub grpc_uds: Option<PathBuf>,
+}
+
+impl Default for Binds {
+    fn default() -> Self {
+        let any = "127.0.0.1:0".to_string();
+        Binds {
+            agent: any.clone(),
+            connect: any.clone(),
+            grpc: any.clone(),
+            admin: any,
+            connect_uds: None,
+            grpc_uds: None,
+        }
+    }
+}
+
+/// A loopback port free at the moment of the call.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
 
 /// A running `edgetunnel agent`.
 pub struct Agent {
@@ -461,15 +527,6 @@ pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
 }
 
 /// The repository root.
-/// A TCP port free at the time of asking (for flags that refuse port 0).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
