@@ -248,3 +248,36 @@ write("h2_authority", "rfc7541-huffman", b"\x02\x10\x30" + H2_PREFACE
       + h2_frame(1, 5, 5, bytes.fromhex("828785bf400a637573746f6d2d6b65798925a849e95bb8e8b4bf")))
 write("h2_authority", "data-in-block", b"\x00" + H2_PREFACE
       + h2_frame(1, 0, 1, blk) + h2_frame(0, 0, 1, b"x"))
+
+# cert_names: 2-byte little-endian DER length, the certificate, then
+# "agent-id\nidentifiers". The certificates come from openssl (run once; the
+# seeds are committed, so openssl is needed only to write them again).
+import subprocess
+import tempfile
+
+
+def der_cert(subj, ext):
+    with tempfile.TemporaryDirectory() as d:
+        key, crt = os.path.join(d, "k.pem"), os.path.join(d, "c.der")
+        cmd = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+               "-nodes", "-keyout", key, "-out", crt, "-outform", "DER", "-days", "1", "-subj", subj]
+        for e in ext:
+            cmd += ["-addext", e]
+        subprocess.run(cmd, check=True, capture_output=True)
+        with open(crt, "rb") as f:
+            return f.read()
+
+
+def cert_seed(name, der, claim):
+    write("cert_names", name, struct.pack("<H", len(der)) + der + claim.encode())
+
+
+node_a = der_cert("/CN=node-a", ["subjectAltName=IP:10.0.0.1,DNS:node-a.example,DNS:*.wild", "extendedKeyUsage=clientAuth"])
+cert_seed("node-a-ok", node_a, "node-a\nhost=node-a.example&ipv4=10.0.0.1&cidr=10.0.0.1%2F32")
+cert_seed("node-a-spoof", node_a, "node-b\nipv4=10.0.0.2&default-route=true")
+cert_seed("node-client", der_cert("/O=system:nodes/CN=system:node:edge-1",
+                                  ["extendedKeyUsage=clientAuth"]), "edge-1\nhost=edge-1")
+cert_seed("csr-agent", der_cert("/O=openyurt:yurttunnel/CN=tunnel-agent-client",
+                                ["subjectAltName=DNS:edge-1,IP:192.168.1.10,IP:fd00::10", "extendedKeyUsage=clientAuth"]),
+          "edge-1\nhost=edge-1&ipv4=192.168.1.10&ipv6=fd00%3A%3A10")
+cert_seed("serving", der_cert("/CN=node-a", ["subjectAltName=IP:10.0.0.1", "extendedKeyUsage=serverAuth"]), "node-a\n")

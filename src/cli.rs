@@ -365,6 +365,15 @@ pub struct ServerArgs {
     /// The audience the agents' tokens must carry (see --agent-namespace).
     #[arg(long)]
     pub authentication_audience: Option<String>,
+    /// Bind each agent to its client certificate: the agent ID must be the
+    /// certificate's CN (`system:node:<name>` counts as `<name>`) or a DNS
+    /// SAN, `host` identifiers such names, `ipv4`/`ipv6` identifiers IP
+    /// SANs, a `cidr` only when all its addresses are IP SANs, no
+    /// `default-route`; the certificate must have the clientAuth usage, and
+    /// an agent ID held by another certificate's connection is refused.
+    /// Token-authenticated agents without a certificate are not bound.
+    #[arg(long)]
+    pub bind_agent_identity: bool,
     /// Publish this server's Lease in ANP's format
     /// (`konnectivity-proxy-server-<server ID>`, renewed every 15 s, 30 s
     /// long) and delete expired ones with --lease-label, so that agents
@@ -737,6 +746,7 @@ impl ServerArgs {
                 token_review: None,
             },
             agent_auth,
+            bind_agent_identity: self.bind_agent_identity,
             interception_tls,
             interception_bind: self.interception_bind,
             localhost_proxy_ports: self.localhost_proxy_ports,

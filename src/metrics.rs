@@ -29,6 +29,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Metric, Registry};
 
+use crate::protocol::agent_identity::REASONS;
 use crate::protocol::packet::Frame;
 use crate::protocol::routing::Strategy;
 
@@ -322,6 +323,9 @@ pub struct Metrics {
     pub bytes_from_agent: Counter,
     pub frontend_errors: Counter,
     pub agent_protocol_errors: Counter,
+    /// Agent registrations refused by `--bind-agent-identity`, by reason
+    /// ([`crate::protocol::agent_identity::REASONS`]).
+    identity_refused: Vec<Counter>,
     dial_duration: Histogram,
     // ANP (konnectivity_network_proxy_server_*)
     anp_dial_duration: Histogram,
@@ -387,6 +391,16 @@ impl Metrics {
             &mut x,
             "edgetunnel_agent_protocol_errors",
             "Agent connections closed for bad input.",
+        );
+        let refused = Family::<Label1, Counter>::default();
+        let identity_refused = REASONS
+            .iter()
+            .map(|r| refused.get_or_create_owned(&[("reason", *r)]))
+            .collect();
+        x.add(
+            "edgetunnel_agent_identity_refused",
+            "Agent registrations refused because the client certificate does not name what the agent asked for.",
+            refused,
         );
         let dial_duration = Histogram::new(DIAL_BUCKETS);
         x.add(
@@ -469,6 +483,7 @@ impl Metrics {
             bytes_from_agent,
             frontend_errors,
             agent_protocol_errors,
+            identity_refused,
             dial_duration,
             anp_dial_duration,
             grpc_proxy,
@@ -502,6 +517,14 @@ impl Metrics {
     /// frontend was gone for).
     pub fn dial_failure(&self, reason: DialFailure) {
         self.dial_failures[reason as usize].inc();
+    }
+
+    /// An agent refused by `--bind-agent-identity` for `reason` (one of
+    /// [`REASONS`]).
+    pub fn identity_refused(&self, reason: &str) {
+        if let Some(i) = REASONS.iter().position(|r| *r == reason) {
+            self.identity_refused[i].inc();
+        }
     }
 
     pub fn dials(&self, result: DialResult) -> u64 {

@@ -32,26 +32,30 @@ const SA: &str = "konnectivity-agent";
 const AUDIENCE: &str = "system:konnectivity-server";
 const GOOD_USER: &str = "system:serviceaccount:kube-system:konnectivity-agent";
 
+/// The server flags of token authentication against `kubeconfig`.
+fn token_auth(kubeconfig: &std::path::Path) -> Vec<String> {
+    [
+        "--agent-namespace",
+        NS,
+        "--agent-service-account",
+        SA,
+        "--authentication-audience",
+        AUDIENCE,
+        "--kube",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([kubeconfig.display().to_string()])
+    .collect()
+}
+
 /// A token-reviewing server with only --cert/--key (no CA).
 fn start_server(env: &Env, kubeconfig: &std::path::Path, agent_bind: &str) -> Server {
     let cert = env.certs().join("server.crt").display().to_string();
     let key = env.certs().join("server.key").display().to_string();
-    let kube = kubeconfig.display().to_string();
-    Server::start_with_tls(
-        env,
-        agent_bind,
-        &["--cert", &cert, "--key", &key],
-        &[
-            "--agent-namespace",
-            NS,
-            "--agent-service-account",
-            SA,
-            "--authentication-audience",
-            AUDIENCE,
-            "--kube",
-            &kube,
-        ],
-    )
+    let auth = token_auth(kubeconfig);
+    let auth: Vec<&str> = auth.iter().map(String::as_str).collect();
+    Server::start_with_tls(env, agent_bind, &["--cert", &cert, "--key", &key], &auth)
 }
 
 /// An agent with `--ca` and, when given, `--token-file` only; `extra` adds
@@ -272,4 +276,51 @@ fn wrong_tokens_and_missing_tokens_are_refused() {
     }
     // The agent without a token was never reviewed (refused before).
     assert_eq!(reviewed.iter().filter(|t| t.is_empty()).count(), 0);
+}
+
+/// `--bind-agent-identity` binds agents by their client certificate: a
+/// token-only agent (no certificate, so nothing names its node) registers
+/// any ID and identifiers as before; a token agent that also presents a
+/// certificate is held to it.
+#[test]
+fn token_agents_without_a_certificate_are_not_bound() {
+    let env = Env::new();
+    let kube = FakeKube::start(None);
+    kube.put_token("token-one", GOOD_USER, &[AUDIENCE]);
+    let kc = env.path("kubeconfig");
+    fake_kube::kubeconfig(&kc, kube.addr);
+    let certs = env.certs().display().to_string();
+    let mut extra = token_auth(&kc);
+    extra.push("--bind-agent-identity".into());
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let server = Server::start_with_tls(&env, "127.0.0.1:0", &["--certs-dir", &certs], &extra);
+    let token = env.path("token");
+    std::fs::write(&token, "token-one\n").unwrap();
+
+    let free = spawn_agent(
+        &env,
+        server.agent,
+        "any-node",
+        Some(&token),
+        &["--agent-identifiers", "host=any-node&ipv4=10.9.9.9"],
+    );
+    free.wait_line("CONNECTED");
+    server.wait_metric("edgetunnel_agents_connected", 1.0);
+    dial_ok(&server);
+
+    // agent.crt names edgetunnel-agent, not other-node.
+    let (c, k) = (env.certs().join("agent.crt"), env.certs().join("agent.key"));
+    let bound = spawn_agent(
+        &env,
+        server.agent,
+        "other-node",
+        Some(&token),
+        &["--cert", c.to_str().unwrap(), "--key", k.to_str().unwrap()],
+    );
+    wait_for(
+        "the certificate-bearing agent refused",
+        || server.metric("edgetunnel_agent_identity_refused_total{reason=\"agent_id\"}") >= 1.0,
+        || format!("{}\n{}", server.proc.log_text(), bound.log_text()),
+    );
+    assert_eq!(server.metric("edgetunnel_agents_connected"), 1.0);
 }

@@ -195,6 +195,7 @@ pub mod code {
     pub const OK: u32 = 0;
     pub const INVALID_ARGUMENT: u32 = 3;
     pub const NOT_FOUND: u32 = 5;
+    pub const PERMISSION_DENIED: u32 = 7;
     pub const RESOURCE_EXHAUSTED: u32 = 8;
     pub const UNIMPLEMENTED: u32 = 12;
     pub const INTERNAL: u32 = 13;

@@ -1,11 +1,12 @@
 //! The tunnel protocol, sans-I/O: gRPC framing, ANP Packets, the HTTP CONNECT
-//! head, agent identifiers, routing and the per-connection state machines.
+//! head, agent identifiers and their binding to client certificates, routing and the per-connection state machines.
 //!
 //! Nothing here touches a socket, a runtime or a clock: every type takes
 //! bytes or events in and gives bytes or actions out, so it runs in unit
 //! tests and fuzz targets as is. Nothing here depends on other modules of
 //! this crate.
 
+pub mod agent_identity;
 pub mod agent_tunnel;
 pub mod grpc_frame;
 pub mod h2_authority;

@@ -19,6 +19,7 @@ use crate::engine::grpc::{self, code, PacketReceiver, PacketSender, SendBuf};
 use crate::engine::listener;
 use crate::engine::window::ConnWindow;
 use crate::metrics::{self, DialFailure, DialResult, Segment};
+use crate::protocol::agent_identity::{self, CertNames, IdentityError};
 use crate::protocol::identifiers::Identifiers;
 use crate::protocol::packet::{self, Frame};
 use crate::protocol::server_tunnel::{ServerAction, ServerTunnel, HALF_CLOSE_MARK};
@@ -108,6 +109,58 @@ fn validate(shared: &Shared, head: &http::request::Parts) -> Result<AgentHello, 
     })
 }
 
+/// An agent ID held by a certificate's key while a connection lives.
+struct Claim {
+    shared: Arc<Shared>,
+    agent_id: String,
+    spki: Vec<u8>,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.shared
+            .holders
+            .lock()
+            .expect("holders lock")
+            .release(&self.agent_id, &self.spki);
+    }
+}
+
+/// With `--bind-agent-identity`, the agent's ID and identifiers must be
+/// named by its client certificate (see [`agent_identity`]) and the ID not
+/// held by another certificate. Token-authenticated agents without a
+/// certificate are not bound (a ServiceAccount token names no node).
+fn bind_identity(
+    shared: &Arc<Shared>,
+    leaf: Option<&[u8]>,
+    hello: &AgentHello,
+) -> Result<Option<Claim>, (u32, String)> {
+    if !shared.cfg.bind_agent_identity {
+        return Ok(None);
+    }
+    let bound = match leaf {
+        None if shared.reviewer.is_some() => return Ok(None),
+        None => Err(IdentityError::NoCertificate),
+        Some(der) => CertNames::from_der(der).and_then(|names| {
+            agent_identity::check(&names, &hello.agent_id, &hello.ids)?;
+            shared
+                .holders
+                .lock()
+                .expect("holders lock")
+                .claim(&hello.agent_id, &names.spki)?;
+            Ok(Claim {
+                shared: shared.clone(),
+                agent_id: hello.agent_id.clone(),
+                spki: names.spki,
+            })
+        }),
+    };
+    bound.map(Some).map_err(|e| {
+        shared.metrics.identity_refused(e.reason());
+        (code::PERMISSION_DENIED, e.to_string())
+    })
+}
+
 /// How long an agent's token review may take.
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -154,6 +207,13 @@ async fn serve(
         let tls = acceptor
             .accept(crate::engine::read_ahead::ReadAhead::new(io))
             .await?;
+        // The verified leaf certificate, for --bind-agent-identity.
+        let leaf = tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .map(|c| c.as_ref().to_vec());
         let mut conn = h2::server::Builder::new()
             .initial_window_size(grpc::STREAM_WINDOW)
             .initial_connection_window_size(grpc::CONNECTION_WINDOW)
@@ -166,9 +226,9 @@ async fn serve(
             .accept()
             .await
             .ok_or("agent closed before its first request")??;
-        Ok::<_, BoxError>((conn, first))
+        Ok::<_, BoxError>((conn, first, leaf))
     };
-    let (mut conn, (request, mut respond)) = monoio::time::timeout(HANDSHAKE_TIMEOUT, setup)
+    let (mut conn, (request, mut respond), leaf) = monoio::time::timeout(HANDSHAKE_TIMEOUT, setup)
         .await
         .map_err(|_| "agent handshake timed out")??;
     conn.set_initial_window_size(grpc::STREAM_WINDOW).ok();
@@ -178,7 +238,12 @@ async fn serve(
         Ok(h) => authenticate(&shared, &head).await.map(|_| h),
         Err(e) => Err(e),
     };
-    let hello = match checked {
+    let checked = checked.and_then(|h| {
+        let claim = bind_identity(&shared, leaf.as_deref(), &h)?;
+        Ok((h, claim))
+    });
+    // Held until this connection ends: the agent ID stays with this key.
+    let (hello, _claim) = match checked {
         Ok(h) => h,
         Err((c, m)) => {
             tracing::warn!(%peer, code = c, reason = %m, "agent refused");

@@ -77,6 +77,9 @@ pub struct ServerConfig {
     /// Agents authenticate with ServiceAccount tokens (TokenReview); they
     /// then need no client certificate.
     pub agent_auth: Option<crate::control::token_review::AgentAuthSpec>,
+    /// Agents may register only the ID and identifiers their client
+    /// certificate names (see [`crate::protocol::agent_identity`]).
+    pub bind_agent_identity: bool,
 }
 
 /// TLS of the TCP frontends (ANP's `--server-cert/--server-key/
@@ -133,6 +136,8 @@ pub(crate) struct Shared {
     reviewer: Option<crate::control::token_review::Reviewer>,
     /// SIGTERM/SIGINT: the first starts the drain, the second ends it.
     shutdown: Arc<signals::Shutdown>,
+    /// With `bind_agent_identity`: which certificate holds each agent ID.
+    holders: Mutex<crate::protocol::agent_identity::Holders>,
 }
 
 impl Shared {
@@ -229,6 +234,12 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
         None => tls::ClientCert::Required,
     };
     let (tls_config, server_cert) = tls::server_config(&cfg.tls, client_cert, &cfg.tls_policy)?;
+    if cfg.bind_agent_identity && cfg.tls.ca.as_os_str().is_empty() {
+        tracing::warn!(
+            "--bind-agent-identity without a CA: no client certificates are asked for, \
+             so token-authenticated agents register what they like"
+        );
+    }
     let (reviewer, review_queue) = match &cfg.agent_auth {
         Some(spec) => {
             let (r, q) = crate::control::token_review::channel(spec.clone());
@@ -352,6 +363,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
         next_key: AtomicU64::new(0),
         reviewer,
         shutdown: shutdown.clone(),
+        holders: Mutex::new(Default::default()),
     });
     let mut inbox_rx = Vec::with_capacity(n);
     let mut inbox_tx = Vec::with_capacity(n);

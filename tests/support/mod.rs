@@ -61,6 +61,43 @@ impl Env {
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
+
+    /// A leaf certificate signed by this environment's CA, with a new key:
+    /// `<name>.crt` and `<name>.key` next to the certificates directory.
+    /// `sans` are DNS names or IP addresses; `usages` its extended key
+    /// usages (none: no EKU extension). Returns (cert, key) paths.
+    pub fn issue(
+        &self,
+        name: &str,
+        cn: &str,
+        sans: &[&str],
+        usages: &[rcgen::ExtendedKeyUsagePurpose],
+    ) -> (String, String) {
+        let read = |f: &str| std::fs::read_to_string(self.certs().join(f)).unwrap();
+        let ca_key = rcgen::KeyPair::from_pem(&read("ca.key")).unwrap();
+        let ca = rcgen::CertificateParams::from_ca_cert_pem(&read("ca.crt"))
+            .unwrap()
+            .self_signed(&ca_key)
+            .unwrap();
+        let mut p =
+            rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        p.extended_key_usages = usages.to_vec();
+        p.key_usages = vec![
+            rcgen::KeyUsagePurpose::DigitalSignature,
+            rcgen::KeyUsagePurpose::KeyEncipherment,
+        ];
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = p.signed_by(&key, &ca, &ca_key).unwrap();
+        let (c, k) = (
+            self.path(&format!("{name}.crt")),
+            self.path(&format!("{name}.key")),
+        );
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        (c.display().to_string(), k.display().to_string())
+    }
 }
 
 /// A child process killed on drop, with its stdout lines on a channel and
