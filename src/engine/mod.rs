@@ -5,6 +5,7 @@
 //! Nothing here blocks a core: file and Kubernetes work belongs to the
 //! control thread, never to these tasks.
 
+pub mod abort;
 pub mod budget;
 pub mod cert_reload;
 pub mod grpc;

@@ -272,6 +272,7 @@ pub trait Duplex:
     AsyncReadRent
     + AsyncWriteRent
     + monoio::io::Splitable<OwnedRead: AsyncReadRent, OwnedWrite: AsyncWriteRent>
+    + std::os::fd::AsRawFd
     + 'static
 {
 }
@@ -280,6 +281,7 @@ impl<T> Duplex for T where
     T: AsyncReadRent
         + AsyncWriteRent
         + monoio::io::Splitable<OwnedRead: AsyncReadRent, OwnedWrite: AsyncWriteRent>
+        + std::os::fd::AsRawFd
         + 'static
 {
 }

@@ -18,9 +18,9 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 
 use super::session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
 use super::{Handoff, Shared};
-use crate::engine::listener;
 use crate::engine::relay::{self, ChunkReader, LocalSocket, MovedSocket};
 use crate::engine::window::{self, ConnWindow};
+use crate::engine::{abort, listener};
 use crate::metrics::DialResult;
 use crate::protocol::http_connect;
 
@@ -105,13 +105,68 @@ async fn tls_front(
     let Ok((plain, ours)) = socket_pair() else {
         return;
     };
+    // Declared before `ours`: dropped after it.
+    let watch = abort::watch(&plain);
     monoio::spawn(front(core, shared, plain, MovedSocket::from_unix));
-    let Ok(mut ours) = ours.into_poll_io() else {
+    let Ok(ours) = ours.into_poll_io() else {
         return;
     };
-    let mut caller = caller;
-    if let Err(e) = tokio::io::copy_bidirectional(&mut caller, &mut ours).await {
-        tracing::debug!(%peer, error = %e, "TLS CONNECT caller relay ended");
+    if relay_tls(caller, ours, &watch).await {
+        tracing::debug!(%peer, "TLS CONNECT caller reset: its tunnel ended abnormally");
+    }
+}
+
+/// Relays a TLS caller and the socket pair end of its tunnel both ways.
+/// When the tunnel end closes, the caller gets close_notify and FIN, or,
+/// when the tunnel ended abnormally (`watch`), a reset: returns whether it
+/// was reset.
+async fn relay_tls<C, P>(caller: C, pair: P, watch: &abort::Watch) -> bool
+where
+    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + CallerSocket,
+    P: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fd = caller.tcp_fd();
+    let (mut caller_r, mut caller_w) = tokio::io::split(caller);
+    let (mut pair_r, mut pair_w) = tokio::io::split(pair);
+    let up = async {
+        let _ = tokio::io::copy(&mut caller_r, &mut pair_w).await;
+        let _ = pair_w.shutdown().await;
+    };
+    let down = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match pair_r.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if caller_w.write_all(&buf[..n]).await.is_err() {
+                        return false;
+                    }
+                }
+            }
+        }
+        if watch.aborted() {
+            abort::reset(&fd);
+            return true;
+        }
+        let _ = caller_w.shutdown().await;
+        false
+    };
+    futures::pin_mut!(up, down);
+    match futures::future::select(down, up).await {
+        futures::future::Either::Left((reset, _)) => reset,
+        futures::future::Either::Right(((), down)) => down.await,
+    }
+}
+
+/// The TCP descriptor under a TLS caller.
+trait CallerSocket {
+    fn tcp_fd(&self) -> std::os::fd::RawFd;
+}
+
+impl<T: std::os::fd::AsRawFd> CallerSocket for tokio_rustls::server::TlsStream<T> {
+    fn tcp_fd(&self) -> std::os::fd::RawFd {
+        self.get_ref().0.as_raw_fd()
     }
 }
 
@@ -429,6 +484,11 @@ where
             })
             .await;
     }
+    // An abnormal end (agent connection or target gone, not a clean close)
+    // resets the caller; so does the server stopping under the tunnel.
+    let fd = sock.as_raw_fd();
+    let _tracked = abort::track(&fd);
+    let aborted = Cell::new(false);
     let (rd, mut wr) = sock.into_split();
     let linger = shared.cfg.half_close_linger;
     // Chunks moved each way, so that a half-closed tunnel's linger counts
@@ -447,6 +507,7 @@ where
                         payload: chunk,
                     };
                     if futures::SinkExt::send(&mut cmds, cmd).await.is_err() {
+                        aborted.set(true);
                         return false;
                     }
                 }
@@ -462,7 +523,10 @@ where
                 Some(ev) => ev,
                 None => match events.next().await {
                     Some((_, ev)) => ev,
-                    None => return true,
+                    None => {
+                        aborted.set(true);
+                        return true;
+                    }
                 },
             };
             match ev {
@@ -497,7 +561,16 @@ where
                     };
                     return relay::linger(linger, &up_moved, closed).await.is_some();
                 }
-                FrontendEvent::Closed(_) | FrontendEvent::AgentGone => return true,
+                FrontendEvent::Closed(e) => {
+                    // The agent reports a target that failed (reset) with
+                    // an error; a clean close has none.
+                    aborted.set(!e.is_empty());
+                    return true;
+                }
+                FrontendEvent::AgentGone => {
+                    aborted.set(true);
+                    return true;
+                }
                 FrontendEvent::DialOk { .. }
                 | FrontendEvent::DialErr(_)
                 | FrontendEvent::DialCancelled => {}
@@ -523,6 +596,11 @@ where
             }
         }
     }
-    tracing::debug!(parent: &span, "tunnel closed");
+    if aborted.get() {
+        tracing::debug!(parent: &span, "tunnel ended abnormally: resetting the caller");
+        abort::abort(&fd);
+    } else {
+        tracing::debug!(parent: &span, "tunnel closed");
+    }
     None
 }

@@ -489,6 +489,12 @@ async fn worker(
     monoio::spawn(handoffs);
     s.draining().await;
     drain(core, s).await;
+    // What is still open ends abnormally: its callers get a reset, not a
+    // FIN that looks like a complete answer.
+    let reset = crate::engine::abort::reset_open();
+    if reset > 0 {
+        tracing::info!(core, tunnels = reset, "server stopping: open tunnels reset");
+    }
     Ok(())
 }
 

@@ -7,6 +7,7 @@ pub mod fake_kube;
 pub mod http_raw;
 pub mod netns;
 pub mod proxy_proc;
+pub mod tls_client;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

@@ -1,0 +1,143 @@
+//! Abnormal tunnel ends are visible to the caller (issue 13): when the
+//! agent or the server dies under a tunnel, a CONNECT caller's connection
+//! is reset (its read fails with ECONNRESET) instead of ending with a FIN
+//! that looks like a complete answer; a clean close by the target still
+//! ends with a FIN. Over TCP, over TLS (the TLS relay resets the caller for
+//! the tunnel behind its socket pair), and for the server stopping.
+
+mod support;
+
+use std::io::{ErrorKind, Read, Write};
+use std::time::Duration;
+
+use support::tls_client::{client_tls, tls_connect};
+use support::*;
+
+/// How the caller's connection ended: `Ok(())` for a clean FIN, `Err`
+/// with the error kind otherwise.
+fn end_of(mut s: impl Read) -> Result<(), ErrorKind> {
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(_) => continue,
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::TimedOut => {
+                panic!("the caller's connection did not end")
+            }
+            Err(e) => return Err(e.kind()),
+        }
+    }
+}
+
+fn tunnel_through(server: &Server, target: &str) -> std::net::TcpStream {
+    let (status, body, mut s) = connect_tcp(server.connect, target);
+    assert_eq!(status, 200, "{body}");
+    s.write_all(b"ping").unwrap();
+    let mut b = [0u8; 4];
+    s.read_exact(&mut b).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+#[test]
+fn agent_death_resets_the_caller() {
+    let env = Env::new();
+    let server = Server::start(&env, &[]);
+    let mut agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    let echo = echo_server("127.0.0.1");
+    let s = tunnel_through(&server, &echo.addr.to_string());
+    agent.proc.signal(libc::SIGKILL);
+    let _ = agent.proc.wait_exit(Duration::from_secs(5));
+    assert_eq!(end_of(s), Err(ErrorKind::ConnectionReset));
+}
+
+#[test]
+fn clean_target_close_is_a_fin() {
+    let env = Env::new();
+    let server = Server::start(&env, &[]);
+    let _agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    let target = banner_server("127.0.0.1", "hello and goodbye\n");
+    let (status, _, s) = connect_tcp(server.connect, &target.to_string());
+    assert_eq!(status, 200);
+    assert_eq!(end_of(s), Ok(()));
+}
+
+#[test]
+fn server_stopping_resets_open_tunnels() {
+    let env = Env::new();
+    // Without and with a graceful timeout that runs out.
+    for extra in [&[][..], &["--graceful-shutdown-timeout-secs", "0.5"][..]] {
+        let mut server = Server::start(&env, extra);
+        let _agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+        let echo = echo_server("127.0.0.1");
+        let s = tunnel_through(&server, &echo.addr.to_string());
+        server.proc.signal(libc::SIGTERM);
+        assert!(server.proc.wait_exit(Duration::from_secs(10)).is_some());
+        assert_eq!(end_of(s), Err(ErrorKind::ConnectionReset), "{extra:?}");
+    }
+}
+
+#[test]
+fn agent_death_resets_a_tls_caller() {
+    let env = Env::new();
+    let c = env.certs();
+    let server = Server::start(
+        &env,
+        &[
+            "--frontend-cert",
+            c.join("server.crt").to_str().unwrap(),
+            "--frontend-key",
+            c.join("server.key").to_str().unwrap(),
+        ],
+    );
+    let mut agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    let echo = echo_server("127.0.0.1");
+    let cfg = client_tls(
+        &c.join("ca.crt"),
+        None,
+        b"http/1.1",
+        &[&rustls::version::TLS13],
+        &[],
+    );
+    let mut tls = tls_connect(server.connect, cfg.clone()).unwrap();
+    let (status, _, mut tls) = {
+        let target = echo.addr.to_string();
+        let req = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+        tls.write_all(req.as_bytes()).unwrap();
+        connect_reply(tls)
+    };
+    assert_eq!(status, 200);
+    tls.write_all(b"ping").unwrap();
+    let mut b = [0u8; 4];
+    tls.read_exact(&mut b).unwrap();
+    agent.proc.signal(libc::SIGKILL);
+    let _ = agent.proc.wait_exit(Duration::from_secs(5));
+    assert_eq!(end_of(tls), Err(ErrorKind::ConnectionReset));
+
+    // A clean close over TLS is close_notify and FIN.
+    let _agent = Agent::start(&env, server.agent, "node2", "host=node2", &[]);
+    let target = banner_server("127.0.0.1", "bye\n").to_string();
+    let mut tls = tls_connect(server.connect, cfg).unwrap();
+    let req = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+    tls.write_all(req.as_bytes()).unwrap();
+    let (status, _, tls) = connect_reply(tls);
+    assert_eq!(status, 200);
+    assert_eq!(end_of(tls), Ok(()));
+}
+
+/// Reads a CONNECT answer head: its status and the stream after it.
+fn connect_reply<S: Read>(mut s: S) -> (u16, String, S) {
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut b).expect("CONNECT answer");
+        head.push(b[0]);
+    }
+    let text = String::from_utf8_lossy(&head).to_string();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, text, s)
+}
