@@ -7,6 +7,7 @@
 //! this crate.
 
 pub mod agent_tunnel;
+pub mod dest_policy;
 pub mod grpc_frame;
 pub mod h2_authority;
 pub mod http_connect;
