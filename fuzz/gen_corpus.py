@@ -281,3 +281,16 @@ cert_seed("csr-agent", der_cert("/O=openyurt:yurttunnel/CN=tunnel-agent-client",
                                 ["subjectAltName=DNS:edge-1,IP:192.168.1.10,IP:fd00::10", "extendedKeyUsage=clientAuth"]),
           "edge-1\nhost=edge-1&ipv4=192.168.1.10&ipv6=fd00%3A%3A10")
 cert_seed("serving", der_cert("/CN=node-a", ["subjectAltName=IP:10.0.0.1", "extendedKeyUsage=serverAuth"]), "node-a\n")
+
+# dest_policy: [16-byte IPv6 address][2-byte port]["allow|deny" entries]
+V4_MAPPED_LOOPBACK = bytes(10) + b"\xff\xff" + bytes([127, 0, 0, 1])
+V4_MAPPED_METADATA = bytes(10) + b"\xff\xff" + bytes([169, 254, 169, 254])
+write("dest_policy", "yurt", V4_MAPPED_LOOPBACK + struct.pack(">H", 10266)
+      + b"0.0.0.0/0,::/0,127.0.0.1/32:10266-10267|")
+write("dest_policy", "deny-wins", V4_MAPPED_LOOPBACK + struct.pack(">H", 22)
+      + b"127.0.0.0/8|127.0.0.1/32:1-1024,10.0.0.0/8:22")
+write("dest_policy", "metadata", V4_MAPPED_METADATA + struct.pack(">H", 80)
+      + b"0.0.0.0/0:80,[fd00::/8]:1-1024|[::ffff:169.254.169.254]:80")
+write("dest_policy", "v6", bytes.fromhex("fe800000000000000000000000000001") + struct.pack(">H", 443)
+      + b"fd00::/8,[::1]:443,::1/128|fe80::/10")
+write("dest_policy", "bad", bytes(18) + b"10.0.0.1/8,fd00::/8:443,[x]:1,1.2.3.4:0-1|::/129")

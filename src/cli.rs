@@ -437,6 +437,18 @@ pub struct AgentArgs {
     /// Timeout for dialing a local target, seconds.
     #[arg(long, default_value_t = 5.0)]
     pub dial_timeout_secs: f64,
+    /// Destinations this agent may dial, as a comma list (repeatable) of
+    /// `CIDR[:PORT[-PORT]]` (IPv6 with a port in brackets:
+    /// `[fd00::/8]:1-1024`). When given, only these are dialed. Loopback,
+    /// link-local (cloud metadata) and unspecified addresses are refused
+    /// unless an entry inside them lists them (`127.0.0.1/32:10255`;
+    /// `0.0.0.0/0` does not). Checked on every resolved address.
+    #[arg(long, env = "EDGETUNNEL_ALLOW_DESTINATIONS", value_delimiter = ',')]
+    pub allow_destinations: Vec<crate::protocol::dest_policy::Entry>,
+    /// Destinations this agent never dials (same syntax); wins over
+    /// --allow-destinations.
+    #[arg(long, env = "EDGETUNNEL_DENY_DESTINATIONS", value_delimiter = ',')]
+    pub deny_destinations: Vec<crate::protocol::dest_policy::Entry>,
     /// Do not offer the half-close extension (behave exactly like ANP's agent).
     #[arg(long)]
     pub no_half_close: bool,
@@ -877,6 +889,10 @@ impl AgentArgs {
             backoff_reset_after: secs(self.backoff_reset_after_secs),
             drain_grace: secs(self.drain_grace_secs),
             dial_timeout: secs(self.dial_timeout_secs),
+            policy: crate::protocol::dest_policy::Policy::new(
+                self.allow_destinations,
+                self.deny_destinations,
+            ),
             driver: self.engine.driver,
             max_message: self.engine.max_message_size,
             half_close: !self.no_half_close,

@@ -544,8 +544,11 @@ fn openyurt_chart_server_and_agent_in_a_network_namespace() {
 
     // A kubelet stand-in on the node, and a cloud client asking the plain
     // interception listener for it by node name.
+    // On 10267, a localhost-proxy port: the node address is loopback here,
+    // which the agent refuses but for the ports the yurt translation
+    // allows (its --allow-destinations wins over the tests' environment).
     let kubelet = in_netns(&ns.0, || {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let l = TcpListener::bind("127.0.0.1:10267").unwrap();
         let addr = l.local_addr().unwrap();
         std::thread::spawn(move || {
             for mut s in l.incoming().flatten() {

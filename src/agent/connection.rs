@@ -2,12 +2,14 @@
 //! relays for the local connections dialed on the server's behalf.
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::channel::mpsc;
+use futures::channel::{mpsc, oneshot};
 use futures::{SinkExt, StreamExt};
 use monoio::io::{AsyncWriteRent, IntoPollIo, Splitable};
 use rustls::pki_types::ServerName;
@@ -22,6 +24,7 @@ use crate::engine::window::{self, ConnWindow};
 use crate::metrics::agent::{metrics as agent_metrics, Direction, EndpointDialFailure};
 use crate::metrics::Segment;
 use crate::protocol::agent_tunnel::{AgentAction, AgentTunnel, DialOutcome};
+use crate::protocol::dest_policy::{self, Policy};
 use crate::protocol::packet::{self, Encoded, Frame};
 use crate::protocol::server_tunnel::HALF_CLOSE_MARK;
 use crate::protocol::{self as proto};
@@ -63,6 +66,9 @@ struct Shared {
     half_close_linger: Duration,
     window: bool,
     dial_timeout: Duration,
+    policy: Policy,
+    /// Dials in progress by connectID: sending (or dropping) aborts one.
+    cancels: RefCell<HashMap<i64, oneshot::Sender<()>>>,
     /// Payload queued toward local connections and not yet written.
     budget: Arc<Budget>,
     /// Set when the server said it drains.
@@ -174,6 +180,8 @@ pub(crate) async fn run(slots: Rc<ServerSlots>, slot: &super::Slot) -> Result<En
         half_close_linger: cfg.half_close_linger,
         window,
         dial_timeout: cfg.dial_timeout,
+        policy: cfg.policy.clone(),
+        cancels: RefCell::new(HashMap::new()),
         budget: Budget::new(TARGET_BUDGET),
         server_draining: Cell::new(false),
         drain_notice: drain_tx,
@@ -237,6 +245,8 @@ pub(crate) async fn run(slots: Rc<ServerSlots>, slot: &super::Slot) -> Result<En
         // Let h2 send the end of stream before the connection drops.
         let _ = monoio::time::timeout(Duration::from_millis(200), &mut conn).await;
     }
+    // Dropping the senders aborts the dials still in progress.
+    shared.cancels.borrow_mut().clear();
     let orphans = shared.tunnel.borrow_mut().drain_all();
     for c in orphans {
         let _ = c.tx.unbounded_send(ConnEvent::Close);
@@ -285,7 +295,18 @@ async fn read_loop(shared: Rc<Shared>, mut rx: PacketReceiver) -> Result<(), Box
                 protocol,
                 address,
             } => {
-                monoio::spawn(dial(shared.clone(), random, connect_id, protocol, address));
+                // Registered before the task runs: a DIAL_CLS right behind
+                // the DIAL_REQ still finds it.
+                let (cancel_tx, cancel_rx) = oneshot::channel();
+                shared.cancels.borrow_mut().insert(connect_id, cancel_tx);
+                let d = Dial {
+                    random,
+                    connect_id,
+                    protocol,
+                    address,
+                    cancelled: cancel_rx,
+                };
+                monoio::spawn(dial(shared.clone(), d));
             }
             AgentAction::Write { conn, payload } => {
                 let credit = shared
@@ -311,6 +332,9 @@ async fn read_loop(shared: Rc<Shared>, mut rx: PacketReceiver) -> Result<(), Box
             }
             AgentAction::CancelDial { connect_id } => {
                 tracing::debug!(connect_id, "dial cancelled by server");
+                if let Some(cancel) = shared.cancels.borrow_mut().remove(&connect_id) {
+                    let _ = cancel.send(());
+                }
             }
             AgentAction::ServerDraining => {
                 if !shared.server_draining.replace(true) {
@@ -322,8 +346,75 @@ async fn read_loop(shared: Rc<Shared>, mut rx: PacketReceiver) -> Result<(), Box
     }
 }
 
-async fn dial(shared: Rc<Shared>, random: i64, connect_id: i64, protocol: String, address: String) {
+/// Why a dial produced no connection.
+enum DialError {
+    /// The destination policy refused every address (no socket opened).
+    Refused(String),
+    Io(std::io::Error),
+}
+
+/// Resolves `address`, keeps the addresses the policy allows and connects
+/// to the first of them that answers. The check applies to the resolved
+/// addresses, the ones actually dialed, so a name cannot smuggle in a
+/// refused address.
+async fn connect(policy: &Policy, address: &str) -> Result<monoio::net::TcpStream, DialError> {
+    let resolved: Vec<SocketAddr> = match address.parse::<SocketAddr>() {
+        Ok(a) => vec![a],
+        // A name: resolved here (blocking getaddrinfo, as monoio's own
+        // connect does).
+        Err(_) => address.to_socket_addrs().map_err(DialError::Io)?.collect(),
+    };
+    let mut refused = None;
+    let allowed: Vec<SocketAddr> = resolved
+        .iter()
+        .copied()
+        .filter(|a| match policy.check(*a) {
+            Ok(()) => true,
+            Err(why) => {
+                tracing::debug!(%address, resolved = %a, %why, "address refused by policy");
+                refused.get_or_insert((*a, why));
+                false
+            }
+        })
+        .collect();
+    if allowed.is_empty() {
+        return Err(match refused {
+            Some((a, why)) => DialError::Refused(dest_policy::refusal_message(address, a, &why)),
+            None => DialError::Io(std::io::Error::other("no addresses")),
+        });
+    }
+    let mut last = None;
+    for a in allowed {
+        match monoio::net::TcpStream::connect_addr(a).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(DialError::Io(
+        last.unwrap_or_else(|| std::io::Error::other("no addresses")),
+    ))
+}
+
+/// One DIAL_REQ to carry out.
+struct Dial {
+    random: i64,
+    connect_id: i64,
+    protocol: String,
+    address: String,
+    /// Fires (or is dropped) when the server no longer wants the dial.
+    cancelled: oneshot::Receiver<()>,
+}
+
+async fn dial(shared: Rc<Shared>, d: Dial) {
+    let Dial {
+        random,
+        connect_id,
+        protocol,
+        address,
+        cancelled,
+    } = d;
     if protocol != "tcp" {
+        shared.cancels.borrow_mut().remove(&connect_id);
         let msg = format!("protocol {protocol:?} not supported");
         if let Some(f) = shared.tunnel.borrow_mut().dial_failed(random, &msg) {
             let _ = shared.ctl.unbounded_send(f);
@@ -332,35 +423,52 @@ async fn dial(shared: Rc<Shared>, random: i64, connect_id: i64, protocol: String
     }
     tracing::debug!(%address, connect_id, "dialing");
     let started = std::time::Instant::now();
-    let attempt = monoio::time::timeout(
-        shared.dial_timeout,
-        monoio::net::TcpStream::connect(address.as_str()),
-    )
-    .await;
+    let attempt = {
+        let _pending = agent_metrics().dial_pending();
+        let connecting =
+            monoio::time::timeout(shared.dial_timeout, connect(&shared.policy, &address));
+        // DIAL_CLS (or the server connection ending) aborts the connect at
+        // once: dropping it closes the socket.
+        monoio::select! {
+            r = connecting => Some(r),
+            _ = cancelled => None,
+        }
+    };
+    shared.cancels.borrow_mut().remove(&connect_id);
+    let fail = |msg: &str| {
+        if let Some(f) = shared.tunnel.borrow_mut().dial_failed(random, msg) {
+            let _ = shared.ctl.unbounded_send(f);
+        }
+    };
     let stream = match attempt {
-        Ok(Ok(s)) => {
+        None => {
+            agent_metrics().dial_cancelled();
+            tracing::debug!(%address, connect_id, "dial aborted");
+            return;
+        }
+        Some(Ok(Ok(s))) => {
             agent_metrics().dial_succeeded(started.elapsed());
             s
         }
-        Ok(Err(e)) => {
+        Some(Ok(Err(DialError::Refused(msg)))) => {
+            agent_metrics().dial_failed(EndpointDialFailure::Policy);
+            tracing::info!(%address, connect_id, "{msg}");
+            fail(&msg);
+            return;
+        }
+        Some(Ok(Err(DialError::Io(e)))) => {
             let reason = match e.kind() {
                 std::io::ErrorKind::TimedOut => EndpointDialFailure::Timeout,
                 _ => EndpointDialFailure::Unknown,
             };
             agent_metrics().dial_failed(reason);
-            let msg = format!("dial tcp {address}: {e}");
             tracing::info!(%address, error = %e, "dial failed");
-            if let Some(f) = shared.tunnel.borrow_mut().dial_failed(random, &msg) {
-                let _ = shared.ctl.unbounded_send(f);
-            }
+            fail(&format!("dial tcp {address}: {e}"));
             return;
         }
-        Err(_) => {
+        Some(Err(_)) => {
             agent_metrics().dial_failed(EndpointDialFailure::Timeout);
-            let msg = format!("dial tcp {address}: i/o timeout");
-            if let Some(f) = shared.tunnel.borrow_mut().dial_failed(random, &msg) {
-                let _ = shared.ctl.unbounded_send(f);
-            }
+            fail(&format!("dial tcp {address}: i/o timeout"));
             return;
         }
     };

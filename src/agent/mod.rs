@@ -41,6 +41,9 @@ pub struct AgentConfig {
     pub backoff_reset_after: Duration,
     pub drain_grace: Duration,
     pub dial_timeout: Duration,
+    /// Which destinations may be dialed (`--allow-destinations`,
+    /// `--deny-destinations`).
+    pub policy: crate::protocol::dest_policy::Policy,
     pub driver: Driver,
     pub max_message: usize,
     /// Offer the half-close extension to servers.

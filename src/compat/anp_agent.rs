@@ -88,6 +88,14 @@ pub fn flags() -> Vec<Flag> {
 
 /// The composite mappings and Go's validation (`Validate`).
 pub fn translate(p: &Parsed, out: &mut Out, host: &dyn Host) -> Result<(), CompatError> {
+    // ANP's agent dials any destination; edgetunnel's refuses loopback,
+    // link-local (cloud metadata) and unspecified addresses by default.
+    out.info(
+        "edgetunnel's agent refuses loopback, link-local (cloud metadata) and unspecified \
+         destinations, which ANP's agent dials; EDGETUNNEL_ALLOW_DESTINATIONS (e.g. \
+         0.0.0.0/0,::/0,127.0.0.1/32:10255) opens them"
+            .to_string(),
+    );
     let (cert, key, ca) = (p.str("agent-cert"), p.str("agent-key"), p.str("ca-cert"));
     if !key.is_empty() && cert.is_empty() {
         return Err(invalid(format!(
@@ -282,7 +290,13 @@ mod tests {
                 "--lease-label-selector k8s-app=konnectivity-server",
             ]
         );
-        assert!(t.notes.is_empty(), "{:?}", t.notes);
+        assert!(
+            t.notes.iter().all(
+                |n| matches!(n, super::super::Note::Info(s) if s.contains("refuses loopback"))
+            ),
+            "{:?}",
+            t.notes
+        );
         assert_clap_accepts(&t);
     }
 
@@ -465,7 +479,13 @@ mod tests {
                 "--lease-label-selector k8s-app=konnectivity-server",
             ]
         );
-        assert!(t.notes.is_empty(), "{:?}", t.notes);
+        assert!(
+            t.notes.iter().all(
+                |n| matches!(n, super::super::Note::Info(s) if s.contains("refuses loopback"))
+            ),
+            "{:?}",
+            t.notes
+        );
         assert_clap_accepts(&t);
         // With a certificate as well, both are presented.
         let with_cert: Vec<&str> = docs

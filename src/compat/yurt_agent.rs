@@ -18,6 +18,11 @@
 //!   service account's `ca.crt`, as yurt-tunnel does.
 //! - `--meta-host:--meta-port` (loopback, 10266: metrics, and pprof in Go)
 //!   -> `--admin-bind`. `--apiserver-addr` has no effect yet.
+//! - yurt-tunnel-server dials its `localhost-proxy-ports` (10266, 10267)
+//!   on the node's 127.0.0.1 (edgetunnel's server: `--localhost-proxy-ports`),
+//!   which edgetunnel's agent refuses by default: the translation adds
+//!   `--allow-destinations` [`YURT_ALLOW`], every address the default
+//!   policy allows plus those loopback ports.
 
 use std::path::PathBuf;
 
@@ -28,6 +33,11 @@ use crate::compat::goflag::Parsed;
 
 /// `YurttunnelAgentCertDir` with the agent's name.
 pub const DEFAULT_CERT_DIR: &str = "/var/lib/yurttunnel-agent/pki";
+/// What a yurt-tunnel agent may dial: everything edgetunnel's default
+/// policy allows (`0.0.0.0/0` and `::/0` do not lift the loopback and
+/// link-local refusals), plus the server's default localhost-proxy ports.
+pub const YURT_ALLOW: &str = "0.0.0.0/0,::/0,127.0.0.1/32:10266-10267";
+
 /// yurt-tunnel-agent's kubeconfig when neither `--kube-config` nor
 /// `--apiserver-addr` is given.
 pub const DEFAULT_KUBECONFIG: &str = "/etc/kubernetes/kubelet.conf";
@@ -178,6 +188,7 @@ pub fn translate(p: &Parsed, out: &mut Out, host: &dyn Host) -> Result<(), Compa
         "--admin-bind",
         std::net::SocketAddr::new(meta_ip, super::port_str(p, "meta-port")?).to_string(),
     );
+    out.arg("--allow-destinations", YURT_ALLOW);
     Ok(())
 }
 
@@ -211,6 +222,7 @@ mod tests {
                 "--cert-mode csr",
                 "--kube /etc/kubernetes/kubelet.conf",
                 "--admin-bind 127.0.0.1:10266",
+                "--allow-destinations 0.0.0.0/0,::/0,127.0.0.1/32:10266-10267",
             ]
         );
         assert!(t.notes.is_empty(), "{:?}", t.notes);

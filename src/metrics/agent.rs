@@ -22,11 +22,14 @@ pub const ANP_AGENT_LATENCY_BUCKETS: [f64; 7] = [0.005, 0.025, 0.1, 0.5, 2.5, 10
 
 const ANP_AGENT: &str = "konnectivity_network_proxy_agent_";
 
-/// Why a dial to a local endpoint failed (ANP's agent `DialFailureReason`).
+/// Why a dial to a local endpoint failed (ANP's agent `DialFailureReason`,
+/// and edgetunnel's `policy`: refused by `--allow-destinations` /
+/// `--deny-destinations` before any socket was opened).
 #[derive(Debug, Clone, Copy)]
 pub enum EndpointDialFailure {
     Timeout,
     Unknown,
+    Policy,
 }
 
 /// Direction of a server connection failure (ANP's agent `Direction`).
@@ -41,13 +44,14 @@ pub struct AgentMetrics {
     registry: Registry,
     dial_duration: Histogram,
     server_failures: [UntypedCounter; 2],
-    dial_failures: [Counter; 2],
+    dial_failures: [Counter; 3],
     open_server_connections: Gauge,
     known_server_count: Gauge,
     open_endpoint_connections: Gauge,
     streams: Streams,
     servers_connected: Gauge,
-    dials: [Counter; 3],
+    dials: [Counter; 5],
+    dials_pending: Gauge,
 }
 
 static METRICS: LazyLock<AgentMetrics> = LazyLock::new(AgentMetrics::new);
@@ -76,7 +80,7 @@ impl AgentMetrics {
         );
         let df = Family::<Label1, Counter>::default();
         let dial_failures =
-            ["timeout", "unknown"].map(|r| df.get_or_create_owned(&[("reason", r)]));
+            ["timeout", "unknown", "policy"].map(|r| df.get_or_create_owned(&[("reason", r)]));
         // Registered without "_total": the text encoder adds it to counters.
         x.add(
             format!("{ANP_AGENT}endpoint_dial_failure"),
@@ -110,12 +114,17 @@ impl AgentMetrics {
             "Server connections up (Connect stream accepted).",
         );
         let d = Family::<Label1, Counter>::default();
-        let dials =
-            ["success", "failure", "timeout"].map(|r| d.get_or_create_owned(&[("result", r)]));
+        let dials = ["success", "failure", "timeout", "refused", "cancelled"]
+            .map(|r| d.get_or_create_owned(&[("result", r)]));
         x.add(
             "edgetunnel_agent_dials",
-            "Dials to local endpoints by result.",
+            "Dials to local endpoints by result (refused: by the destination policy; cancelled: by the server's DIAL_CLS or its connection ending).",
             d,
+        );
+        let dials_pending = gauge(
+            &mut x,
+            "edgetunnel_agent_dials_pending".into(),
+            "Dials to local endpoints in progress.",
         );
         let mut registry = Registry::default();
         registry.register_collector(Box::new(x));
@@ -130,6 +139,7 @@ impl AgentMetrics {
             streams,
             servers_connected,
             dials,
+            dials_pending,
         }
     }
 
@@ -167,7 +177,21 @@ impl AgentMetrics {
                 self.dial_failures[1].inc();
                 self.dials[1].inc();
             }
+            EndpointDialFailure::Policy => {
+                self.dial_failures[2].inc();
+                self.dials[3].inc();
+            }
         }
+    }
+
+    /// A dial abandoned because the server no longer wants it.
+    pub fn dial_cancelled(&self) {
+        self.dials[4].inc();
+    }
+
+    /// Held while a dial to a local endpoint is in progress.
+    pub fn dial_pending(&self) -> GaugeGuard {
+        GaugeGuard::new(&self.dials_pending)
     }
 
     /// A send to (`ToServer`) or receive from the server failed.
@@ -209,6 +233,9 @@ mod tests {
         let _e = m.endpoint_connection();
         m.dial_succeeded(Duration::from_millis(30));
         m.dial_failed(EndpointDialFailure::Timeout);
+        m.dial_failed(EndpointDialFailure::Policy);
+        m.dial_cancelled();
+        let pending = m.dial_pending();
         m.server_failure(Direction::FromServer, "Unknown", "Unknown");
         m.packet(Segment::ToAgent, 0);
         m.packet(Segment::FromAgent, 1);
@@ -229,9 +256,15 @@ mod tests {
             format!("{p}stream_errors_total{{segment=\"to_agent\",code=\"Unknown\",packet_type=\"Unknown\"}} 1\n"),
             "edgetunnel_agent_servers_connected 1\n".to_string(),
             "edgetunnel_agent_dials_total{result=\"timeout\"} 1\n".to_string(),
+            format!("{p}endpoint_dial_failure_total{{reason=\"policy\"}} 1\n"),
+            "edgetunnel_agent_dials_total{result=\"refused\"} 1\n".to_string(),
+            "edgetunnel_agent_dials_total{result=\"cancelled\"} 1\n".to_string(),
+            "edgetunnel_agent_dials_pending 1\n".to_string(),
             format!("# HELP {p}open_server_connections Current number of open server connections.\n"),
         ] {
             assert!(t.contains(&s), "{s} missing in\n{t}");
         }
+        drop(pending);
+        assert!(m.render().contains("edgetunnel_agent_dials_pending 0\n"));
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod agent_identity;
 pub mod agent_tunnel;
+pub mod dest_policy;
 pub mod grpc_frame;
 pub mod h2_authority;
 pub mod http_connect;

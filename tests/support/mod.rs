@@ -101,6 +101,15 @@ impl Env {
     }
 }
 
+/// The agent's `--allow-destinations` from the environment.
+pub const ALLOW_ENV: &str = "EDGETUNNEL_ALLOW_DESTINATIONS";
+/// What every agent the tests start may dial: what the default policy
+/// allows plus loopback, where the test targets listen. Set here, in
+/// [`Proc::spawn`], for every process (agents started through the Go-flag
+/// faces and in network namespaces too), unless the command sets or
+/// removes [`ALLOW_ENV`] itself; an `--allow-destinations` flag wins.
+pub const TEST_ALLOW_DESTINATIONS: &str = "0.0.0.0/0,::/0,127.0.0.0/8,::1";
+
 /// A child process killed on drop, with its stdout lines on a channel and
 /// stderr in a log file.
 pub struct Proc {
@@ -111,6 +120,9 @@ pub struct Proc {
 
 impl Proc {
     pub fn spawn(mut cmd: Command, log: PathBuf) -> Proc {
+        if !cmd.get_envs().any(|(k, _)| k == ALLOW_ENV) {
+            cmd.env(ALLOW_ENV, TEST_ALLOW_DESTINATIONS);
+        }
         let logf = std::fs::File::create(&log).expect("log file");
         cmd.stdout(Stdio::piped()).stderr(logf).stdin(Stdio::null());
         let mut child = cmd.spawn().expect("spawn edgetunnel");
@@ -388,7 +400,25 @@ impl Agent {
         identifiers: &str,
         extra: &[&str],
     ) -> Agent {
+        let cmd = Self::command(env, server, id, identifiers, extra);
+        Self::spawn_command(env, id, cmd)
+    }
+
+    fn spawn_command(env: &Env, id: &str, cmd: Command) -> Agent {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        Agent {
+            proc: Proc::spawn(cmd, env.path(&format!("agent-{id}-{n}.log"))),
+        }
+    }
+
+    /// The command line of [`Agent::spawn`].
+    pub fn command(
+        env: &Env,
+        server: SocketAddr,
+        id: &str,
+        identifiers: &str,
+        extra: &[&str],
+    ) -> Command {
         let mut cmd = Command::new(BIN);
         cmd.arg("agent")
             .arg("--certs-dir")
@@ -399,9 +429,7 @@ impl Agent {
             .args(["--agent-identifiers", identifiers])
             .args(["--backoff-initial-secs", "0.1", "--backoff-max-secs", "1"])
             .args(extra);
-        Agent {
-            proc: Proc::spawn(cmd, env.path(&format!("agent-{id}-{n}.log"))),
-        }
+        cmd
     }
 }
 
