@@ -141,3 +141,46 @@ fn connect_reply<S: Read>(mut s: S) -> (u16, String, S) {
         .unwrap_or(0);
     (status, text, s)
 }
+
+/// A target that reads four bytes, then resets its connection.
+fn resetting_target() -> std::net::SocketAddr {
+    serve_each("127.0.0.1", |mut s| {
+        let mut b = [0u8; 4];
+        let _ = s.read_exact(&mut b);
+        let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+    })
+}
+
+#[test]
+fn target_reset_resets_the_caller() {
+    let env = Env::new();
+    let server = Server::start(&env, &[]);
+    let _agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    let target = resetting_target();
+    let (status, _, mut s) = connect_tcp(server.connect, &target.to_string());
+    assert_eq!(status, 200);
+    s.write_all(b"ping").unwrap();
+    assert_eq!(end_of(s), Err(ErrorKind::ConnectionReset));
+}
+
+#[test]
+fn server_death_resets_the_target() {
+    let env = Env::new();
+    let mut server = Server::start(&env, &[]);
+    let _agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let target = serve_each("127.0.0.1", move |mut s| {
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).unwrap();
+        s.write_all(&b).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = tx.send(end_of(s));
+    });
+    let _s = tunnel_through(&server, &target.to_string());
+    server.proc.signal(libc::SIGKILL);
+    let _ = server.proc.wait_exit(Duration::from_secs(5));
+    let end = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("target saw an end");
+    assert_eq!(end, Err(ErrorKind::ConnectionReset));
+}

@@ -4,6 +4,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,6 +56,8 @@ enum ConnEvent {
     Data(Credit),
     ShutdownWrite,
     Close,
+    /// The server connection ended under the tunnel: reset the target.
+    Abort,
 }
 
 struct Shared {
@@ -249,7 +252,7 @@ pub(crate) async fn run(slots: Rc<ServerSlots>, slot: &super::Slot) -> Result<En
     shared.cancels.borrow_mut().clear();
     let orphans = shared.tunnel.borrow_mut().drain_all();
     for c in orphans {
-        let _ = c.tx.unbounded_send(ConnEvent::Close);
+        let _ = c.tx.unbounded_send(ConnEvent::Abort);
     }
     tracing::info!(server = %addr, "disconnected from server");
     outcome
@@ -504,6 +507,8 @@ enum Down {
     /// The server finished sending (half-close).
     Finished,
     Failed,
+    /// The server connection ended: the target is reset.
+    Aborted,
 }
 
 async fn relay_conn(
@@ -513,6 +518,12 @@ async fn relay_conn(
     mut events: mpsc::UnboundedReceiver<ConnEvent>,
     window: Option<Arc<ConnWindow>>,
 ) {
+    // An abnormal end (server connection gone) resets the target; a target
+    // that fails is reported in the CLOSE_RSP's error, so the server can
+    // reset its caller.
+    let fd = stream.as_raw_fd();
+    let failure: RefCell<Option<String>> = RefCell::new(None);
+    let failure = &failure;
     let (rd, mut wr) = stream.into_split();
     let mut out = shared.out.clone();
     // Chunks moved each way, so that a half-closed connection's linger
@@ -535,12 +546,18 @@ async fn relay_conn(
                     }
                 }
                 Ok(None) => return true,
-                Err(_) => return false,
+                Err(e) => {
+                    failure.replace(Some(format!("read from target: {e}")));
+                    return false;
+                }
             }
         }
     };
     // `down` owns the receiver and hands it back, so the server's CLOSE can
-    // still be heard after `down` itself has finished (half-close).
+    // still be heard after `down` itself has finished (half-close). It only
+    // borrows the write half: dropping that sends a FIN, which must not
+    // come before a reset.
+    let wr = &mut wr;
     let down = async move {
         let mut stashed: Option<ConnEvent> = None;
         loop {
@@ -564,7 +581,8 @@ async fn relay_conn(
                     stashed = next;
                     down_moved.set(down_moved.get() + 1);
                     let chunks = credits.iter().map(|c| c.bytes().clone()).collect();
-                    if relay::write_chunks(&mut wr, chunks).await.is_err() {
+                    if let Err(e) = relay::write_chunks(wr, chunks).await {
+                        failure.replace(Some(format!("write to target: {e}")));
                         return (Down::Failed, events);
                     }
                 }
@@ -573,6 +591,7 @@ async fn relay_conn(
                     return (Down::Finished, events);
                 }
                 ConnEvent::Close => return (Down::Closed, events),
+                ConnEvent::Abort => return (Down::Aborted, events),
             }
         }
     };
@@ -595,11 +614,16 @@ async fn relay_conn(
             }
         }
         futures::future::Either::Right(((Down::Closed, _), _)) => false,
+        futures::future::Either::Right(((Down::Aborted, _), _)) => {
+            tracing::debug!(connect_id, "server connection gone: resetting the target");
+            crate::engine::abort::reset(&fd);
+            false
+        }
         futures::future::Either::Right(((Down::Finished, mut events), up)) => {
             // The target may still be sending; the server may still close.
             let closed = async move {
                 while let Some(ev) = events.next().await {
-                    if let ConnEvent::Close = ev {
+                    if let ConnEvent::Close | ConnEvent::Abort = ev {
                         break;
                     }
                 }
@@ -615,7 +639,10 @@ async fn relay_conn(
         futures::future::Either::Right(((Down::Failed, _), _)) => true,
     };
     if close {
-        let frame = shared.tunnel.borrow_mut().local_closed(connect_id);
+        let mut frame = shared.tunnel.borrow_mut().local_closed(connect_id);
+        if let (Some(Frame::CloseResponse(c)), Some(e)) = (&mut frame, failure.take()) {
+            c.error = e;
+        }
         if let Some(f) = frame {
             // Same queue as the data: the CLOSE_RSP must not overtake it.
             let _ = shared.out.clone().send(packet::encode(f)).await;

@@ -34,13 +34,16 @@ pub fn reset(sock: &impl AsRawFd) {
     };
     // SAFETY: a valid sockaddr of the given length; the result is ignored
     // (unix sockets refuse it, which is fine).
-    unsafe {
+    let rc = unsafe {
         libc::connect(
             fd,
             &unspec,
             std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
         )
     };
+    if rc != 0 {
+        tracing::debug!(fd, error = %std::io::Error::last_os_error(), "reset: disconnect refused");
+    }
 }
 
 /// The tunnel on `sock` ended abnormally: reset its caller (directly, or
