@@ -8,6 +8,8 @@ use std::rc::Rc;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpListener;
 
+use crate::engine::accept;
+
 /// What the admin endpoints report.
 pub trait AdminState: 'static {
     fn metrics(&self) -> String;
@@ -15,26 +17,20 @@ pub trait AdminState: 'static {
     fn ready(&self) -> Result<String, String>;
 }
 
-/// Serves the admin endpoints on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, state: Rc<dyn AdminState>) {
-    loop {
-        let (mut stream, peer) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                // Out of descriptors and the like: back off, never spin.
-                tracing::warn!(error = %e, "admin listener accept failed");
-                monoio::time::sleep(std::time::Duration::from_millis(100)).await;
-                continue;
-            }
-        };
+/// Serves the admin endpoints on `listener` (called `name` in logs)
+/// until the task is dropped.
+pub async fn serve(listener: TcpListener, name: &'static str, state: Rc<dyn AdminState>) {
+    accept::serve(listener, accept::Options::named(name), move |c| {
         let state = state.clone();
-        monoio::spawn(async move {
+        let (mut stream, peer) = (c.stream, c.peer);
+        async move {
             let head = monoio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream)).await;
             let Ok(Some(head)) = head else { return };
             let response = respond(&head, &*state, peer);
             let _ = stream.write_all(response.into_bytes()).await;
-        });
-    }
+        }
+    })
+    .await
 }
 
 const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

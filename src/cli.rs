@@ -189,6 +189,20 @@ pub struct ServerArgs {
     /// (twice this long) closes the caller's connection.
     #[arg(long, default_value_t = 3600.0)]
     pub frontend_keepalive_secs: f64,
+    /// Agent connections that may be in their handshake at once (TLS,
+    /// HTTP/2, first request, token review); more are closed as soon as
+    /// they are accepted, so that a flood of unauthenticated connections
+    /// cannot take every descriptor. 0: no cap.
+    #[arg(long, default_value_t = 1024)]
+    pub max_handshakes: usize,
+    /// The same cap per source address. 0: no cap.
+    #[arg(long, default_value_t = 64)]
+    pub max_handshakes_per_ip: usize,
+    /// A gRPC frontend connection that sends no HTTP/2 preface, or has no
+    /// stream open, for this many seconds is closed (GOAWAY first when it
+    /// spoke HTTP/2). Hidden: for tests.
+    #[arg(long, hide = true, default_value_t = 30.0)]
+    pub frontend_idle_secs: f64,
     /// Lowest TLS version of the agent and frontend listeners: VersionTLS12
     /// (default) or VersionTLS13 (ANP's --tls-min-version).
     #[arg(long, default_value = "")]
@@ -786,6 +800,11 @@ impl ServerArgs {
             keepalive: Duration::from_secs(self.engine.keepalive_secs.max(1)),
             frontend_keepalive: secs(self.frontend_keepalive_secs).max(Duration::from_millis(100)),
             graceful_shutdown: secs(self.graceful_shutdown_timeout_secs),
+            handshake_limits: crate::engine::admission::Limits {
+                total: self.max_handshakes,
+                per_ip: self.max_handshakes_per_ip,
+            },
+            frontend_idle: secs(self.frontend_idle_secs).max(Duration::from_millis(100)),
             half_close_linger: secs(self.engine.half_close_linger_secs),
         })
     }

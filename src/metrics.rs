@@ -327,6 +327,8 @@ pub struct Metrics {
     /// ([`crate::protocol::agent_identity::REASONS`]).
     identity_refused: Vec<Counter>,
     dial_duration: Histogram,
+    /// The agent listener's pre-authentication cap.
+    pub handshakes: crate::engine::admission::AdmissionMetrics,
     // ANP (konnectivity_network_proxy_server_*)
     anp_dial_duration: Histogram,
     grpc_proxy: Gauge,
@@ -401,6 +403,22 @@ impl Metrics {
             "edgetunnel_agent_identity_refused",
             "Agent registrations refused because the client certificate does not name what the agent asked for.",
             refused,
+        );
+        let in_progress = gauge(
+            &mut x,
+            "edgetunnel_agent_handshakes",
+            "Agent connections accepted and not yet authenticated (TLS, HTTP/2, first request, token review).",
+        );
+        let hr = Family::<Label1, Counter>::default();
+        let handshakes = crate::engine::admission::AdmissionMetrics {
+            in_progress,
+            refused_total: hr.get_or_create_owned(&[("cap", "total")]),
+            refused_per_ip: hr.get_or_create_owned(&[("cap", "per_ip")]),
+        };
+        x.add(
+            "edgetunnel_agent_handshakes_refused",
+            "Agent connections closed at once because --max-handshakes or --max-handshakes-per-ip was reached.",
+            hr,
         );
         let dial_duration = Histogram::new(DIAL_BUCKETS);
         x.add(
@@ -485,6 +503,7 @@ impl Metrics {
             agent_protocol_errors,
             identity_refused,
             dial_duration,
+            handshakes,
             anp_dial_duration,
             grpc_proxy,
             grpc_connect,

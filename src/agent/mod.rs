@@ -114,7 +114,7 @@ pub fn run(cfg: AgentConfig) -> Result<(), BoxError> {
         for l in admin_l {
             match monoio::net::TcpListener::from_std(l) {
                 Ok(l) => {
-                    monoio::spawn(crate::admin::serve(l, Rc::new(AgentAdmin)));
+                    monoio::spawn(crate::admin::serve(l, "admin", Rc::new(AgentAdmin)));
                 }
                 Err(e) => tracing::error!(error = %e, "agent admin listener"),
             }

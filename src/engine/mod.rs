@@ -1,11 +1,14 @@
 //! The data-plane engine: runtime glue between the sans-I/O protocol and the
-//! kernel. Workers (one monoio runtime per core), SO_REUSEPORT listeners,
+//! kernel. Workers (one monoio runtime per core), SO_REUSEPORT listeners
+//! and the accept loop they all run,
 //! TLS and HTTP/2 adapters, the socket relay and cross-core socket handoff.
 //!
 //! Nothing here blocks a core: file and Kubernetes work belongs to the
 //! control thread, never to these tasks.
 
 pub mod abort;
+pub mod accept;
+pub mod admission;
 pub mod budget;
 pub mod cert_reload;
 pub mod grpc;

@@ -139,7 +139,11 @@ pub fn run(args: ProxyArgs) -> Result<(), BoxError> {
             let core = conn::Core::new(shared.clone());
             if let Some(m) = metrics {
                 let m = monoio::net::TcpListener::from_std(m)?;
-                monoio::spawn(crate::admin::serve(m, Rc::new(MetricsView(shared))));
+                monoio::spawn(crate::admin::serve(
+                    m,
+                    "metrics",
+                    Rc::new(MetricsView(shared)),
+                ));
             }
             match listener {
                 Some(l) => accept_loop(l, core).await,
@@ -156,41 +160,34 @@ enum Listener {
 }
 
 async fn accept_loop(l: Listener, core: Rc<conn::Core>) -> std::io::Result<()> {
+    use crate::engine::accept;
     match l {
         Listener::Tcp(l) => {
             let l = monoio::net::TcpListener::from_std(l)?;
-            loop {
-                let (s, peer) = match l.accept().await {
-                    Ok(x) => x,
-                    Err(e) => {
-                        tracing::warn!("accept: {e}");
-                        monoio::time::sleep(std::time::Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = s.set_nodelay(true);
-                let Ok(io) = s.into_poll_io() else { continue };
-                monoio::spawn(conn::serve(
-                    io::ClientIo::Tcp(io),
-                    Some(peer.ip()),
-                    core.clone(),
-                ));
-            }
+            accept::serve(l, accept::Options::named("proxy"), move |c| {
+                let core = core.clone();
+                async move {
+                    let Ok(io) = c.stream.into_poll_io() else {
+                        return;
+                    };
+                    conn::serve(io::ClientIo::Tcp(io), Some(c.peer.ip()), core).await
+                }
+            })
+            .await
         }
         Listener::Unix(l) => {
             let l = monoio::net::UnixListener::from_std(l)?;
-            loop {
-                let (s, _) = match l.accept().await {
-                    Ok(x) => x,
-                    Err(e) => {
-                        tracing::warn!("accept: {e}");
-                        monoio::time::sleep(std::time::Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let Ok(io) = s.into_poll_io() else { continue };
-                monoio::spawn(conn::serve(io::ClientIo::Unix(io), None, core.clone()));
-            }
+            accept::serve(l, accept::Options::named("proxy-unix"), move |c| {
+                let core = core.clone();
+                async move {
+                    let Ok(io) = c.stream.into_poll_io() else {
+                        return;
+                    };
+                    conn::serve(io::ClientIo::Unix(io), None, core).await
+                }
+            })
+            .await
         }
     }
+    Ok(())
 }

@@ -14,9 +14,10 @@ use tokio_rustls::TlsAcceptor;
 
 use super::session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
 use super::Shared;
+use crate::engine::accept;
+use crate::engine::admission::Permit;
 use crate::engine::budget::Budget;
 use crate::engine::grpc::{self, code, PacketReceiver, PacketSender, SendBuf};
-use crate::engine::listener;
 use crate::engine::window::ConnWindow;
 use crate::metrics::{self, DialFailure, DialResult, Segment};
 use crate::protocol::agent_identity::{self, CertNames, IdentityError};
@@ -37,24 +38,21 @@ pub(super) async fn accept_loop(
     tls: Arc<rustls::ServerConfig>,
 ) {
     let acceptor = TlsAcceptor::from(tls);
-    loop {
-        let (stream, peer) = match l.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "agent listener accept failed");
-                monoio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        listener::nodelay(&stream);
+    let opts = accept::Options {
+        name: "agent",
+        admission: Some(shared.handshakes.clone()),
+    };
+    accept::serve(l, opts, move |c| {
         let shared = shared.clone();
         let acceptor = acceptor.clone();
-        monoio::spawn(async move {
-            if let Err(e) = serve(core, shared.clone(), acceptor, stream).await {
-                tracing::info!(%peer, error = %e, "agent connection ended");
+        async move {
+            // The span of the connection names the peer.
+            if let Err(e) = serve(core, shared, acceptor, c.stream, c.permit).await {
+                tracing::info!(error = %e, "agent connection ended");
             }
-        });
-    }
+        }
+    })
+    .await
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -200,6 +198,7 @@ async fn serve(
     shared: Arc<Shared>,
     acceptor: TlsAcceptor,
     stream: monoio::net::TcpStream,
+    permit: Option<Permit>,
 ) -> Result<(), BoxError> {
     let peer = stream.peer_addr()?;
     let io = stream.into_poll_io()?;
@@ -244,7 +243,11 @@ async fn serve(
     });
     // Held until this connection ends: the agent ID stays with this key.
     let (hello, _claim) = match checked {
-        Ok(h) => h,
+        Ok(h) => {
+            // Authenticated: no longer counted against --max-handshakes.
+            drop(permit);
+            h
+        }
         Err((c, m)) => {
             tracing::warn!(%peer, code = c, reason = %m, "agent refused");
             let _ = respond.send_response(grpc::error_head(c, &m), true);

@@ -18,9 +18,10 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 
 use super::session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
 use super::{Handoff, Shared};
+use crate::engine::abort;
+use crate::engine::accept;
 use crate::engine::relay::{self, ChunkReader, LocalSocket, MovedSocket};
 use crate::engine::window::{self, ConnWindow};
-use crate::engine::{abort, listener};
 use crate::metrics::DialResult;
 use crate::protocol::http_connect;
 
@@ -56,22 +57,17 @@ pub(super) async fn accept_tcp(
     l: monoio::net::TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
-    loop {
-        match l.accept().await {
-            Ok((s, peer)) => {
-                listener::nodelay(&s);
-                match &tls {
-                    Some(t) => {
-                        monoio::spawn(tls_front(core, shared.clone(), s, peer, t.clone()));
-                    }
-                    None => {
-                        monoio::spawn(front(core, shared.clone(), s, MovedSocket::from_tcp));
-                    }
-                }
+    accept::serve(l, accept::Options::named("connect"), move |c| {
+        let shared = shared.clone();
+        let tls = tls.clone();
+        async move {
+            match tls {
+                Some(t) => tls_front(core, shared, c.stream, c.peer, t).await,
+                None => front(core, shared, c.stream, MovedSocket::from_tcp).await,
             }
-            Err(e) => accept_error(e).await,
         }
-    }
+    })
+    .await
 }
 
 /// A TLS caller (ANP's TCP frontend with `--server-cert`): the handshake
@@ -182,19 +178,10 @@ pub(super) fn socket_pair() -> std::io::Result<(monoio::net::UnixStream, monoio:
 }
 
 pub(super) async fn accept_unix(core: usize, shared: Arc<Shared>, l: monoio::net::UnixListener) {
-    loop {
-        match l.accept().await {
-            Ok((s, _)) => {
-                monoio::spawn(front(core, shared.clone(), s, MovedSocket::from_unix));
-            }
-            Err(e) => accept_error(e).await,
-        }
-    }
-}
-
-async fn accept_error(e: std::io::Error) {
-    tracing::warn!(error = %e, "CONNECT listener accept failed");
-    monoio::time::sleep(Duration::from_millis(50)).await;
+    accept::serve(l, accept::Options::named("connect-uds"), move |c| {
+        front(core, shared.clone(), c.stream, MovedSocket::from_unix)
+    })
+    .await
 }
 
 /// Reads the head; answers errors; otherwise runs or hands off the tunnel.

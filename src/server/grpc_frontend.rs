@@ -18,6 +18,7 @@ use monoio::io::IntoPollIo;
 
 use super::session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
 use super::Shared;
+use crate::engine::accept;
 use crate::engine::budget::Credit;
 use crate::engine::grpc::{self, code, GrpcError, PacketReceiver, PacketSender, SendBuf};
 use crate::engine::window::{self, ConnWindow};
@@ -37,60 +38,91 @@ pub(super) async fn accept_tcp(
     l: monoio::net::TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
-    loop {
-        match l.accept().await {
-            Ok((s, peer)) => {
-                crate::engine::listener::nodelay(&s);
-                let shared = shared.clone();
-                let tls = tls.clone();
-                monoio::spawn(async move {
-                    let io = match s.into_poll_io() {
-                        Ok(io) => io,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "poll-io conversion failed");
-                            return;
-                        }
-                    };
-                    let Some(tls) = tls else {
-                        return serve_conn(shared, io, peer.to_string()).await;
-                    };
-                    match monoio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(io)).await {
-                        Ok(Ok(io)) => serve_conn(shared, io, peer.to_string()).await,
-                        Ok(Err(e)) => {
-                            shared.metrics.frontend_errors.inc();
-                            tracing::info!(%peer, "gRPC frontend TLS handshake failed: {e}");
-                        }
-                        Err(_) => {
-                            shared.metrics.frontend_errors.inc();
-                            tracing::info!(%peer, "gRPC frontend TLS handshake timed out");
-                        }
-                    }
-                });
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "gRPC frontend accept failed");
-                monoio::time::sleep(Duration::from_millis(50)).await;
+    accept::serve(l, accept::Options::named("grpc"), move |c| {
+        let shared = shared.clone();
+        let tls = tls.clone();
+        async move {
+            let peer = c.peer;
+            let io = match c.stream.into_poll_io() {
+                Ok(io) => io,
+                Err(e) => {
+                    tracing::warn!(error = %e, "poll-io conversion failed");
+                    return;
+                }
+            };
+            let Some(tls) = tls else {
+                return serve_conn(shared, io, peer.to_string()).await;
+            };
+            match monoio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(io)).await {
+                Ok(Ok(io)) => serve_conn(shared, io, peer.to_string()).await,
+                Ok(Err(e)) => {
+                    shared.metrics.frontend_errors.inc();
+                    tracing::info!(%peer, "gRPC frontend TLS handshake failed: {e}");
+                }
+                Err(_) => {
+                    shared.metrics.frontend_errors.inc();
+                    tracing::info!(%peer, "gRPC frontend TLS handshake timed out");
+                }
             }
         }
-    }
+    })
+    .await
 }
 
 pub(super) async fn accept_unix(shared: Arc<Shared>, l: monoio::net::UnixListener) {
-    loop {
-        match l.accept().await {
-            Ok((s, _)) => {
-                let shared = shared.clone();
-                monoio::spawn(async move {
-                    match s.into_poll_io() {
-                        Ok(io) => serve_conn(shared, io, "unix".to_string()).await,
-                        Err(e) => tracing::warn!(error = %e, "poll-io conversion failed"),
-                    }
-                });
+    accept::serve(l, accept::Options::named("grpc-uds"), move |c| {
+        let shared = shared.clone();
+        async move {
+            match c.stream.into_poll_io() {
+                Ok(io) => serve_conn(shared, io, "unix".to_string()).await,
+                Err(e) => tracing::warn!(error = %e, "poll-io conversion failed"),
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "gRPC frontend accept failed");
-                monoio::time::sleep(Duration::from_millis(50)).await;
-            }
+        }
+    })
+    .await
+}
+
+/// How long a connection told GOAWAY for idleness (or a drain) may stay
+/// once it has no stream open, at most.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+/// A connection's open proxy streams and since when it has had none: a
+/// connection without a stream for `--frontend-idle-secs` is closed, as
+/// the CONNECT frontend closes a caller that sends no request head.
+struct Idle {
+    active: Cell<usize>,
+    since: Cell<Instant>,
+}
+
+impl Idle {
+    fn new(now: Instant) -> Rc<Self> {
+        Rc::new(Idle {
+            active: Cell::new(0),
+            since: Cell::new(now),
+        })
+    }
+
+    /// When the connection has been idle for `limit`; `None` while a
+    /// stream is open.
+    fn deadline(&self, limit: Duration) -> Option<Instant> {
+        (self.active.get() == 0).then(|| self.since.get() + limit)
+    }
+
+    fn open(self: &Rc<Self>) -> OpenStream {
+        self.active.set(self.active.get() + 1);
+        OpenStream(self.clone())
+    }
+}
+
+/// A proxy stream counted by [`Idle`] while it lives.
+struct OpenStream(Rc<Idle>);
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        let n = self.0.active.get().saturating_sub(1);
+        self.0.active.set(n);
+        if n == 0 {
+            self.0.since.set(Instant::now());
         }
     }
 }
@@ -99,17 +131,23 @@ async fn serve_conn<T>(shared: Arc<Shared>, io: T, peer: String)
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
 {
-    let conn = h2::server::Builder::new()
+    let idle_for = shared.cfg.frontend_idle;
+    let idle = Idle::new(Instant::now());
+    // The handshake ends when the client's preface has come.
+    let handshake = h2::server::Builder::new()
         .initial_window_size(4 * 1024 * 1024)
         .initial_connection_window_size(grpc::CONNECTION_WINDOW)
         .max_frame_size(grpc::MAX_FRAME)
         .max_send_buffer_size(grpc::MAX_SEND_BUFFER)
-        .handshake::<_, SendBuf>(crate::engine::h2_server_io::wrap(io))
-        .await;
-    let mut conn = match conn {
-        Ok(c) => c,
-        Err(e) => {
+        .handshake::<_, SendBuf>(crate::engine::h2_server_io::wrap(io));
+    let mut conn = match monoio::time::timeout(idle_for, handshake).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
             tracing::info!(%peer, error = %e, "gRPC frontend handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "gRPC frontend closed: no HTTP/2 preface in {idle_for:?}");
             return;
         }
     };
@@ -127,11 +165,24 @@ where
             Stream(T),
             Lost(grpc::KeepaliveError),
             Drain,
+            Tick,
         }
+        // Told GOAWAY: the connection may stay a short while without a
+        // stream (for the caller to see the GOAWAY and close).
+        let limit = if told {
+            CLOSE_GRACE.min(idle_for)
+        } else {
+            idle_for
+        };
+        // While streams are open, look again every `idle_for`.
+        let wait = idle
+            .deadline(limit)
+            .map_or(idle_for, |d| d.saturating_duration_since(Instant::now()));
         let next = monoio::select! {
             next = conn.accept() => Next::Stream(next),
             e = &mut keepalive => Next::Lost(e),
             _ = &mut draining, if !told => Next::Drain,
+            _ = monoio::time::sleep(wait) => Next::Tick,
         };
         let next = match next {
             Next::Stream(n) => n,
@@ -141,6 +192,21 @@ where
             }
             Next::Drain => {
                 told = true;
+                conn.graceful_shutdown();
+                continue;
+            }
+            Next::Tick => {
+                let now = Instant::now();
+                if idle.deadline(limit).is_none_or(|d| now < d) {
+                    continue;
+                }
+                if told {
+                    tracing::debug!(%peer, "gRPC frontend connection closed: no stream");
+                    return;
+                }
+                tracing::debug!(%peer, "gRPC frontend connection idle for {idle_for:?}: GOAWAY");
+                told = true;
+                idle.since.set(now);
                 conn.graceful_shutdown();
                 continue;
             }
@@ -164,7 +230,9 @@ where
         };
         let rx = PacketReceiver::new(req.into_body(), shared.cfg.max_message);
         let shared = shared.clone();
+        let open = idle.open();
         monoio::spawn(async move {
+            let _open = open;
             let _stream = shared.metrics.proxy_stream();
             let mut tx = PacketSender::new(send);
             match proxy_stream(&shared, rx, &mut tx).await {

@@ -18,7 +18,7 @@ use monoio::io::AsyncReadRent;
 
 use super::connect_frontend::{run_on_agent_core, socket_pair, Mode, Pending, NO_TUNNEL};
 use super::Shared;
-use crate::engine::listener;
+use crate::engine::accept;
 use crate::engine::relay::MovedSocket;
 use crate::metrics::DialResult;
 use crate::protocol::http_connect;
@@ -28,18 +28,10 @@ const MAX_HEAD: usize = 64 * 1024;
 
 pub(super) async fn accept_tcp(core: usize, shared: Arc<Shared>, l: monoio::net::TcpListener) {
     let local = l.local_addr().ok();
-    loop {
-        match l.accept().await {
-            Ok((s, peer)) => {
-                listener::nodelay(&s);
-                monoio::spawn(front(core, shared.clone(), s, peer, local));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "interception listener accept failed");
-                monoio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
+    accept::serve(l, accept::Options::named("interception"), move |c| {
+        front(core, shared.clone(), c.stream, c.peer, local)
+    })
+    .await
 }
 
 /// The destination before DNAT, when the connection was redirected.
@@ -262,18 +254,10 @@ pub(super) async fn accept_tls(
     tls: InterceptTls,
 ) {
     let local = l.local_addr().ok();
-    loop {
-        match l.accept().await {
-            Ok((s, peer)) => {
-                listener::nodelay(&s);
-                monoio::spawn(tls_front(core, shared.clone(), s, peer, local, tls.clone()));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "TLS interception listener accept failed");
-                monoio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
+    accept::serve(l, accept::Options::named("interception-tls"), move |c| {
+        tls_front(core, shared.clone(), c.stream, c.peer, local, tls.clone())
+    })
+    .await
 }
 
 /// Terminates the caller's TLS, opens the tunnel to the kubelet, speaks TLS

@@ -68,6 +68,12 @@ pub struct ServerConfig {
     /// closed, agents and gRPC callers told) before the server exits;
     /// zero: exit at once.
     pub graceful_shutdown: Duration,
+    /// Agent connections in their handshake at once, in total and per
+    /// source address (see [`crate::engine::admission`]).
+    pub handshake_limits: crate::engine::admission::Limits,
+    /// How long a gRPC frontend connection may go without an HTTP/2
+    /// preface or without an open stream.
+    pub frontend_idle: Duration,
     /// How long a half-closed tunnel waits for its other side to finish.
     pub half_close_linger: Duration,
     pub interception_bind: Option<SocketAddr>,
@@ -138,6 +144,8 @@ pub(crate) struct Shared {
     shutdown: Arc<signals::Shutdown>,
     /// With `bind_agent_identity`: which certificate holds each agent ID.
     holders: Mutex<crate::protocol::agent_identity::Holders>,
+    /// Agent connections not yet authenticated, capped.
+    handshakes: Arc<crate::engine::admission::Admission>,
 }
 
 impl Shared {
@@ -355,11 +363,15 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
 
     let shutdown = signals::Shutdown::new();
     signals::install(shutdown.clone())?;
+    let metrics = Arc::new(Metrics::new(&cfg.strategies));
+    let handshakes =
+        crate::engine::admission::Admission::new(cfg.handshake_limits, metrics.handshakes.clone());
     let shared = Arc::new(Shared {
         cfg: cfg.clone(),
         registry: Mutex::new(Registry::default()),
         inboxes: OnceLock::new(),
-        metrics: Arc::new(Metrics::new(&cfg.strategies)),
+        metrics,
+        handshakes,
         next_key: AtomicU64::new(0),
         reviewer,
         shutdown: shutdown.clone(),
@@ -471,10 +483,11 @@ async fn worker(
     }
     // Health and admin keep answering while the server drains (/readyz
     // then fails).
-    for a in [l.admin, l.health].into_iter().flatten() {
+    for (name, a) in [("admin", l.admin), ("health", l.health)] {
+        let Some(a) = a else { continue };
         let a = monoio::net::TcpListener::from_std(a)?;
         let view: Rc<dyn crate::admin::AdminState> = Rc::new(AdminView(s.clone()));
-        monoio::spawn(crate::admin::serve(a, view));
+        monoio::spawn(crate::admin::serve(a, name, view));
     }
     // Sockets handed over by other cores, also while draining (their dials
     // are under way).

@@ -7,6 +7,7 @@ pub mod fake_kube;
 pub mod http_raw;
 pub mod netns;
 pub mod proxy_proc;
+pub mod raw_h2;
 pub mod tls_client;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -277,6 +278,18 @@ impl Server {
 
     fn start_full(env: &Env, tls: &[&str], binds: &Binds, extra: &[&str]) -> Server {
         let (cmd, n, connect_uds, grpc_uds) = Self::command(env, tls, binds, extra);
+        Self::spawn(env, cmd, n, connect_uds, grpc_uds)
+    }
+
+    /// Runs a command from [`Server::command`] (changed as a test needs)
+    /// and waits until it listens.
+    pub fn spawn(
+        env: &Env,
+        cmd: Command,
+        n: usize,
+        connect_uds: PathBuf,
+        grpc_uds: PathBuf,
+    ) -> Server {
         let proc = Proc::spawn(cmd, env.path(&format!("server-{n}.log")));
         let addr = |what: &str| -> SocketAddr {
             let l = proc.wait_line(&format!("LISTEN {what} "));

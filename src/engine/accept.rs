@@ -1,0 +1,318 @@
+//! The one accept loop every listener runs ([`serve`]): it accepts, sets
+//! TCP_NODELAY on TCP sockets, applies the optional pre-authentication cap
+//! ([`super::admission`]), and spawns the connection's task inside a
+//! tracing span naming the listener and the peer.
+//!
+//! Accept errors never make it spin or flood the log: out of descriptors
+//! or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) it backs off, doubling from
+//! 50 ms to 1 s; other errors pause 50 ms. The first error is logged, then
+//! at most one line every [`LOG_EVERY`] with the count of the ones not
+//! logged ([`RateLimitedLog`], pure). Refusals by the cap are logged the
+//! same way.
+//!
+//! Dropping the future returned by [`serve`] stops accepting and closes the
+//! listener (the server's drain relies on that); spawned connections go on.
+
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::Instrument;
+
+use super::admission::{Admission, Permit};
+
+/// At most one log line per listener and kind this often.
+pub const LOG_EVERY: Duration = Duration::from_secs(5);
+const PAUSE: Duration = Duration::from_millis(50);
+const MAX_PAUSE: Duration = Duration::from_secs(1);
+
+/// Who connected: a TCP listener's peers are `SocketAddr`s, a unix
+/// listener's [`UnixPeer`].
+pub trait Peer: std::fmt::Display + Copy + 'static {
+    /// The source address the pre-authentication cap counts by.
+    fn ip(&self) -> Option<IpAddr>;
+}
+
+impl Peer for SocketAddr {
+    fn ip(&self) -> Option<IpAddr> {
+        Some(SocketAddr::ip(self))
+    }
+}
+
+/// A unix socket's peer (unnamed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnixPeer;
+
+impl Peer for UnixPeer {
+    fn ip(&self) -> Option<IpAddr> {
+        None
+    }
+}
+
+impl std::fmt::Display for UnixPeer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("unix")
+    }
+}
+
+/// A listening socket [`serve`] can run.
+pub trait Listen {
+    type Stream: 'static;
+    type Peer: Peer;
+    /// The next connection, tuned (TCP_NODELAY on TCP).
+    fn next(&self) -> impl Future<Output = io::Result<(Self::Stream, Self::Peer)>>;
+}
+
+impl Listen for monoio::net::TcpListener {
+    type Stream = monoio::net::TcpStream;
+    type Peer = SocketAddr;
+    async fn next(&self) -> io::Result<(Self::Stream, SocketAddr)> {
+        let (s, a) = self.accept().await?;
+        super::listener::nodelay(&s);
+        Ok((s, a))
+    }
+}
+
+impl Listen for monoio::net::UnixListener {
+    type Stream = monoio::net::UnixStream;
+    type Peer = UnixPeer;
+    async fn next(&self) -> io::Result<(Self::Stream, UnixPeer)> {
+        let (s, _) = self.accept().await?;
+        Ok((s, UnixPeer))
+    }
+}
+
+/// How a listener is run.
+pub struct Options {
+    /// The listener's name in logs and spans ("agent", "connect", ...).
+    pub name: &'static str,
+    /// The pre-authentication cap; a connection over it is closed at once.
+    pub admission: Option<Arc<Admission>>,
+}
+
+impl Options {
+    pub fn named(name: &'static str) -> Self {
+        Options {
+            name,
+            admission: None,
+        }
+    }
+}
+
+/// An accepted connection.
+pub struct Conn<S, P> {
+    pub stream: S,
+    pub peer: P,
+    /// The connection's pre-authentication slot (with
+    /// [`Options::admission`]): drop it when the handshake is done.
+    pub permit: Option<Permit>,
+}
+
+/// Accepts on `l` until dropped, running `handle` for every connection as
+/// a task of its own.
+pub async fn serve<L, F, Fut>(l: L, opts: Options, mut handle: F)
+where
+    L: Listen,
+    F: FnMut(Conn<L::Stream, L::Peer>) -> Fut,
+    Fut: Future<Output = ()> + 'static,
+{
+    let name = opts.name;
+    let mut errors = RateLimitedLog::new(LOG_EVERY);
+    let mut refusals = RateLimitedLog::new(LOG_EVERY);
+    let mut backoff = Backoff::default();
+    loop {
+        let (stream, peer) = match l.next().await {
+            Ok(c) => c,
+            Err(e) => {
+                let now = Instant::now();
+                if let Report::Log { suppressed } = errors.event(now) {
+                    tracing::warn!(
+                        listener = name,
+                        error = %e,
+                        suppressed,
+                        "accept failed (further failures are summarised every {LOG_EVERY:?})"
+                    );
+                }
+                monoio::time::sleep(backoff.after_error(&e)).await;
+                continue;
+            }
+        };
+        backoff.reset();
+        if let Some(n) = errors.quiet(Instant::now()) {
+            tracing::warn!(
+                listener = name,
+                suppressed = n,
+                "accepting again; accept failures not logged"
+            );
+        }
+        let permit = match &opts.admission {
+            None => None,
+            Some(a) => match a.admit(peer.ip()) {
+                Ok(p) => Some(p),
+                Err(why) => {
+                    drop(stream);
+                    if let Report::Log { suppressed } = refusals.event(Instant::now()) {
+                        tracing::warn!(
+                            listener = name,
+                            %peer,
+                            suppressed,
+                            "connection closed: {why} (further refusals are summarised every {LOG_EVERY:?})"
+                        );
+                    }
+                    continue;
+                }
+            },
+        };
+        let span = tracing::info_span!("conn", listener = name, %peer);
+        monoio::spawn(
+            handle(Conn {
+                stream,
+                peer,
+                permit,
+            })
+            .instrument(span),
+        );
+    }
+}
+
+/// Whether an accept error means the process or system is out of a
+/// resource (more retries at once would fail the same way).
+pub fn is_resource_error(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+/// The pause after an accept error.
+#[derive(Debug, Default)]
+pub struct Backoff {
+    next: Option<Duration>,
+}
+
+impl Backoff {
+    pub fn after_error(&mut self, e: &io::Error) -> Duration {
+        if !is_resource_error(e) {
+            return PAUSE;
+        }
+        let d = self.next.unwrap_or(PAUSE);
+        self.next = Some((d * 2).min(MAX_PAUSE));
+        d
+    }
+
+    pub fn reset(&mut self) {
+        self.next = None;
+    }
+}
+
+/// What to do with one event of a rate-limited kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Report {
+    /// Log it, with the number of events not logged since the last line.
+    Log {
+        suppressed: u64,
+    },
+    Quiet,
+}
+
+/// One line, then at most one line per period with the count of the
+/// events in between.
+#[derive(Debug)]
+pub struct RateLimitedLog {
+    every: Duration,
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl RateLimitedLog {
+    pub fn new(every: Duration) -> Self {
+        RateLimitedLog {
+            every,
+            last: None,
+            suppressed: 0,
+        }
+    }
+
+    fn due(&self, now: Instant) -> bool {
+        self.last
+            .is_none_or(|t| now.saturating_duration_since(t) >= self.every)
+    }
+
+    /// An event happened at `now`.
+    pub fn event(&mut self, now: Instant) -> Report {
+        if self.due(now) {
+            self.last = Some(now);
+            Report::Log {
+                suppressed: std::mem::take(&mut self.suppressed),
+            }
+        } else {
+            self.suppressed += 1;
+            Report::Quiet
+        }
+    }
+
+    /// Things went well at `now`: the count of events not logged yet, when
+    /// there are some and a line is due.
+    pub fn quiet(&mut self, now: Instant) -> Option<u64> {
+        if self.suppressed == 0 || !self.due(now) {
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_line_then_summaries() {
+        let t0 = Instant::now();
+        let s = Duration::from_millis;
+        let mut log = RateLimitedLog::new(Duration::from_secs(5));
+        assert_eq!(log.event(t0), Report::Log { suppressed: 0 });
+        // 30 a second for 5 s: quiet ...
+        let mut logged = 1;
+        for i in 1..150 {
+            if log.event(t0 + s(33 * i)) != Report::Quiet {
+                logged += 1;
+            }
+        }
+        assert_eq!(logged, 1);
+        assert_eq!(log.quiet(t0 + s(4000)), None, "not due yet");
+        // ... then one line with the count.
+        assert_eq!(log.event(t0 + s(5000)), Report::Log { suppressed: 149 });
+        assert_eq!(log.event(t0 + s(5001)), Report::Quiet);
+        assert_eq!(log.quiet(t0 + s(9000)), None);
+        assert_eq!(log.quiet(t0 + s(10_000)), Some(1));
+        assert_eq!(log.quiet(t0 + s(20_000)), None, "nothing left to report");
+        assert_eq!(log.event(t0 + s(20_001)), Report::Log { suppressed: 0 });
+    }
+
+    #[test]
+    fn backoff_grows_on_resource_errors_only() {
+        let mut b = Backoff::default();
+        let emfile = io::Error::from_raw_os_error(libc::EMFILE);
+        let aborted = io::Error::from_raw_os_error(libc::ECONNABORTED);
+        let pauses: Vec<_> = (0..7).map(|_| b.after_error(&emfile)).collect();
+        assert_eq!(pauses[0], PAUSE);
+        assert!(pauses.windows(2).all(|w| w[1] >= w[0]));
+        assert_eq!(pauses[6], MAX_PAUSE);
+        assert_eq!(b.after_error(&aborted), PAUSE);
+        b.reset();
+        assert_eq!(
+            b.after_error(&io::Error::from_raw_os_error(libc::ENFILE)),
+            PAUSE
+        );
+    }
+
+    #[test]
+    fn peers() {
+        let p: SocketAddr = "10.0.0.1:5".parse().unwrap();
+        assert_eq!(Peer::ip(&p), Some("10.0.0.1".parse().unwrap()));
+        assert_eq!((UnixPeer.ip(), UnixPeer.to_string()), (None, "unix".into()));
+    }
+}

@@ -1,0 +1,370 @@
+//! Pre-authentication limits (`--max-handshakes`, `--max-handshakes-per-ip`,
+//! the gRPC frontend's idle reaping), against a real server process:
+//!
+//! * a server limited to 256 descriptors is flooded with 400 connections
+//!   to its agent listener that never finish a TLS handshake (some send
+//!   nothing, some a partial ClientHello), from two source addresses. While
+//!   they are held, CONNECT dials through an agent that connected before
+//!   all succeed; at most the cap stays open, the others are closed at once
+//!   and counted by cap; the log has at most a few lines about it; after
+//!   the flood a new agent connects. Without the cap the flood takes every
+//!   descriptor: the CONNECT listener cannot accept (EMFILE, logged many
+//!   times a second) and the dials hang.
+//! * a gRPC frontend connection that sends nothing, or only the HTTP/2
+//!   preface, is closed after `--frontend-idle-secs` (GOAWAY first when it
+//!   spoke HTTP/2); one with a stream open stays, and is closed once idle.
+
+mod support;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use edgetunnel::protocol::packet::{self, Frame};
+use support::raw_h2::*;
+use support::*;
+
+const NOFILE: u64 = 256;
+const CAP: usize = 32;
+const PER_IP: usize = 24;
+
+/// A server whose RLIMIT_NOFILE is [`NOFILE`].
+fn limited_server(env: &Env, extra: &[&str]) -> Server {
+    let certs = env.certs().display().to_string();
+    let (mut cmd, n, connect_uds, grpc_uds) =
+        Server::command(env, &["--certs-dir", &certs], &Binds::default(), extra);
+    // SAFETY: only setrlimit between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let r = libc::rlimit {
+                rlim_cur: NOFILE,
+                rlim_max: NOFILE,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Server::spawn(env, cmd, n, connect_uds, grpc_uds)
+}
+
+/// A TCP connection to `to` from `src` (any loopback address).
+fn connect_from(src: &str, to: SocketAddr) -> TcpStream {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    let src: SocketAddr = format!("{src}:0").parse().unwrap();
+    s.bind(&src.into()).unwrap();
+    s.connect(&to.into()).unwrap();
+    s.into()
+}
+
+/// The start of a TLS ClientHello record (announcing 256 bytes) and
+/// nothing more.
+const PARTIAL_HELLO: &[u8] = &[
+    0x16, 0x03, 0x01, 0x01, 0x00, 0x01, 0x00, 0x00, 0xfc, 0x03, 0x03,
+];
+
+fn flood(src: &str, to: SocketAddr, n: usize) -> Vec<TcpStream> {
+    (0..n)
+        .map(|i| {
+            let mut s = connect_from(src, to);
+            if i % 3 == 0 {
+                s.write_all(PARTIAL_HELLO).unwrap();
+            }
+            s
+        })
+        .collect()
+}
+
+/// Whether the server closed `s` (EOF or reset), without waiting.
+fn closed(s: &TcpStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let mut b = [0u8; 64];
+    let r = (&*s).read(&mut b);
+    s.set_nonblocking(false).unwrap();
+    match r {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != ErrorKind::WouldBlock,
+    }
+}
+
+/// One CONNECT dial through `proxy` to the echo server, with every wait
+/// bounded: `Err` says what went wrong.
+fn dial(proxy: SocketAddr, target: SocketAddr, n: usize) -> Result<(), String> {
+    let mut s = TcpStream::connect_timeout(&proxy, Duration::from_secs(5))
+        .map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let req = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+    s.write_all(req.as_bytes())
+        .map_err(|e| format!("write: {e}"))?;
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut b) {
+            Ok(1) => head.push(b[0]),
+            Ok(_) => return Err(format!("closed after {:?}", String::from_utf8_lossy(&head))),
+            Err(e) => return Err(format!("no answer: {e}")),
+        }
+    }
+    let head = String::from_utf8_lossy(&head).to_string();
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(head);
+    }
+    let data = format!("dial {n} through the tunnel");
+    s.write_all(data.as_bytes()).unwrap();
+    let mut back = vec![0u8; data.len()];
+    s.read_exact(&mut back).map_err(|e| format!("echo: {e}"))?;
+    if back != data.as_bytes() {
+        return Err("echo differs".into());
+    }
+    Ok(())
+}
+
+fn count_lines(log: &str, needle: &str) -> usize {
+    log.lines().filter(|l| l.contains(needle)).count()
+}
+
+#[test]
+fn handshake_flood_leaves_descriptors_for_connect_dials() {
+    let env = Env::new();
+    let echo = echo_server("127.0.0.1");
+    let cap = CAP.to_string();
+    let per_ip = PER_IP.to_string();
+    let server = limited_server(
+        &env,
+        &["--max-handshakes", &cap, "--max-handshakes-per-ip", &per_ip],
+    );
+    let _agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    dial(server.connect, echo.addr, 0).expect("dial before the flood");
+
+    // 400 connections, more than the server has descriptors for: 300 from
+    // 127.0.0.1 (over the per-address cap), 100 from 127.0.0.2 (over the
+    // total cap).
+    let t0 = Instant::now();
+    let mut held = flood("127.0.0.1", server.agent, 300);
+    held.extend(flood("127.0.0.2", server.agent, 100));
+    let total = held.len();
+
+    // Those over the cap are closed at once.
+    let open = loop {
+        let open = held.iter().filter(|s| !closed(s)).count();
+        if open <= CAP || t0.elapsed() > Duration::from_secs(5) {
+            break open;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let closed_in = t0.elapsed();
+    assert!(
+        open <= CAP,
+        "{open} of {total} flood connections still open after {closed_in:?} (cap {CAP})\n{}",
+        tail(&server.proc.log_text())
+    );
+    assert!(
+        closed_in < Duration::from_secs(2),
+        "closing took {closed_in:?}"
+    );
+
+    // CONNECT dials keep working while the flood is held.
+    let failed: Vec<String> = (1..=50)
+        .filter_map(|n| dial(server.connect, echo.addr, n).err())
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of 50 dials failed during the flood, first: {:?}\n{}",
+        failed.len(),
+        failed.first(),
+        tail(&server.proc.log_text())
+    );
+    let in_handshake = server.metric("edgetunnel_agent_handshakes");
+    let per_ip_refused = server.metric("edgetunnel_agent_handshakes_refused_total{cap=\"per_ip\"}");
+    let total_refused = server.metric("edgetunnel_agent_handshakes_refused_total{cap=\"total\"}");
+    assert_eq!(in_handshake, CAP as f64);
+    // Every connection over the caps was refused, by one cap or the other
+    // (which one depends on the order the two floods are accepted in).
+    assert_eq!(per_ip_refused + total_refused, (total - CAP) as f64);
+    assert!(per_ip_refused >= 200.0 && total_refused >= 1.0);
+    println!(
+        "flood of {total}: {open} open after {closed_in:?}, refused per_ip {per_ip_refused}, \
+         total {total_refused}; 50 dials ok"
+    );
+
+    let log = server.proc.log_text();
+    let accept_errors = count_lines(&log, "accept failed");
+    let refusal_lines = count_lines(&log, "too many connections in their handshake");
+    assert!(
+        accept_errors <= 3 && refusal_lines <= 3,
+        "{accept_errors} accept-error and {refusal_lines} refusal lines:\n{}",
+        tail(&log)
+    );
+
+    // The flood ends: its slots are free again and a new agent connects.
+    drop(held);
+    server.wait_metric("edgetunnel_agent_handshakes", 0.0);
+    let _agent2 = Agent::start(&env, server.agent, "node2", "host=node2", &[]);
+    server.wait_metric("edgetunnel_agents_connected", 2.0);
+    dial(server.connect, echo.addr, 51).expect("dial after the flood");
+}
+
+/// Without the cap (0 turns it off) the flood runs the server out of
+/// descriptors: accept fails with EMFILE, and that is logged once per
+/// listener and core, then summarised every 5 s, with accept backing off
+/// instead of retrying at once; once the flood ends the server accepts
+/// again.
+#[test]
+fn accept_errors_are_logged_once_then_summarised() {
+    let env = Env::new();
+    let server = limited_server(
+        &env,
+        &["--max-handshakes", "0", "--max-handshakes-per-ip", "0"],
+    );
+    let held = flood("127.0.0.1", server.agent, 400);
+    std::thread::sleep(Duration::from_millis(6500));
+    let log = server.proc.log_text();
+    let lines = count_lines(&log, "accept failed");
+    assert!(
+        log.contains("Too many open files"),
+        "no EMFILE:\n{}",
+        tail(&log)
+    );
+    // One line per core at first, one summary per core after 5 s.
+    assert!(
+        lines <= 6,
+        "{lines} accept-error lines in 6.5 s:\n{}",
+        tail(&log)
+    );
+    let summaries = log
+        .lines()
+        .filter(|l| l.contains("accept failed") && !l.contains("suppressed=0"))
+        .count();
+    assert!(summaries >= 1, "no summary:\n{}", tail(&log));
+    println!("EMFILE for 6.5 s: {lines} log lines");
+    drop(held);
+    let _agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+}
+
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+/// Reads until the server closes `s`; what it sent and how long it took.
+fn read_to_close(s: &mut impl Read, limit: Duration) -> (Vec<u8>, Duration) {
+    let t0 = Instant::now();
+    let mut got = Vec::new();
+    let mut b = [0u8; 4096];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return (got, t0.elapsed()),
+            Ok(n) => got.extend_from_slice(&b[..n]),
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => return (got, t0.elapsed()),
+            Err(e) => panic!(
+                "not closed after {:?} ({e}); got {} bytes",
+                t0.elapsed(),
+                got.len()
+            ),
+        }
+        assert!(t0.elapsed() < limit, "still open after {limit:?}");
+    }
+}
+
+/// The frame types in a byte stream of HTTP/2 frames.
+fn frame_types(mut b: &[u8]) -> Vec<u8> {
+    let mut types = Vec::new();
+    while b.len() >= 9 {
+        let len = usize::from(b[0]) << 16 | usize::from(b[1]) << 8 | usize::from(b[2]);
+        types.push(b[3]);
+        b = &b[(9 + len).min(b.len())..];
+    }
+    types
+}
+
+#[test]
+fn grpc_frontend_closes_idle_connections() {
+    let env = Env::new();
+    let server = Server::start(&env, &["--frontend-idle-secs", "1"]);
+    let _agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    let echo = echo_server("127.0.0.1");
+    let limit = Duration::from_secs(6);
+
+    // Nothing sent: closed after the idle time, not before.
+    let t0 = Instant::now();
+    let mut silent = TcpStream::connect(server.grpc).unwrap();
+    silent.set_read_timeout(Some(limit)).unwrap();
+    let mut silent_uds = std::os::unix::net::UnixStream::connect(&server.grpc_uds).unwrap();
+    silent_uds.set_read_timeout(Some(limit)).unwrap();
+    let (got, after) = read_to_close(&mut silent, limit);
+    assert!(
+        after >= Duration::from_millis(800),
+        "closed after {after:?}"
+    );
+    assert!(got.len() <= 64, "{got:?}");
+    read_to_close(&mut silent_uds, limit);
+    let after_uds = t0.elapsed();
+    assert!(
+        after_uds >= Duration::from_millis(800),
+        "closed after {after_uds:?}"
+    );
+    println!("silent: closed after {after:?} (tcp), {after_uds:?} (unix)");
+
+    // The preface and SETTINGS, then no stream: GOAWAY, then closed.
+    let s = TcpStream::connect(server.grpc).unwrap();
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut c = RawH2::start(s);
+    let (got, after) = read_to_close(&mut c.s, limit);
+    let types = frame_types(&got);
+    assert!(types.contains(&GOAWAY), "frames {types:?}");
+    assert!(
+        after >= Duration::from_millis(800),
+        "closed after {after:?}"
+    );
+    println!("preface only: frames {types:?}, closed after {after:?}");
+
+    // A stream open longer than the idle time keeps its connection.
+    let s = TcpStream::connect(server.grpc).unwrap();
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut c = RawH2::start(s);
+    c.open(1, &proxy_request("localhost"));
+    c.send_packet(1, packet::dial_request("tcp", &echo.addr.to_string(), 77));
+    match c.next_event(1) {
+        Event::Headers(h) => assert_eq!(header(&h, ":status"), Some("200"), "{h:?}"),
+        e => panic!("expected response headers, got {e:?}"),
+    }
+    let id = match c.next_event(1) {
+        Event::Packet(Frame::DialResponse(r)) if r.error.is_empty() => r.connect_id,
+        e => panic!("expected a DIAL_RSP, got {e:?}"),
+    };
+    let echo_once = |c: &mut RawH2<TcpStream>, text: &str| {
+        c.send_packet(1, packet::data(id, Bytes::from(text.to_string())));
+        let mut back = Vec::new();
+        while back.len() < text.len() {
+            match c.next_event(1) {
+                Event::Packet(Frame::Data(d)) => back.extend_from_slice(&d.data),
+                e => panic!("expected DATA, got {e:?}"),
+            }
+        }
+        assert_eq!(back, text.as_bytes());
+    };
+    echo_once(&mut c, "before");
+    std::thread::sleep(Duration::from_millis(2500));
+    echo_once(&mut c, "after 2.5 s with the stream open");
+    c.send_packet(1, packet::close_request(id));
+    loop {
+        match c.next_event(1) {
+            Event::Packet(Frame::CloseResponse(_)) => break,
+            Event::Packet(Frame::Data(_)) => {}
+            e => panic!("expected CLOSE_RSP, got {e:?}"),
+        }
+    }
+    c.write_frame(DATA, END_STREAM, 1, &[]);
+    // Once the stream is over the connection is idle: GOAWAY, closed.
+    let (got, after) = read_to_close(&mut c.s, limit);
+    assert!(
+        frame_types(&got).contains(&GOAWAY),
+        "{:?}",
+        frame_types(&got)
+    );
+    println!("after its stream: closed after {after:?}");
+}

@@ -1,0 +1,183 @@
+//! A minimal hand-made HTTP/2 client (literal HPACK, no Huffman) for the
+//! gRPC frontend: raw frames, gRPC calls whose headers the h2 crate would
+//! not send, and connections that stop short (preface only).
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+
+use bytes::Bytes;
+use edgetunnel::protocol::grpc_frame::FrameDecoder;
+use edgetunnel::protocol::packet::{self, Frame};
+
+pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub const DATA: u8 = 0x0;
+pub const HEADERS: u8 = 0x1;
+pub const RST_STREAM: u8 = 0x3;
+pub const SETTINGS: u8 = 0x4;
+pub const PING: u8 = 0x6;
+pub const GOAWAY: u8 = 0x7;
+pub const CONTINUATION: u8 = 0x9;
+pub const END_STREAM: u8 = 0x1;
+pub const ACK: u8 = 0x1;
+pub const END_HEADERS: u8 = 0x4;
+
+/// A string literal as HPACK writes it without Huffman coding (lengths
+/// below 127 only).
+pub fn hpack_string(out: &mut Vec<u8>, s: &str) {
+    assert!(s.len() < 127);
+    out.push(s.len() as u8);
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// A header block of literals without indexing, new names (0x00).
+pub fn hpack_literals(fields: &[(&str, &str)]) -> Vec<u8> {
+    let mut b = Vec::new();
+    for (n, v) in fields {
+        b.push(0x00);
+        hpack_string(&mut b, n);
+        hpack_string(&mut b, v);
+    }
+    b
+}
+
+pub struct RawFrame {
+    pub ty: u8,
+    pub flags: u8,
+    pub stream: u32,
+    pub payload: Vec<u8>,
+}
+
+/// A minimal HTTP/2 client connection over a blocking stream.
+pub struct RawH2<S: Read + Write> {
+    pub s: S,
+    /// The server's HPACK state (h2 indexes what it sends).
+    decoder: loona_hpack::Decoder<'static>,
+    /// gRPC messages per stream.
+    grpc: HashMap<u32, FrameDecoder>,
+}
+
+impl<S: Read + Write> RawH2<S> {
+    pub fn start(mut s: S) -> Self {
+        s.write_all(PREFACE).unwrap();
+        let mut c = RawH2 {
+            s,
+            decoder: loona_hpack::Decoder::new(),
+            grpc: HashMap::new(),
+        };
+        c.write_frame(SETTINGS, 0, 0, &[]);
+        c
+    }
+
+    pub fn write_frame(&mut self, ty: u8, flags: u8, stream: u32, payload: &[u8]) {
+        let len = payload.len();
+        let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, ty, flags];
+        f.extend_from_slice(&stream.to_be_bytes());
+        f.extend_from_slice(payload);
+        self.s.write_all(&f).unwrap();
+        self.s.flush().unwrap();
+    }
+
+    pub fn read_frame(&mut self) -> RawFrame {
+        let mut h = [0u8; 9];
+        self.s
+            .read_exact(&mut h)
+            .expect("server closed the connection or timed out");
+        let len = usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
+        let mut payload = vec![0u8; len];
+        self.s.read_exact(&mut payload).expect("frame payload");
+        RawFrame {
+            ty: h[3],
+            flags: h[4],
+            stream: u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff,
+            payload,
+        }
+    }
+
+    /// Opens a gRPC call on `stream` with these request headers.
+    pub fn open(&mut self, stream: u32, fields: &[(&str, &str)]) {
+        self.write_frame(HEADERS, END_HEADERS, stream, &hpack_literals(fields));
+    }
+
+    pub fn send_packet(&mut self, stream: u32, frame: Frame) {
+        let msg = packet::encode(frame).to_vec();
+        self.write_frame(DATA, 0, stream, &msg);
+    }
+
+    /// Reads frames, answering SETTINGS and PING, until `stream` yields a
+    /// response header block or a gRPC message; fails on RST_STREAM for it
+    /// and on GOAWAY.
+    pub fn next_event(&mut self, stream: u32) -> Event {
+        loop {
+            if let Some(d) = self.grpc.get_mut(&stream) {
+                if let Some(m) = d.next_message().expect("gRPC framing") {
+                    return Event::Packet(packet::decode(m).expect("a Packet"));
+                }
+            }
+            let f = self.read_frame();
+            match f.ty {
+                SETTINGS if f.flags & ACK == 0 => self.write_frame(SETTINGS, ACK, 0, &[]),
+                PING if f.flags & ACK == 0 => self.write_frame(PING, ACK, 0, &f.payload),
+                GOAWAY => panic!(
+                    "GOAWAY: error code {:?}, {:?}",
+                    &f.payload.get(4..8),
+                    String::from_utf8_lossy(f.payload.get(8..).unwrap_or(&[]))
+                ),
+                RST_STREAM if f.stream == stream => panic!(
+                    "RST_STREAM on stream {stream}: error code {:?} (1 = PROTOCOL_ERROR)",
+                    f.payload
+                ),
+                HEADERS => {
+                    let mut block = f.payload.clone();
+                    let mut flags = f.flags;
+                    while flags & END_HEADERS == 0 {
+                        let c = self.read_frame();
+                        assert_eq!(c.ty, CONTINUATION);
+                        block.extend(c.payload);
+                        flags = c.flags;
+                    }
+                    let fields = self.decoder.decode(&block).expect("server HPACK");
+                    let fields: Vec<(String, String)> = fields
+                        .into_iter()
+                        .map(|(n, v)| {
+                            (String::from_utf8(n).unwrap(), String::from_utf8(v).unwrap())
+                        })
+                        .collect();
+                    if f.stream == stream {
+                        return Event::Headers(fields);
+                    }
+                }
+                DATA if f.stream == stream => {
+                    self.grpc
+                        .entry(stream)
+                        .or_insert_with(|| FrameDecoder::new(1 << 20))
+                        .push(Bytes::from(f.payload));
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum Event {
+    Headers(Vec<(String, String)>),
+    Packet(Frame),
+}
+
+pub fn header<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    fields
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+pub fn proxy_request(authority: &str) -> Vec<(&str, &str)> {
+    vec![
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/ProxyService/Proxy"),
+        (":authority", authority),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]
+}
