@@ -110,12 +110,14 @@ fn identifiers() -> impl Strategy<Value = Identifiers> {
 /// A well-formed CONNECT head (as kube-apiserver sends) and its address.
 fn connect_head() -> impl Strategy<Value = (String, String)> {
     let host = prop_oneof![
-        "[a-z0-9]([a-z0-9.-]{0,20}[a-z0-9])?",
+        // DNS names the strict CONNECT parser accepts: labels of 1-63
+        // letters, digits and hyphens, not all-numeric.
+        "[a-z]([a-z0-9-]{0,8}[a-z0-9])?(\\.[a-z0-9]([a-z0-9-]{0,8}[a-z0-9])?){0,3}",
         any::<u32>().prop_map(|a| Ipv4Addr::from(a).to_string()),
         any::<u128>().prop_map(|a| format!("[{}]", Ipv6Addr::from(a))),
     ];
     let headers = vec(("[A-Za-z][A-Za-z0-9-]{0,15}", "[ -~]{0,30}"), 0..6);
-    (host, any::<u16>(), headers, any::<bool>()).prop_map(|(host, port, headers, http10)| {
+    (host, 1..=u16::MAX, headers, any::<bool>()).prop_map(|(host, port, headers, http10)| {
         let address = format!("{host}:{port}");
         let mut head = format!(
             "CONNECT {address} HTTP/1.{}\r\nHost: {address}\r\n",
