@@ -184,3 +184,32 @@ fn server_death_resets_the_target() {
         .expect("target saw an end");
     assert_eq!(end, Err(ErrorKind::ConnectionReset));
 }
+
+/// The interception listener (its tunnels run behind a socket pair, for
+/// the request tracing): the agent's death resets the intercepted caller.
+#[test]
+fn agent_death_resets_an_intercepted_caller() {
+    let env = Env::new();
+    let server = Server::start(&env, &["--interception-bind", "127.0.0.1:0"]);
+    let mut agent = Agent::start(
+        &env,
+        server.agent,
+        "edge-1",
+        "host=edge-1&ipv4=127.0.0.1",
+        &[],
+    );
+    let echo = echo_server("127.0.0.1");
+    let at = server.interception.expect("interception listener");
+    let mut c = std::net::TcpStream::connect(at).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let req = format!(
+        "GET / HTTP/1.1\r\nHost: edge-1:{}\r\n\r\n",
+        echo.addr.port()
+    );
+    c.write_all(req.as_bytes()).unwrap();
+    let mut back = vec![0u8; req.len()];
+    c.read_exact(&mut back).expect("the request echoed back");
+    agent.proc.signal(libc::SIGKILL);
+    let _ = agent.proc.wait_exit(Duration::from_secs(5));
+    assert_eq!(end_of(c), Err(ErrorKind::ConnectionReset));
+}

@@ -18,8 +18,8 @@ use monoio::io::AsyncReadRent;
 
 use super::connect_frontend::{run_on_agent_core, socket_pair, Mode, Pending, NO_TUNNEL};
 use super::Shared;
-use crate::engine::accept;
 use crate::engine::relay::MovedSocket;
+use crate::engine::{abort, accept};
 use crate::metrics::DialResult;
 use crate::protocol::http_connect;
 
@@ -147,6 +147,11 @@ async fn front(
     let Ok((tunnel_end, our_end)) = socket_pair() else {
         return;
     };
+    let ends = Ends {
+        caller: sock.as_raw_fd(),
+        watch: abort::watch(&tunnel_end),
+        started,
+    };
     let agent_id = agent.agent_id.clone();
     monoio::spawn(run_on_agent_core(
         core,
@@ -163,7 +168,7 @@ async fn front(
         .rsplit_once(':')
         .map_or(route.as_str(), |(h, _)| h)
         .trim_matches(['[', ']']);
-    relay_traced(down, up, leftover, node, &dial, &agent_id, started).await;
+    relay_traced(down, up, leftover, node, &dial, &agent_id, &ends).await;
 }
 
 /// Reads a plain HTTP request head and returns the Host's node and port
@@ -275,6 +280,7 @@ async fn tls_front(
     use monoio::io::IntoPollIo;
     let started = Instant::now();
     let orig = original_dst(&sock).filter(|o| Some(*o) != local);
+    let caller_fd = sock.as_raw_fd();
     let Ok(io) = sock.into_poll_io() else { return };
     let down = match monoio::time::timeout(HEAD_TIMEOUT, tls.acceptor.accept(io)).await {
         Ok(Ok(s)) => s,
@@ -309,6 +315,11 @@ async fn tls_front(
     };
     let Ok((tunnel_end, our_end)) = socket_pair() else {
         return;
+    };
+    let ends = Ends {
+        caller: caller_fd,
+        watch: abort::watch(&tunnel_end),
+        started,
     };
     let agent_id = agent.agent_id.clone();
     monoio::spawn(run_on_agent_core(
@@ -349,13 +360,22 @@ async fn tls_front(
             return;
         }
     };
-    relay_traced(down, up, Bytes::new(), &host, &dial, &agent_id, started).await;
+    relay_traced(down, up, Bytes::new(), &host, &dial, &agent_id, &ends).await;
 }
 
 /// Relays two plaintext streams both ways and logs every exchange, as
 /// yurt-tunnel's tracing wrapper does: method, path, node, status and
 /// duration (pipelined and streamed exchanges included; after an upgrade
 /// the bytes just flow).
+/// The caller's TCP descriptor and the watch on the tunnel end of the
+/// socket pair (an abnormal end of the tunnel resets the caller), and when
+/// the caller came.
+struct Ends {
+    caller: std::os::fd::RawFd,
+    watch: abort::Watch,
+    started: Instant,
+}
+
 async fn relay_traced<A, B>(
     down: A,
     up: B,
@@ -363,7 +383,7 @@ async fn relay_traced<A, B>(
     node: &str,
     dial: &str,
     agent: &str,
-    started: Instant,
+    ends: &Ends,
 ) where
     A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
@@ -446,8 +466,13 @@ async fn relay_traced<A, B>(
                 break;
             }
         }
+        if ends.watch.aborted() {
+            // The tunnel ended abnormally: a reset, not a clean end.
+            abort::reset(&ends.caller);
+            return;
+        }
         let _ = down_w.shutdown().await;
     };
     futures::join!(to_kubelet, to_caller);
-    tracing::debug!(%node, elapsed_ms = started.elapsed().as_millis() as u64, "kubelet connection closed");
+    tracing::debug!(%node, elapsed_ms = ends.started.elapsed().as_millis() as u64, "kubelet connection closed");
 }
