@@ -119,7 +119,10 @@ fn measure(via: Option<SocketAddr>, streams: usize, secs: f64, upload: bool) -> 
     let elapsed = start.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     for h in handles {
-        let _ = h.join();
+        // A stream that could not open fails the measurement.
+        if let Err(e) = h.join() {
+            std::panic::resume_unwind(e);
+        }
     }
     bytes as f64 * 8.0 / elapsed / 1e9
 }
@@ -200,6 +203,9 @@ fn start_tunnel(dir: &std::path::Path) -> (Procs, SocketAddr) {
             "localhost",
             "--agent-id",
             "bench",
+            // The targets are on loopback, which agents refuse by default.
+            "--allow-destinations",
+            "127.0.0.0/8,::1",
         ])
         .args(["--log", "warn"])
         .stdout(Stdio::piped())

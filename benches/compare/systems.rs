@@ -658,6 +658,9 @@ fn start_edgetunnel(
         "localhost",
         "--agent-id",
         "bench",
+        // The targets are on loopback, which agents refuse by default.
+        "--allow-destinations",
+        "127.0.0.0/8,::1",
         "--log",
         "warn",
     ]);
