@@ -99,13 +99,8 @@ fn agent_death_resets_a_tls_caller() {
         &[&rustls::version::TLS13],
         &[],
     );
-    let mut tls = tls_connect(server.connect, cfg.clone()).unwrap();
-    let (status, _, mut tls) = {
-        let target = echo.addr.to_string();
-        let req = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
-        tls.write_all(req.as_bytes()).unwrap();
-        connect_reply(tls)
-    };
+    let tls = tls_connect(server.connect, cfg.clone()).unwrap();
+    let (status, _, mut tls) = connect_over(tls, &echo.addr.to_string());
     assert_eq!(status, 200);
     tls.write_all(b"ping").unwrap();
     let mut b = [0u8; 4];
@@ -117,29 +112,10 @@ fn agent_death_resets_a_tls_caller() {
     // A clean close over TLS is close_notify and FIN.
     let _agent = Agent::start(&env, server.agent, "node2", "host=node2", &[]);
     let target = banner_server("127.0.0.1", "bye\n").to_string();
-    let mut tls = tls_connect(server.connect, cfg).unwrap();
-    let req = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
-    tls.write_all(req.as_bytes()).unwrap();
-    let (status, _, tls) = connect_reply(tls);
+    let tls = tls_connect(server.connect, cfg).unwrap();
+    let (status, _, tls) = connect_over(tls, &target);
     assert_eq!(status, 200);
     assert_eq!(end_of(tls), Ok(()));
-}
-
-/// Reads a CONNECT answer head: its status and the stream after it.
-fn connect_reply<S: Read>(mut s: S) -> (u16, String, S) {
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        s.read_exact(&mut b).expect("CONNECT answer");
-        head.push(b[0]);
-    }
-    let text = String::from_utf8_lossy(&head).to_string();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, text, s)
 }
 
 /// A target that reads four bytes, then resets its connection.

@@ -23,35 +23,6 @@ use std::time::Duration;
 use support::tls_client::{client_tls, tls_connect};
 use support::*;
 
-/// A CONNECT through `s` to `target` and an echo of `n` bytes; `Err` with
-/// what went wrong when no tunnel was made.
-fn connect_and_echo(mut s: impl Read + Write, target: &str, n: usize) -> Result<(), String> {
-    let req = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
-    s.write_all(req.as_bytes())
-        .map_err(|e| format!("write: {e}"))?;
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match s.read(&mut b) {
-            Ok(1) => head.push(b[0]),
-            Ok(_) => return Err(format!("closed after {head:?}")),
-            Err(e) => return Err(format!("read: {e}")),
-        }
-    }
-    let head = String::from_utf8_lossy(&head).to_string();
-    if !head.starts_with("HTTP/1.1 200") {
-        return Err(head);
-    }
-    let data = random_bytes(n, 11);
-    s.write_all(&data).map_err(|e| format!("write: {e}"))?;
-    let mut back = vec![0u8; n];
-    s.read_exact(&mut back).map_err(|e| format!("read: {e}"))?;
-    if back != data {
-        return Err("echo differs".into());
-    }
-    Ok(())
-}
-
 struct Setup {
     env: Env,
     server: Server,

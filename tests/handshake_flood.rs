@@ -94,33 +94,10 @@ fn closed(s: &TcpStream) -> bool {
 /// One CONNECT dial through `proxy` to the echo server, with every wait
 /// bounded: `Err` says what went wrong.
 fn dial(proxy: SocketAddr, target: SocketAddr, n: usize) -> Result<(), String> {
-    let mut s = TcpStream::connect_timeout(&proxy, Duration::from_secs(5))
+    let s = TcpStream::connect_timeout(&proxy, Duration::from_secs(5))
         .map_err(|e| format!("connect: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let req = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
-    s.write_all(req.as_bytes())
-        .map_err(|e| format!("write: {e}"))?;
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match s.read(&mut b) {
-            Ok(1) => head.push(b[0]),
-            Ok(_) => return Err(format!("closed after {:?}", String::from_utf8_lossy(&head))),
-            Err(e) => return Err(format!("no answer: {e}")),
-        }
-    }
-    let head = String::from_utf8_lossy(&head).to_string();
-    if !head.starts_with("HTTP/1.1 200") {
-        return Err(head);
-    }
-    let data = format!("dial {n} through the tunnel");
-    s.write_all(data.as_bytes()).unwrap();
-    let mut back = vec![0u8; data.len()];
-    s.read_exact(&mut back).map_err(|e| format!("echo: {e}"))?;
-    if back != data.as_bytes() {
-        return Err("echo differs".into());
-    }
-    Ok(())
+    connect_and_echo(s, &target.to_string(), 1000 + n)
 }
 
 fn count_lines(log: &str, needle: &str) -> usize {
