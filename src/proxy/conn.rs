@@ -197,17 +197,20 @@ impl Core {
 
     fn checkout(&self) -> Option<UpConn> {
         let mut pool = self.pool.borrow_mut();
-        while let Some((c, at)) = pool.pop() {
-            if at.elapsed() < POOL_IDLE {
+        while let Some((mut c, at)) = pool.pop() {
+            if at.elapsed() < POOL_IDLE && c.is_quiet() {
                 return Some(c);
             }
         }
         None
     }
 
+    /// Keeps a connection for the next request, only when nothing of it is
+    /// left unread: bytes the upstream sent past the answer would otherwise
+    /// be taken for the next client's answer.
     fn checkin(&self, mut c: UpConn) {
         let mut pool = self.pool.borrow_mut();
-        if pool.len() < self.shared.idle_per_core && c.buf.is_empty() {
+        if pool.len() < self.shared.idle_per_core && c.is_quiet() {
             c.reused = true;
             pool.push((c, Instant::now()));
         }
@@ -279,11 +282,35 @@ pub struct UpConn {
     reused: bool,
 }
 
+impl UpConn {
+    /// Whether the connection is idle and clean: nothing buffered, and a
+    /// read attempted now would block. Unsolicited bytes, an EOF or an error
+    /// make it unusable (Go's transport closes an idle connection that
+    /// receives anything: "Unsolicited response received on idle HTTP
+    /// channel"). A byte read here is dropped with the connection.
+    fn is_quiet(&mut self) -> bool {
+        use std::task::{Context, Poll, Waker};
+        use tokio::io::{AsyncRead, ReadBuf};
+        if !self.buf.is_empty() {
+            return false;
+        }
+        let mut byte = [0u8; 1];
+        let mut rb = ReadBuf::new(&mut byte);
+        let mut cx = Context::from_waker(Waker::noop());
+        matches!(
+            std::pin::Pin::new(&mut self.io).poll_read(&mut cx, &mut rb),
+            Poll::Pending
+        )
+    }
+}
+
 /// The client side: the socket and unparsed bytes.
 struct Client {
     io: ClientIo,
     buf: BytesMut,
     peer: Option<IpAddr>,
+    /// The request being answered is HEAD (error answers carry no body).
+    head_request: bool,
 }
 
 enum Next {
@@ -313,6 +340,7 @@ pub async fn serve(io: ClientIo, peer: Option<IpAddr>, core: Rc<Core>) {
         io,
         buf: BytesMut::with_capacity(8192),
         peer,
+        head_request: false,
     };
     loop {
         let head = match read_request_head(&mut client).await {
@@ -459,6 +487,7 @@ async fn discard_body(client: &mut Client, framing: Framing) -> bool {
 async fn handle(client: &mut Client, head: RequestHead, core: &Rc<Core>) -> Next {
     let shared = core.shared.clone();
     let keep = forward::client_keep_alive(&head);
+    client.head_request = head.method == "HEAD";
     let hosts = http1::values(&head.headers, "host").count();
     if hosts > 1 {
         return send(
@@ -506,11 +535,16 @@ async fn handle(client: &mut Client, head: RequestHead, core: &Rc<Core>) -> Next
         url.host.clone()
     };
 
+    // A body announced with `Expect: 100-continue` that we answer without
+    // reading is never asked for: the answer goes out at once and the
+    // connection closes after it (Go's server: no 100, closeAfterReply).
+    let awaits_continue =
+        framing != Framing::None && http1::has_token(&head.headers, "expect", "100-continue");
     let route = shared.mux.route(&head.method, &head.target, &url);
     let proxied = match route {
         Route::Proxy(u) => u,
         other => {
-            let keep = keep && discard_body(client, framing).await;
+            let keep = keep && !awaits_continue && discard_body(client, framing).await;
             return answer_locally(client, &head, &url, other, &shared, keep).await;
         }
     };
@@ -518,10 +552,10 @@ async fn handle(client: &mut Client, head: RequestHead, core: &Rc<Core>) -> Next
         if !f.allows(&head.method, &proxied.path, &host) {
             shared.metrics.rejected.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(method = %head.method, path = %proxied.path, %host, "filter rejecting");
-            let keep = keep && discard_body(client, framing).await;
+            let keep = keep && !awaits_continue && discard_body(client, framing).await;
             return send(
                 client,
-                &forward::error_response(403, "Forbidden", keep),
+                &forward::error_response_to(&head.method, 403, "Forbidden", keep),
                 keep,
             )
             .await;
@@ -560,7 +594,8 @@ async fn answer_locally(
             } else {
                 String::new()
             };
-            let resp = forward::simple_response(
+            let resp = forward::local_response(
+                &head.method,
                 301,
                 get_or_head.then_some("text/html; charset=utf-8"),
                 &[("Location", &loc)],
@@ -572,7 +607,7 @@ async fn answer_locally(
         Route::NotFound => {
             send(
                 client,
-                &forward::error_response(404, "404 page not found", keep),
+                &forward::error_response_to(&head.method, 404, "404 page not found", keep),
                 keep,
             )
             .await
@@ -580,7 +615,7 @@ async fn answer_locally(
         Route::BadRequest => {
             send(
                 client,
-                &forward::simple_response(400, None, &[], b"", false),
+                &forward::local_response(&head.method, 400, None, &[], b"", false),
                 false,
             )
             .await
@@ -589,7 +624,7 @@ async fn answer_locally(
             let Some(root) = &shared.www else {
                 return send(
                     client,
-                    &forward::error_response(404, "404 page not found", keep),
+                    &forward::error_response_to(&head.method, 404, "404 page not found", keep),
                     keep,
                 )
                 .await;
@@ -662,7 +697,13 @@ async fn proxy_error(client: &mut Client, core: &Core, text: &str) -> Next {
         .upstream_errors
         .fetch_add(1, Ordering::Relaxed);
     tracing::warn!("error while proxying request: {text}");
-    send(client, &forward::error_response(500, text, false), false).await
+    let method = if client.head_request { "HEAD" } else { "GET" };
+    send(
+        client,
+        &forward::error_response_to(method, 500, text, false),
+        false,
+    )
+    .await
 }
 
 /// Reads a request body of known small length completely.
@@ -780,6 +821,9 @@ async fn forward_request(
         _ => None,
     };
     let mut attempt = 0;
+    // Interim answers go on to HTTP/1.1 clients only (RFC 9110 15.2: never
+    // a 1xx to an HTTP/1.0 client); once one went out, no retry.
+    let mut relayed = false;
     let (mut up, resp) = loop {
         attempt += 1;
         let mut up = match core.checkout() {
@@ -821,17 +865,24 @@ async fn forward_request(
         }
         .await;
         let result = match sent {
-            Ok(()) => read_response_head_skipping_continue(&mut up).await,
+            Ok(()) => read_final_head(&mut up, client, head.minor >= 1, &mut relayed).await,
             Err(e) => Err(e),
         };
         match result {
             Ok(resp) => break (up, resp),
             // A pooled connection the upstream closed meanwhile: retry once
             // on a new one when the whole request is still at hand.
-            Err(_) if reused && small_body.is_some() && attempt == 1 => continue,
+            Err(_) if reused && small_body.is_some() && attempt == 1 && !relayed => continue,
             Err(e) => return proxy_error(client, core, &e.to_string()).await,
         }
     };
+    if resp.status == 101 {
+        // Not an upgrade request: the connection now speaks something else
+        // and is dropped (Go's ReverseProxy answers with this error).
+        let to = http1::get(&resp.headers, "upgrade").unwrap_or("");
+        let text = format!("backend tried to switch protocol {to:?} when \"\" was requested");
+        return proxy_error(client, core, &text).await;
+    }
 
     let mut rframing = match http1::response_framing(&head.method, &resp) {
         Ok(f) => f,
@@ -880,13 +931,39 @@ async fn forward_request(
     }
 }
 
-async fn read_response_head_skipping_continue(up: &mut UpConn) -> io::Result<http1::ResponseHead> {
+/// Interim answers Go's transport reads before it gives up.
+const MAX_1XX: usize = 5;
+
+/// Reads the final answer to a request: every 1xx but 101 is interim
+/// (RFC 9110 15.2), relayed to the client when `relay` (an HTTP/1.1 client,
+/// as Go's `ReverseProxy` does through `Got1xxResponse`) and skipped
+/// otherwise; more than [`MAX_1XX`] of them is an error, as in Go.
+async fn read_final_head(
+    up: &mut UpConn,
+    client: &mut Client,
+    relay: bool,
+    relayed: &mut bool,
+) -> io::Result<http1::ResponseHead> {
+    let mut interim = 0;
     loop {
         let r = read_response_head(up).await?;
-        if r.status == 100 {
-            continue;
+        if !(100..200).contains(&r.status) || r.status == 101 {
+            return Ok(r);
         }
-        return Ok(r);
+        interim += 1;
+        if interim > MAX_1XX {
+            return Err(io::Error::other(
+                "net/http: HTTP/1.x transport connection broken: net/http: too many 1xx informational responses",
+            ));
+        }
+        if relay {
+            *relayed = true;
+            client
+                .io
+                .write_all(&forward::informational_head(&r))
+                .await?;
+            client.io.flush().await?;
+        }
     }
 }
 

@@ -210,6 +210,27 @@ pub fn response_head(
 ) -> (Vec<u8>, ClientBody, bool) {
     let mut headers = resp.headers.clone();
     http1::remove_hop_headers(&mut headers);
+    // With Transfer-Encoding the length is not the message's (RFC 9112
+    // 6.3): Go's transport drops it, and so the relayed answer has none.
+    if framing == Framing::Chunked {
+        headers.retain(|h| !h.name.eq_ignore_ascii_case("content-length"));
+    }
+    // Go's server suppresses these on answers that cannot have a body
+    // (`suppressedHeaders`): no length on 1xx/204/304, no type on 304.
+    if !body_allowed(resp.status) {
+        let suppressed = |name: &str| {
+            name.eq_ignore_ascii_case("content-length")
+                || (resp.status == 304 && name.eq_ignore_ascii_case("content-type"))
+        };
+        headers.retain(|h| !suppressed(&h.name));
+    }
+    // Go's server dates every answer whose handler set no Date.
+    if http1::get(&headers, "date").is_none() {
+        headers.push(Header {
+            name: "Date".into(),
+            value: now_http_date().into_bytes(),
+        });
+    }
     let gunzip = gunzip && framing != Framing::None;
     if gunzip {
         headers.retain(|h| {
@@ -227,7 +248,8 @@ pub fn response_head(
     };
     if framing == Framing::None {
         // A bodiless response keeps a declared Content-Length only for HEAD
-        // and 304 (it describes the entity, not this message).
+        // (it describes the entity a GET would get, not this message).
+
         keep = client_keep_alive;
     }
     let mut out = Vec::with_capacity(256);
@@ -269,8 +291,67 @@ pub fn is_upgrade(head: &RequestHead) -> bool {
     http1::has_token(&head.headers, "connection", "upgrade")
 }
 
-/// A complete short response (errors, redirects, filter rejections).
+/// The current time as an HTTP date (the `Date` header).
+pub fn now_http_date() -> String {
+    super::static_files::http_date(std::time::SystemTime::now())
+}
+
+/// Whether a response with `status` may carry a body (Go's
+/// `bodyAllowedForStatus`): not 1xx, 204 or 304.
+pub fn body_allowed(status: u16) -> bool {
+    !((100..200).contains(&status) || status == 204 || status == 304)
+}
+
+/// An interim (1xx) answer relayed to an HTTP/1.1 client as Go's server
+/// writes it for `ReverseProxy`'s `Got1xxResponse`: Go's status text,
+/// canonical header names sorted, no Content-Length or Transfer-Encoding.
+pub fn informational_head(resp: &ResponseHead) -> Vec<u8> {
+    let mut headers: Vec<(String, &[u8])> = resp
+        .headers
+        .iter()
+        .filter(|h| {
+            !h.name.eq_ignore_ascii_case("content-length")
+                && !h.name.eq_ignore_ascii_case("transfer-encoding")
+        })
+        .map(|h| (http1::canonical_name(&h.name), h.value.as_slice()))
+        .collect();
+    headers.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out = Vec::with_capacity(64);
+    let text = match reason(resp.status) {
+        "Unknown" => format!("status code {}", resp.status),
+        r => r.to_string(),
+    };
+    let _ = write!(
+        out_string(&mut out),
+        "HTTP/1.1 {} {}\r\n",
+        resp.status,
+        text
+    );
+    for (n, v) in headers {
+        push(&mut out, &n, v);
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// A complete short response (errors, redirects, filter rejections) to a
+/// GET-like request; see [`local_response`].
 pub fn simple_response(
+    status: u16,
+    content_type: Option<&str>,
+    extra: &[(&str, &str)],
+    body: &[u8],
+    keep_alive: bool,
+) -> Vec<u8> {
+    local_response("GET", status, content_type, extra, body, keep_alive)
+}
+
+/// A complete response written by the proxy itself, framed as Go's server
+/// frames a handler's answer: a `Date`; no Content-Length and no body for
+/// 1xx, 204 and 304; for HEAD the length of the body a GET would get
+/// (none when that body is empty) and no body bytes.
+pub fn local_response(
+    method: &str,
     status: u16,
     content_type: Option<&str>,
     extra: &[(&str, &str)],
@@ -284,7 +365,7 @@ pub fn simple_response(
         status,
         reason(status)
     );
-    if let Some(ct) = content_type {
+    if let Some(ct) = content_type.filter(|_| status != 304) {
         push(&mut out, "Content-Type", ct.as_bytes());
         if ct.starts_with("text/plain") {
             push(&mut out, "X-Content-Type-Options", b"nosniff");
@@ -293,22 +374,35 @@ pub fn simple_response(
     for (n, v) in extra {
         push(&mut out, n, v.as_bytes());
     }
-    push(
-        &mut out,
-        "Content-Length",
-        body.len().to_string().as_bytes(),
-    );
+    push(&mut out, "Date", now_http_date().as_bytes());
+    let allowed = body_allowed(status);
+    let head = method == "HEAD";
+    if allowed && !(head && body.is_empty()) {
+        push(
+            &mut out,
+            "Content-Length",
+            body.len().to_string().as_bytes(),
+        );
+    }
     if !keep_alive {
         push(&mut out, "Connection", b"close");
     }
     out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(body);
+    if allowed && !head {
+        out.extend_from_slice(body);
+    }
     out
 }
 
 /// Go's `http.Error`: `text/plain; charset=utf-8`, the text and a newline.
 pub fn error_response(status: u16, text: &str, keep_alive: bool) -> Vec<u8> {
-    simple_response(
+    error_response_to("GET", status, text, keep_alive)
+}
+
+/// [`error_response`] to a request with `method` (HEAD gets no body).
+pub fn error_response_to(method: &str, status: u16, text: &str, keep_alive: bool) -> Vec<u8> {
+    local_response(
+        method,
         status,
         Some("text/plain; charset=utf-8"),
         &[],
@@ -319,7 +413,10 @@ pub fn error_response(status: u16, text: &str, keep_alive: bool) -> Vec<u8> {
 
 pub fn reason(status: u16) -> &'static str {
     match status {
+        100 => "Continue",
         101 => "Switching Protocols",
+        102 => "Processing",
+        103 => "Early Hints",
         200 => "OK",
         301 => "Moved Permanently",
         304 => "Not Modified",
@@ -413,6 +510,57 @@ mod tests {
         let u = RequestUrl::parse("/api?x=1").unwrap();
         assert_eq!(upstream_target(&u, &upstream(), true), "/base/api?x=1");
         assert_eq!(upstream_target(&u, &upstream(), false), "/api?x=1");
+    }
+
+    #[test]
+    fn local_answers_are_framed_as_go_frames_them() {
+        let s = |b: Vec<u8>| String::from_utf8(b).unwrap();
+        let get = s(error_response_to("GET", 403, "Forbidden", true));
+        assert!(get.contains("\r\nDate: ") && get.contains("Content-Length: 10\r\n"));
+        assert!(get.ends_with("\r\n\r\nForbidden\n"), "{get}");
+        // HEAD: the length a GET would get, no body bytes.
+        let head = s(error_response_to("HEAD", 403, "Forbidden", true));
+        assert!(head.contains("Content-Length: 10\r\n") && head.ends_with("\r\n\r\n"));
+        // HEAD with an empty body, 304 and 204: no Content-Length at all.
+        let redirect = s(local_response(
+            "HEAD",
+            301,
+            None,
+            &[("Location", "/x")],
+            b"",
+            true,
+        ));
+        assert!(!redirect.contains("Content-Length"), "{redirect}");
+        let nm = s(simple_response(304, Some("text/plain"), &[], b"", true));
+        assert!(
+            !nm.contains("Content-Length") && !nm.contains("Content-Type"),
+            "{nm}"
+        );
+        assert!(s(simple_response(301, None, &[], b"", true)).contains("Content-Length: 0\r\n"));
+    }
+
+    #[test]
+    fn relayed_heads_drop_conflicting_and_bodiless_lengths() {
+        let parse = |raw: &[u8]| http1::parse_response(raw).unwrap().unwrap().0;
+        let r =
+            parse(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 99\r\n\r\n");
+        let (out, _, _) = response_head(&r, Framing::Chunked, 1, true, false);
+        let out = String::from_utf8(out).unwrap();
+        assert!(
+            !out.contains("Content-Length") && out.contains("Date: "),
+            "{out}"
+        );
+        let r = parse(b"HTTP/1.1 304 Not Modified\r\nContent-Type: a/b\r\nContent-Length: 42\r\nDate: d\r\n\r\n");
+        let (out, _, _) = response_head(&r, Framing::None, 1, true, false);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 304 Not Modified\r\nDate: d\r\n\r\n"
+        );
+        let r = parse(b"HTTP/1.1 199 Odd\r\nx-b: 2\r\nContent-Length: 5\r\nA: 1\r\n\r\n");
+        assert_eq!(
+            String::from_utf8(informational_head(&r)).unwrap(),
+            "HTTP/1.1 199 status code 199\r\nA: 1\r\nX-B: 2\r\n\r\n"
+        );
     }
 
     #[test]

@@ -90,17 +90,47 @@ fn shared_from(args: &ProxyArgs) -> Result<conn::Shared, BoxError> {
     })
 }
 
+/// kubectl's `ListenUnix` binds under umask 0077, so the socket is born
+/// `srwx------` (0700). The path has been cleared by [`clear_socket_path`]
+/// first; `replace_stale` only covers a socket appearing in between.
+const KUBECTL_UDS: listener::UdsOptions = listener::UdsOptions {
+    mode: 0o700,
+    replace_stale: true,
+};
+
+/// kubectl's `ListenUnix` (k8s.io/kubectl/pkg/proxy): "Remove any socket,
+/// stale or not, but fall through for other files" — `os.Stat` follows a
+/// symlink, and `os.Remove` then removes the link itself. Anything that is
+/// not a socket stays, and the bind fails on it.
+fn clear_socket_path(path: &std::path::Path) {
+    use std::os::unix::fs::FileTypeExt;
+    if std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        if let Err(e) = std::fs::remove_file(path) {
+            tracing::debug!(path = %path.display(), "removing the existing socket: {e}");
+        }
+    }
+}
+
 /// Runs `edgetunnel proxy` until killed.
 pub fn run(args: ProxyArgs) -> Result<(), BoxError> {
     args.validate()?;
     let shared = Arc::new(shared_from(&args)?);
     let workers = args.workers.unwrap_or_else(runtime::default_workers).max(1);
-    // The socket file (mode 0600: it carries this user's credentials to the
-    // apiserver) is removed when `run` returns.
+    // The socket file (it carries this user's credentials to the apiserver)
+    // is removed when `run` returns.
     let mut _socket_file = None;
     let (bound, shown) = if !args.unix_socket.is_empty() {
         let path = PathBuf::from(&args.unix_socket);
-        let (ls, file) = listener::bind_unix(&path, workers, listener::UdsOptions::default())?;
+        clear_socket_path(&path);
+        if std::fs::symlink_metadata(&path).is_ok() {
+            // Go's wording for what its bind(2) then says (EADDRINUSE).
+            return Err(format!(
+                "listen unix {}: bind: address already in use",
+                path.display()
+            )
+            .into());
+        }
+        let (ls, file) = listener::bind_unix(&path, workers, KUBECTL_UDS)?;
         _socket_file = Some(file);
         (Bound::Unix(ls), args.unix_socket.clone())
     } else {

@@ -112,6 +112,8 @@ pub fn read_response_from(
     let no_body =
         method == "HEAD" || status == 204 || status == 304 || (100..200).contains(&status);
     let body = if no_body {
+        // What follows (a 1xx's final answer, a pipelined answer) is kept.
+        *carry = std::mem::take(&mut rest);
         Vec::new()
     } else if get("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
         let mut out = Vec::new();
