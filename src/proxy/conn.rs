@@ -680,10 +680,10 @@ async fn fresh_auth(head: &RequestHead, shared: &Shared) -> Result<Option<Arc<st
 }
 
 /// A 401 to a request that carried our refreshed token: fetch it again.
-fn note_refused(shared: &Shared, used: &Option<Arc<str>>, status: u16) {
+async fn note_refused(shared: &Shared, used: &Option<Arc<str>>, status: u16) {
     if status == 401 {
         if let (Some(d), Some(used)) = (shared.upstream.auth.dynamic(), used) {
-            d.refused(used);
+            d.refused(used).await;
         }
     }
 }
@@ -860,7 +860,7 @@ async fn forward_request(
         }
     };
 
-    note_refused(shared, &used, resp.status);
+    note_refused(shared, &used, resp.status).await;
     let mut rframing = match http1::response_framing(&head.method, &resp) {
         Ok(f) => f,
         Err(e) => return proxy_error(client, core, &e.to_string()).await,
@@ -1126,7 +1126,7 @@ async fn forward_h2(
     };
     let (parts, mut body) = resp.into_parts();
     let rhead = h2_upstream::response_head(&parts);
-    note_refused(shared, &used, parts.status.as_u16());
+    note_refused(shared, &used, parts.status.as_u16()).await;
     let no_body = head.method == "HEAD"
         || parts.status.as_u16() == 204
         || parts.status.as_u16() == 304

@@ -165,7 +165,7 @@ impl Cached {
 
 enum Msg {
     Get(oneshot::Sender<Result<Option<Arc<str>>, String>>),
-    Refused(Arc<str>),
+    Refused(Arc<str>, oneshot::Sender<()>),
 }
 
 /// A token shared by all cores and kept current by a control thread.
@@ -230,14 +230,21 @@ impl DynamicToken {
     }
 
     /// The upstream answered 401 to a request carrying `used`: fetch again
-    /// (once, however many requests were refused with the same value).
-    pub fn refused(&self, used: &Arc<str>) {
-        let mut c = self.lock();
-        if c.header.as_ref() == Some(used) && !c.stale {
+    /// (once, however many requests were refused with the same value) and,
+    /// as client-go, before the 401 goes back to the client.
+    pub async fn refused(&self, used: &Arc<str>) {
+        let rx = {
+            let mut c = self.lock();
+            if c.header.as_ref() != Some(used) || c.stale {
+                return;
+            }
             c.stale = true;
+            let (tx, rx) = oneshot::channel();
             drop(c);
-            self.send(Msg::Refused(used.clone()));
-        }
+            self.send(Msg::Refused(used.clone(), tx));
+            rx
+        };
+        let _ = rx.await;
     }
 
     fn handle(&self, source: &TokenSource, msg: Msg) {
@@ -253,7 +260,7 @@ impl DynamicToken {
                 };
                 let _ = reply.send(r);
             }
-            Msg::Refused(used) => {
+            Msg::Refused(used, done) => {
                 let again = {
                     let c = self.lock();
                     c.stale && c.header.as_ref() == Some(&used)
@@ -263,6 +270,7 @@ impl DynamicToken {
                         tracing::error!("refreshing credentials: {e}");
                     }
                 }
+                let _ = done.send(());
             }
         }
     }
@@ -330,14 +338,14 @@ mod tests {
         // Cached: not read again.
         assert_eq!(&*block(d.ready()).unwrap().unwrap(), "Bearer one");
         assert_eq!(d.fetches(), 1);
-        d.refused(&h);
-        d.refused(&h);
+        block(d.refused(&h));
+        block(d.refused(&h));
         assert_eq!(&*block(d.ready()).unwrap().unwrap(), "Bearer two");
         assert_eq!(d.fetches(), 2);
         // A failed read keeps the last good token.
         std::fs::remove_file(&p).unwrap();
         let h2 = block(d.ready()).unwrap().unwrap();
-        d.refused(&h2);
+        block(d.refused(&h2));
         assert_eq!(&*block(d.ready()).unwrap().unwrap(), "Bearer two");
     }
 }
