@@ -95,7 +95,12 @@ fn no_credentials_to_http_servers_but_impersonation() {
         (
             "http-flags",
             &kc,
-            vec!["--token=flag-token", "--as=bob", "--as-group=x", "--as-uid=9"],
+            vec![
+                "--token=flag-token",
+                "--as=bob",
+                "--as-group=x",
+                "--as-uid=9",
+            ],
         ),
         ("http-basic", &kc_basic, vec![]),
         (
@@ -140,7 +145,11 @@ fn impersonation_matches_kubectl() {
             &kc,
             vec!["--as=bob", "--as-group=a,b", "--as-group=c", "--as-uid=9"],
         ),
-        ("imp-flags", &kc_plain, vec!["--as=system:serviceaccount:ns:sa"]),
+        (
+            "imp-flags",
+            &kc_plain,
+            vec!["--as=system:serviceaccount:ns:sa"],
+        ),
         (
             "imp-flags-groups",
             &kc_plain,
@@ -175,7 +184,11 @@ fn bad_user_entries_refused_as_kubectl() {
             "    token: t\n    username: u\n    password: p\n",
             vec![],
         ),
-        ("flag-group-without-user", "    token: t\n", vec!["--as-group=g"]),
+        (
+            "flag-group-without-user",
+            "    token: t\n",
+            vec!["--as-group=g"],
+        ),
     ];
     for (name, user, flags) in cases {
         let kc = env.path(&format!("{name}.yaml"));
@@ -185,12 +198,28 @@ fn bad_user_entries_refused_as_kubectl() {
             .chain(&flags)
             .map(|s| s.to_string())
             .collect();
+        // A proxy that does not refuse starts serving: killed after 10 s.
         let run = |mut c: Command| {
-            let out = c
+            let log = env.path(&format!("{name}-{}.err", fastrand_name()));
+            let mut child = c
                 .stdin(Stdio::null())
-                .output()
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).expect("log"))
+                .spawn()
                 .expect("run");
-            (out.status.success(), String::from_utf8_lossy(&out.stderr).to_string())
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let ok = loop {
+                if let Some(st) = child.try_wait().expect("wait") {
+                    break st.success();
+                }
+                if std::time::Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            };
+            (ok, std::fs::read_to_string(&log).unwrap_or_default())
         };
         let (gok, gerr) = run(kubectl_cmd(&kubectl, &kc, &flags));
         let (ook, oerr) = run(ours_cmd(&kc, &flags));
@@ -204,6 +233,12 @@ fn bad_user_entries_refused_as_kubectl() {
             .unwrap_or_else(|| panic!("{name}: kubectl said {gerr}"));
         assert!(oerr.contains(&want), "{name}: want {want:?}, ours: {oerr}");
     }
+}
+
+fn fastrand_name() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
 }
 
 /// An exec plugin script: counts its runs in `count`, prints an
@@ -315,8 +350,7 @@ fn exec_plugin_cached_and_rerun_on_401_as_kubectl() {
         assert_eq!(
             go.1["spec"]["cluster"]["server"], ours.1["spec"]["cluster"]["server"],
             "{api_version}: {} / {}",
-            go.1,
-            ours.1
+            go.1, ours.1
         );
     }
 }

@@ -10,7 +10,6 @@
 //! plugin or client certificate is used toward an `http://` server;
 //! impersonation headers are set before that check and are still sent.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -45,7 +44,10 @@ pub enum UpstreamError {
 pub enum Auth {
     None,
     Bearer(String),
-    Basic { user: String, password: String },
+    Basic {
+        user: String,
+        password: String,
+    },
     /// A token from an exec plugin or a token file, refreshed off-core.
     Dynamic(Arc<DynamicToken>),
 }
@@ -260,7 +262,7 @@ fn impersonation(args: &ProxyArgs, ai: &kube::config::AuthInfo) -> Impersonation
             .impersonate_user_extra
             .clone()
             .map(|m| m.into_iter().collect())
-            .unwrap_or_else(BTreeMap::new),
+            .unwrap_or_default(),
     };
     if !args.as_user.is_empty() {
         imp.user = args.as_user.clone();
@@ -275,11 +277,7 @@ fn impersonation(args: &ProxyArgs, ai: &kube::config::AuthInfo) -> Impersonation
 }
 
 /// The credentials for an https upstream, in client-go's precedence.
-fn credentials(
-    args: &ProxyArgs,
-    config: &kube::Config,
-    user: &str,
-) -> Result<Auth, UpstreamError> {
+fn credentials(args: &ProxyArgs, config: &kube::Config, user: &str) -> Result<Auth, UpstreamError> {
     let ai = &config.auth_info;
     let token = if !args.token.is_empty() {
         Some(args.token.clone())
@@ -287,7 +285,8 @@ fn credentials(
         ai.token.as_ref().map(|t| t.expose_secret().to_string())
     };
     let username = opt(&args.username).or_else(|| ai.username.clone());
-    let password = opt(&args.password).or_else(|| ai.password.as_ref().map(|p| p.expose_secret().to_string()));
+    let password =
+        opt(&args.password).or_else(|| ai.password.as_ref().map(|p| p.expose_secret().to_string()));
     let has_token = token.is_some() || ai.token_file.is_some();
     let has_basic = username.is_some() || password.is_some();
     if has_token && has_basic {
