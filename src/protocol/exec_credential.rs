@@ -160,7 +160,8 @@ mod tests {
             parse(V1, v1b),
             Err(ExecCredentialError::VersionMismatch { .. })
         ));
-        let no_status = br#"{"kind":"ExecCredential","apiVersion":"client.authentication.k8s.io/v1"}"#;
+        let no_status =
+            br#"{"kind":"ExecCredential","apiVersion":"client.authentication.k8s.io/v1"}"#;
         assert_eq!(parse(V1, no_status), Err(ExecCredentialError::NoStatus));
         let empty = br#"{"kind":"ExecCredential","apiVersion":"client.authentication.k8s.io/v1","status":{}}"#;
         assert_eq!(parse(V1, empty), Err(ExecCredentialError::Empty));

@@ -133,7 +133,8 @@ mod tests {
             groups: vec!["g1".into(), "g 2".into()],
             ..Default::default()
         };
-        imp.extra.insert("reason".into(), vec!["a".into(), "b".into()]);
+        imp.extra
+            .insert("reason".into(), vec!["a".into(), "b".into()]);
         let (replace, f) = imp.fields(None);
         assert_eq!(replace, vec!["Impersonate-User", "Impersonate-Uid"]);
         let names: Vec<&str> = f.iter().map(|(n, _)| n.as_str()).collect();

@@ -103,17 +103,16 @@ impl ExecPlugin {
     /// Runs the plugin once (on the control thread).
     fn run(&self) -> Result<exec_credential::Credential, String> {
         let tty = std::io::stdin().is_terminal();
-        let interactive = match self.interactive_mode {
-            ExecInteractiveMode::Never => false,
-            ExecInteractiveMode::IfAvailable => tty,
-            ExecInteractiveMode::Always if tty => true,
-            ExecInteractiveMode::Always => {
-                return Err(
+        let interactive =
+            match self.interactive_mode {
+                ExecInteractiveMode::Never => false,
+                ExecInteractiveMode::IfAvailable => tty,
+                ExecInteractiveMode::Always if tty => true,
+                ExecInteractiveMode::Always => return Err(
                     "exec plugin cannot support interactive mode: standard input is not a terminal"
                         .into(),
-                )
-            }
-        };
+                ),
+            };
         let info = exec_credential::exec_info(&self.api_version, interactive, self.cluster.clone())
             .map_err(|e| e.to_string())?;
         let mut cmd = std::process::Command::new(&self.command);
@@ -283,8 +282,9 @@ impl DynamicToken {
                 if cred.client_cert.is_some() && cred.token.is_none() {
                     tracing::warn!("exec plugin returned a client certificate; edgetunnel proxy uses only tokens from exec plugins");
                 }
-                let header: Option<Arc<str>> =
-                    cred.token.map(|t| Arc::from(format!("Bearer {t}").as_str()));
+                let header: Option<Arc<str>> = cred
+                    .token
+                    .map(|t| Arc::from(format!("Bearer {t}").as_str()));
                 let mut c = self.lock();
                 c.header = header.clone();
                 c.expires = cred.expires_unix.map(|e| e as f64);
