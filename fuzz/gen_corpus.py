@@ -294,3 +294,8 @@ write("dest_policy", "metadata", V4_MAPPED_METADATA + struct.pack(">H", 80)
 write("dest_policy", "v6", bytes.fromhex("fe800000000000000000000000000001") + struct.pack(">H", 443)
       + b"fd00::/8,[::1]:443,::1/128|fe80::/10")
 write("dest_policy", "bad", bytes(18) + b"10.0.0.1/8,fd00::/8:443,[x]:1,1.2.3.4:0-1|::/129")
+
+# exec_credential: [version byte (even v1, odd v1beta1)][plugin stdout].
+write("exec_credential", "v1-token", b"\x00" + b'{"kind":"ExecCredential","apiVersion":"client.authentication.k8s.io/v1","status":{"token":"t","expirationTimestamp":"2030-01-02T03:04:05Z"}}')
+write("exec_credential", "v1beta1-cert", b"\x01" + b'{"kind":"ExecCredential","apiVersion":"client.authentication.k8s.io/v1beta1","status":{"clientCertificateData":"c","clientKeyData":"k"}}')
+write("exec_credential", "half-pair", b"\x00" + b'{"kind":"ExecCredential","apiVersion":"client.authentication.k8s.io/v1","status":{"clientKeyData":"k"}}')

@@ -9,10 +9,12 @@
 pub mod agent_identity;
 pub mod agent_tunnel;
 pub mod dest_policy;
+pub mod exec_credential;
 pub mod grpc_frame;
 pub mod h2_authority;
 pub mod http_connect;
 pub mod identifiers;
+pub mod impersonation;
 pub mod packet;
 pub mod proxy_stream;
 pub mod routing;

@@ -706,6 +706,29 @@ async fn proxy_error(client: &mut Client, core: &Core, text: &str) -> Next {
     .await
 }
 
+/// Makes a refreshed token (exec plugin, token file) current before a head
+/// is built; awaits only when it must be fetched, never blocking the core.
+/// Returns the value that will be sent (for [`note_refused`]); nothing when
+/// the client brought its own `Authorization` (client-go leaves it alone).
+async fn fresh_auth(head: &RequestHead, shared: &Shared) -> Result<Option<Arc<str>>, String> {
+    let Some(d) = shared.upstream.auth.dynamic() else {
+        return Ok(None);
+    };
+    if http1::get(&head.headers, "authorization").is_some_and(|v| !v.is_empty()) {
+        return Ok(None);
+    }
+    d.ready().await
+}
+
+/// A 401 to a request that carried our refreshed token: fetch it again.
+async fn note_refused(shared: &Shared, used: &Option<Arc<str>>, status: u16) {
+    if status == 401 {
+        if let (Some(d), Some(used)) = (shared.upstream.auth.dynamic(), used) {
+            d.refused(used).await;
+        }
+    }
+}
+
 /// Reads a request body of known small length completely.
 async fn read_small_body(client: &mut Client, n: u64) -> io::Result<bytes::Bytes> {
     while (client.buf.len() as u64) < n {
@@ -797,6 +820,10 @@ async fn forward_request(
     if let Some(send) = core.h2_sender().await {
         return forward_h2(client, head, target, framing, keep, core, send).await;
     }
+    let used = match fresh_auth(head, shared).await {
+        Ok(u) => u,
+        Err(e) => return proxy_error(client, core, &e).await,
+    };
     let gzip = forward::wants_gzip(head, false, shared.disable_compression);
     let upstream_head = forward::request_head(
         head,
@@ -884,6 +911,7 @@ async fn forward_request(
         return proxy_error(client, core, &text).await;
     }
 
+    note_refused(shared, &used, resp.status).await;
     let mut rframing = match http1::response_framing(&head.method, &resp) {
         Ok(f) => f,
         Err(e) => return proxy_error(client, core, &e.to_string()).await,
@@ -1141,6 +1169,10 @@ async fn forward_h2(
         .metrics
         .upstream_reused
         .fetch_add(1, Ordering::Relaxed);
+    let used = match fresh_auth(head, shared).await {
+        Ok(u) => u,
+        Err(e) => return proxy_error(client, core, &e).await,
+    };
     let gzip = forward::wants_gzip(head, false, shared.disable_compression);
     let headers =
         forward::upstream_headers(head, framing, client.peer, &shared.upstream, false, gzip);
@@ -1171,6 +1203,7 @@ async fn forward_h2(
     };
     let (parts, mut body) = resp.into_parts();
     let rhead = h2_upstream::response_head(&parts);
+    note_refused(shared, &used, parts.status.as_u16()).await;
     let no_body = head.method == "HEAD"
         || parts.status.as_u16() == 204
         || parts.status.as_u16() == 304
@@ -1313,6 +1346,10 @@ async fn upgrade(
     core: &Rc<Core>,
 ) {
     let shared = &core.shared;
+    if let Err(e) = fresh_auth(head, shared).await {
+        proxy_error(&mut client, core, &e).await;
+        return;
+    }
     let upstream_head = forward::request_head(
         head,
         target,

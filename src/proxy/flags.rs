@@ -112,6 +112,22 @@ pub struct ProxyArgs {
     /// (edgetunnel) Idle upstream connections kept per core.
     #[arg(long, default_value_t = 64)]
     pub upstream_idle_per_core: usize,
+
+    /// Username to impersonate for the operation. User could be a regular user or a service account in a namespace.
+    #[arg(long = "as", default_value = "")]
+    pub as_user: String,
+    /// Group to impersonate for the operation, this flag can be repeated to specify multiple groups.
+    #[arg(long = "as-group")]
+    pub as_groups: Vec<String>,
+    /// UID to impersonate for the operation.
+    #[arg(long = "as-uid", default_value = "")]
+    pub as_uid: String,
+    /// Username for basic authentication to the API server.
+    #[arg(long, default_value = "")]
+    pub username: String,
+    /// Password for basic authentication to the API server.
+    #[arg(long, default_value = "")]
+    pub password: String,
 }
 
 /// Go's `time.ParseDuration`.

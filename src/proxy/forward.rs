@@ -152,7 +152,14 @@ pub fn upstream_headers(
             out.push(field("Authorization", a.as_bytes()));
         }
     }
+    // client-go's impersonatingRoundTripper: Set user (and uid), Add
+    // groups and extras after the client's own.
+    let (replace, imp) = upstream
+        .impersonation
+        .fields(http1::get(&headers, "impersonate-user"));
+    headers.retain(|h| !replace.iter().any(|r| h.name.eq_ignore_ascii_case(r)));
     out.extend(headers);
+    out.extend(imp.iter().map(|(n, v)| field(n, v.as_bytes())));
     if gzip {
         out.push(field("Accept-Encoding", b"gzip"));
     }
@@ -451,6 +458,7 @@ mod tests {
             server_name: "127.0.0.1".into(),
             base_path: "/base".into(),
             auth: Auth::Bearer("tok".into()),
+            impersonation: Default::default(),
         }
     }
 

@@ -5,6 +5,7 @@
 //! relayed raw (spliced when no TLS sits on either side).
 
 mod conn;
+pub mod credentials;
 pub mod filter;
 pub mod flags;
 pub mod forward;

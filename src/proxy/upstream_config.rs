@@ -1,8 +1,16 @@
 //! The upstream (API server) a proxy forwards to, from the kubeconfig (read
-//! with the `kube` crate) and kubectl's override flags, resolved once at
-//! start on the calling thread, off the data-plane cores.
+//! with the `kube` crate), the in-cluster service account when there is no
+//! kubeconfig, and kubectl's override flags, resolved once at start on the
+//! calling thread, off the data-plane cores. Changing tokens (exec plugins,
+//! token files) are kept current by [`super::credentials`].
+//!
+//! As client-go (tools/clientcmd/client_config.go, `ClientConfig`: user
+//! credentials are merged only `if restclient.IsConfigTransportTLS(...)`,
+//! i.e. when the server URL's scheme is https), no token, password, exec
+//! plugin or client certificate is used toward an `http://` server;
+//! impersonation headers are set before that check and are still sent.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kube::client::ConfigExt;
@@ -10,7 +18,14 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use rustls::ClientConfig;
 use secrecy::ExposeSecret;
 
+use super::credentials::{DynamicToken, ExecPlugin, TokenSource};
 use super::flags::ProxyArgs;
+use crate::protocol::impersonation::Impersonation;
+
+/// Where the service account token and CA are mounted in a pod.
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// Overrides [`SERVICE_ACCOUNT_DIR`] (tests, unusual mounts).
+pub const SERVICE_ACCOUNT_DIR_ENV: &str = "EDGETUNNEL_SERVICEACCOUNT_DIR";
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -25,11 +40,16 @@ pub enum UpstreamError {
 }
 
 /// Credentials applied to every forwarded request that carries none.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub enum Auth {
     None,
     Bearer(String),
-    Basic { user: String, password: String },
+    Basic {
+        user: String,
+        password: String,
+    },
+    /// A token from an exec plugin or a token file, refreshed off-core.
+    Dynamic(Arc<DynamicToken>),
 }
 
 impl std::fmt::Debug for Auth {
@@ -38,20 +58,31 @@ impl std::fmt::Debug for Auth {
             Auth::None => "None",
             Auth::Bearer(_) => "Bearer(..)",
             Auth::Basic { .. } => "Basic(..)",
+            Auth::Dynamic(_) => "Dynamic(..)",
         })
     }
 }
 
 impl Auth {
-    /// The `Authorization` header value, if any.
+    /// The `Authorization` header value, if any (for a dynamic token, the
+    /// value last fetched: await [`Auth::dynamic`]'s `ready` first).
     pub fn header(&self) -> Option<String> {
         match self {
             Auth::None => None,
+            Auth::Dynamic(d) => d.current(),
             Auth::Bearer(t) => Some(format!("Bearer {t}")),
             Auth::Basic { user, password } => Some(format!(
                 "Basic {}",
                 base64(format!("{user}:{password}").as_bytes())
             )),
+        }
+    }
+
+    /// The refreshed token source, if this is one.
+    pub fn dynamic(&self) -> Option<&Arc<DynamicToken>> {
+        match self {
+            Auth::Dynamic(d) => Some(d),
+            _ => None,
         }
     }
 }
@@ -93,6 +124,8 @@ pub struct Upstream {
     /// The server URL's path (for --append-server-path).
     pub base_path: String,
     pub auth: Auth,
+    /// `Impersonate-*` headers to add (sent over http too, as kubectl does).
+    pub impersonation: Impersonation,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -104,6 +137,7 @@ impl std::fmt::Debug for Upstream {
             .field("server_name", &self.server_name)
             .field("base_path", &self.base_path)
             .field("auth", &self.auth)
+            .field("impersonation", &self.impersonation)
             .finish()
     }
 }
@@ -127,7 +161,47 @@ fn pem_certs(pem: &[u8], path: &str) -> Result<Vec<Vec<u8>>, UpstreamError> {
     Ok(certs)
 }
 
-async fn load_config(args: &ProxyArgs) -> Result<kube::Config, UpstreamError> {
+/// The in-cluster config (client-go's `rest.InClusterConfig`): possible
+/// when `KUBERNETES_SERVICE_HOST` and `_PORT` are set and the service
+/// account token file exists.
+fn in_cluster() -> Option<Result<(kube::Config, String), UpstreamError>> {
+    let dir = std::env::var_os(SERVICE_ACCOUNT_DIR_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(SERVICE_ACCOUNT_DIR));
+    let host = std::env::var("KUBERNETES_SERVICE_HOST").unwrap_or_default();
+    let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_default();
+    let token = dir.join("token");
+    if host.is_empty() || port.is_empty() || !token.is_file() {
+        return None;
+    }
+    let hostport = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    let url = format!("https://{hostport}");
+    Some((|| {
+        let uri = url
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| UpstreamError::Url(url.clone(), e.to_string()))?;
+        let mut config = kube::Config::new(uri);
+        let ca = dir.join("ca.crt");
+        match std::fs::read(&ca) {
+            Ok(pem) => config.root_cert = Some(pem_certs(&pem, &ca.display().to_string())?),
+            // client-go logs this and goes on with the system roots.
+            Err(e) => tracing::error!(
+                "Expected to load root CA config from {}, but got err: {e}",
+                ca.display()
+            ),
+        }
+        config.auth_info.token_file = Some(token.display().to_string());
+        tracing::info!("using in-cluster configuration ({})", dir.display());
+        Ok((config, String::new()))
+    })())
+}
+
+/// The kubeconfig's config and the name of the user entry in use.
+async fn load_config(args: &ProxyArgs) -> Result<(kube::Config, String), UpstreamError> {
     let options = KubeConfigOptions {
         context: opt(&args.context),
         cluster: opt(&args.cluster),
@@ -138,28 +212,127 @@ async fn load_config(args: &ProxyArgs) -> Result<kube::Config, UpstreamError> {
     } else {
         Kubeconfig::read_from(Path::new(&args.kubeconfig))
     };
+    let no_file = kubeconfig.is_err();
     let loaded = match kubeconfig {
-        Ok(kc) => kube::Config::from_custom_kubeconfig(kc, &options)
-            .await
-            .map_err(|e| UpstreamError::Kubeconfig(e.to_string())),
+        Ok(kc) => {
+            let context = opt(&args.context).or_else(|| kc.current_context.clone());
+            let user = opt(&args.user).unwrap_or_else(|| {
+                kc.contexts
+                    .iter()
+                    .find(|c| Some(&c.name) == context.as_ref())
+                    .and_then(|c| c.context.as_ref())
+                    .and_then(|c| c.user.clone())
+                    .unwrap_or_default()
+            });
+            kube::Config::from_custom_kubeconfig(kc, &options)
+                .await
+                .map(|c| (c, user))
+                .map_err(|e| UpstreamError::Kubeconfig(e.to_string()))
+        }
         Err(e) => Err(UpstreamError::Kubeconfig(e.to_string())),
     };
     match loaded {
         Ok(c) => Ok(c),
+        // No kubeconfig at all: the pod's service account, as kubectl.
+        Err(_) if no_file && args.server.is_empty() && args.kubeconfig.is_empty() => {
+            match in_cluster() {
+                Some(r) => r,
+                None => loaded,
+            }
+        }
         // kubectl works from flags alone when there is no kubeconfig.
         Err(_) if !args.server.is_empty() && args.kubeconfig.is_empty() => {
             let uri = args.server.parse().map_err(|e: http::uri::InvalidUri| {
                 UpstreamError::Url(args.server.clone(), e.to_string())
             })?;
-            Ok(kube::Config::new(uri))
+            Ok((kube::Config::new(uri), String::new()))
         }
         Err(e) => Err(e),
     }
 }
 
+/// The impersonation in effect: the kubeconfig's, each part replaced by
+/// its flag when the flag is given (non-empty), as kubectl merges them.
+fn impersonation(args: &ProxyArgs, ai: &kube::config::AuthInfo) -> Impersonation {
+    let mut imp = Impersonation {
+        user: ai.impersonate.clone().unwrap_or_default(),
+        uid: ai.impersonate_uid.clone().unwrap_or_default(),
+        groups: ai.impersonate_groups.clone().unwrap_or_default(),
+        extra: ai
+            .impersonate_user_extra
+            .clone()
+            .map(|m| m.into_iter().collect())
+            .unwrap_or_default(),
+    };
+    if !args.as_user.is_empty() {
+        imp.user = args.as_user.clone();
+    }
+    if !args.as_uid.is_empty() {
+        imp.uid = args.as_uid.clone();
+    }
+    if !args.as_groups.is_empty() {
+        imp.groups = args.as_groups.clone();
+    }
+    imp
+}
+
+/// The credentials for an https upstream, in client-go's precedence.
+fn credentials(args: &ProxyArgs, config: &kube::Config, user: &str) -> Result<Auth, UpstreamError> {
+    let ai = &config.auth_info;
+    let token = if !args.token.is_empty() {
+        Some(args.token.clone())
+    } else {
+        ai.token.as_ref().map(|t| t.expose_secret().to_string())
+    };
+    let username = opt(&args.username).or_else(|| ai.username.clone());
+    let password =
+        opt(&args.password).or_else(|| ai.password.as_ref().map(|p| p.expose_secret().to_string()));
+    let has_token = token.is_some() || ai.token_file.is_some();
+    let has_basic = username.is_some() || password.is_some();
+    if has_token && has_basic {
+        return Err(UpstreamError::Kubeconfig(format!(
+            "more than one authentication method found for {user}; found [token basicAuth], only one is allowed"
+        )));
+    }
+    let start = |source| {
+        DynamicToken::start(source)
+            .map(Auth::Dynamic)
+            .map_err(|e| UpstreamError::Kubeconfig(format!("credential thread: {e}")))
+    };
+    if let Some(t) = token.filter(|_| !args.token.is_empty() || ai.token_file.is_none()) {
+        return Ok(Auth::Bearer(t));
+    }
+    if let Some(f) = &ai.token_file {
+        // kubectl reads it once at start and fails when it cannot.
+        read(f)?;
+        return start(TokenSource::File(PathBuf::from(f)));
+    }
+    if has_basic {
+        return Ok(Auth::Basic {
+            user: username.unwrap_or_default(),
+            password: password.unwrap_or_default(),
+        });
+    }
+    let has_cert = ai.client_certificate.is_some() || ai.client_certificate_data.is_some();
+    if let Some(exec) = &ai.exec {
+        let plugin = ExecPlugin::from_config(exec, user).map_err(UpstreamError::Kubeconfig)?;
+        // client-go skips the plugin when a client certificate is set.
+        if !has_cert {
+            return start(TokenSource::Exec(Box::new(plugin)));
+        }
+    }
+    if let Some(p) = &ai.auth_provider {
+        tracing::warn!(
+            provider = %p.name,
+            "auth-provider is not supported by edgetunnel proxy; use an exec plugin (e.g. kubelogin) instead"
+        );
+    }
+    Ok(Auth::None)
+}
+
 /// Resolves the upstream from the kubeconfig and the override flags.
 pub async fn resolve(args: &ProxyArgs) -> Result<Upstream, UpstreamError> {
-    let mut config = load_config(args).await?;
+    let (mut config, user) = load_config(args).await?;
     if !args.server.is_empty() {
         let server = if args.server.contains("://") {
             args.server.clone()
@@ -189,20 +362,10 @@ pub async fn resolve(args: &ProxyArgs) -> Result<Upstream, UpstreamError> {
         config.auth_info.client_key = Some(args.client_key.clone());
         config.auth_info.client_key_data = None;
     }
-    let auth = if !args.token.is_empty() {
-        Auth::Bearer(args.token.clone())
-    } else if let Some(t) = &config.auth_info.token {
-        Auth::Bearer(t.expose_secret().to_string())
-    } else if let Some(f) = &config.auth_info.token_file {
-        Auth::Bearer(String::from_utf8_lossy(&read(f)?).trim().to_string())
-    } else if let (Some(u), Some(p)) = (&config.auth_info.username, &config.auth_info.password) {
-        Auth::Basic {
-            user: u.clone(),
-            password: p.expose_secret().to_string(),
-        }
-    } else {
-        Auth::None
-    };
+    let impersonation = impersonation(args, &config.auth_info);
+    impersonation
+        .validate(&user)
+        .map_err(|e| UpstreamError::Kubeconfig(e.to_string()))?;
 
     let url = &config.cluster_url;
     let https = match url.scheme_str() {
@@ -215,6 +378,13 @@ pub async fn resolve(args: &ProxyArgs) -> Result<Upstream, UpstreamError> {
             ))
         }
     };
+    // client-go merges user credentials only for a TLS transport.
+    let auth = if https {
+        credentials(args, &config, &user)?
+    } else {
+        Auth::None
+    };
+    let url = &config.cluster_url;
     let host = url
         .host()
         .ok_or_else(|| UpstreamError::Url(url.to_string(), "no host".into()))?
@@ -235,7 +405,17 @@ pub async fn resolve(args: &ProxyArgs) -> Result<Upstream, UpstreamError> {
     };
     let (tls, tls_h2) = if https {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut tls = config
+        // Only the certificate fields: kube would run an exec plugin here.
+        let mut tls_config = config.clone();
+        let ai = &config.auth_info;
+        tls_config.auth_info = kube::config::AuthInfo {
+            client_certificate: ai.client_certificate.clone(),
+            client_certificate_data: ai.client_certificate_data.clone(),
+            client_key: ai.client_key.clone(),
+            client_key_data: ai.client_key_data.clone(),
+            ..Default::default()
+        };
+        let mut tls = tls_config
             .rustls_client_config()
             .map_err(|e| UpstreamError::Tls(e.to_string()))?;
         tls.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -258,6 +438,7 @@ pub async fn resolve(args: &ProxyArgs) -> Result<Upstream, UpstreamError> {
         server_name,
         base_path,
         auth,
+        impersonation,
     })
 }
 
