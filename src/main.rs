@@ -9,7 +9,11 @@ fn main() {
     let compat = edgetunnel::compat::from_process_args();
     let cli = match &compat {
         Some(t) => Cli::parse_from(&t.argv),
-        None => Cli::parse(),
+        // `proxy`: kubectl's flags in Go's syntax.
+        None => match edgetunnel::proxy::goargs::from_process_args() {
+            Some(argv) => Cli::parse_from(argv),
+            None => Cli::parse(),
+        },
     };
     tracing_subscriber::fmt()
         .with_env_filter(

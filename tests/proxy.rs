@@ -327,8 +327,10 @@ fn flag_errors_match_kubectl() {
         ])
         .output()
         .unwrap();
-    assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("invalid regular expression"));
+    // kubectl's klog.Fatalf: exit 255 with Go's regexp error.
+    assert_eq!(bad.status.code(), Some(255));
+    assert!(String::from_utf8_lossy(&bad.stderr)
+        .contains("Error compiling re: error parsing regexp: missing closing ): `(`"));
 }
 
 #[test]

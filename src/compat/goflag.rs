@@ -48,6 +48,8 @@ pub enum Kind {
     Duration,
     /// `StringSliceVar`: one CSV record per occurrence, accumulated.
     StringSlice,
+    /// `StringArrayVar`: each occurrence one item, verbatim, accumulated.
+    StringArray,
     /// klog's `-v`: `strconv.ParseInt(s, 10, 32)`.
     KlogLevel,
     /// klog's `-stderrthreshold`: INFO/WARNING/ERROR/FATAL or a number.
@@ -69,6 +71,7 @@ impl Kind {
             Kind::Float32 => "float32",
             Kind::Duration => "duration",
             Kind::StringSlice => "strings",
+            Kind::StringArray => "stringArray",
             Kind::KlogLevel | Kind::KlogSeverity | Kind::KlogModules | Kind::KlogTrace => "value",
         }
     }
@@ -247,8 +250,13 @@ pub fn parse(specs: &[Spec], args: &[String]) -> Result<Parsed, FlagError> {
         deprecations: Vec::new(),
     };
     for s in specs {
-        let v = parse_value(s.kind, s.default)
-            .unwrap_or_else(|e| panic!("default of --{} ({:?}): {e}", s.name, s.default));
+        let v = if s.kind == Kind::StringArray && s.default.is_empty() {
+            // pflag's `[]`; `--flag=` given is one empty item.
+            Value::List(Vec::new())
+        } else {
+            parse_value(s.kind, s.default)
+                .unwrap_or_else(|e| panic!("default of --{} ({:?}): {e}", s.name, s.default))
+        };
         p.defaults.insert(s.name, v);
     }
     let long = |name: &str| {
@@ -389,6 +397,7 @@ pub fn parse_value(kind: Kind, text: &str) -> Result<Value, String> {
         Kind::Float32 => Value::Float(parse_float32(text)?),
         Kind::Duration => Value::Duration(parse_duration(text)?),
         Kind::StringSlice => Value::List(parse_csv(text)?),
+        Kind::StringArray => Value::List(vec![text.to_string()]),
         Kind::KlogLevel => Value::Int(parse_int(text, 10, 32)?),
         Kind::KlogSeverity => Value::Int(parse_severity(text)?),
         Kind::KlogModules => {

@@ -1,8 +1,9 @@
 //! kubectl's `FilterServer`: comma-separated regular expression lists for
-//! paths, methods and hosts, evaluated in kubectl's order.
+//! paths, methods and hosts, evaluated in kubectl's order, with Go's
+//! `regexp` semantics ([`super::goregex`]): the filter is a security
+//! boundary, so a pattern means here exactly what it means to kubectl.
 
-use regex::{Regex, RegexSet};
-
+use super::goregex::{GoRegex, GoRegexError};
 use super::gourl::split_host;
 
 pub const DEFAULT_ACCEPT_PATHS: &str = "^.*";
@@ -10,49 +11,30 @@ pub const DEFAULT_REJECT_PATHS: &str = r"^/api/.*/pods/.*/exec,^/api/.*/pods/.*/
 pub const DEFAULT_ACCEPT_HOSTS: &str = r"^localhost$,^127\.0\.0\.1$,^\[::1\]$";
 pub const DEFAULT_REJECT_METHODS: &str = "^$";
 
-#[derive(Debug, thiserror::Error)]
-#[error("invalid regular expression {pattern:?}: {source}")]
-pub struct FilterError {
-    pattern: String,
-    source: regex::Error,
-}
+/// kubectl's message is Go's `regexp.Compile` error as is.
+pub type FilterError = GoRegexError;
 
 /// kubectl's `MakeRegexpArray`: an empty string is an empty list, otherwise
-/// each comma-separated part is one expression (unanchored, as Go's
-/// `MatchString`).
-pub fn regexp_list(s: &str) -> Result<Vec<Regex>, FilterError> {
+/// `strings.Split(s, ",")` and each part compiled on its own (unanchored,
+/// as Go's `MatchString`), so `v{1,3}` is the two patterns `v{1` and `3}`.
+pub fn regexp_list(s: &str) -> Result<Vec<GoRegex>, FilterError> {
     if s.is_empty() {
         return Ok(Vec::new());
     }
-    s.split(',')
-        .map(|p| {
-            Regex::new(p).map_err(|source| FilterError {
-                pattern: p.to_string(),
-                source,
-            })
-        })
-        .collect()
+    s.split(',').map(GoRegex::new).collect()
 }
 
-/// One list as a set matched in a single pass (any member matching).
-fn set(s: &str) -> Result<RegexSet, FilterError> {
-    let list = regexp_list(s)?;
-    RegexSet::new(list.iter().map(Regex::as_str)).map_err(|source| FilterError {
-        pattern: s.to_string(),
-        source,
-    })
-}
-
-fn matches(s: &str, list: &RegexSet) -> bool {
-    list.is_match(s)
+/// kubectl's `matchesRegexp`: any member matching.
+fn matches(s: &str, list: &[GoRegex]) -> bool {
+    list.iter().any(|r| r.is_match(s))
 }
 
 #[derive(Debug, Clone)]
 pub struct Filter {
-    pub accept_paths: RegexSet,
-    pub reject_paths: RegexSet,
-    pub accept_hosts: RegexSet,
-    pub reject_methods: RegexSet,
+    pub accept_paths: Vec<GoRegex>,
+    pub reject_paths: Vec<GoRegex>,
+    pub accept_hosts: Vec<GoRegex>,
+    pub reject_methods: Vec<GoRegex>,
 }
 
 impl Filter {
@@ -63,14 +45,15 @@ impl Filter {
         reject_methods: &str,
     ) -> Result<Filter, FilterError> {
         Ok(Filter {
-            accept_paths: set(accept_paths)?,
-            reject_paths: set(reject_paths)?,
-            accept_hosts: set(accept_hosts)?,
-            reject_methods: set(reject_methods)?,
+            accept_paths: regexp_list(accept_paths)?,
+            reject_paths: regexp_list(reject_paths)?,
+            accept_hosts: regexp_list(accept_hosts)?,
+            reject_methods: regexp_list(reject_methods)?,
         })
     }
 
-    /// kubectl's `accept(method, path, host)`.
+    /// kubectl's `accept(method, path, host)`. `path` and `host` are Go
+    /// strings as [`super::goregex::go_runes`] renders them.
     pub fn accept(&self, method: &str, path: &str, host: &str) -> bool {
         if matches(path, &self.reject_paths) || matches(method, &self.reject_methods) {
             return false;

@@ -95,6 +95,37 @@ pub struct ProxyArgs {
     #[arg(short = 'n', long, default_value = "")]
     pub namespace: String,
 
+    /// Number for the log level verbosity (kubectl's klog `-v`; accepted, edgetunnel logs by --log).
+    #[arg(long = "v", default_value_t = 0)]
+    pub v: i64,
+    /// Comma-separated list of pattern=N settings for file-filtered logging (accepted, no effect).
+    #[arg(long, default_value = "")]
+    pub vmodule: String,
+    /// Maximum number of seconds between log flushes (accepted, no effect).
+    #[arg(long, default_value = "5s", value_parser = parse_go_duration)]
+    pub log_flush_frequency: Duration,
+    /// The length of time to wait before giving up on a single server request (validated as kubectl does; kubectl proxy does not apply it to proxied requests).
+    #[arg(long, default_value = "0")]
+    pub request_timeout: String,
+    /// Default cache directory (accepted, no effect: the proxy uses no discovery cache).
+    #[arg(long, default_value = "")]
+    pub cache_dir: String,
+    /// Require server version to match client version (accepted, no effect).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = ArgAction::Set)]
+    pub match_server_version: bool,
+    /// Treat warnings received from the server as errors (accepted; the proxy relays warnings).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = ArgAction::Set)]
+    pub warnings_as_errors: bool,
+    /// Name of profile to capture. One of (none|cpu|heap|goroutine|threadcreate|block|mutex) (validated; no profile is written).
+    #[arg(long, default_value = "none")]
+    pub profile: String,
+    /// Name of the file to write the profile to (accepted, no effect).
+    #[arg(long, default_value = "profile.pprof")]
+    pub profile_output: String,
+    /// Path to the kuberc file (kubectl 1.33+; accepted, no effect).
+    #[arg(long, default_value = "")]
+    pub kuberc: String,
+
     /// (edgetunnel) Worker cores; default: all cores.
     #[arg(long)]
     pub workers: Option<usize>,
@@ -128,6 +159,31 @@ pub struct ProxyArgs {
     /// Password for basic authentication to the API server.
     #[arg(long, default_value = "")]
     pub password: String,
+}
+
+/// kubectl's profile names (`--profile`).
+const PROFILES: &[&str] = &[
+    "none",
+    "cpu",
+    "heap",
+    "goroutine",
+    "threadcreate",
+    "block",
+    "mutex",
+];
+
+/// client-go's `clientcmd.ParseTimeout`: a non-negative integer of seconds
+/// or a Go duration.
+pub fn parse_request_timeout(s: &str) -> Result<Duration, String> {
+    if let Ok(i) = crate::compat::goflag::parse_int(s, 10, 64) {
+        if i >= 0 {
+            return Ok(Duration::from_secs(i as u64));
+        }
+    }
+    if let Ok(ns) = crate::compat::goflag::parse_duration(s) {
+        return Ok(Duration::from_nanos(ns.max(0) as u64));
+    }
+    Err("Invalid timeout value. Timeout must be a single integer in seconds, or an integer followed by a corresponding time unit (e.g. 1s | 2m | 3h)".into())
 }
 
 /// Go's `time.ParseDuration`.
@@ -183,6 +239,10 @@ pub fn with_slash(prefix: &str) -> String {
 impl ProxyArgs {
     /// kubectl's validation.
     pub fn validate(&self) -> Result<(), String> {
+        if !PROFILES.contains(&self.profile.as_str()) {
+            return Err(format!("unknown profile '{}'", self.profile));
+        }
+        parse_request_timeout(&self.request_timeout)?;
         if self.port != DEFAULT_PORT && !self.unix_socket.is_empty() {
             return Err("cannot set --unix-socket and --port at the same time".into());
         }

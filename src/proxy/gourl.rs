@@ -64,9 +64,12 @@ pub fn unescape_path(s: &str) -> Result<String, UrlError> {
             i += 1;
         }
     }
-    // Go strings hold any bytes; keep invalid UTF-8 visible rather than fail.
-    Ok(String::from_utf8(out)
-        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
+    // Go strings hold any bytes; an invalid byte is one U+FFFD, as Go's
+    // regexp (the filter) and range loops see it.
+    Ok(match String::from_utf8(out) {
+        Ok(s) => s,
+        Err(e) => super::goregex::go_runes(e.as_bytes()).into_owned(),
+    })
 }
 
 /// Go's `shouldEscape(c, encodePath)`.

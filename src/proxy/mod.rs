@@ -9,10 +9,13 @@ pub mod credentials;
 pub mod filter;
 pub mod flags;
 pub mod forward;
+pub mod goargs;
+pub mod goregex;
 pub mod gourl;
 mod h2_upstream;
 pub mod http1;
 mod io;
+mod kubeconfig_names;
 pub mod mux;
 pub mod static_files;
 pub mod upstream_config;
@@ -55,16 +58,25 @@ fn shared_from(args: &ProxyArgs) -> Result<conn::Shared, BoxError> {
         }
         None
     } else {
-        Some(filter::Filter::new(
+        let f = filter::Filter::new(
             &args.accept_paths,
             &args.reject_paths,
             &args.accept_hosts,
             &args.reject_methods,
-        )?)
+        );
+        match f {
+            Ok(f) => Some(f),
+            // kubectl: `klog.Fatalf("Error compiling re: %v", err)`, exit 255.
+            Err(e) => {
+                eprintln!("Error compiling re: {e}");
+                std::process::exit(255);
+            }
+        }
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    kubeconfig_names::check_args(&args.kubeconfig, &args.user, &args.context, &args.cluster)?;
     let upstream = rt.block_on(upstream_config::resolve(args))?;
     let dial_addrs: Vec<SocketAddr> = upstream
         .dial
@@ -135,10 +147,7 @@ pub fn run(args: ProxyArgs) -> Result<(), BoxError> {
         _socket_file = Some(file);
         (Bound::Unix(ls), args.unix_socket.clone())
     } else {
-        let ip: IpAddr = args
-            .address
-            .parse()
-            .map_err(|_| format!("invalid --address {:?}", args.address))?;
+        let ip = listen_ip(&args.address)?;
         let ls = listener::bind_tcp(SocketAddr::new(ip, args.port), workers)?;
         let local = ls[0].local_addr()?;
         (Bound::Tcp(ls), local.to_string())
@@ -183,6 +192,28 @@ pub fn run(args: ProxyArgs) -> Result<(), BoxError> {
         }
     })?;
     Ok(())
+}
+
+/// The address Go's `net.Listen("tcp", address:port)` binds: an IP as
+/// given, a host name resolved to one of its addresses (IPv4 first, as Go
+/// prefers for a listener), empty meaning every interface.
+fn listen_ip(address: &str) -> Result<IpAddr, BoxError> {
+    if address.is_empty() {
+        return Ok(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED));
+    }
+    if let Ok(ip) = address.parse() {
+        return Ok(ip);
+    }
+    let addrs: Vec<SocketAddr> = (address, 0)
+        .to_socket_addrs()
+        .map_err(|e| format!("listen tcp {address}: lookup {address}: {e}"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .map(|a| a.ip())
+        .ok_or_else(|| format!("listen tcp {address}: lookup {address}: no such host").into())
 }
 
 enum Listener {
