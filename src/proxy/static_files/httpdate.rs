@@ -349,7 +349,12 @@ fn parse_layout(layout: &[Tok], mut v: &[u8]) -> Option<Instant> {
                     let n = 1 + v[1..].iter().take_while(|b| b.is_ascii_digit()).count();
                     let mut ns: u64 = 0;
                     for i in 1..10 {
-                        ns = ns * 10 + if i < n { u64::from(v[i] - b'0') } else { 0 };
+                        let d = if i < n {
+                            v.get(i).map_or(0, |b| b - b'0')
+                        } else {
+                            0
+                        };
+                        ns = ns * 10 + u64::from(d);
                     }
                     nanos = ns as u32;
                     v = &v[n..];
