@@ -299,3 +299,18 @@ write("dest_policy", "bad", bytes(18) + b"10.0.0.1/8,fd00::/8:443,[x]:1,1.2.3.4:
 write("exec_credential", "v1-token", b"\x00" + b'{"kind":"ExecCredential","apiVersion":"client.authentication.k8s.io/v1","status":{"token":"t","expirationTimestamp":"2030-01-02T03:04:05Z"}}')
 write("exec_credential", "v1beta1-cert", b"\x01" + b'{"kind":"ExecCredential","apiVersion":"client.authentication.k8s.io/v1beta1","status":{"clientCertificateData":"c","clientKeyData":"k"}}')
 write("exec_credential", "half-pair", b"\x00" + b'{"kind":"ExecCredential","apiVersion":"client.authentication.k8s.io/v1","status":{"clientKeyData":"k"}}')
+
+# static_files: [selector byte][u64 LE file size / mtime][text]
+for name, (k, size, body) in {
+    "date-imf": (0, 0, b"Tue, 02 Jan 2024 03:04:05 GMT"),
+    "date-850": (0, 0, b"Tuesday, 02-Jan-24 03:04:05 GMT"),
+    "date-asc": (0, 0, b"Tue Jan  2 03:04:05 2024"),
+    "range-multi": (1, 1000, b"bytes=0-3,5-7,-10,900-"),
+    "range-suffix0": (1, 33, b"bytes=-0"),
+    "cond": (2, 1704164645, b'GET\n"x", *\nTue, 02 Jan 2024 03:04:05 GMT\nW/"a"\n'
+             b"Tue Jan  2 03:04:05 2024\nTue, 02 Jan 2024 03:04:05 GMT\nbytes=0-1"),
+    "sniff-html": (3, 0, b"  <HTML><body>"),
+    "sniff-mp4": (3, 0, b"\x00\x00\x00\x18ftypmp42\x00\x00\x00\x00mp42isom<\x06t\xbfmdat"),
+    "mime": (4, 0, b"80:text/x-foo:*.foo\ntext/plain txt text # c\na.foo b.TXT c.html"),
+}.items():
+    write("static_files", name, bytes([k]) + struct.pack("<Q", size) + body)

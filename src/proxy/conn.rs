@@ -629,52 +629,29 @@ async fn answer_locally(
                 )
                 .await;
             };
-            match static_files::serve(root, &p, &url.raw_query, &head.method, &head.headers, keep) {
-                StaticReply::Bytes(b) => send(client, &b, keep).await,
-                StaticReply::File {
-                    head,
-                    file,
-                    offset,
-                    len,
-                } => {
-                    if client.io.write_all(&head).await.is_err() {
-                        return Next::Close;
-                    }
-                    if send_file(client, file, offset, len).await.is_err() {
-                        return Next::Close;
-                    }
-                    if keep {
-                        Next::KeepAlive
-                    } else {
-                        Next::Close
-                    }
-                }
+            let req = static_files::StaticRequest {
+                path: p,
+                raw_query: url.raw_query.clone(),
+                method: head.method.clone(),
+                headers: head.headers.clone(),
+                keep_alive: keep,
+            };
+            let StaticReply { head, body } = static_files::serve(root.clone(), req).await;
+            if client.io.write_all(&head).await.is_err()
+                || static_files::write_body(&mut client.io, body)
+                    .await
+                    .is_err()
+            {
+                return Next::Close;
+            }
+            if keep {
+                Next::KeepAlive
+            } else {
+                Next::Close
             }
         }
         Route::Proxy(_) => Next::Close,
     }
-}
-
-async fn send_file(
-    client: &mut Client,
-    mut file: std::fs::File,
-    offset: u64,
-    len: u64,
-) -> io::Result<()> {
-    use std::io::{Read, Seek, SeekFrom};
-    file.seek(SeekFrom::Start(offset))?;
-    let mut left = len;
-    let mut buf = vec![0u8; READ_CHUNK];
-    while left > 0 {
-        let want = (left as usize).min(buf.len());
-        let n = file.read(&mut buf[..want])?;
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        client.io.write_all(&buf[..n]).await?;
-        left -= n as u64;
-    }
-    Ok(())
 }
 
 /// Answers `100 Continue` when the client waits for it before its body, as

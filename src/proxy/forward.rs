@@ -300,7 +300,10 @@ pub fn is_upgrade(head: &RequestHead) -> bool {
 
 /// The current time as an HTTP date (the `Date` header).
 pub fn now_http_date() -> String {
-    super::static_files::http_date(std::time::SystemTime::now())
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    super::static_files::httpdate::format(secs)
 }
 
 /// Whether a response with `status` may carry a body (Go's
