@@ -163,6 +163,8 @@ fn head(status: u16, headers: &[(&str, &str)], len: Option<u64>, keep: bool) -> 
     if let Some(l) = len {
         all.push(("Content-Length", l.to_string()));
     }
+    // Go's server adds Date to every answer (item 7 of issue 14).
+    all.push(("Date", crate::proxy::forward::now_http_date()));
     all.sort_by(|a, b| a.0.cmp(b.0));
     let mut out = format!("HTTP/1.1 {status} {reason}\r\n");
     for (n, v) in all {
@@ -477,6 +479,26 @@ mod tests {
             s.push_str(&String::from_utf8_lossy(b));
         }
         s
+    }
+
+    #[test]
+    fn answers_carry_a_date_as_go_servers_do() {
+        let h =
+            String::from_utf8(head(200, &[("Content-Type", "text/plain")], Some(1), true)).unwrap();
+        let date = h
+            .lines()
+            .find(|l| l.starts_with("Date: "))
+            .expect("a Date header");
+        assert!(date.ends_with(" GMT"), "{date}");
+        let names: Vec<&str> = h
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, _)| n)
+            .collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted, "Go's sorted header order");
     }
 
     #[test]
