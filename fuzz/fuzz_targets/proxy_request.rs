@@ -52,6 +52,7 @@ fuzz_target!(|data: &[u8]| {
                     server_name: "x".into(),
                     base_path: "/base".into(),
                     auth: Auth::Bearer("t".into()),
+                    impersonation: Default::default(),
                 };
                 let target = forward::upstream_target(&u, &up, true);
                 assert!(target.starts_with('/') || target == "*", "{target:?}");
