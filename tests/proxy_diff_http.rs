@@ -11,14 +11,14 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
 use std::thread;
 use std::time::Duration;
 
-use support::http_raw::{read_response_from, Endpoint, Response, Stream};
+use support::http_raw::{read_request, read_response_from, Endpoint, Response, Stream};
 use support::proxy_proc::{kubectl, kubectl_cmd, ours_cmd, start, Running};
 use support::Env;
 
@@ -103,33 +103,9 @@ fn serve_scripted(s: TcpStream) {
     let mut w = s.try_clone().expect("clone");
     let mut r = BufReader::new(s);
     loop {
-        let mut line = String::new();
-        if r.read_line(&mut line).unwrap_or(0) == 0 {
+        let Some((method, target, _body)) = read_request(&mut r) else {
             return;
-        }
-        let mut parts = line.split_whitespace();
-        let method = parts.next().unwrap_or("").to_string();
-        let target = parts.next().unwrap_or("").to_string();
-        let mut length = 0usize;
-        loop {
-            let mut h = String::new();
-            if r.read_line(&mut h).unwrap_or(0) == 0 {
-                return;
-            }
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            if let Some((n, v)) = h.split_once(':') {
-                if n.eq_ignore_ascii_case("content-length") {
-                    length = v.trim().parse().unwrap_or(0);
-                }
-            }
-        }
-        let mut body = vec![0u8; length];
-        if r.read_exact(&mut body).is_err() {
-            return;
-        }
+        };
         let (first, later) = script(&method, &target);
         if w.write_all(&first).is_err() {
             return;

@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -410,33 +410,9 @@ impl FakeKube {
         let mut r = BufReader::new(s.try_clone().unwrap());
         let mut w = s;
         loop {
-            let mut line = String::new();
-            if r.read_line(&mut line).unwrap_or(0) == 0 {
+            let Some((method, target, body)) = super::http_raw::read_request(&mut r) else {
                 return;
-            }
-            let mut parts = line.split_whitespace();
-            let method = parts.next().unwrap_or("").to_string();
-            let target = parts.next().unwrap_or("").to_string();
-            let mut len = 0usize;
-            loop {
-                let mut h = String::new();
-                if r.read_line(&mut h).unwrap_or(0) == 0 {
-                    return;
-                }
-                let h = h.trim_end();
-                if h.is_empty() {
-                    break;
-                }
-                if let Some((n, v)) = h.split_once(':') {
-                    if n.eq_ignore_ascii_case("content-length") {
-                        len = v.trim().parse().unwrap_or(0);
-                    }
-                }
-            }
-            let mut body = vec![0u8; len];
-            if r.read_exact(&mut body).is_err() {
-                return;
-            }
+            };
             self.state
                 .0
                 .lock()

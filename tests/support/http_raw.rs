@@ -181,3 +181,35 @@ pub fn exchange(ep: &Endpoint, raw: &[u8], method: &str) -> std::io::Result<Resp
     s.write_all(raw)?;
     read_response(&mut *s, method)
 }
+
+/// Reads one HTTP/1.1 request from a test server's connection: method,
+/// target and a Content-Length body (no chunked bodies). `None` once the
+/// peer closed or broke off.
+pub fn read_request(r: &mut impl std::io::BufRead) -> Option<(String, String, Vec<u8>)> {
+    let mut line = String::new();
+    if r.read_line(&mut line).unwrap_or(0) == 0 {
+        return None;
+    }
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or("").to_string();
+    let target = parts.next().unwrap_or("").to_string();
+    let mut length = 0usize;
+    loop {
+        let mut h = String::new();
+        if r.read_line(&mut h).unwrap_or(0) == 0 {
+            return None;
+        }
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        if let Some((n, v)) = h.split_once(':') {
+            if n.eq_ignore_ascii_case("content-length") {
+                length = v.trim().parse().unwrap_or(0);
+            }
+        }
+    }
+    let mut body = vec![0u8; length];
+    r.read_exact(&mut body).ok()?;
+    Some((method, target, body))
+}
