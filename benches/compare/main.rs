@@ -10,6 +10,7 @@
 //! sample, a Markdown report, SVG plots). Figures are printed and written,
 //! never asserted. Under `cargo test` (no `--bench`) it only prints how to
 //! run it.
+#![allow(unsafe_code)] // system calls the test/bench harness makes directly
 
 mod client;
 mod model;

@@ -18,6 +18,8 @@ pub mod read_ahead;
 pub mod relay;
 pub mod runtime;
 pub mod signals;
+#[allow(unsafe_code)]
+pub mod sys;
 pub mod tls;
 pub mod window;
 

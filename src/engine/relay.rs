@@ -4,7 +4,7 @@
 //! the buffer runs low, and the chunk travels on as the DATA payload as is.
 
 use std::io;
-use std::os::fd::{FromRawFd, IntoRawFd, RawFd};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -114,41 +114,7 @@ impl<R: AsyncReadRent> ChunkReader<R> {
     }
 }
 
-/// Chunks written with one `writev`: the `Bytes` are kept alive (their heap
-/// data never moves) while the kernel reads them through `iovecs`.
-pub struct BytesVec {
-    iovecs: Vec<libc::iovec>,
-    chunks: Vec<Bytes>,
-}
-
-impl BytesVec {
-    pub fn new(chunks: Vec<Bytes>) -> Self {
-        let iovecs = chunks
-            .iter()
-            .map(|b| libc::iovec {
-                iov_base: b.as_ptr() as *mut libc::c_void,
-                iov_len: b.len(),
-            })
-            .collect();
-        Self { iovecs, chunks }
-    }
-
-    /// The chunks back, to advance past what was written.
-    pub fn into_chunks(self) -> Vec<Bytes> {
-        self.chunks
-    }
-}
-
-// SAFETY: the iovecs point into `chunks`, owned by the same struct and
-// immutable until it drops; moving the struct moves no payload.
-unsafe impl monoio::buf::IoVecBuf for BytesVec {
-    fn read_iovec_ptr(&self) -> *const libc::iovec {
-        self.iovecs.as_ptr()
-    }
-    fn read_iovec_len(&self) -> usize {
-        self.iovecs.len()
-    }
-}
+pub use super::sys::BytesVec;
 
 /// Most chunks gathered into one vectored write.
 pub const MAX_BATCH: usize = 64;
@@ -212,32 +178,20 @@ pub async fn write_chunk<W: AsyncWriteRent>(w: &mut W, chunk: Bytes) -> io::Resu
 }
 
 /// A socket being moved between cores: the descriptor and its kind.
+/// Dropped before it is adopted, it closes the descriptor.
 #[derive(Debug)]
 pub enum MovedSocket {
-    Tcp(RawFd),
-    Unix(RawFd),
+    Tcp(OwnedFd),
+    Unix(OwnedFd),
 }
 
 impl MovedSocket {
     pub fn from_tcp(s: monoio::net::TcpStream) -> Self {
-        MovedSocket::Tcp(s.into_raw_fd())
+        MovedSocket::Tcp(super::sys::into_owned(s))
     }
 
     pub fn from_unix(s: monoio::net::UnixStream) -> Self {
-        MovedSocket::Unix(s.into_raw_fd())
-    }
-}
-
-impl Drop for MovedSocket {
-    fn drop(&mut self) {
-        // Only reached when the socket was never adopted: close it.
-        let fd = match *self {
-            MovedSocket::Tcp(fd) | MovedSocket::Unix(fd) => fd,
-        };
-        if fd >= 0 {
-            // SAFETY: we own the descriptor.
-            unsafe { libc::close(fd) };
-        }
+        MovedSocket::Unix(super::sys::into_owned(s))
     }
 }
 
@@ -250,18 +204,10 @@ pub enum LocalSocket {
 impl MovedSocket {
     /// Registers the descriptor with the current runtime.
     pub fn adopt(self) -> io::Result<LocalSocket> {
-        let this = std::mem::ManuallyDrop::new(self);
-        Ok(match *this {
-            MovedSocket::Tcp(fd) => {
-                // SAFETY: the descriptor came from `into_raw_fd` and is owned
-                // by us; ManuallyDrop keeps Drop from closing it.
-                let std = unsafe { std::net::TcpStream::from_raw_fd(fd) };
-                LocalSocket::Tcp(monoio::net::TcpStream::from_std(std)?)
-            }
+        Ok(match self {
+            MovedSocket::Tcp(fd) => LocalSocket::Tcp(monoio::net::TcpStream::from_std(fd.into())?),
             MovedSocket::Unix(fd) => {
-                // SAFETY: as above.
-                let std = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
-                LocalSocket::Unix(monoio::net::UnixStream::from_std(std)?)
+                LocalSocket::Unix(monoio::net::UnixStream::from_std(fd.into())?)
             }
         })
     }

@@ -230,13 +230,11 @@ impl Core {
                 Ok(tcp) => {
                     let _ = tcp.set_nodelay(true);
                     if let Some(ka) = s.keepalive {
-                        use std::os::fd::AsRawFd;
-                        // SAFETY: the descriptor stays open for this borrow.
-                        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(tcp.as_raw_fd()) };
-                        let sock = socket2::SockRef::from(&fd);
-                        let _ = sock.set_tcp_keepalive(
-                            &socket2::TcpKeepalive::new().with_time(ka).with_interval(ka),
-                        );
+                        crate::engine::sys::with_sock(&tcp, |sock| {
+                            let _ = sock.set_tcp_keepalive(
+                                &socket2::TcpKeepalive::new().with_time(ka).with_interval(ka),
+                            );
+                        });
                     }
                     let io = tcp
                         .into_poll_io()

@@ -36,28 +36,7 @@ pub(super) async fn accept_tcp(core: usize, shared: Arc<Shared>, l: monoio::net:
 
 /// The destination before DNAT, when the connection was redirected.
 pub fn original_dst(fd: &impl AsRawFd) -> Option<SocketAddr> {
-    const SO_ORIGINAL_DST: libc::c_int = 80;
-    // SAFETY: getsockopt into a zeroed sockaddr_storage of the right size.
-    unsafe {
-        let mut ss: libc::sockaddr_storage = std::mem::zeroed();
-        let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        let p = &mut ss as *mut _ as *mut libc::c_void;
-        if libc::getsockopt(fd.as_raw_fd(), libc::SOL_IP, SO_ORIGINAL_DST, p, &mut len) == 0 {
-            let sin = &*(p as *const libc::sockaddr_in);
-            let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-            return Some(SocketAddr::new(IpAddr::V4(ip), u16::from_be(sin.sin_port)));
-        }
-        let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        if libc::getsockopt(fd.as_raw_fd(), libc::SOL_IPV6, SO_ORIGINAL_DST, p, &mut len) == 0 {
-            let sin6 = &*(p as *const libc::sockaddr_in6);
-            let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-            return Some(SocketAddr::new(
-                IpAddr::V6(ip),
-                u16::from_be(sin6.sin6_port),
-            ));
-        }
-    }
-    None
+    crate::engine::sys::original_dst(fd)
 }
 
 /// Where to route and what to dial for node `host` and `port`:
