@@ -73,7 +73,11 @@ fn iptables(cmd: IptablesCommand) -> Result<(), Box<dyn std::error::Error + Send
         } => {
             let spec = manager::IptablesSpec {
                 ports: manager::port_rules(&ports, &dnat_ip, dnat_port),
-                dnat: (dnat_ip.clone(), dnat_port, dnat_port),
+                dnat: manager::DnatTarget {
+                    addrs: dnat_ip.clone(),
+                    plain_port: dnat_port,
+                    tls_port: dnat_port,
+                },
                 cloud_nodes: (!cloud_node_ip.is_empty())
                     .then(|| cloud_node_ip.into_iter().collect()),
                 period: manager::MIN_SYNC_PERIOD,

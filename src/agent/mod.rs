@@ -64,7 +64,7 @@ pub struct AgentConfig {
     pub admin_bind: Option<std::net::SocketAddr>,
 }
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::BoxError;
 
 /// Runs the agent until SIGTERM/SIGINT (and the drain) completes.
 pub fn run(cfg: AgentConfig) -> Result<(), BoxError> {

@@ -13,6 +13,7 @@ pub mod budget;
 pub mod cert_reload;
 pub mod grpc;
 pub mod h2_server_io;
+pub mod head_reader;
 pub mod listener;
 pub mod read_ahead;
 pub mod relay;

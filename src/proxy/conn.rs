@@ -18,11 +18,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::filter::Filter;
 use super::forward::{self, ClientBody};
 use super::gourl::{html_escape, RequestUrl};
-use super::http1::{self, ChunkedDecoder, Framing, HeadError, RequestHead};
 use super::io::{go_error_text, ClientIo, UpstreamIo};
 use super::mux::{redirect_location, Mux, Route};
 use super::static_files::{self, StaticReply};
 use super::upstream_config::Upstream;
+use crate::protocol::http1::{self, ChunkedDecoder, Framing, HeadError, RequestHead};
 
 /// Time allowed between bytes of a request head (and idle keep-alive).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(120);
@@ -409,7 +409,8 @@ fn bad_request(status: u16, text: &str) -> Vec<u8> {
 async fn read_request_head(client: &mut Client) -> Result<Option<RequestHead>, HeadError> {
     loop {
         if !client.buf.is_empty() {
-            if let Some((head, n)) = http1::parse_request(&client.buf)? {
+            if let Some((head, n)) = http1::parse_request(&client.buf, http1::HeadLimit::GO_SERVER)?
+            {
                 client.buf.advance(n);
                 return Ok(Some(head));
             }
@@ -761,7 +762,7 @@ async fn stream_body(
 async fn read_response_head(up: &mut UpConn) -> io::Result<http1::ResponseHead> {
     loop {
         if !up.buf.is_empty() {
-            match http1::parse_response(&up.buf) {
+            match http1::parse_response(&up.buf, http1::HeadLimit::GO_SERVER) {
                 Ok(Some((head, n))) => {
                     up.buf.advance(n);
                     return Ok(head);

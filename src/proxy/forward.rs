@@ -8,8 +8,8 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use super::gourl::RequestUrl;
-use super::http1::{self, Framing, Header, RequestHead, ResponseHead};
 use super::upstream_config::Upstream;
+use crate::protocol::http1::{self, Framing, Header, RequestHead, ResponseHead};
 
 /// Sent upstream when the client sent no User-Agent.
 pub const DEFAULT_USER_AGENT: &str = concat!("edgetunnel/", env!("CARGO_PKG_VERSION"));
@@ -466,7 +466,10 @@ mod tests {
     }
 
     fn head(raw: &[u8]) -> RequestHead {
-        http1::parse_request(raw).unwrap().unwrap().0
+        http1::parse_request(raw, http1::HeadLimit::GO_SERVER)
+            .unwrap()
+            .unwrap()
+            .0
     }
 
     #[test]
@@ -552,7 +555,12 @@ mod tests {
 
     #[test]
     fn relayed_heads_drop_conflicting_and_bodiless_lengths() {
-        let parse = |raw: &[u8]| http1::parse_response(raw).unwrap().unwrap().0;
+        let parse = |raw: &[u8]| {
+            http1::parse_response(raw, http1::HeadLimit::GO_SERVER)
+                .unwrap()
+                .unwrap()
+                .0
+        };
         let r =
             parse(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 99\r\n\r\n");
         let (out, _, _) = response_head(&r, Framing::Chunked, 1, true, false);
@@ -578,6 +586,7 @@ mod tests {
     fn response_framing_to_client() {
         let (r, _) = http1::parse_response(
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+            http1::HeadLimit::GO_SERVER,
         )
         .unwrap()
         .unwrap();

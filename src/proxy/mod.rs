@@ -13,7 +13,6 @@ pub mod goargs;
 pub mod goregex;
 pub mod gourl;
 mod h2_upstream;
-pub mod http1;
 mod io;
 mod kubeconfig_names;
 pub mod mux;
@@ -31,7 +30,7 @@ use monoio::io::IntoPollIo;
 use crate::engine::{listener, runtime};
 pub use flags::ProxyArgs;
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::BoxError;
 
 enum Bound {
     Tcp(Vec<std::net::TcpListener>),
