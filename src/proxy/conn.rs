@@ -897,6 +897,20 @@ async fn forward_request(
         && !http1::has_token(&resp.headers, "connection", "close")
         && rframing != Framing::UntilClose;
     let gunzip = gzip && forward::is_gzipped(&resp);
+    let mut resp = resp;
+    if forward::sniff_wanted(&head.method, &resp, rframing) {
+        // Go sniffs what its first read of the body gave.
+        if up.buf.is_empty() {
+            if let Err(e) = read_more(&mut up.io, &mut up.buf).await {
+                return proxy_error(client, core, &e.to_string()).await;
+            }
+        }
+        let n = match rframing {
+            Framing::Length(n) => (n as usize).min(up.buf.len()),
+            _ => 0,
+        };
+        forward::add_sniffed_type(&mut resp, &up.buf[..n]);
+    }
     let (client_head, body, keep) =
         forward::response_head(&resp, rframing, head.minor, keep, gunzip);
     // A small answer already read whole goes out in one write with its head.
@@ -1194,6 +1208,19 @@ async fn forward_h2(
         (false, None) => Framing::Chunked,
     };
     let gunzip = gzip && forward::is_gzipped(&rhead);
+    let mut rhead = rhead;
+    // The first DATA frame, read ahead when its bytes are sniffed.
+    let mut first: Option<bytes::Bytes> = None;
+    if forward::sniff_wanted(&head.method, &rhead, rframing) {
+        match body.data().await {
+            Some(Ok(chunk)) => {
+                forward::add_sniffed_type(&mut rhead, &chunk);
+                first = Some(chunk);
+            }
+            Some(Err(e)) => return proxy_error(client, core, &format!("http2: {e}")).await,
+            None => {}
+        }
+    }
     let (client_head, mode, keep) =
         forward::response_head(&rhead, rframing, head.minor, keep, gunzip);
     if client.io.write_all(&client_head).await.is_err() {
@@ -1204,7 +1231,11 @@ async fn forward_h2(
     let mut gz = (mode == ClientBody::Gunzip).then(|| Gunzip::new(head.minor >= 1));
     if mode != ClientBody::None {
         loop {
-            match body.data().await {
+            let next = match first.take() {
+                Some(chunk) => Some(Ok(chunk)),
+                None => body.data().await,
+            };
+            match next {
                 Some(Ok(chunk)) => {
                     let _ = body.flow_control().release_capacity(chunk.len());
                     let r = match gz.as_mut() {
