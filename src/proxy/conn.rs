@@ -120,6 +120,8 @@ pub struct Shared {
     pub keepalive: Option<Duration>,
     pub www: Option<PathBuf>,
     pub idle_per_core: usize,
+    /// kubectl -v6: one log line per upstream round trip.
+    pub log_round_trips: bool,
     pub metrics: ProxyMetrics,
 }
 
@@ -697,6 +699,31 @@ async fn fresh_auth(head: &RequestHead, shared: &Shared) -> Result<Option<Arc<st
     d.ready().await
 }
 
+/// client-go's -v6 line for one round trip (URL as sent upstream).
+fn log_round_trip(
+    shared: &Shared,
+    method: &str,
+    target: &str,
+    status: u16,
+    reason: &str,
+    started: Instant,
+) {
+    if shared.log_round_trips {
+        let scheme = if shared.upstream.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let url = format!("{scheme}://{}{target}", shared.upstream.host_header);
+        let ms = started.elapsed().as_millis();
+        tracing::info!(
+            target: "edgetunnel::proxy::round_trip",
+            "{}",
+            super::klog::round_trip_line(method, &url, status, reason, ms)
+        );
+    }
+}
+
 /// A 401 to a request that carried our refreshed token: fetch it again.
 async fn note_refused(shared: &Shared, used: &Option<Arc<str>>, status: u16) {
     if status == 401 {
@@ -797,6 +824,7 @@ async fn forward_request(
     if let Some(send) = core.h2_sender().await {
         return forward_h2(client, head, target, framing, keep, core, send).await;
     }
+    let started = Instant::now();
     let used = match fresh_auth(head, shared).await {
         Ok(u) => u,
         Err(e) => return proxy_error(client, core, &e).await,
@@ -888,6 +916,14 @@ async fn forward_request(
         return proxy_error(client, core, &text).await;
     }
 
+    log_round_trip(
+        shared,
+        &head.method,
+        target,
+        resp.status,
+        &resp.reason,
+        started,
+    );
     note_refused(shared, &used, resp.status).await;
     let mut rframing = match http1::response_framing(&head.method, &resp) {
         Ok(f) => f,
@@ -1160,6 +1196,7 @@ async fn forward_h2(
         .metrics
         .upstream_reused
         .fetch_add(1, Ordering::Relaxed);
+    let started = Instant::now();
     let used = match fresh_auth(head, shared).await {
         Ok(u) => u,
         Err(e) => return proxy_error(client, core, &e).await,
@@ -1194,6 +1231,14 @@ async fn forward_h2(
     };
     let (parts, mut body) = resp.into_parts();
     let rhead = h2_upstream::response_head(&parts);
+    log_round_trip(
+        shared,
+        &head.method,
+        target,
+        parts.status.as_u16(),
+        parts.status.canonical_reason().unwrap_or(""),
+        started,
+    );
     note_refused(shared, &used, parts.status.as_u16()).await;
     let no_body = head.method == "HEAD"
         || parts.status.as_u16() == 204
