@@ -279,10 +279,7 @@ fn body_of(raw: &[u8]) -> Result<Vec<u8>, String> {
     let body = if chunked {
         let mut out = Vec::new();
         let mut at = rest;
-        loop {
-            let Some(eol) = at.windows(2).position(|w| w == b"\r\n") else {
-                break;
-            };
+        while let Some(eol) = at.windows(2).position(|w| w == b"\r\n") {
             let size_text = String::from_utf8_lossy(&at[..eol]);
             let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
                 .map_err(|_| "malformed chunked encoding".to_string())?;
