@@ -15,9 +15,17 @@ fn main() {
             None => Cli::parse(),
         },
     };
+    // kubectl's -v/--vmodule raise the proxy's log filter.
+    let log = match &cli.command {
+        Command::Proxy(a) => edgetunnel::proxy::klog::filter(
+            &cli.log,
+            edgetunnel::proxy::klog::verbosity(a.v, &a.vmodule),
+        ),
+        _ => cli.log.clone(),
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_new(&cli.log)
+            tracing_subscriber::EnvFilter::try_new(&log)
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)

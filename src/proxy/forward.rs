@@ -312,6 +312,46 @@ pub fn body_allowed(status: u16) -> bool {
     !((100..200).contains(&status) || status == 204 || status == 304)
 }
 
+/// Whether Go's server, writing an upstream answer for kubectl's
+/// `ReverseProxy`, would add a sniffed `Content-Type` (net/http server.go,
+/// `chunkWriter.writeHeader`: only when the handler set no `Content-Type`
+/// at all (an empty one counts as set), no non-empty `Content-Encoding`,
+/// the status allows a body, and the first write carries bytes). The first
+/// write only precedes the header flush when the answer's length is known:
+/// for an answer of unknown length `ReverseProxy` flushes the header at once
+/// (flush interval -1), so chunked and gunzipped answers get no type (for
+/// answers delimited by close kubectl races and sometimes sniffs; we never
+/// do). HEAD answers have no body to sniff.
+pub fn sniff_wanted(method: &str, resp: &ResponseHead, framing: Framing) -> bool {
+    method != "HEAD"
+        && body_allowed(resp.status)
+        && matches!(framing, Framing::Length(n) if n > 0)
+        && !resp
+            .headers
+            .iter()
+            .any(|h| h.name.eq_ignore_ascii_case("content-type"))
+        && resp
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case("content-encoding"))
+            .is_none_or(|h| h.value.is_empty())
+}
+
+/// Adds the `Content-Type` Go's `http.DetectContentType` finds in the
+/// answer's first bytes (call when [`sniff_wanted`] and bytes are at hand).
+pub fn add_sniffed_type(resp: &mut ResponseHead, first: &[u8]) {
+    if first.is_empty() {
+        return;
+    }
+    let n = first.len().min(super::static_files::sniff::SNIFF_LEN);
+    resp.headers.push(Header {
+        name: "Content-Type".into(),
+        value: super::static_files::sniff::detect(&first[..n])
+            .as_bytes()
+            .to_vec(),
+    });
+}
+
 /// An interim (1xx) answer relayed to an HTTP/1.1 client as Go's server
 /// writes it for `ReverseProxy`'s `Got1xxResponse`: Go's status text,
 /// canonical header names sorted, no Content-Length or Transfer-Encoding.
@@ -517,6 +557,50 @@ mod tests {
         assert!(!s.contains("Bearer tok"));
         assert!(s.contains("Upgrade: websocket\r\n"));
         assert!(s.contains("User-Agent: t\r\n"));
+    }
+
+    #[test]
+    fn sniffing_follows_go_server_rules() {
+        let resp = |status: u16, hs: &[(&str, &str)]| ResponseHead {
+            status,
+            reason: String::new(),
+            minor: 1,
+            headers: hs
+                .iter()
+                .map(|(n, v)| Header {
+                    name: n.to_string(),
+                    value: v.as_bytes().to_vec(),
+                })
+                .collect(),
+        };
+        let len = Framing::Length(5);
+        assert!(sniff_wanted("GET", &resp(200, &[]), len));
+        assert!(sniff_wanted(
+            "GET",
+            &resp(404, &[("Content-Encoding", "")]),
+            len
+        ));
+        assert!(!sniff_wanted("HEAD", &resp(200, &[]), len));
+        assert!(!sniff_wanted("GET", &resp(204, &[]), len));
+        assert!(!sniff_wanted("GET", &resp(200, &[]), Framing::Length(0)));
+        assert!(!sniff_wanted("GET", &resp(200, &[]), Framing::Chunked));
+        assert!(!sniff_wanted("GET", &resp(200, &[]), Framing::UntilClose));
+        assert!(!sniff_wanted(
+            "GET",
+            &resp(200, &[("content-type", "")]),
+            len
+        ));
+        assert!(!sniff_wanted(
+            "GET",
+            &resp(200, &[("Content-Encoding", "br")]),
+            len
+        ));
+        let mut r = resp(200, &[]);
+        add_sniffed_type(&mut r, b"<html><body>");
+        assert_eq!(
+            http1::get(&r.headers, "content-type"),
+            Some("text/html; charset=utf-8")
+        );
     }
 
     #[test]
