@@ -25,7 +25,7 @@ pub struct StatTicks {
 impl StatTicks {
     /// Own and reaped children's ticks together.
     pub fn total(self) -> u64 {
-        self.own + self.children
+        self.own.saturating_add(self.children)
     }
 }
 
@@ -126,6 +126,9 @@ mod tests {
             parse_stat(&format!("1 (x) S 0 0 0 0 0 0 0 0 0 0 {big} 1 3 4")),
             None
         );
+        // Own and children's sums each fit, their total saturates.
+        let t = parse_stat(&format!("1 (x) S 0 0 0 0 0 0 0 0 0 0 {big} 0 {big} 0")).unwrap();
+        assert_eq!(t.total(), u64::MAX);
     }
 
     #[test]
