@@ -561,7 +561,11 @@ fn bar_panel(
     if header {
         let head = format!("{} ({})", t.metric, direction(t.higher_is_better));
         text(&area, &head, (MARGIN, 4), &bold(13.0))?;
-        area = area.shrink((0, PANEL_HEAD), (WIDTH, u32::MAX));
+        let (_, h) = area.dim_in_pixel();
+        area = area.shrink(
+            (0, PANEL_HEAD),
+            (WIDTH, h.saturating_sub(PANEL_HEAD as u32)),
+        );
     }
     let rows = bar_rows(t);
     let n = rows.len().max(1);
@@ -573,8 +577,12 @@ fn bar_panel(
     let scale = bar_scale(t, plot_w as f64);
     let ticks = scale.ticks(plot_w as f64, tick_label_width(scale.lo, scale.hi, 10.5));
     let xs = Axis::new(scale.range(), ticks.iter().map(|&v| scale.t(v)).collect());
-    // Row i (from the top) spans [n - i - 1, n - i]; labels at the centres.
-    let centres: Vec<f64> = (0..n).map(|i| n as f64 - i as f64 - 0.5).collect();
+    // Row i (from the top) spans [n - i - 1, n - i]; labels at the centres
+    // of the bar rows.
+    let centres: Vec<f64> = (0..n)
+        .filter(|&i| matches!(rows.get(i), Some(BarRow::Bar(..))))
+        .map(|i| n as f64 - i as f64 - 0.5)
+        .collect();
     let ys = Axis::new(0.0..n as f64, centres);
     let mut chart = ChartBuilder::on(&area)
         .margin_left(MARGIN)
