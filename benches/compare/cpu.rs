@@ -44,6 +44,7 @@ pub fn parse_stat(stat: &str) -> Option<StatTicks> {
 }
 
 /// Clock ticks per second (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
+#[allow(unsafe_code)]
 pub fn clock_ticks() -> u64 {
     // SAFETY: sysconf has no memory effects.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };

@@ -6,7 +6,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 /// Runs `f` with a socket2 view of `sock` (for socket options that monoio's
 /// types do not expose). The view cannot outlive the borrow of `sock`.
@@ -127,6 +127,39 @@ impl ShutdownSignals {
         let rc = unsafe { libc::sigwait(&self.set, &mut sig) };
         (rc == 0).then_some(sig)
     }
+}
+
+/// The stream behind one half of a monoio split (monoio's own accessors on
+/// split halves borrow it the same way).
+pub fn split_stream<T>(half: &monoio::io::OwnedReadHalf<T>) -> &T {
+    // SAFETY: a shared borrow tied to the borrow of `half`, which keeps the
+    // stream alive; monoio gives the halves no `&mut` access that could
+    // overlap a call made through it (each op holds its own fd handle).
+    unsafe { &*half.0.get() }
+}
+
+/// One non-blocking `recv(MSG_DONTWAIT)` of up to `want` bytes appended to
+/// `buf` (which must have that much spare capacity, or it is reserved).
+/// Returns the bytes read; 0 is end of stream.
+pub fn recv_dontwait(fd: std::os::fd::RawFd, buf: &mut BytesMut, want: usize) -> io::Result<usize> {
+    buf.reserve(want);
+    // SAFETY: `buf` has at least `want` bytes of spare capacity; recv writes
+    // at most that many into it.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            buf.spare_capacity_mut().as_mut_ptr().cast(),
+            want,
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let n = n as usize;
+    // SAFETY: recv initialised the first `n` spare bytes.
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
 }
 
 /// Chunks written with one `writev`: the `Bytes` are kept alive (their heap
