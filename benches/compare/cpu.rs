@@ -72,6 +72,15 @@ pub fn cpu_seconds(pids: &[u32]) -> f64 {
     ticks_to_seconds(ticks, clock_ticks())
 }
 
+/// Fewest clock ticks a CPU figure is reported from: below this, one tick
+/// is more than 5% of it (quick runs move a few MiB and measure 0-2 ticks).
+pub const MIN_TICKS: f64 = 20.0;
+
+/// Whether `cpu_seconds` spans enough clock ticks to be worth reporting.
+pub fn measurable(cpu_seconds: f64) -> bool {
+    cpu_seconds * clock_ticks() as f64 >= MIN_TICKS
+}
+
 /// CPU seconds per GB (10^9 bytes) moved; NaN when nothing moved.
 pub fn seconds_per_gb(cpu_seconds: f64, bytes: u64) -> f64 {
     if bytes == 0 {
@@ -85,6 +94,14 @@ pub fn seconds_per_gb(cpu_seconds: f64, bytes: u64) -> f64 {
 mod tests {
     #[allow(unused_imports)] // bench builds drop the #[test]s that use it
     use super::*;
+
+    #[test]
+    fn too_few_ticks_are_not_a_figure() {
+        let tick = 1.0 / clock_ticks() as f64;
+        assert!(!measurable(0.0));
+        assert!(!measurable(2.0 * tick));
+        assert!(measurable(MIN_TICKS * tick));
+    }
 
     #[test]
     fn parses_fields_14_to_17() {

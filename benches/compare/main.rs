@@ -388,7 +388,9 @@ impl Harness {
         rep: u32,
     ) {
         self.record(scenario, case, system, GBPS, b.gbps, rep, true, Vec::new());
-        if let Some(secs) = b.cpu_seconds {
+        // Too few clock ticks (quick runs) say nothing: no figure at all
+        // rather than a ratio of 0 or infinity.
+        if let Some(secs) = b.cpu_seconds.filter(|s| cpu::measurable(*s)) {
             let per_gb = cpu::seconds_per_gb(secs, b.bytes);
             self.record(
                 scenario,
