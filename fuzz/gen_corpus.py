@@ -314,3 +314,9 @@ for name, (k, size, body) in {
     "mime": (4, 0, b"80:text/x-foo:*.foo\ntext/plain txt text # c\na.foo b.TXT c.html"),
 }.items():
     write("static_files", name, bytes([k]) + struct.pack("<Q", size) + body)
+
+# bench_proc_stat: text of /proc/PID/stat lines
+write("bench_proc_stat", "haproxy",
+      "4242 (haproxy) S 1 4242 4242 0 -1 4194560 2090 0 0 0 1234 56 7 8 20 0 3 0 "
+      "123456 98304000 2048 18446744073709551615 1 1 0 0 0 0 0 4096 1 0 0 0 17 1 0 0 0 0 0\n")
+write("bench_proc_stat", "parens", "7 (a) b (c)) R 1 7 7 0 -1 0 0 0 0 0 10 20 30 40 20 0 1 0 5 0 0")

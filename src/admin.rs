@@ -5,10 +5,12 @@
 use std::net::SocketAddr;
 use std::rc::Rc;
 
-use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
+use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpListener;
 
 use crate::engine::accept;
+use crate::engine::head_reader::{read_request_head, ReadHeadError};
+use crate::protocol::http1::{HeadLimit, RequestHead};
 
 /// What the admin endpoints report.
 pub trait AdminState: 'static {
@@ -24,9 +26,16 @@ pub async fn serve(listener: TcpListener, name: &'static str, state: Rc<dyn Admi
         let state = state.clone();
         let (mut stream, peer) = (c.stream, c.peer);
         async move {
-            let head = monoio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream)).await;
-            let Ok(Some(head)) = head else { return };
-            let response = respond(&head, &*state, peer);
+            let head = monoio::time::timeout(
+                HEAD_TIMEOUT,
+                read_request_head(&mut stream, HeadLimit::ADMIN),
+            )
+            .await;
+            let response = match head {
+                Ok(Ok(got)) => respond(&got.head, &*state, peer),
+                Ok(Err(ReadHeadError::Head(_))) => reply(400, "text/plain", "bad request\n"),
+                Ok(Err(_)) | Err(_) => return,
+            };
             let _ = stream.write_all(response.into_bytes()).await;
         }
     })
@@ -34,32 +43,9 @@ pub async fn serve(listener: TcpListener, name: &'static str, state: Rc<dyn Admi
 }
 
 const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-const MAX_HEAD: usize = 8192;
-
-/// Reads until the end of the request head (or MAX_HEAD bytes).
-async fn read_head(stream: &mut monoio::net::TcpStream) -> Option<Vec<u8>> {
-    let mut head = Vec::new();
-    loop {
-        let buf = Vec::with_capacity(2048);
-        let (res, buf) = stream.read(buf).await;
-        let n = res.ok()?;
-        if n == 0 {
-            return (!head.is_empty()).then_some(head);
-        }
-        head.extend_from_slice(&buf[..n]);
-        if head.windows(4).any(|w| w == b"\r\n\r\n") || head.len() >= MAX_HEAD {
-            return Some(head);
-        }
-    }
-}
-
-fn respond(req: &[u8], state: &dyn AdminState, peer: SocketAddr) -> String {
-    let mut headers = [httparse::EMPTY_HEADER; 32];
-    let mut r = httparse::Request::new(&mut headers);
-    let path = match r.parse(req) {
-        Ok(_) => r.path.unwrap_or("/").split('?').next().unwrap_or("/"),
-        Err(_) => return reply(400, "text/plain", "bad request\n"),
-    };
+/// Answers one request head.
+fn respond(req: &RequestHead, state: &dyn AdminState, peer: SocketAddr) -> String {
+    let path = req.target.split('?').next().unwrap_or("/");
     tracing::trace!(%peer, path, "admin request");
     match path {
         "/metrics" => reply(200, crate::metrics::CONTENT_TYPE, &state.metrics()),

@@ -351,8 +351,8 @@ pub struct ServerArgs {
     /// Where the server's certificates come from: `files` (watched and
     /// reloaded) or `csr` (Kubernetes CertificateSigningRequests, written to
     /// --certs-dir and renewed at 80% of their lifetime; needs --kube).
-    #[arg(long, default_value = "files")]
-    pub cert_mode: String,
+    #[arg(long, value_enum, default_value_t = CertMode::Files)]
+    pub cert_mode: CertMode,
     /// A DNS name for the serving certificate in `csr` mode (repeatable).
     #[arg(long)]
     pub csr_dns_name: Vec<String>,
@@ -480,8 +480,8 @@ pub struct AgentArgs {
     /// kubernetes.io/kube-apiserver-client, CN tunnel-agent-client, SANs the
     /// agent ID and its addresses; written to --cert/--key and renewed at
     /// 80% of its lifetime).
-    #[arg(long, default_value = "files")]
-    pub cert_mode: String,
+    #[arg(long, value_enum, default_value_t = CertMode::Files)]
+    pub cert_mode: CertMode,
     /// Keep as many server connections as there are valid server leases
     /// (ANP's format, see the server's --enable-lease-controller) rather
     /// than the servers' reported count; needs --kube.
@@ -523,7 +523,16 @@ pub struct AgentArgs {
     pub engine: EngineArgs,
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::BoxError;
+
+/// Where a role's certificates come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CertMode {
+    /// Files, watched and reloaded when they change.
+    Files,
+    /// Kubernetes CertificateSigningRequests, renewed at 80% of their lifetime.
+    Csr,
+}
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s.max(0.0))
@@ -580,7 +589,11 @@ impl ServerArgs {
             ));
             Some(crate::control::manager::IptablesSpec {
                 ports,
-                dnat: (ips.clone(), bind.port(), tls_port),
+                dnat: crate::control::manager::DnatTarget {
+                    addrs: ips.clone(),
+                    plain_port: bind.port(),
+                    tls_port,
+                },
                 cloud_nodes: (!self.cloud_node_ip.is_empty())
                     .then(|| self.cloud_node_ip.iter().copied().collect()),
                 period: Duration::from_secs(self.iptables_sync_period_secs)
@@ -620,11 +633,8 @@ impl ServerArgs {
                 })
             }
         };
-        let ns_name = |s: &str| -> Result<(String, String), BoxError> {
-            s.split_once('/')
-                .map(|(a, b)| (a.to_string(), b.to_string()))
-                .ok_or_else(|| format!("{s:?}: expected namespace/name").into())
-        };
+        use crate::control::manager::{EdgeLabel, LeaderLease, ObjectRef};
+        let ns_name = |s: &str| -> Result<ObjectRef, BoxError> { Ok(s.parse::<ObjectRef>()?) };
         let server_id = self
             .server_id
             .clone()
@@ -638,28 +648,27 @@ impl ServerArgs {
                     .ok_or("--edge-node-label: expected key=value")?;
                 Some(crate::control::manager::KubeSpec {
                     kubeconfig: (k != "in-cluster").then(|| PathBuf::from(k)),
-                    edge_label: (key.to_string(), value.to_string()),
+                    edge_label: EdgeLabel {
+                        key: key.to_string(),
+                        value: value.to_string(),
+                    },
                     dns_configmap: self.dns_configmap.as_deref().map(ns_name).transpose()?,
                     server_configmap: Some(ns_name(&self.server_configmap)?),
                     watch_nodes: true,
                     lease: match self.dns_configmap {
-                        Some(_) => {
-                            let (ns, name) = ns_name(&self.leader_lease)?;
-                            Some((
-                                ns,
-                                name,
-                                server_id.clone(),
-                                self.leader_lease_secs.max(1) as i32,
-                            ))
-                        }
+                        Some(_) => Some(LeaderLease {
+                            lease: ns_name(&self.leader_lease)?,
+                            holder: server_id.clone(),
+                            duration_secs: self.leader_lease_secs.max(1) as i32,
+                        }),
                         None => None,
                     },
                 })
             }
         };
-        let csr = match self.cert_mode.as_str() {
-            "files" => Vec::new(),
-            "csr" => {
+        let csr = match self.cert_mode {
+            CertMode::Files => Vec::new(),
+            CertMode::Csr => {
                 if kube.is_none() {
                     return Err("--cert-mode csr needs --kube".into());
                 }
@@ -688,7 +697,6 @@ impl ServerArgs {
                 }
                 jobs
             }
-            other => return Err(format!("--cert-mode {other:?}: files or csr").into()),
         };
         if self.dns_configmap.is_some() && kube.is_none() {
             return Err("--dns-configmap needs --kube".into());
@@ -867,9 +875,9 @@ impl AgentArgs {
                 watch_nodes: false,
                 lease: None,
             });
-        let csr = match self.cert_mode.as_str() {
-            "files" => Vec::new(),
-            "csr" if kube.is_some() => {
+        let csr = match self.cert_mode {
+            CertMode::Files => Vec::new(),
+            CertMode::Csr if kube.is_some() => {
                 let ips = identifiers
                     .ipv4
                     .iter()
@@ -884,8 +892,7 @@ impl AgentArgs {
                     services: Vec::new(),
                 }]
             }
-            "csr" => return Err("--cert-mode csr needs --kube".into()),
-            other => return Err(format!("--cert-mode {other:?}: files or csr").into()),
+            CertMode::Csr => return Err("--cert-mode csr needs --kube".into()),
         };
         let source = crate::control::lease_count::CountSource::parse(&self.server_count_source)?;
         let lease_count = if self.count_server_leases {

@@ -1,9 +1,24 @@
 //! edgetunnel: a thread-per-core io_uring edge tunnel, wire-compatible with
-//! apiserver-network-proxy (konnectivity) and yurt-tunnel.
+//! apiserver-network-proxy (konnectivity) and yurt-tunnel, and a drop-in
+//! `kubectl proxy`.
 //!
-//! Layout: [`protocol`] is sans-I/O (codecs, state machines, routing);
-//! `engine` is the data-plane runtime glue (workers, listeners, TLS, HTTP/2,
-//! relays); the roles (`server`, `agent`) are built from those two.
+//! Layering (each layer uses only the ones above it):
+//! - [`protocol`]: sans-I/O codecs, parsers, state machines and policies
+//!   (Packets, HTTP CONNECT, HTTP/1 heads, routing, identities). No I/O,
+//!   no runtime; every parser has a fuzz target.
+//! - [`engine`]: data-plane runtime glue: one monoio runtime per core,
+//!   SO_REUSEPORT listeners and the accept loop, TLS, HTTP/2 adapters,
+//!   relays and cross-core socket handoff. `engine::sys` holds the crate's
+//!   only `unsafe` code.
+//! - [`control`]: the control thread (tokio, kube): certificates, iptables,
+//!   DNS records, leases, TokenReviews; it never runs on a data-plane core.
+//! - [`metrics`], [`certs`], [`admin`]: shared services of the roles.
+//! - The roles: [`server`], [`agent`] and [`proxy`] (`kubectl proxy`),
+//!   configured by [`cli`]; [`compat`] translates the Go binaries' command
+//!   lines (ANP, yurt-tunnel) into the roles' own flags.
+
+/// The error type of runtime glue that only reports (never matches) errors.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pub mod admin;
 pub mod agent;

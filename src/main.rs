@@ -15,9 +15,17 @@ fn main() {
             None => Cli::parse(),
         },
     };
+    // kubectl's -v/--vmodule raise the proxy's log filter.
+    let log = match &cli.command {
+        Command::Proxy(a) => edgetunnel::proxy::klog::filter(
+            &cli.log,
+            edgetunnel::proxy::klog::verbosity(a.v, &a.vmodule),
+        ),
+        _ => cli.log.clone(),
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_new(&cli.log)
+            tracing_subscriber::EnvFilter::try_new(&log)
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
@@ -73,7 +81,11 @@ fn iptables(cmd: IptablesCommand) -> Result<(), Box<dyn std::error::Error + Send
         } => {
             let spec = manager::IptablesSpec {
                 ports: manager::port_rules(&ports, &dnat_ip, dnat_port),
-                dnat: (dnat_ip.clone(), dnat_port, dnat_port),
+                dnat: manager::DnatTarget {
+                    addrs: dnat_ip.clone(),
+                    plain_port: dnat_port,
+                    tls_port: dnat_port,
+                },
                 cloud_nodes: (!cloud_node_ip.is_empty())
                     .then(|| cloud_node_ip.into_iter().collect()),
                 period: manager::MIN_SYNC_PERIOD,

@@ -1,10 +1,17 @@
 //! Runs the unit tests of the comparison harness's report writer
-//! (`benches/compare/report.rs`): bench targets built without the test
-//! harness never run their own `#[test]`s.
+//! (`benches/compare/report.rs`), its plots (`plot.rs`) and its /proc CPU
+//! reader (`cpu.rs`): bench targets built without the test harness never
+//! run their own `#[test]`s.
 
+#[allow(dead_code)]
+#[path = "../benches/compare/cpu.rs"]
+mod cpu;
 #[allow(dead_code)]
 #[path = "../benches/compare/model.rs"]
 mod model;
+#[allow(dead_code)]
+#[path = "../benches/compare/plot.rs"]
+mod plot;
 #[allow(dead_code)]
 #[path = "../benches/compare/report.rs"]
 mod report;

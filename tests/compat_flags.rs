@@ -30,6 +30,7 @@
 //! where it is made: the yurt-tunnel processes get `--kube-config`/
 //! `--cert-dir` (their defaults are the pod's service account and
 //! `/var/lib`).
+#![allow(unsafe_code)] // system calls the test/bench harness makes directly
 
 mod support;
 

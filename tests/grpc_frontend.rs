@@ -21,6 +21,7 @@
 //! and the bounds are about time). The venv comes from
 //! `tests/interop/setup.sh`, as for `tests/interop.rs`; set
 //! `EDGETUNNEL_INTEROP_VENV` to reuse one.
+#![allow(unsafe_code)] // system calls the test/bench harness makes directly
 
 mod support;
 

@@ -13,6 +13,7 @@
 //! * a gRPC frontend connection that sends nothing, or only the HTTP/2
 //!   preface, is closed after `--frontend-idle-secs` (GOAWAY first when it
 //!   spoke HTTP/2); one with a stream open stays, and is closed once idle.
+#![allow(unsafe_code)] // system calls the test/bench harness makes directly
 
 mod support;
 

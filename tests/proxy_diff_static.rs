@@ -8,6 +8,7 @@
 //!
 //! `DIFF_STATIC_BIN=/path/to/edgetunnel` runs another build as "ours"
 //! (to check the test fails on an older build).
+#![allow(unsafe_code)] // system calls the test/bench harness makes directly
 
 mod support;
 

@@ -10,9 +10,12 @@
 //! sample, a Markdown report, SVG plots). Figures are printed and written,
 //! never asserted. Under `cargo test` (no `--bench`) it only prints how to
 //! run it.
+#![allow(unsafe_code)] // system calls the test/bench harness makes directly
 
 mod client;
+mod cpu;
 mod model;
+mod plot;
 mod report;
 mod scenarios;
 mod systems;
@@ -33,6 +36,12 @@ usage: benches/run [--quick] [--reps N] [--systems a,b,..] [--scenarios a,b,..] 
   --out DIR     where to write compare.json, compare.md and the SVG plots
                 (default benches/results/compare/; quick: target/compare-quick/)
   --strict      fail when a system is missing or a measurement fails (quick implies it)";
+
+/// Metric of the bulk rows: payload throughput.
+const GBPS: &str = "Gbit/s";
+/// Metric of the bulk rows: the system's CPU seconds (user + system, all
+/// its processes) per 10^9 payload bytes moved.
+const CPU_PER_GB: &str = "CPU s/GB";
 
 const SCENARIOS: [&str; 6] = ["bulk", "latency", "dial", "hol", "memory", "scaling"];
 
@@ -350,20 +359,61 @@ impl Harness {
             );
             for rep in 0..self.reps {
                 for r in running {
+                    let cpu = || r.cpu_seconds();
                     match rt.block_on(scenarios::bulk(
                         &r.entries,
                         streams,
                         upload,
                         plan.bulk_bytes,
+                        &cpu,
                     )) {
-                        Ok(g) => {
-                            self.record("bulk", &case, &r.label, "Gbit/s", g, rep, true, Vec::new())
-                        }
+                        Ok(b) => self.record_bulk("bulk", &case, &r.label, &b, rep),
                         Err(e) => self.fail(&format!("bulk {case} via {}", r.label), e),
                     }
                 }
             }
             self.summarize("bulk", &case);
+            self.print_ratios("bulk", &case);
+        }
+    }
+
+    /// Records a bulk transfer: Gbit/s, and CPU s/GB when the system has
+    /// processes of its own (direct has none).
+    fn record_bulk(
+        &mut self,
+        scenario: &str,
+        case: &str,
+        system: &str,
+        b: &scenarios::Bulk,
+        rep: u32,
+    ) {
+        self.record(scenario, case, system, GBPS, b.gbps, rep, true, Vec::new());
+        if let Some(secs) = b.cpu_seconds {
+            let per_gb = cpu::seconds_per_gb(secs, b.bytes);
+            self.record(
+                scenario,
+                case,
+                system,
+                CPU_PER_GB,
+                per_gb,
+                rep,
+                false,
+                Vec::new(),
+            );
+        }
+    }
+
+    /// Prints the ratio lines of every edgetunnel system of `case` against
+    /// each peer (Gbit/s and CPU s/GB side by side).
+    fn print_ratios(&self, scenario: &str, case: &str) {
+        let group: Vec<Sample> = self
+            .samples
+            .iter()
+            .filter(|s| s.scenario == scenario && s.case == case)
+            .cloned()
+            .collect();
+        for line in report::ratio_lines(&group, &[GBPS, CPU_PER_GB]) {
+            println!("  {line}");
         }
     }
 
@@ -623,17 +673,15 @@ impl Harness {
         }
         for rep in 0..self.reps {
             for r in &running {
-                match rt.block_on(scenarios::bulk(&r.entries, 64, false, plan.bulk_bytes)) {
-                    Ok(g) => self.record(
-                        "scaling",
-                        "64 streams download",
-                        &r.label,
-                        "Gbit/s",
-                        g,
-                        rep,
-                        true,
-                        Vec::new(),
-                    ),
+                let cpu = || r.cpu_seconds();
+                match rt.block_on(scenarios::bulk(
+                    &r.entries,
+                    64,
+                    false,
+                    plan.bulk_bytes,
+                    &cpu,
+                )) {
+                    Ok(b) => self.record_bulk("scaling", "64 streams download", &r.label, &b, rep),
                     Err(e) => self.fail(&format!("scaling bulk via {}", r.label), e),
                 }
                 match rt.block_on(scenarios::dial(

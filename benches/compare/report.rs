@@ -2,8 +2,8 @@
 //! repetitions and writes `compare.json` (every sample), `compare.md`
 //! (tables of medians and edgetunnel ratios) and SVG plots.
 //!
-//! Everything is drawn by hand (only `std` and `serde_json`) and the output
-//! is deterministic: the only time stamp is [`Meta::date`].
+//! The plots are drawn by [`plot`] (plotters, SVG backend). The output is
+//! deterministic: the only time stamp is [`Meta::date`].
 
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 
 use super::model::{Sample, SystemKind};
+use super::plot;
 
 /// Facts about the run, printed at the top of the report and kept in the JSON.
 #[derive(Clone, Debug, Default)]
@@ -31,7 +32,7 @@ pub struct Meta {
 }
 
 /// Name of the scenario whose plot is a CDF instead of bars.
-const LATENCY: &str = "latency";
+pub(super) const LATENCY: &str = "latency";
 
 /// Writes into out_dir: compare.json (meta + every sample, including cdf
 /// points), compare.md (the Markdown report), and SVG plots; returns the
@@ -44,7 +45,7 @@ pub fn write_all(samples: &[Sample], meta: &Meta, out_dir: &Path) -> io::Result<
         ("compare.json".to_string(), json + "\n"),
         ("compare.md".to_string(), markdown(samples, meta)),
     ];
-    files.extend(render_plots(samples));
+    files.extend(render_plots(samples)?);
     let mut written = Vec::with_capacity(files.len());
     for (name, contents) in files {
         let path = out_dir.join(name);
@@ -98,24 +99,56 @@ fn summary_of(a: &Agg) -> String {
     )
 }
 
+/// Terminal ratio lines of one case: per edgetunnel system, per peer, the
+/// ratio of each of `metrics` (> 1 = edgetunnel better; "-" when the peer
+/// has no such figure, e.g. CPU of direct), e.g.
+/// "edgetunnel-connect vs haproxy: Gbit/s 0.82x, CPU s/GB 1.10x".
+pub fn ratio_lines(samples: &[Sample], metrics: &[&str]) -> Vec<String> {
+    let aggs = aggregate(samples);
+    let order = unique(samples.iter().map(|s| s.system.as_str()));
+    let ets: Vec<&str> = order.iter().copied().filter(|s| is_edgetunnel(s)).collect();
+    let find =
+        |sys: &str, metric: &str| aggs.iter().find(|a| a.system == sys && a.metric == metric);
+    let mut lines = Vec::new();
+    for &et in &ets {
+        for &other in order.iter().filter(|&&o| o != et) {
+            let parts: Vec<String> = metrics
+                .iter()
+                .filter_map(|&m| {
+                    let mine = find(et, m)?;
+                    let r = find(other, m).map_or_else(
+                        || "-".to_string(),
+                        |theirs| format!("{}x", fmt_ratio(ratio(mine, theirs))),
+                    );
+                    Some(format!("{m} {r}"))
+                })
+                .collect();
+            if !parts.is_empty() {
+                lines.push(format!("{et} vs {other}: {}", parts.join(", ")));
+            }
+        }
+    }
+    lines
+}
+
 // ---------------------------------------------------------------- aggregation
 
 /// Median, min and max over the repetitions of one
 /// (scenario, case, metric, system) group.
 #[derive(Clone, Debug)]
-struct Agg<'a> {
+pub(super) struct Agg<'a> {
     scenario: &'a str,
     case: &'a str,
-    metric: &'a str,
-    system: &'a str,
-    higher_is_better: bool,
+    pub(super) metric: &'a str,
+    pub(super) system: &'a str,
+    pub(super) higher_is_better: bool,
     /// Samples in the group.
     reps: usize,
     /// Samples with a finite value; only those enter median, min and max.
-    finite: usize,
-    median: f64,
-    min: f64,
-    max: f64,
+    pub(super) finite: usize,
+    pub(super) median: f64,
+    pub(super) min: f64,
+    pub(super) max: f64,
 }
 
 impl<'a> Agg<'a> {
@@ -182,14 +215,14 @@ fn aggregate(samples: &[Sample]) -> Vec<Agg<'_>> {
 }
 
 /// Distinct strings in order of first appearance.
-fn unique<'a>(items: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+pub(super) fn unique<'a>(items: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
     let mut seen = HashSet::new();
     items.into_iter().filter(|s| seen.insert(*s)).collect()
 }
 
 /// Whether a system label is an edgetunnel system (e.g. "edgetunnel-grpc",
 /// "edgetunnel-connect --workers 1").
-fn is_edgetunnel(system: &str) -> bool {
+pub(super) fn is_edgetunnel(system: &str) -> bool {
     system.starts_with("edgetunnel")
 }
 
@@ -199,7 +232,7 @@ fn is_direct(system: &str) -> bool {
 }
 
 /// The label of a system in headers and legends: direct is marked as the limit.
-fn system_label(system: &str) -> String {
+pub(super) fn system_label(system: &str) -> String {
     if is_direct(system) {
         format!("{system} (limit)")
     } else {
@@ -208,7 +241,7 @@ fn system_label(system: &str) -> String {
 }
 
 /// "higher is better" or "lower is better".
-fn direction(higher_is_better: bool) -> &'static str {
+pub(super) fn direction(higher_is_better: bool) -> &'static str {
     if higher_is_better {
         "higher is better"
     } else {
@@ -217,12 +250,16 @@ fn direction(higher_is_better: bool) -> &'static str {
 }
 
 /// The aggregates of one (scenario, metric): rows = cases, columns = systems.
-struct Table<'a> {
-    metric: &'a str,
-    higher_is_better: bool,
-    cases: Vec<&'a str>,
-    systems: Vec<&'a str>,
+pub(super) struct Table<'a> {
+    pub(super) metric: &'a str,
+    pub(super) higher_is_better: bool,
+    pub(super) cases: Vec<&'a str>,
+    pub(super) systems: Vec<&'a str>,
     cells: HashMap<(&'a str, &'a str), &'a Agg<'a>>,
+    /// (case, system) pairs that ran in the scenario under any metric: a
+    /// missing cell of such a pair is a figure that does not apply (CPU
+    /// of direct, which has no process), shown as "-".
+    ran: HashSet<(&'a str, &'a str)>,
 }
 
 impl<'a> Table<'a> {
@@ -232,7 +269,8 @@ impl<'a> Table<'a> {
             .iter()
             .filter(|a| a.scenario == scenario && a.metric == metric)
             .collect();
-        let present: HashSet<&str> = rows.iter().map(|a| a.system).collect();
+        let in_scenario = || aggs.iter().filter(|a| a.scenario == scenario);
+        let present: HashSet<&str> = in_scenario().map(|a| a.system).collect();
         Table {
             metric,
             higher_is_better: rows.first().is_none_or(|a| a.higher_is_better),
@@ -243,16 +281,33 @@ impl<'a> Table<'a> {
                 .filter(|s| present.contains(s))
                 .collect(),
             cells: rows.iter().map(|a| ((a.case, a.system), *a)).collect(),
+            ran: in_scenario().map(|a| (a.case, a.system)).collect(),
+        }
+    }
+
+    /// Whether `system` has a value in any case of the table.
+    fn has_values(&self, system: &str) -> bool {
+        self.cases.iter().any(|c| self.get(c, system).is_some())
+    }
+
+    /// The Markdown cell of (case, system): median (min–max), "-" when the
+    /// figure does not apply to a system that ran the case, "—" when the
+    /// system did not run it.
+    fn md_cell(&self, case: &str, system: &str) -> String {
+        match self.get(case, system) {
+            Some(a) => cell(a),
+            None if self.ran.contains(&(case, system)) => "-".to_string(),
+            None => "—".to_string(),
         }
     }
 
     /// The aggregate of a cell, if that system ran that case.
-    fn get(&self, case: &str, system: &str) -> Option<&'a Agg<'a>> {
+    pub(super) fn get(&self, case: &str, system: &str) -> Option<&'a Agg<'a>> {
         self.cells.get(&(case, system)).copied()
     }
 
     /// Every aggregate of the table, row by row.
-    fn all(&self) -> impl Iterator<Item = &'a Agg<'a>> + '_ {
+    pub(super) fn all(&self) -> impl Iterator<Item = &'a Agg<'a>> + '_ {
         self.cases
             .iter()
             .flat_map(move |c| self.systems.iter().filter_map(move |s| self.get(c, s)))
@@ -286,7 +341,7 @@ fn ratio(edgetunnel: &Agg, other: &Agg) -> f64 {
 
 /// Formats a value with 3 significant digits, thousands separators from
 /// 1,000 up and trailing zeros trimmed: "8.58", "7.9", "31,046", "0.0123".
-fn fmt3(v: f64) -> String {
+pub(super) fn fmt3(v: f64) -> String {
     if v.is_nan() {
         return "n/a".to_string();
     }
@@ -412,7 +467,11 @@ fn md_header(meta: &Meta) -> String {
     md.push_str(
         "How to read: each cell is the median over the repetitions with (min–max) \
          in brackets; \"—\" means the system did not run that case, \"n/a\" that it \
-         ran without a finite result. **direct (limit)** connects the client straight \
+         ran without a finite result, \"-\" that the figure does not apply (direct has \
+         no relay process, so no CPU figure). **CPU s/GB** is the CPU time (user + system) \
+         of all the system's processes (server and agent, or the relay processes and \
+         their children), read from /proc right before and after the transfer, per 10^9 \
+         payload bytes moved. **direct (limit)** connects the client straight \
          to the target: no relay or tunnel can beat it. The ratio tables compare every \
          edgetunnel system with every other system so that a ratio > 1.0 always means \
          edgetunnel is better.\n\n",
@@ -459,11 +518,7 @@ fn md_values(md: &mut String, t: &Table) {
     md_table_head(md, &head, 1);
     for case in &t.cases {
         let mut row = vec![md_text(case)];
-        row.extend(
-            t.systems
-                .iter()
-                .map(|s| t.get(case, s).map_or_else(|| "—".to_string(), cell)),
-        );
+        row.extend(t.systems.iter().map(|s| t.md_cell(case, s)));
         md.push_str(&md_row(&row));
     }
     md.push('\n');
@@ -483,7 +538,7 @@ fn md_ratios(md: &mut String, t: &Table) {
         .systems
         .iter()
         .copied()
-        .filter(|s| !is_edgetunnel(s) || ets.len() > 1)
+        .filter(|s| (!is_edgetunnel(s) || ets.len() > 1) && t.has_values(s))
         .collect();
     let rows: Vec<Vec<String>> = t
         .cases
@@ -646,15 +701,21 @@ fn plan_plots(samples: &[Sample]) -> Vec<Plot> {
 /// The metrics drawn as bar panels: the scenario's headline metric when it
 /// has one and it is present, otherwise every metric.
 fn bar_metrics(scenario: &str, samples: &[&Sample]) -> Vec<String> {
-    let preferred = match scenario {
-        "bulk" => Some("Gbit/s"),
-        "memory" => Some("bytes/conn"),
-        _ => None,
+    let preferred: &[&str] = match scenario {
+        "bulk" => &["Gbit/s", "CPU s/GB"],
+        "memory" => &["bytes/conn"],
+        _ => &[],
     };
     let metrics = unique(samples.iter().map(|s| s.metric.as_str()));
-    match preferred {
-        Some(p) if metrics.contains(&p) => vec![p.to_string()],
-        _ => metrics.into_iter().map(str::to_string).collect(),
+    let picked: Vec<String> = preferred
+        .iter()
+        .filter(|p| metrics.contains(p))
+        .map(|p| p.to_string())
+        .collect();
+    if picked.is_empty() {
+        metrics.into_iter().map(str::to_string).collect()
+    } else {
+        picked
     }
 }
 
@@ -701,938 +762,28 @@ fn plot_title(scenario: &str, cdf: bool) -> String {
 }
 
 /// Renders every planned plot: (file name, SVG text).
-fn render_plots(samples: &[Sample]) -> Vec<(String, String)> {
+fn render_plots(samples: &[Sample]) -> io::Result<Vec<(String, String)>> {
     let aggs = aggregate(samples);
     let order = unique(samples.iter().map(|s| s.system.as_str()));
-    let styles = palette(&order);
+    let styles = plot::palette(&order);
     plan_plots(samples)
         .into_iter()
-        .map(|plot| {
-            let svg = match &plot.kind {
-                PlotKind::Cdf => cdf_svg(&plot.title, &cdf_panels(samples, &order), &styles),
+        .map(|p| {
+            let svg = match &p.kind {
+                PlotKind::Cdf => {
+                    plot::cdf_svg(&p.title, &plot::cdf_panels(samples, &order), &styles)
+                }
                 PlotKind::Bars(metrics) => {
                     let panels: Vec<Table> = metrics
                         .iter()
-                        .map(|m| Table::new(&aggs, &plot.scenario, m, &order))
+                        .map(|m| Table::new(&aggs, &p.scenario, m, &order))
                         .collect();
-                    bars_svg(&plot.title, &panels, &styles)
+                    plot::bars_svg(&p.title, &panels, &styles)
                 }
             };
-            (plot.file, svg)
+            svg.map(|svg| (p.file, svg)).map_err(io::Error::other)
         })
         .collect()
-}
-
-// ------------------------------------------------------------------- colours
-
-/// How one system is drawn, the same in every plot.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Style {
-    color: &'static str,
-    /// edgetunnel systems: strong colour, thicker lines, drawn on top.
-    strong: bool,
-    /// The direct limit: dashed line.
-    dashed: bool,
-}
-
-/// Strong colours for edgetunnel variants beyond connect and gRPC.
-const STRONG_EXTRA: [&str; 5] = ["#ff7f00", "#1b9e77", "#7b2cbf", "#e6007e", "#8c510a"];
-/// Muted colours for peers the model does not name.
-const MUTED_EXTRA: [&str; 4] = ["#a3a3a3", "#93c4bf", "#c9b77d", "#b7a6cf"];
-
-/// A strong (edgetunnel) style.
-fn strong(color: &'static str) -> Style {
-    Style {
-        color,
-        strong: true,
-        dashed: false,
-    }
-}
-
-/// A muted (peer) style.
-fn muted(color: &'static str) -> Style {
-    Style {
-        color,
-        strong: false,
-        dashed: false,
-    }
-}
-
-/// The style of every system: fixed colours for the systems the model
-/// names, then the extra palettes in order of first appearance.
-fn palette<'a>(systems: &[&'a str]) -> HashMap<&'a str, Style> {
-    let (mut n_strong, mut n_muted) = (0, 0);
-    let mut next = |strong_pick: bool| {
-        if strong_pick {
-            n_strong += 1;
-            strong(STRONG_EXTRA[(n_strong - 1) % STRONG_EXTRA.len()])
-        } else {
-            n_muted += 1;
-            muted(MUTED_EXTRA[(n_muted - 1) % MUTED_EXTRA.len()])
-        }
-    };
-    systems
-        .iter()
-        .map(|&name| {
-            let style = match SystemKind::from_name(name) {
-                Some(SystemKind::Direct) => Style {
-                    color: "#4d4d4d",
-                    strong: false,
-                    dashed: true,
-                },
-                Some(SystemKind::Socat) => muted("#7fa7c9"),
-                Some(SystemKind::Haproxy) => muted("#94b98a"),
-                Some(SystemKind::Rathole) => muted("#d1a56c"),
-                Some(SystemKind::SshR) => muted("#c28fb0"),
-                Some(SystemKind::EdgetunnelConnect) => strong("#d7191c"),
-                Some(SystemKind::EdgetunnelGrpc) => strong("#2155d9"),
-                None => next(is_edgetunnel(name)),
-            };
-            (name, style)
-        })
-        .collect()
-}
-
-/// The style of a system, grey if it is unknown to the palette.
-fn style_of(styles: &HashMap<&str, Style>, system: &str) -> Style {
-    styles.get(system).copied().unwrap_or(muted("#999999"))
-}
-
-// ------------------------------------------------------------- SVG primitives
-
-/// Plot width in pixels.
-const WIDTH: f64 = 800.0;
-/// Outer margin in pixels.
-const MARGIN: f64 = 16.0;
-/// Font stack: DejaVu Sans first so widths match the estimate below.
-const FONT: &str = "DejaVu Sans, Verdana, Arial, sans-serif";
-
-/// Escapes text for XML content and attribute values.
-fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            c if (c as u32) < 0x20 && c != '\t' && c != '\n' && c != '\r' => out.push(' '),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// Estimated rendered width of `s` at font `size` (DejaVu Sans averages ~0.6 em).
-fn text_width(s: &str, size: f64) -> f64 {
-    s.chars().count() as f64 * size * 0.6
-}
-
-/// `s`, cut with an ellipsis so it fits `max_width` at font `size`.
-fn fit(s: &str, size: f64, max_width: f64) -> String {
-    if text_width(s, size) <= max_width {
-        return s.to_string();
-    }
-    let keep = ((max_width / (size * 0.6)) as usize).saturating_sub(1);
-    let mut out: String = s.chars().take(keep).collect();
-    out.push('…');
-    out
-}
-
-/// How a piece of text is set.
-#[derive(Clone, Copy, Debug)]
-struct Font {
-    size: f64,
-    anchor: &'static str,
-    bold: bool,
-    fill: &'static str,
-}
-
-impl Font {
-    /// Regular dark text, left-anchored.
-    fn new(size: f64) -> Font {
-        Font {
-            size,
-            anchor: "start",
-            bold: false,
-            fill: "#222222",
-        }
-    }
-
-    /// Anchored at its middle.
-    fn middle(self) -> Font {
-        Font {
-            anchor: "middle",
-            ..self
-        }
-    }
-
-    /// Anchored at its end.
-    fn end(self) -> Font {
-        Font {
-            anchor: "end",
-            ..self
-        }
-    }
-
-    /// Bold.
-    fn bold(self) -> Font {
-        Font { bold: true, ..self }
-    }
-
-    /// In another colour.
-    fn fill(self, fill: &'static str) -> Font {
-        Font { fill, ..self }
-    }
-
-    /// The SVG attributes of this font.
-    fn attrs(&self) -> String {
-        let weight = if self.bold {
-            " font-weight=\"bold\""
-        } else {
-            ""
-        };
-        format!(
-            "font-size=\"{}\" text-anchor=\"{}\" fill=\"{}\"{weight}",
-            self.size, self.anchor, self.fill
-        )
-    }
-}
-
-/// An SVG document being drawn, one element per line.
-#[derive(Default)]
-struct Svg {
-    body: String,
-}
-
-impl Svg {
-    /// Appends one element.
-    fn push(&mut self, element: String) {
-        self.body.push_str("  ");
-        self.body.push_str(&element);
-        self.body.push('\n');
-    }
-
-    /// Text with its baseline at y.
-    fn text(&mut self, x: f64, y: f64, font: Font, s: &str) {
-        self.push(format!(
-            "<text x=\"{x:.1}\" y=\"{y:.1}\" {}>{}</text>",
-            font.attrs(),
-            esc(s)
-        ));
-    }
-
-    /// Text turned 90° counter-clockwise around (x, y), for y-axis labels.
-    fn text_up(&mut self, x: f64, y: f64, font: Font, s: &str) {
-        self.push(format!(
-            "<text x=\"{x:.1}\" y=\"{y:.1}\" transform=\"rotate(-90 {x:.1} {y:.1})\" {}>{}</text>",
-            font.attrs(),
-            esc(s)
-        ));
-    }
-
-    /// A straight line; `extra` holds further attributes (e.g. a dash array).
-    fn line(
-        &mut self,
-        (x1, y1): (f64, f64),
-        (x2, y2): (f64, f64),
-        stroke: &str,
-        width: f64,
-        extra: &str,
-    ) {
-        self.push(format!(
-            "<line x1=\"{x1:.1}\" y1=\"{y1:.1}\" x2=\"{x2:.1}\" y2=\"{y2:.1}\" stroke=\"{stroke}\" stroke-width=\"{width}\"{extra}/>"
-        ));
-    }
-
-    /// A filled rectangle; negative sizes are flipped.
-    fn rect(&mut self, x: f64, y: f64, w: f64, h: f64, fill: &str) {
-        let (x, w) = if w < 0.0 { (x + w, -w) } else { (x, w) };
-        let (y, h) = if h < 0.0 { (y + h, -h) } else { (y, h) };
-        self.push(format!(
-            "<rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{w:.1}\" height=\"{h:.1}\" fill=\"{fill}\"/>"
-        ));
-    }
-
-    /// A filled circle.
-    fn circle(&mut self, x: f64, y: f64, r: f64, fill: &str) {
-        self.push(format!(
-            "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"{r}\" fill=\"{fill}\"/>"
-        ));
-    }
-
-    /// The complete document with a white background and a `<title>`.
-    fn finish(self, height: f64, title: &str) -> String {
-        format!(
-            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n\
-             <svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" \
-             viewBox=\"0 0 {w} {h}\" font-family=\"{FONT}\">\n  <title>{t}</title>\n  \
-             <rect width=\"{w}\" height=\"{h}\" fill=\"#ffffff\"/>\n{body}</svg>\n",
-            w = WIDTH,
-            h = height.ceil(),
-            t = esc(title),
-            body = self.body,
-        )
-    }
-}
-
-/// The line attributes of a style: width and dash pattern.
-fn line_attrs(style: Style) -> (f64, &'static str) {
-    let width = if style.strong { 2.6 } else { 1.6 };
-    let dash = if style.dashed {
-        " stroke-dasharray=\"6 3\""
-    } else {
-        ""
-    };
-    (width, dash)
-}
-
-/// Draws the title and subtitle; returns the y below them.
-fn heading(svg: &mut Svg, title: &str, subtitle: &str) -> f64 {
-    let width = WIDTH - 2.0 * MARGIN;
-    svg.text(
-        MARGIN,
-        26.0,
-        Font::new(17.0).bold(),
-        &fit(title, 17.0, width),
-    );
-    svg.text(
-        MARGIN,
-        44.0,
-        Font::new(11.5).fill("#555555"),
-        &fit(subtitle, 11.5, width),
-    );
-    58.0
-}
-
-/// Draws the legend as rows of swatch + label starting at y; line swatches
-/// for line plots, boxes for bar plots. Returns the y below it.
-fn legend(svg: &mut Svg, items: &[(String, Style)], y: f64, lines: bool) -> f64 {
-    let size = 11.5;
-    let right = WIDTH - MARGIN;
-    let (mut x, mut row) = (MARGIN, y + 8.0);
-    for (label, style) in items {
-        let label = fit(label, size, right - MARGIN - 24.0);
-        let w = 22.0 + text_width(&label, size) + 18.0;
-        if x > MARGIN && x + w > right {
-            x = MARGIN;
-            row += 18.0;
-        }
-        if lines {
-            let (width, dash) = line_attrs(*style);
-            svg.line((x, row), (x + 18.0, row), style.color, width, dash);
-            svg.circle(x + 9.0, row, 2.6, style.color);
-        } else {
-            svg.rect(x, row - 6.0, 16.0, 11.0, style.color);
-        }
-        svg.text(x + 22.0, row + 4.0, Font::new(size), &label);
-        x += w;
-    }
-    row + 16.0
-}
-
-/// Legend entries for the systems, in the order given.
-fn legend_items(systems: &[&str], styles: &HashMap<&str, Style>) -> Vec<(String, Style)> {
-    systems
-        .iter()
-        .map(|s| (system_label(s), style_of(styles, s)))
-        .collect()
-}
-
-// ------------------------------------------------------------------- scales
-
-/// Maps data values to pixels along one axis, linearly or by log10.
-#[derive(Clone, Copy, Debug)]
-struct Scale {
-    lo: f64,
-    hi: f64,
-    log: bool,
-    /// Linear tick step (unused on log scales).
-    step: f64,
-    px0: f64,
-    px1: f64,
-}
-
-/// 1, 2 or 5 times a power of ten, at least `raw`.
-fn nice_step(raw: f64) -> f64 {
-    if !(raw.is_finite() && raw > 0.0) {
-        return 1.0;
-    }
-    let mag = 10f64.powf(raw.log10().floor());
-    let f = raw / mag;
-    let m = if f <= 1.0 {
-        1.0
-    } else if f <= 2.0 {
-        2.0
-    } else if f <= 5.0 {
-        5.0
-    } else {
-        10.0
-    };
-    m * mag
-}
-
-impl Scale {
-    /// A linear scale over [lo, hi] widened to include 0 and rounded to
-    /// nice ticks, at most about `max_ticks` of them.
-    fn linear(lo: f64, hi: f64, px: (f64, f64), max_ticks: usize) -> Scale {
-        let (mut lo, mut hi) = (lo.min(0.0), hi.max(0.0));
-        if !(lo.is_finite() && hi.is_finite()) || hi - lo <= 0.0 {
-            (lo, hi) = (0.0, 1.0);
-        }
-        let step = nice_step((hi - lo) / max_ticks.max(1) as f64);
-        Scale {
-            lo: (lo / step).floor() * step,
-            hi: (hi / step).ceil() * step,
-            log: false,
-            step,
-            px0: px.0,
-            px1: px.1,
-        }
-    }
-
-    /// A log10 scale over [lo, hi] (both > 0) widened to whole decades.
-    fn log(lo: f64, hi: f64, px: (f64, f64)) -> Scale {
-        let (lo, hi) = if lo > 0.0 && hi >= lo && hi.is_finite() {
-            (lo, hi)
-        } else {
-            (1.0, 10.0)
-        };
-        let e0 = lo.log10().floor();
-        let e1 = hi.log10().ceil().max(e0 + 1.0);
-        Scale {
-            lo: 10f64.powf(e0),
-            hi: 10f64.powf(e1),
-            log: true,
-            step: 0.0,
-            px0: px.0,
-            px1: px.1,
-        }
-    }
-
-    /// The value as a position in 0..=1 of the domain (before clamping).
-    fn unit(&self, v: f64) -> f64 {
-        if self.log {
-            (v.max(f64::MIN_POSITIVE).log10() - self.lo.log10())
-                / (self.hi.log10() - self.lo.log10())
-        } else {
-            (v - self.lo) / (self.hi - self.lo)
-        }
-    }
-
-    /// The pixel of a value, clamped to the axis; NaN maps to the start.
-    fn map(&self, v: f64) -> f64 {
-        let u = self.unit(v);
-        let u = if u.is_nan() { 0.0 } else { u.clamp(0.0, 1.0) };
-        self.px0 + u * (self.px1 - self.px0)
-    }
-
-    /// Where bars start: 0 on linear scales, the bottom of a log scale.
-    fn base(&self) -> f64 {
-        if self.log {
-            self.lo
-        } else {
-            0.0
-        }
-    }
-
-    /// Tick values, thinned so labels of `label_width` pixels do not touch.
-    fn ticks(&self, label_width: f64) -> Vec<f64> {
-        let room = ((self.px1 - self.px0).abs() / (label_width + 14.0)).floor() as usize + 1;
-        if self.log {
-            log_ticks(self.lo, self.hi, room.max(2))
-        } else {
-            let n = ((self.hi - self.lo) / self.step).round().clamp(1.0, 200.0) as usize;
-            let every = n.div_ceil(room.max(2) - 1).max(1);
-            (0..=n)
-                .step_by(every)
-                .map(|k| clean_zero(self.lo + k as f64 * self.step))
-                .collect()
-        }
-    }
-}
-
-/// Turns -0.0 (and rounding dust around zero) into 0.0.
-fn clean_zero(v: f64) -> f64 {
-    if v.abs() < 1e-12 {
-        0.0
-    } else {
-        v
-    }
-}
-
-/// Log ticks between two decades: 1-2-5 when there is room, else every
-/// k-th decade.
-fn log_ticks(lo: f64, hi: f64, room: usize) -> Vec<f64> {
-    let e0 = lo.log10().round() as i32;
-    let e1 = hi.log10().round() as i32;
-    let decades: Vec<i32> = (e0..=e1).collect();
-    let with_25: Vec<f64> = decades
-        .iter()
-        .flat_map(|&e| [1.0, 2.0, 5.0].map(|m| m * 10f64.powi(e)))
-        .filter(|&v| v <= hi * 1.0001)
-        .collect();
-    if with_25.len() <= room {
-        return with_25;
-    }
-    let every = decades.len().div_ceil(room).max(1);
-    decades
-        .iter()
-        .step_by(every)
-        .map(|&e| 10f64.powi(e))
-        .collect()
-}
-
-/// Widest tick label among the ends of a scale's domain.
-fn tick_label_width(lo: f64, hi: f64, size: f64) -> f64 {
-    text_width(&fmt3(lo), size).max(text_width(&fmt3(hi), size))
-}
-
-// ---------------------------------------------------------------- bar plots
-
-/// Height of one bar row.
-const BAR_ROW: f64 = 15.0;
-/// Height of a case header line above its bars.
-const CASE_HEAD: f64 = 20.0;
-/// Space after each case group.
-const GROUP_GAP: f64 = 8.0;
-
-/// Horizontal grouped bars: per panel (metric), per case a header and one
-/// bar per system with a min–max whisker and the median printed.
-fn bars_svg(title: &str, panels: &[Table], styles: &HashMap<&str, Style>) -> String {
-    let mut svg = Svg::default();
-    let mut y = heading(
-        &mut svg,
-        title,
-        "bar: median over repetitions · whisker: min–max · number: median",
-    );
-    let systems = unique(panels.iter().flat_map(|t| t.systems.iter().copied()));
-    y = legend(&mut svg, &legend_items(&systems, styles), y, false);
-    let label_w = systems
-        .iter()
-        .map(|s| text_width(&system_label(s), 11.0) * bold_factor(style_of(styles, s)))
-        .fold(90.0, f64::max)
-        .min(300.0);
-    for table in panels {
-        y = bar_panel(&mut svg, table, styles, y + 8.0, label_w, panels.len() > 1);
-    }
-    svg.finish(y + MARGIN, title)
-}
-
-/// The value scale of a bar panel: log when all values are positive and
-/// span more than 100×, linear from 0 otherwise.
-fn bar_scale(table: &Table, px: (f64, f64)) -> Scale {
-    let values: Vec<f64> = table
-        .all()
-        .flat_map(|a| [a.min, a.median, a.max])
-        .filter(|v| v.is_finite())
-        .collect();
-    let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    if values.is_empty() {
-        return Scale::linear(0.0, 1.0, px, 5);
-    }
-    if lo > 0.0 && hi / lo > 100.0 {
-        // Start a bit below the smallest value so its bar stays visible.
-        return Scale::log(lo / 3.0, hi, px);
-    }
-    let label = tick_label_width(lo, hi, 10.5);
-    let room = ((px.1 - px.0) / (label + 20.0)).floor().clamp(2.0, 8.0) as usize;
-    Scale::linear(lo, hi, px, room)
-}
-
-/// Height of a bar panel's groups (without its axis).
-fn groups_height(table: &Table) -> f64 {
-    table
-        .cases
-        .iter()
-        .map(|c| {
-            let rows = table
-                .systems
-                .iter()
-                .filter(|s| table.get(c, s).is_some())
-                .count();
-            CASE_HEAD + rows as f64 * BAR_ROW + GROUP_GAP
-        })
-        .sum()
-}
-
-/// Draws one metric's panel from `top`; returns the y below it.
-fn bar_panel(
-    svg: &mut Svg,
-    t: &Table,
-    styles: &HashMap<&str, Style>,
-    top: f64,
-    label_w: f64,
-    header: bool,
-) -> f64 {
-    let mut y = top;
-    if header {
-        let text = format!("{} ({})", t.metric, direction(t.higher_is_better));
-        svg.text(MARGIN, y + 12.0, Font::new(13.0).bold(), &text);
-        y += 20.0;
-    }
-    let value_w = t
-        .all()
-        .map(|a| text_width(&fmt3(a.median), 10.5))
-        .fold(24.0, f64::max);
-    let px = (MARGIN + label_w + 12.0, WIDTH - MARGIN - value_w - 10.0);
-    let scale = bar_scale(t, px);
-    let bottom = y + groups_height(t);
-    bar_grid(svg, &scale, y, bottom);
-    for (i, case) in t.cases.iter().enumerate() {
-        y = bar_group(svg, t, case, i, &scale, styles, y);
-    }
-    bar_axis(svg, t, &scale, bottom)
-}
-
-/// Vertical grid lines at the ticks between two y positions.
-fn bar_grid(svg: &mut Svg, scale: &Scale, top: f64, bottom: f64) {
-    let label = tick_label_width(scale.lo, scale.hi, 10.5);
-    for v in scale.ticks(label) {
-        let x = scale.map(v);
-        svg.line((x, top), (x, bottom), "#e3e3e3", 1.0, "");
-    }
-}
-
-/// Draws the header and bars of one case from `top`; returns the y below it.
-fn bar_group(
-    svg: &mut Svg,
-    t: &Table,
-    case: &str,
-    index: usize,
-    scale: &Scale,
-    styles: &HashMap<&str, Style>,
-    top: f64,
-) -> f64 {
-    let rows: Vec<&Agg> = t.systems.iter().filter_map(|s| t.get(case, s)).collect();
-    let height = CASE_HEAD + rows.len() as f64 * BAR_ROW + GROUP_GAP / 2.0;
-    if index % 2 == 1 {
-        svg.rect(MARGIN, top, WIDTH - 2.0 * MARGIN, height, "#f5f5f5");
-    }
-    let font = Font::new(12.0).bold();
-    svg.text(
-        MARGIN + 4.0,
-        top + 14.0,
-        font,
-        &fit(case, 12.0, WIDTH - 2.0 * MARGIN - 8.0),
-    );
-    let mut y = top + CASE_HEAD;
-    for a in rows {
-        bar_row(svg, a, scale, style_of(styles, a.system), y);
-        y += BAR_ROW;
-    }
-    y + GROUP_GAP
-}
-
-/// How much wider bold labels (edgetunnel systems) set than regular ones.
-fn bold_factor(style: Style) -> f64 {
-    if style.strong {
-        1.15
-    } else {
-        1.0
-    }
-}
-
-/// One bar: system label, median bar, min–max whisker and the median value.
-fn bar_row(svg: &mut Svg, a: &Agg, scale: &Scale, style: Style, top: f64) {
-    let mid = top + BAR_ROW / 2.0;
-    let room = (scale.px0 - MARGIN - 8.0) / bold_factor(style);
-    let label = fit(&system_label(a.system), 11.0, room);
-    let font = if style.strong {
-        Font::new(11.0).end().bold()
-    } else {
-        Font::new(11.0).end()
-    };
-    svg.text(scale.px0 - 8.0, mid + 4.0, font, &label);
-    if a.finite == 0 {
-        svg.text(
-            scale.px0 + 4.0,
-            mid + 4.0,
-            Font::new(10.5).fill("#777777"),
-            "n/a",
-        );
-        return;
-    }
-    let x0 = scale.map(scale.base());
-    let x1 = scale.map(a.median);
-    svg.rect(x0, top + 2.0, x1 - x0, BAR_ROW - 4.0, style.color);
-    let (wmin, wmax) = (scale.map(a.min), scale.map(a.max));
-    if a.finite > 1 {
-        svg.line((wmin, mid), (wmax, mid), "#222222", 1.2, "");
-        svg.line((wmin, mid - 3.5), (wmin, mid + 3.5), "#222222", 1.2, "");
-        svg.line((wmax, mid - 3.5), (wmax, mid + 3.5), "#222222", 1.2, "");
-    }
-    let x = x1.max(wmax).max(x0) + 5.0;
-    svg.text(x, mid + 4.0, Font::new(10.5), &fmt3(a.median));
-}
-
-/// The x axis under a bar panel: line, tick labels and metric label;
-/// returns the y below it.
-fn bar_axis(svg: &mut Svg, t: &Table, scale: &Scale, y: f64) -> f64 {
-    svg.line((scale.px0, y), (scale.px1, y), "#888888", 1.0, "");
-    let label = tick_label_width(scale.lo, scale.hi, 10.5);
-    for v in scale.ticks(label) {
-        let x = scale.map(v);
-        svg.line((x, y), (x, y + 4.0), "#888888", 1.0, "");
-        svg.text(
-            x,
-            y + 16.0,
-            Font::new(10.5).middle().fill("#444444"),
-            &fmt3(v),
-        );
-    }
-    let log = if scale.log { ", log scale" } else { "" };
-    let arrow = if t.higher_is_better { " →" } else { "" };
-    let text = format!(
-        "{} ({}{log}){arrow}",
-        t.metric,
-        direction(t.higher_is_better)
-    );
-    let x = (scale.px0 + scale.px1) / 2.0;
-    svg.text(
-        x,
-        y + 34.0,
-        Font::new(11.5).middle(),
-        &fit(&text, 11.5, scale.px1 - scale.px0),
-    );
-    y + 42.0
-}
-
-// ---------------------------------------------------------------- latency CDF
-
-/// One small-multiple panel of the latency plot: a case and, per system,
-/// the (percentile, ms) points of its median repetition.
-struct CdfPanel<'a> {
-    case: &'a str,
-    lines: Vec<(&'a str, Vec<(f64, f64)>)>,
-}
-
-/// The panels of the latency CDF plot, cases and systems in order of first
-/// appearance.
-fn cdf_panels<'a>(samples: &'a [Sample], order: &[&'a str]) -> Vec<CdfPanel<'a>> {
-    let lat: Vec<&Sample> = samples.iter().filter(|s| s.scenario == LATENCY).collect();
-    unique(lat.iter().map(|s| s.case.as_str()))
-        .into_iter()
-        .map(|case| CdfPanel {
-            case,
-            lines: order
-                .iter()
-                .filter_map(|&sys| {
-                    let of: Vec<&Sample> = lat
-                        .iter()
-                        .copied()
-                        .filter(|s| s.case == case && s.system == sys)
-                        .collect();
-                    let pts = clean_cdf(&median_rep(&of)?.cdf);
-                    (!pts.is_empty()).then_some((sys, pts))
-                })
-                .collect(),
-        })
-        .collect()
-}
-
-/// The repetition with the median value (lower middle for an even count)
-/// among those with cdf points of the first metric that has any.
-fn median_rep<'a>(samples: &[&'a Sample]) -> Option<&'a Sample> {
-    let metric = &samples.iter().find(|s| !s.cdf.is_empty())?.metric;
-    let mut reps: Vec<&Sample> = samples
-        .iter()
-        .copied()
-        .filter(|s| &s.metric == metric && !s.cdf.is_empty())
-        .collect();
-    reps.sort_by(|a, b| a.value.total_cmp(&b.value));
-    reps.get((reps.len() - 1) / 2).copied()
-}
-
-/// Finite points with percentile clamped to 0..=100 and ms > 0 (the x
-/// axis is logarithmic), sorted by percentile.
-fn clean_cdf(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
-    let mut pts: Vec<(f64, f64)> = points
-        .iter()
-        .filter(|(p, ms)| p.is_finite() && ms.is_finite() && *ms > 0.0)
-        .map(|&(p, ms)| (p.clamp(0.0, 100.0), ms))
-        .collect();
-    pts.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
-    pts
-}
-
-/// The percentile axis, -log10(1 - p/100), so that 90, 99, 99.9, ... are
-/// evenly spaced; p = 100 is drawn on a "max" line above the last nine.
-#[derive(Clone, Copy, Debug)]
-struct TailAxis {
-    /// Number of nines shown (2 = up to p99, 4 = up to p99.99).
-    nines: u32,
-    /// Whether any point is at p100.
-    has_max: bool,
-}
-
-impl TailAxis {
-    /// The axis that shows every point of every panel.
-    fn of(panels: &[CdfPanel]) -> TailAxis {
-        let points = panels
-            .iter()
-            .flat_map(|p| p.lines.iter().flat_map(|l| l.1.iter()));
-        let mut deepest: f64 = 0.0;
-        let mut has_max = false;
-        for &(p, _) in points {
-            if p >= 100.0 {
-                has_max = true;
-            } else {
-                deepest = deepest.max(tail(p));
-            }
-        }
-        let nines = (deepest - 1e-6).ceil().clamp(2.0, 6.0) as u32;
-        TailAxis { nines, has_max }
-    }
-
-    /// Top of the axis in tail units.
-    fn top(&self) -> f64 {
-        self.nines as f64 + if self.has_max { 0.6 } else { 0.0 }
-    }
-
-    /// A percentile in tail units, clamped to the axis.
-    fn value(&self, p: f64) -> f64 {
-        if p >= 100.0 {
-            self.top()
-        } else {
-            tail(p).clamp(0.0, self.top())
-        }
-    }
-
-    /// (percentile, label) of the ticks: 50, 90, 99, 99.9, ... and "max".
-    fn ticks(&self) -> Vec<(f64, String)> {
-        let mut ticks = vec![(50.0, "50".to_string())];
-        for k in 1..=self.nines {
-            let p = 100.0 - 100.0 / 10f64.powi(k as i32);
-            let decimals = k.saturating_sub(2) as usize;
-            ticks.push((p, format!("{p:.decimals$}")));
-        }
-        if self.has_max {
-            ticks.push((100.0, "max".to_string()));
-        }
-        ticks
-    }
-}
-
-/// -log10(1 - p/100): 0 at p0, 1 at p90, 2 at p99, ...
-fn tail(p: f64) -> f64 {
-    -(1.0 - p / 100.0).max(1e-12).log10()
-}
-
-/// Height of one CDF panel cell.
-const CDF_CELL_H: f64 = 250.0;
-
-/// Small multiples of latency CDFs: a grid of panels (two columns), one line
-/// per system, shared legend and percentile axis.
-fn cdf_svg(title: &str, panels: &[CdfPanel], styles: &HashMap<&str, Style>) -> String {
-    let mut svg = Svg::default();
-    let mut y = heading(
-        &mut svg,
-        title,
-        "x: latency in ms (log scale) · y: percentile, stretched so the tail is visible",
-    );
-    let systems = unique(panels.iter().flat_map(|p| p.lines.iter().map(|l| l.0)));
-    y = legend(&mut svg, &legend_items(&systems, styles), y, true);
-    let axis = TailAxis::of(panels);
-    let cols = if panels.len() <= 1 { 1 } else { 2 };
-    let cell_w = (WIDTH - 2.0 * MARGIN) / cols as f64;
-    for (i, panel) in panels.iter().enumerate() {
-        let x = MARGIN + (i % cols) as f64 * cell_w;
-        let top = y + (i / cols) as f64 * CDF_CELL_H;
-        cdf_panel(&mut svg, panel, (x, top, cell_w), &axis, styles);
-    }
-    let rows = panels.len().div_ceil(cols);
-    svg.finish(y + rows as f64 * CDF_CELL_H + MARGIN, title)
-}
-
-/// Draws one CDF panel in the cell (x, y, width).
-fn cdf_panel(
-    svg: &mut Svg,
-    panel: &CdfPanel,
-    (x, y, w): (f64, f64, f64),
-    axis: &TailAxis,
-    styles: &HashMap<&str, Style>,
-) {
-    let (px0, px1) = (x + 58.0, x + w - 14.0);
-    let (py0, py1) = (y + CDF_CELL_H - 44.0, y + 26.0);
-    let title = fit(panel.case, 12.5, px1 - px0);
-    svg.text(
-        (px0 + px1) / 2.0,
-        y + 16.0,
-        Font::new(12.5).bold().middle(),
-        &title,
-    );
-    let ms = panel.lines.iter().flat_map(|l| l.1.iter().map(|p| p.1));
-    let lo = ms.clone().fold(f64::INFINITY, f64::min);
-    let hi = ms.fold(f64::NEG_INFINITY, f64::max);
-    let xs = Scale::log(lo, hi, (px0, px1));
-    let ys = |p: f64| py0 + axis.value(p) / axis.top() * (py1 - py0);
-    cdf_axes(svg, &xs, axis, &ys, (py0, py1));
-    svg.text_up(
-        x + 12.0,
-        (py0 + py1) / 2.0,
-        Font::new(11.0).middle(),
-        "percentile",
-    );
-    if panel.lines.is_empty() {
-        let font = Font::new(11.0).middle().fill("#777777");
-        svg.text((px0 + px1) / 2.0, (py0 + py1) / 2.0, font, "no CDF data");
-        return;
-    }
-    let mut lines: Vec<&(&str, Vec<(f64, f64)>)> = panel.lines.iter().collect();
-    lines.sort_by_key(|l| style_of(styles, l.0).strong);
-    for (system, pts) in lines {
-        let mapped: Vec<(f64, f64)> = pts.iter().map(|&(p, ms)| (xs.map(ms), ys(p))).collect();
-        cdf_line(svg, &mapped, style_of(styles, system));
-    }
-}
-
-/// Grid, ticks and labels of a CDF panel.
-fn cdf_axes(
-    svg: &mut Svg,
-    xs: &Scale,
-    axis: &TailAxis,
-    ys: &dyn Fn(f64) -> f64,
-    (py0, py1): (f64, f64),
-) {
-    let tick_font = Font::new(10.0).fill("#444444");
-    for (p, label) in axis.ticks() {
-        let y = ys(p);
-        svg.line((xs.px0, y), (xs.px1, y), "#e3e3e3", 1.0, "");
-        svg.text(xs.px0 - 5.0, y + 3.5, tick_font.end(), &label);
-    }
-    let label_w = tick_label_width(xs.lo, xs.hi, 10.0);
-    for v in xs.ticks(label_w) {
-        let x = xs.map(v);
-        svg.line((x, py1), (x, py0), "#e3e3e3", 1.0, "");
-        svg.text(x, py0 + 14.0, tick_font.middle(), &fmt3(v));
-    }
-    svg.line((xs.px0, py0), (xs.px1, py0), "#888888", 1.0, "");
-    svg.line((xs.px0, py0), (xs.px0, py1), "#888888", 1.0, "");
-    let mid = (xs.px0 + xs.px1) / 2.0;
-    svg.text(
-        mid,
-        py0 + 30.0,
-        Font::new(11.0).middle(),
-        "latency (ms, log scale)",
-    );
-}
-
-/// A CDF line with a dot at each point.
-fn cdf_line(svg: &mut Svg, pts: &[(f64, f64)], style: Style) {
-    let (width, dash) = line_attrs(style);
-    let coords: Vec<String> = pts.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
-    svg.push(format!(
-        "<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"{width}\" stroke-linejoin=\"round\"{dash}/>",
-        coords.join(" "),
-        style.color
-    ));
-    let r = if style.strong { 3.0 } else { 2.3 };
-    for &(x, y) in pts {
-        svg.circle(x, y, r, style.color);
-    }
 }
 
 // --------------------------------------------------------------------- tests
@@ -1696,9 +847,58 @@ mod tests {
         assert!(md.contains("c\\|d"));
         assert!(summary_line(&s).contains("not finite"));
         assert_eq!(summary_line(&[]), "no samples");
-        for (_, svg) in render_plots(&s) {
+        for (_, svg) in render_plots(&s).unwrap() {
             assert!(!svg.contains("NaN") && !svg.contains("<&>"));
         }
+    }
+
+    /// Bulk samples of one case: Gbit/s for all, CPU s/GB for all but direct.
+    #[allow(dead_code)]
+    fn bulk_with_cpu() -> Vec<Sample> {
+        let mut s = Vec::new();
+        for (sys, gbps, cpu) in [
+            ("direct", 20.0, None),
+            ("haproxy", 10.0, Some(2.0)),
+            ("edgetunnel-connect", 8.0, Some(1.0)),
+        ] {
+            s.push(sample("bulk", "1 stream upload", sys, gbps, 0));
+            if let Some(c) = cpu {
+                let mut x = sample("bulk", "1 stream upload", sys, c, 0);
+                x.metric = "CPU s/GB".into();
+                x.higher_is_better = false;
+                s.push(x);
+            }
+        }
+        s
+    }
+
+    #[test]
+    fn cpu_per_gb_next_to_throughput() {
+        let s = bulk_with_cpu();
+        let md = markdown(&s, &Meta::default());
+        // The CPU table shows direct as "-" (no process), not "—" (not run).
+        let cpu = &md[md.find("### CPU s/GB").expect("CPU table")..];
+        assert!(cpu.contains("| 1 stream upload | - | 2 | 1 |"), "{cpu}");
+        // Its ratio table has no direct column; less CPU = better.
+        assert!(
+            cpu.contains("| 1 stream upload | edgetunnel-connect | 2.00 |"),
+            "{cpu}"
+        );
+        assert_eq!(
+            ratio_lines(&s, &["Gbit/s", "CPU s/GB"]),
+            vec![
+                "edgetunnel-connect vs direct: Gbit/s 0.40x, CPU s/GB -",
+                "edgetunnel-connect vs haproxy: Gbit/s 0.80x, CPU s/GB 2.00x",
+            ]
+        );
+        // The bulk plot has both panels, drawn by plotters.
+        let plots = render_plots(&s).unwrap();
+        assert_eq!(plots.len(), 1);
+        let svg = &plots[0].1;
+        assert!(svg.starts_with("<svg") && svg.contains("<title>bulk: "));
+        assert!(svg.contains("CPU s/GB (lower is better)"));
+        assert!(svg.contains("Gbit/s (higher is better)"));
+        assert!(svg.contains("edgetunnel-connect") && svg.contains("direct (limit)"));
     }
 
     #[test]

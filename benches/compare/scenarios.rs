@@ -23,14 +23,34 @@ fn entry(entries: &[Entry], i: usize) -> &Entry {
     &entries[i % entries.len()]
 }
 
-/// Gbit/s of `total` bytes moved by `streams` parallel connections, client
-/// to target (`upload`) or back, timed from the first byte to the last.
-pub async fn bulk(entries: &[Entry], streams: usize, upload: bool, total: u64) -> Result<f64> {
+/// What one bulk transfer measured.
+pub struct Bulk {
+    /// Payload bytes moved (all streams, one direction).
+    pub bytes: u64,
+    /// Gbit/s of `bytes`, from the first byte to the last.
+    pub gbps: f64,
+    /// CPU seconds the system used over the same window, when it has
+    /// processes of its own (`cpu` returned Some before and after).
+    pub cpu_seconds: Option<f64>,
+}
+
+/// `total` bytes moved by `streams` parallel connections, client to target
+/// (`upload`) or back, timed from the first byte to the last; `cpu` (the
+/// system's CPU seconds so far) is sampled right before the first byte and
+/// right after the last.
+pub async fn bulk(
+    entries: &[Entry],
+    streams: usize,
+    upload: bool,
+    total: u64,
+    cpu: &dyn Fn() -> Option<f64>,
+) -> Result<Bulk> {
     let per = (total / streams as u64).max(1);
     let mut conns = Vec::with_capacity(streams);
     for i in 0..streams {
         conns.push(client::open(entry(entries, i), None).await?);
     }
+    let cpu0 = cpu();
     let start = Instant::now();
     let tasks: Vec<_> = conns
         .into_iter()
@@ -40,7 +60,13 @@ pub async fn bulk(entries: &[Entry], streams: usize, upload: bool, total: u64) -
         t.await.map_err(std::io::Error::other)??;
     }
     let secs = start.elapsed().as_secs_f64();
-    Ok((per * streams as u64) as f64 * 8.0 / secs / 1e9)
+    let cpu1 = cpu();
+    let bytes = per * streams as u64;
+    Ok(Bulk {
+        bytes,
+        gbps: bytes as f64 * 8.0 / secs / 1e9,
+        cpu_seconds: cpu0.zip(cpu1).map(|(a, b)| (b - a).max(0.0)),
+    })
 }
 
 async fn transfer(mut c: Conn, upload: bool, len: u64) -> Result<()> {

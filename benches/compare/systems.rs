@@ -102,6 +102,17 @@ impl Running {
         self.pids().into_iter().map(pss_of).sum()
     }
 
+    /// CPU seconds (user + system) the system's processes have used so
+    /// far: its roots and all their live descendants, each with the
+    /// children it has reaped (see `cpu`). None when the system has no
+    /// process of its own (direct).
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        if self.procs.is_empty() {
+            return None;
+        }
+        Some(crate::cpu::cpu_seconds(&self.pids()))
+    }
+
     /// Pids whose memory counts (for perf profiling too): the processes
     /// `start` spawned and all their live descendants.
     pub fn pids(&self) -> Vec<u32> {

@@ -9,13 +9,16 @@ use edgetunnel::proxy::filter::{
 };
 use edgetunnel::proxy::forward;
 use edgetunnel::proxy::gourl::{clean_path, RequestUrl};
-use edgetunnel::proxy::http1::{self, MAX_HEAD};
+use edgetunnel::protocol::http1::{self, HeadLimit};
+
+const LIMIT: HeadLimit = HeadLimit::GO_SERVER;
+const MAX_HEAD: usize = LIMIT.bytes;
 use edgetunnel::proxy::mux::{redirect_location, Mux, Route};
 use edgetunnel::proxy::upstream_config::{Auth, Upstream};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(Some((head, n))) = http1::parse_request(data) else {
+    let Ok(Some((head, n))) = http1::parse_request(data, LIMIT) else {
         return;
     };
     assert!(n <= data.len() && n <= MAX_HEAD);
@@ -58,7 +61,7 @@ fuzz_target!(|data: &[u8]| {
                 assert!(target.starts_with('/') || target == "*", "{target:?}");
                 if let Ok(f) = framing {
                     let out = forward::request_head(&head, &target, f, None, &up, false, true);
-                    let (again, len) = http1::parse_request(&out)
+                    let (again, len) = http1::parse_request(&out, LIMIT)
                         .expect("our own head parses")
                         .expect("complete");
                     assert_eq!(len, out.len());

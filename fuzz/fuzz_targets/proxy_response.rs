@@ -4,7 +4,7 @@
 #![no_main]
 
 use edgetunnel::proxy::forward;
-use edgetunnel::proxy::http1::{self, ChunkedDecoder, Framing};
+use edgetunnel::protocol::http1::{self, ChunkedDecoder, Framing};
 use libfuzzer_sys::fuzz_target;
 
 fn decode(input: &[u8], step: usize) -> Option<(Vec<u8>, usize, bool)> {
@@ -40,7 +40,7 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(a, b);
         assert!(a.0.len() <= body.len());
     }
-    if let Ok(Some((head, n))) = http1::parse_response(body) {
+    if let Ok(Some((head, n))) = http1::parse_response(body, http1::HeadLimit::GO_SERVER) {
         assert!(n <= body.len());
         for method in ["GET", "HEAD"] {
             if let Ok(f) = http1::response_framing(method, &head) {

@@ -69,7 +69,7 @@ pub struct AgentConfig {
     pub max_links: usize,
 }
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::BoxError;
 
 /// Runs the agent until SIGTERM/SIGINT (and the drain) completes.
 pub fn run(cfg: AgentConfig) -> Result<(), BoxError> {

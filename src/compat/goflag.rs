@@ -755,7 +755,7 @@ fn parse_vmodule(s: &str) -> Result<(), String> {
     for pat in s.split(',').filter(|p| !p.is_empty()) {
         let parts: Vec<&str> = pat.split('=').collect();
         if parts.len() != 2 || parts[0].is_empty() || parts[1].is_empty() {
-            return Err("invalid vmodule syntax".to_string());
+            return Err("syntax error: expect comma-separated list of filename=N".to_string());
         }
         let v = parse_int_raw(parts[1], 10, 32)
             .map_err(|_| "syntax error: expect comma-separated list of filename=N".to_string())?;

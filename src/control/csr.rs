@@ -177,7 +177,7 @@ pub struct Job {
     pub name_prefix: String,
     /// Services (`namespace`, `name`) whose addresses join the SANs, read
     /// again at every renewal (the serving certificate).
-    pub services: Vec<(String, String)>,
+    pub services: Vec<super::manager::ObjectRef>,
 }
 
 impl Job {
@@ -211,7 +211,8 @@ fn write_atomic(path: &Path, text: &str, private: bool) -> Result<(), CsrError> 
 /// and writes the key and certificate files.
 pub async fn obtain(client: &Client, job: &Job, wait: Duration) -> Result<(), CsrError> {
     let mut profile = job.profile.clone();
-    for (ns, name) in &job.services {
+    for svc_ref in &job.services {
+        let (ns, name) = (&svc_ref.namespace, &svc_ref.name);
         let api: Api<Service> = Api::namespaced(client.clone(), ns);
         match api.get_opt(name).await? {
             Some(svc) => {

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::Client;
 
-use super::manager::KubeSpec;
+use super::manager::{KubeSpec, LeaderLease, ObjectRef};
 use super::nodes::{parse_ports, NodeInfo};
 
 /// The DNS records ConfigMap's key, as yurt-tunnel names it.
@@ -73,11 +73,11 @@ pub async fn start(spec: KubeSpec) -> Option<Kube> {
             generation.clone(),
         ));
     }
-    if let Some((ns, name)) = spec.server_configmap.clone() {
+    if let Some(cfg) = spec.server_configmap.clone() {
         tokio::spawn(poll_server_cfg(
             client.clone(),
-            ns,
-            name,
+            cfg.namespace,
+            cfg.name,
             view.clone(),
             generation.clone(),
         ));
@@ -113,7 +113,11 @@ impl Kube {
 
     /// Writes the DNS records to their ConfigMap when they changed.
     pub async fn publish_records(&self, text: &str) {
-        let Some((ns, name)) = &self.spec.dns_configmap else {
+        let Some(ObjectRef {
+            namespace: ns,
+            name,
+        }) = &self.spec.dns_configmap
+        else {
             return;
         };
         if !self.leader.load(Ordering::Relaxed) {
@@ -144,12 +148,12 @@ fn bump(generation: &AtomicU64) {
 /// List, then watch from the list's version; on any error, list again.
 async fn watch_nodes(
     client: Client,
-    label: (String, String),
+    label: super::manager::EdgeLabel,
     view: Arc<Mutex<View>>,
     generation: Arc<AtomicU64>,
 ) {
     let api: Api<Node> = Api::all(client);
-    let label = (label.0.as_str(), label.1.as_str());
+    let label = (label.key.as_str(), label.value.as_str());
     loop {
         let list = match api.list(&ListParams::default()).await {
             Ok(l) => l,
@@ -219,12 +223,19 @@ async fn watch_nodes(
 /// error drops leadership (a follower never writes).
 async fn elect(
     client: Client,
-    lease: (String, String, String, i32),
+    lease: LeaderLease,
     leader: Arc<AtomicBool>,
     generation: Arc<AtomicU64>,
 ) {
     use super::lease::{decide, Step};
-    let (ns, name, me, secs) = lease;
+    let LeaderLease {
+        lease: ObjectRef {
+            namespace: ns,
+            name,
+        },
+        holder: me,
+        duration_secs: secs,
+    } = lease;
     let api: Api<Lease> = Api::namespaced(client, &ns);
     let pp = PostParams::default();
     loop {

@@ -15,13 +15,22 @@ use crate::engine::signals::Shutdown;
 /// The shortest full-sync period (yurt-tunnel's floor).
 pub const MIN_SYNC_PERIOD: Duration = Duration::from_secs(15);
 
+/// The server's interception listeners, as DNAT destinations.
+#[derive(Debug, Clone)]
+pub struct DnatTarget {
+    pub addrs: Vec<IpAddr>,
+    /// Port of the plain listener (yurt's `http-proxy-ports`).
+    pub plain_port: u16,
+    /// Port of the TLS listener (yurt's `https-proxy-ports`).
+    pub tls_port: u16,
+}
+
 #[derive(Debug, Clone)]
 pub struct IptablesSpec {
     /// Intercepted ports and where each goes (one entry per address family).
     pub ports: Vec<PortRule>,
-    /// Where extra ports from the cluster's ConfigMap go: (DNAT addresses,
-    /// port of the plain listener, port of the TLS listener).
-    pub dnat: (Vec<IpAddr>, u16, u16),
+    /// Where extra ports from the cluster's ConfigMap go.
+    pub dnat: DnatTarget,
     /// Ready nodes to leave alone (RETURN); with none, only edge addresses
     /// are redirected.
     pub cloud_nodes: Option<BTreeSet<IpAddr>>,
@@ -95,18 +104,53 @@ pub fn try_sync_once(
 pub struct KubeSpec {
     /// A kubeconfig file; None: in-cluster or the default kubeconfig.
     pub kubeconfig: Option<std::path::PathBuf>,
-    pub edge_label: (String, String),
-    /// `namespace/name` of the DNS records ConfigMap (key `tunnel-nodes`).
-    pub dns_configmap: Option<(String, String)>,
-    /// `namespace/name` of the server ConfigMap (`http-proxy-ports`,
-    /// `https-proxy-ports`).
-    pub server_configmap: Option<(String, String)>,
+    /// The label (`key=value`) that marks edge nodes.
+    pub edge_label: EdgeLabel,
+    /// The DNS records ConfigMap (key `tunnel-nodes`).
+    pub dns_configmap: Option<ObjectRef>,
+    /// The server ConfigMap (`http-proxy-ports`, `https-proxy-ports`).
+    pub server_configmap: Option<ObjectRef>,
     /// Keep a node list-and-watch (the server; an agent only needs the
     /// client for its certificate).
     pub watch_nodes: bool,
-    /// `namespace/name` of the Lease that elects the one server publishing
-    /// the DNS records, this server's identity, and the lease duration.
-    pub lease: Option<(String, String, String, i32)>,
+    /// The Lease that elects the one server publishing the DNS records.
+    pub lease: Option<LeaderLease>,
+}
+
+/// A namespaced object, written `namespace/name` on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::str::FromStr for ObjectRef {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once('/') {
+            Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => Ok(ObjectRef {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+            }),
+            _ => Err(format!("{s:?}: expected namespace/name")),
+        }
+    }
+}
+
+/// The node label that marks edge nodes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EdgeLabel {
+    pub key: String,
+    pub value: String,
+}
+
+/// The Lease a server takes to become the one that publishes DNS records.
+#[derive(Debug, Clone)]
+pub struct LeaderLease {
+    pub lease: ObjectRef,
+    /// This server's identity (the lease's holder).
+    pub holder: String,
+    pub duration_secs: i32,
 }
 
 /// The DNS record set the control thread keeps (standalone: a hosts file
@@ -266,9 +310,11 @@ async fn run(spec: ControlSpec, sources: Sources, shutdown: Arc<Shutdown>) {
                     let mut direct = super::nodes::direct_nodes(&v.nodes, &now.1);
                     direct.extend(ipt.cloud_nodes.iter().flatten().copied());
                     ipt.cloud_nodes = Some(direct);
-                    let (ips, http_to, https_to) = &ipt.dnat;
-                    ipt.ports.extend(port_rules(&v.extra_http, ips, *http_to));
-                    ipt.ports.extend(port_rules(&v.extra_https, ips, *https_to));
+                    let to = &ipt.dnat;
+                    ipt.ports
+                        .extend(port_rules(&v.extra_http, &to.addrs, to.plain_port));
+                    ipt.ports
+                        .extend(port_rules(&v.extra_https, &to.addrs, to.tls_port));
                 }
                 applied = sync_once(&ipt, &now.0, &applied);
             }
@@ -324,4 +370,21 @@ pub fn port_rules(ports: &[u16], to_ips: &[IpAddr], to_port: u16) -> Vec<PortRul
         }
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ObjectRef;
+
+    #[test]
+    fn object_refs_need_namespace_and_name() {
+        let r: ObjectRef = "kube-system/edgetunnel-dns".parse().unwrap();
+        assert_eq!(
+            (r.namespace.as_str(), r.name.as_str()),
+            ("kube-system", "edgetunnel-dns")
+        );
+        for bad in ["kube-system", "/name", "ns/", ""] {
+            assert!(bad.parse::<ObjectRef>().is_err(), "{bad:?}");
+        }
+    }
 }

@@ -1,7 +1,19 @@
-//! The control plane: everything that is not moving bytes (iptables rules
-//! now; DNS records and certificates next). It runs on its own thread with
-//! its own tokio runtime and talks to the data plane only through shared
-//! state it reads briefly, so it never blocks a data-plane core.
+//! The control plane: everything that is not moving bytes. It runs on its
+//! own thread with its own tokio runtime (the `kube` client lives here) and
+//! hands new state to the data plane through shared values the cores read
+//! briefly, or answers their requests on oneshot channels, so it never
+//! blocks a data-plane core. It owns:
+//! - iptables rules (`iptables` plans them, `iptables_sync` applies them),
+//!   DNAT of kubelet ports towards the interception listeners;
+//! - DNS records for CoreDNS (`dns`: a hosts file and/or a ConfigMap),
+//!   written by the one server elected with a Lease (`lease`);
+//! - the cluster view (`kube_sync`, `nodes`: edge and cloud nodes, extra
+//!   ports from yurt-tunnel's ConfigMap);
+//! - certificates from Kubernetes CSRs with renewal (`csr`);
+//! - ANP's server leases (`server_lease` publishes, `lease_count` counts);
+//! - agent token checks by TokenReview (`token_review`).
+//!
+//! `manager` starts it all from one spec per role.
 
 pub mod csr;
 pub mod dns;

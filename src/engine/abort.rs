@@ -10,7 +10,7 @@
 //! caller resets the caller's TCP connection itself.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -24,25 +24,11 @@ fn watched() -> &'static Mutex<HashMap<RawFd, Arc<AtomicBool>>> {
 /// SO_LINGER 0 alone is not enough: monoio's write half shuts the socket
 /// down on drop, which would send a FIN first. A no-op on other sockets.
 pub fn reset(sock: &impl AsRawFd) {
-    let fd = sock.as_raw_fd();
-    // SAFETY: `sock` owns the descriptor and stays alive for the call.
-    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
-    let _ = socket2::SockRef::from(&borrowed).set_linger(Some(std::time::Duration::ZERO));
-    let unspec = libc::sockaddr {
-        sa_family: libc::AF_UNSPEC as libc::sa_family_t,
-        sa_data: [0; 14],
-    };
-    // SAFETY: a valid sockaddr of the given length; the result is ignored
-    // (unix sockets refuse it, which is fine).
-    let rc = unsafe {
-        libc::connect(
-            fd,
-            &unspec,
-            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        tracing::debug!(fd, error = %std::io::Error::last_os_error(), "reset: disconnect refused");
+    super::sys::with_sock(sock, |s| {
+        let _ = s.set_linger(Some(std::time::Duration::ZERO));
+    });
+    if let Err(error) = super::sys::disconnect(sock) {
+        tracing::debug!(fd = sock.as_raw_fd(), %error, "reset: disconnect refused");
     }
 }
 

@@ -40,7 +40,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsRawFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -167,25 +167,7 @@ fn steer_to_first(member: &std::net::TcpListener, count: usize) -> io::Result<()
             k: 0,
         },
     ];
-    let fprog = libc::sock_fprog {
-        len: prog.len() as u16,
-        filter: prog.as_mut_ptr(),
-    };
-    // SAFETY: setsockopt with a valid program that outlives the call (the
-    // kernel copies it).
-    let rc = unsafe {
-        libc::setsockopt(
-            member.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_ATTACH_REUSEPORT_CBPF,
-            &fprog as *const _ as *const libc::c_void,
-            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    super::sys::attach_reuseport_cbpf(member, &mut prog)
 }
 
 /// How a unix listener treats its path.
@@ -282,11 +264,7 @@ fn bind_unix_inner(
     // The file gets 0777 & !umask at bind(): with this umask it is born with
     // `mode`, so there is no moment when it is wider. umask is per process;
     // listeners are bound on the main thread before any other thread starts.
-    // SAFETY: umask has no memory effects.
-    let old = unsafe { libc::umask(!mode & 0o777) };
-    let bound = UnixListener::bind(path);
-    // SAFETY: as above.
-    unsafe { libc::umask(old) };
+    let bound = super::sys::with_umask(!mode & 0o777, || UnixListener::bind(path));
     let l = bound.map_err(|e| {
         if e.kind() == io::ErrorKind::AddrInUse {
             io::Error::new(e.kind(), "address in use")
@@ -303,12 +281,7 @@ fn bind_unix_inner(
     l.set_nonblocking(true)?;
     let mut out = Vec::with_capacity(count);
     for _ in 1..count.max(1) {
-        // SAFETY: dup returns a new descriptor we own.
-        let fd = unsafe { libc::dup(l.as_raw_fd()) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        out.push(unsafe { UnixListener::from_raw_fd(fd) });
+        out.push(l.try_clone()?);
     }
     out.push(l);
     Ok((out, file))
@@ -325,17 +298,7 @@ pub fn parse_mode(s: &str) -> Result<u32, String> {
 
 /// Sets TCP_NODELAY, ignoring failures (not every socket is TCP).
 pub fn nodelay(fd: &impl AsRawFd) {
-    let one: libc::c_int = 1;
-    // SAFETY: plain setsockopt on a valid descriptor.
-    unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_NODELAY,
-            &one as *const _ as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
+    let _ = super::sys::with_sock(fd, |s| s.set_nodelay(true));
 }
 
 #[cfg(test)]

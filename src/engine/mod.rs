@@ -13,11 +13,14 @@ pub mod budget;
 pub mod cert_reload;
 pub mod grpc;
 pub mod h2_server_io;
+pub mod head_reader;
 pub mod listener;
 pub mod read_ahead;
 pub mod relay;
 pub mod runtime;
 pub mod signals;
+#[allow(unsafe_code)]
+pub mod sys;
 pub mod tls;
 pub mod window;
 

@@ -2,10 +2,14 @@
 //! chunks and writing `Bytes` back, with ownership-passing (io_uring) I/O.
 //! Chunks are carved out of one large buffer, so a read allocates only when
 //! the buffer runs low, and the chunk travels on as the DATA payload as is.
+//!
+//! A bulk connection keeps a read (and its buffer) in the kernel; an idle or
+//! chatty one waits for readability first and takes a buffer only once
+//! bytes are there, so an idle tunnel holds no read buffer at all.
 
 use std::io;
-use std::os::fd::{FromRawFd, IntoRawFd, RawFd};
-use std::sync::Arc;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, OnceLock};
 
 use bytes::{Buf, Bytes, BytesMut};
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
@@ -16,8 +20,12 @@ use super::window::ConnWindow;
 const READ_BUFFER: usize = 256 * 1024;
 /// Largest single read (and so the largest DATA payload we send).
 const MAX_CHUNK: usize = 64 * 1024;
-/// Smallest read: what an idle connection's pending read holds.
+/// Smallest read.
 const MIN_CHUNK: usize = 4 * 1024;
+/// From this read size on a connection counts as bulk: its reads are
+/// handed to the kernel with their buffer. Below it, reads wait for
+/// readability without a buffer.
+const LEND_FROM: usize = 16 * 1024;
 
 /// How much the next read asks for: it doubles while reads fill it (a bulk
 /// transfer reaches [`MAX_CHUNK`] within a few reads) and halves when reads
@@ -48,6 +56,13 @@ impl ReadWindow {
         }
     }
 
+    /// Whether the next read is handed to the kernel with its buffer (a bulk
+    /// transfer: the buffer fills soon) rather than waiting for readability
+    /// with none (an idle or chatty connection).
+    pub fn lends_buffer(self) -> bool {
+        self.0 >= LEND_FROM
+    }
+
     /// Adapts to a read that returned `n` bytes.
     pub fn after_read(&mut self, n: usize) {
         if n >= self.0 {
@@ -58,21 +73,67 @@ impl ReadWindow {
     }
 }
 
+/// A socket whose readability can be awaited without lending a buffer.
+pub trait Readable {
+    /// Waits until the socket has bytes (or an end) to read.
+    fn readable(&self) -> impl std::future::Future<Output = io::Result<()>>;
+    /// The descriptor to read from directly once readable.
+    fn read_fd(&self) -> RawFd;
+}
+
+macro_rules! readable_stream {
+    ($t:ty) => {
+        impl Readable for $t {
+            async fn readable(&self) -> io::Result<()> {
+                // Not relaxed: the epoll driver then checks real readiness,
+                // as our own reads do not update its readiness state.
+                <$t>::readable(self, false).await
+            }
+            fn read_fd(&self) -> RawFd {
+                self.as_raw_fd()
+            }
+        }
+
+        impl Readable for monoio::io::OwnedReadHalf<$t> {
+            async fn readable(&self) -> io::Result<()> {
+                <$t>::readable(super::sys::split_stream(self), false).await
+            }
+            fn read_fd(&self) -> RawFd {
+                super::sys::split_stream(self).as_raw_fd()
+            }
+        }
+    };
+}
+readable_stream!(monoio::net::TcpStream);
+readable_stream!(monoio::net::UnixStream);
+
+/// Whether chatty reads wait for readability before taking a buffer (the
+/// default). `EDGETUNNEL_IDLE_READ=buffered` lends every read its buffer,
+/// as before, for comparisons.
+fn reads_wait_for_readiness() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("EDGETUNNEL_IDLE_READ").as_deref() != Ok("buffered"))
+}
+
 /// Reads a socket into `Bytes` chunks.
 pub struct ChunkReader<R> {
     inner: R,
     buf: BytesMut,
     window: ReadWindow,
+    /// The last read drained the socket (it returned less than asked): the
+    /// next one waits for readability before reading.
+    drained: bool,
     /// The peer's flow-control window for what is read, if negotiated.
     flow: Option<Arc<ConnWindow>>,
 }
 
-impl<R: AsyncReadRent> ChunkReader<R> {
+impl<R: AsyncReadRent + Readable> ChunkReader<R> {
     pub fn new(inner: R) -> Self {
         Self {
             inner,
             buf: BytesMut::new(),
             window: ReadWindow::default(),
+            drained: false,
             flow: None,
         }
     }
@@ -89,6 +150,25 @@ impl<R: AsyncReadRent> ChunkReader<R> {
         if let Some(flow) = &self.flow {
             flow.ready().await;
         }
+        let chunk = if self.window.lends_buffer() || !reads_wait_for_readiness() {
+            self.read_lent().await?
+        } else {
+            self.read_when_readable().await?
+        };
+        let Some(chunk) = chunk else {
+            return Ok(None);
+        };
+        let n = chunk.len();
+        self.drained = n < self.window.size();
+        self.window.after_read(n);
+        if let Some(flow) = &self.flow {
+            flow.sent(n);
+        }
+        Ok(Some(chunk))
+    }
+
+    /// A read handed to the kernel with its buffer.
+    async fn read_lent(&mut self) -> io::Result<Option<Bytes>> {
         let want = self.window.size();
         if self.buf.capacity() < want {
             self.buf = BytesMut::with_capacity(self.window.block());
@@ -101,54 +181,49 @@ impl<R: AsyncReadRent> ChunkReader<R> {
         if n == 0 {
             return Ok(None);
         }
-        self.window.after_read(n);
-        if let Some(flow) = &self.flow {
-            flow.sent(n);
-        }
         window.truncate(n);
         Ok(Some(window.freeze()))
     }
 
+    /// Waits for readability holding no buffer, then reads what is there.
+    async fn read_when_readable(&mut self) -> io::Result<Option<Bytes>> {
+        // The rest of a bulk block is not kept through an idle wait.
+        self.buf = BytesMut::new();
+        let want = self.window.size();
+        loop {
+            if !self.drained {
+                if let Some(read) = try_read(self.inner.read_fd(), want)? {
+                    return Ok(read);
+                }
+            }
+            self.inner.readable().await?;
+            self.drained = false;
+        }
+    }
+}
+
+/// One non-blocking read of up to `want` bytes into a new buffer: `None`
+/// when nothing is there yet, `Some(None)` at end of stream.
+fn try_read(fd: RawFd, want: usize) -> io::Result<Option<Option<Bytes>>> {
+    let mut buf = BytesMut::with_capacity(want);
+    loop {
+        match super::sys::recv_dontwait(fd, &mut buf, want) {
+            Ok(0) => return Ok(Some(None)),
+            Ok(_) => return Ok(Some(Some(buf.freeze()))),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+impl<R> ChunkReader<R> {
     pub fn into_inner(self) -> R {
         self.inner
     }
 }
 
-/// Chunks written with one `writev`: the `Bytes` are kept alive (their heap
-/// data never moves) while the kernel reads them through `iovecs`.
-pub struct BytesVec {
-    iovecs: Vec<libc::iovec>,
-    chunks: Vec<Bytes>,
-}
-
-impl BytesVec {
-    pub fn new(chunks: Vec<Bytes>) -> Self {
-        let iovecs = chunks
-            .iter()
-            .map(|b| libc::iovec {
-                iov_base: b.as_ptr() as *mut libc::c_void,
-                iov_len: b.len(),
-            })
-            .collect();
-        Self { iovecs, chunks }
-    }
-
-    /// The chunks back, to advance past what was written.
-    pub fn into_chunks(self) -> Vec<Bytes> {
-        self.chunks
-    }
-}
-
-// SAFETY: the iovecs point into `chunks`, owned by the same struct and
-// immutable until it drops; moving the struct moves no payload.
-unsafe impl monoio::buf::IoVecBuf for BytesVec {
-    fn read_iovec_ptr(&self) -> *const libc::iovec {
-        self.iovecs.as_ptr()
-    }
-    fn read_iovec_len(&self) -> usize {
-        self.iovecs.len()
-    }
-}
+pub use super::sys::BytesVec;
 
 /// Most chunks gathered into one vectored write.
 pub const MAX_BATCH: usize = 64;
@@ -212,32 +287,20 @@ pub async fn write_chunk<W: AsyncWriteRent>(w: &mut W, chunk: Bytes) -> io::Resu
 }
 
 /// A socket being moved between cores: the descriptor and its kind.
+/// Dropped before it is adopted, it closes the descriptor.
 #[derive(Debug)]
 pub enum MovedSocket {
-    Tcp(RawFd),
-    Unix(RawFd),
+    Tcp(OwnedFd),
+    Unix(OwnedFd),
 }
 
 impl MovedSocket {
     pub fn from_tcp(s: monoio::net::TcpStream) -> Self {
-        MovedSocket::Tcp(s.into_raw_fd())
+        MovedSocket::Tcp(super::sys::into_owned(s))
     }
 
     pub fn from_unix(s: monoio::net::UnixStream) -> Self {
-        MovedSocket::Unix(s.into_raw_fd())
-    }
-}
-
-impl Drop for MovedSocket {
-    fn drop(&mut self) {
-        // Only reached when the socket was never adopted: close it.
-        let fd = match *self {
-            MovedSocket::Tcp(fd) | MovedSocket::Unix(fd) => fd,
-        };
-        if fd >= 0 {
-            // SAFETY: we own the descriptor.
-            unsafe { libc::close(fd) };
-        }
+        MovedSocket::Unix(super::sys::into_owned(s))
     }
 }
 
@@ -250,18 +313,10 @@ pub enum LocalSocket {
 impl MovedSocket {
     /// Registers the descriptor with the current runtime.
     pub fn adopt(self) -> io::Result<LocalSocket> {
-        let this = std::mem::ManuallyDrop::new(self);
-        Ok(match *this {
-            MovedSocket::Tcp(fd) => {
-                // SAFETY: the descriptor came from `into_raw_fd` and is owned
-                // by us; ManuallyDrop keeps Drop from closing it.
-                let std = unsafe { std::net::TcpStream::from_raw_fd(fd) };
-                LocalSocket::Tcp(monoio::net::TcpStream::from_std(std)?)
-            }
+        Ok(match self {
+            MovedSocket::Tcp(fd) => LocalSocket::Tcp(monoio::net::TcpStream::from_std(fd.into())?),
             MovedSocket::Unix(fd) => {
-                // SAFETY: as above.
-                let std = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
-                LocalSocket::Unix(monoio::net::UnixStream::from_std(std)?)
+                LocalSocket::Unix(monoio::net::UnixStream::from_std(fd.into())?)
             }
         })
     }
@@ -271,7 +326,8 @@ impl MovedSocket {
 pub trait Duplex:
     AsyncReadRent
     + AsyncWriteRent
-    + monoio::io::Splitable<OwnedRead: AsyncReadRent, OwnedWrite: AsyncWriteRent>
+    + Readable
+    + monoio::io::Splitable<OwnedRead: AsyncReadRent + Readable, OwnedWrite: AsyncWriteRent>
     + std::os::fd::AsRawFd
     + 'static
 {
@@ -280,7 +336,8 @@ pub trait Duplex:
 impl<T> Duplex for T where
     T: AsyncReadRent
         + AsyncWriteRent
-        + monoio::io::Splitable<OwnedRead: AsyncReadRent, OwnedWrite: AsyncWriteRent>
+        + Readable
+        + monoio::io::Splitable<OwnedRead: AsyncReadRent + Readable, OwnedWrite: AsyncWriteRent>
         + std::os::fd::AsRawFd
         + 'static
 {
@@ -331,6 +388,62 @@ mod tests {
             w.after_read(100);
         }
         assert_eq!((w.size(), w.block()), (MIN_CHUNK, MIN_CHUNK));
+    }
+
+    #[test]
+    fn only_bulk_reads_lend_their_buffer() {
+        let mut w = ReadWindow::default();
+        assert!(!w.lends_buffer(), "a new connection waits for readability");
+        w.after_read(MIN_CHUNK);
+        assert!(!w.lends_buffer());
+        w.after_read(w.size());
+        assert!(w.lends_buffer(), "full reads make it a bulk connection");
+        for _ in 0..10 {
+            w.after_read(1);
+        }
+        assert!(!w.lends_buffer(), "a connection gone quiet lends nothing");
+    }
+
+    /// Chatty, idle and bulk phases on one connection, across the switch
+    /// between reads that wait for readability and reads lent a buffer:
+    /// every byte arrives once, in order, then the end of stream.
+    #[test]
+    fn reads_switch_between_readiness_and_lent_buffers_without_loss() {
+        for driver in [Driver::Auto, Driver::Legacy] {
+            block_on(driver, async {
+                let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+                a.set_nonblocking(true).unwrap();
+                b.set_nonblocking(true).unwrap();
+                let mut a = monoio::net::UnixStream::from_std(a).unwrap();
+                let b = monoio::net::UnixStream::from_std(b).unwrap();
+                let phases: Vec<Vec<u8>> = vec![
+                    b"hello".to_vec(),
+                    vec![1; 3000],
+                    (0..2_000_000u32).map(|i| (i % 251) as u8).collect(),
+                    b"quiet again".to_vec(),
+                    vec![7; 100_000],
+                    b"!".to_vec(),
+                ];
+                let expected: Vec<u8> = phases.concat();
+                let reader = monoio::spawn(async move {
+                    let mut r = ChunkReader::new(b);
+                    let mut got = Vec::new();
+                    while let Some(c) = r.next().await.unwrap() {
+                        got.extend_from_slice(&c);
+                    }
+                    got
+                });
+                for p in phases {
+                    // The reader waits (idle) between phases.
+                    monoio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    let (res, _) = a.write_all(p).await;
+                    res.unwrap();
+                }
+                drop(a);
+                assert!(reader.await == expected);
+            })
+            .unwrap();
+        }
     }
 
     /// Vectored writes larger than the socket buffer end in partial writes

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::io;
 use std::str::FromStr;
 
-use monoio::{FusionDriver, IoUringDriver, LegacyDriver, RuntimeBuilder};
+use monoio::{IoUringDriver, LegacyDriver, RuntimeBuilder};
 
 /// Which I/O driver the data-plane runtimes use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -51,21 +51,83 @@ impl Driver {
 
 const RING_ENTRIES: u32 = 4096;
 
+/// io_uring setup flags a ring asks for, strongest first: each worker owns
+/// its ring (one thread submits, so `SINGLE_ISSUER`), completions are
+/// posted when the worker asks for them instead of interrupting it with
+/// task work (`DEFER_TASKRUN` from Linux 6.1, `COOP_TASKRUN` from 5.19).
+/// A kernel that refuses a set gets the next, down to no flags.
+/// `EDGETUNNEL_URING_SETUP` (`defer`, `coop` or `plain`) caps the strongest
+/// set tried, for comparisons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum UringSetup {
+    Plain,
+    Coop,
+    Defer,
+}
+
+impl UringSetup {
+    /// The strongest set allowed by the environment.
+    pub fn wanted() -> UringSetup {
+        match std::env::var("EDGETUNNEL_URING_SETUP").as_deref() {
+            Ok("plain") => UringSetup::Plain,
+            Ok("coop") => UringSetup::Coop,
+            _ => UringSetup::Defer,
+        }
+    }
+
+    /// The next weaker set to try when the kernel refuses this one.
+    pub fn weaker(self) -> Option<UringSetup> {
+        match self {
+            UringSetup::Defer => Some(UringSetup::Coop),
+            UringSetup::Coop => Some(UringSetup::Plain),
+            UringSetup::Plain => None,
+        }
+    }
+
+    fn builder(self) -> io_uring::Builder {
+        let mut b = io_uring::IoUring::builder();
+        match self {
+            UringSetup::Plain => {}
+            UringSetup::Coop => {
+                b.setup_coop_taskrun();
+            }
+            UringSetup::Defer => {
+                b.setup_single_issuer().setup_defer_taskrun();
+            }
+        }
+        b
+    }
+}
+
+/// An io_uring runtime with the strongest setup flags the kernel accepts.
+fn uring_runtime() -> io::Result<monoio::Runtime<monoio::time::TimeDriver<IoUringDriver>>> {
+    let mut setup = UringSetup::wanted();
+    loop {
+        let built = RuntimeBuilder::<IoUringDriver>::new()
+            .with_entries(RING_ENTRIES)
+            .uring_builder(setup.builder())
+            .enable_timer()
+            .build();
+        match (built, setup.weaker()) {
+            (Ok(rt), _) => {
+                tracing::debug!(?setup, "io_uring runtime");
+                return Ok(rt);
+            }
+            (Err(e), Some(next)) => {
+                tracing::debug!(?setup, error = %e, "io_uring setup refused; trying fewer flags");
+                setup = next;
+            }
+            (Err(e), None) => return Err(e),
+        }
+    }
+}
+
 /// Runs `fut` to completion on a new runtime of the chosen driver, on the
 /// calling thread.
 pub fn block_on<F: Future>(driver: Driver, fut: F) -> io::Result<F::Output> {
-    Ok(match driver {
-        Driver::Auto => RuntimeBuilder::<FusionDriver>::new()
-            .with_entries(RING_ENTRIES)
-            .enable_timer()
-            .build()?
-            .block_on(fut),
-        Driver::Uring => RuntimeBuilder::<IoUringDriver>::new()
-            .with_entries(RING_ENTRIES)
-            .enable_timer()
-            .build()?
-            .block_on(fut),
-        Driver::Legacy => RuntimeBuilder::<LegacyDriver>::new()
+    Ok(match driver.resolve() {
+        Driver::Uring => uring_runtime()?.block_on(fut),
+        _ => RuntimeBuilder::<LegacyDriver>::new()
             .enable_timer()
             .build()?
             .block_on(fut),

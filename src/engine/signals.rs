@@ -69,24 +69,14 @@ impl Future for WaitShutdown {
 /// workers so they inherit the mask) and starts a thread that triggers
 /// `shutdown` for each one received.
 pub fn install(shutdown: Arc<Shutdown>) -> std::io::Result<()> {
-    // SAFETY: plain signal-mask manipulation with locally owned sets.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        std::thread::Builder::new()
-            .name("edgetunnel-signals".into())
-            .spawn(move || loop {
-                let mut sig: libc::c_int = 0;
-                if libc::sigwait(&set, &mut sig) == 0 {
-                    tracing::info!(signal = sig, "shutdown signal received");
-                    shutdown.trigger();
-                }
-            })?;
-    }
+    let signals = super::sys::ShutdownSignals::block()?;
+    std::thread::Builder::new()
+        .name("edgetunnel-signals".into())
+        .spawn(move || loop {
+            if let Some(signal) = signals.wait() {
+                tracing::info!(signal, "shutdown signal received");
+                shutdown.trigger();
+            }
+        })?;
     Ok(())
 }

@@ -5,9 +5,11 @@
 //! succeeded, then both sides speak raw bytes. Like Go's `net/http` (which
 //! ANP uses), the dial address is the request-target's authority.
 
+use super::http1::{self, HeadError, HeadLimit};
+
 /// Largest request head accepted, like a conservative `MaxHeaderBytes`.
-pub const MAX_HEAD: usize = 16 * 1024;
-const MAX_HEADERS: usize = 64;
+pub const LIMIT: HeadLimit = HeadLimit::CONNECT;
+pub const MAX_HEAD: usize = LIMIT.bytes;
 
 /// A parsed CONNECT request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,24 +44,16 @@ impl ConnectError {
 
 /// Parses a request head. `Ok(None)` means more bytes are needed.
 pub fn parse(buf: &[u8]) -> Result<Option<ConnectRequest>, ConnectError> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
-    let status = req
-        .parse(buf)
-        .map_err(|e| ConnectError::Malformed(e.to_string()))?;
-    let head_len = match status {
-        httparse::Status::Complete(n) => n,
-        httparse::Status::Partial if buf.len() >= MAX_HEAD => return Err(ConnectError::TooLarge),
-        httparse::Status::Partial => return Ok(None),
+    let (req, head_len) = match http1::parse_request(buf, LIMIT) {
+        Ok(Some(parsed)) => parsed,
+        Ok(None) => return Ok(None),
+        Err(HeadError::TooLarge) => return Err(ConnectError::TooLarge),
+        Err(HeadError::Malformed(e)) => return Err(ConnectError::Malformed(e)),
     };
-    if head_len > MAX_HEAD {
-        return Err(ConnectError::TooLarge);
+    if req.method != "CONNECT" {
+        return Err(ConnectError::MethodNotAllowed(req.method));
     }
-    let method = req.method.unwrap_or_default();
-    if method != "CONNECT" {
-        return Err(ConnectError::MethodNotAllowed(method.to_string()));
-    }
-    let target = req.path.unwrap_or_default();
+    let target = req.target.as_str();
     check_authority(target).map_err(|why| {
         ConnectError::Malformed(format!("CONNECT target {target:?} is not host:port: {why}"))
     })?;

@@ -1,5 +1,5 @@
 //! The tunnel protocol, sans-I/O: gRPC framing, ANP Packets, the HTTP CONNECT
-//! head, agent identifiers and their binding to client certificates, routing and the per-connection state machines.
+//! head, HTTP/1.x heads, bodies and exchanges, agent identifiers and their binding to client certificates, routing and the per-connection state machines.
 //!
 //! Nothing here touches a socket, a runtime or a clock: every type takes
 //! bytes or events in and gives bytes or actions out, so it runs in unit
@@ -13,6 +13,7 @@ pub mod dest_policy;
 pub mod exec_credential;
 pub mod grpc_frame;
 pub mod h2_authority;
+pub mod http1;
 pub mod http_connect;
 pub mod identifiers;
 pub mod impersonation;

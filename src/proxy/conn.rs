@@ -18,11 +18,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::filter::Filter;
 use super::forward::{self, ClientBody};
 use super::gourl::{html_escape, RequestUrl};
-use super::http1::{self, ChunkedDecoder, Framing, HeadError, RequestHead};
 use super::io::{go_error_text, ClientIo, UpstreamIo};
 use super::mux::{redirect_location, Mux, Route};
 use super::static_files::{self, StaticReply};
 use super::upstream_config::Upstream;
+use crate::protocol::http1::{self, ChunkedDecoder, Framing, HeadError, RequestHead};
 
 /// Time allowed between bytes of a request head (and idle keep-alive).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(120);
@@ -120,6 +120,8 @@ pub struct Shared {
     pub keepalive: Option<Duration>,
     pub www: Option<PathBuf>,
     pub idle_per_core: usize,
+    /// kubectl -v6: one log line per upstream round trip.
+    pub log_round_trips: bool,
     pub metrics: ProxyMetrics,
 }
 
@@ -230,13 +232,11 @@ impl Core {
                 Ok(tcp) => {
                     let _ = tcp.set_nodelay(true);
                     if let Some(ka) = s.keepalive {
-                        use std::os::fd::AsRawFd;
-                        // SAFETY: the descriptor stays open for this borrow.
-                        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(tcp.as_raw_fd()) };
-                        let sock = socket2::SockRef::from(&fd);
-                        let _ = sock.set_tcp_keepalive(
-                            &socket2::TcpKeepalive::new().with_time(ka).with_interval(ka),
-                        );
+                        crate::engine::sys::with_sock(&tcp, |sock| {
+                            let _ = sock.set_tcp_keepalive(
+                                &socket2::TcpKeepalive::new().with_time(ka).with_interval(ka),
+                            );
+                        });
                     }
                     let io = tcp
                         .into_poll_io()
@@ -411,7 +411,8 @@ fn bad_request(status: u16, text: &str) -> Vec<u8> {
 async fn read_request_head(client: &mut Client) -> Result<Option<RequestHead>, HeadError> {
     loop {
         if !client.buf.is_empty() {
-            if let Some((head, n)) = http1::parse_request(&client.buf)? {
+            if let Some((head, n)) = http1::parse_request(&client.buf, http1::HeadLimit::GO_SERVER)?
+            {
                 client.buf.advance(n);
                 return Ok(Some(head));
             }
@@ -697,6 +698,31 @@ async fn fresh_auth(head: &RequestHead, shared: &Shared) -> Result<Option<Arc<st
     d.ready().await
 }
 
+/// client-go's -v6 line for one round trip (URL as sent upstream).
+fn log_round_trip(
+    shared: &Shared,
+    method: &str,
+    target: &str,
+    status: u16,
+    reason: &str,
+    started: Instant,
+) {
+    if shared.log_round_trips {
+        let scheme = if shared.upstream.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let url = format!("{scheme}://{}{target}", shared.upstream.host_header);
+        let ms = started.elapsed().as_millis();
+        tracing::info!(
+            target: "edgetunnel::proxy::round_trip",
+            "{}",
+            super::klog::round_trip_line(method, &url, status, reason, ms)
+        );
+    }
+}
+
 /// A 401 to a request that carried our refreshed token: fetch it again.
 async fn note_refused(shared: &Shared, used: &Option<Arc<str>>, status: u16) {
     if status == 401 {
@@ -763,7 +789,7 @@ async fn stream_body(
 async fn read_response_head(up: &mut UpConn) -> io::Result<http1::ResponseHead> {
     loop {
         if !up.buf.is_empty() {
-            match http1::parse_response(&up.buf) {
+            match http1::parse_response(&up.buf, http1::HeadLimit::GO_SERVER) {
                 Ok(Some((head, n))) => {
                     up.buf.advance(n);
                     return Ok(head);
@@ -797,6 +823,7 @@ async fn forward_request(
     if let Some(send) = core.h2_sender().await {
         return forward_h2(client, head, target, framing, keep, core, send).await;
     }
+    let started = Instant::now();
     let used = match fresh_auth(head, shared).await {
         Ok(u) => u,
         Err(e) => return proxy_error(client, core, &e).await,
@@ -888,6 +915,14 @@ async fn forward_request(
         return proxy_error(client, core, &text).await;
     }
 
+    log_round_trip(
+        shared,
+        &head.method,
+        target,
+        resp.status,
+        &resp.reason,
+        started,
+    );
     note_refused(shared, &used, resp.status).await;
     let mut rframing = match http1::response_framing(&head.method, &resp) {
         Ok(f) => f,
@@ -897,6 +932,20 @@ async fn forward_request(
         && !http1::has_token(&resp.headers, "connection", "close")
         && rframing != Framing::UntilClose;
     let gunzip = gzip && forward::is_gzipped(&resp);
+    let mut resp = resp;
+    if forward::sniff_wanted(&head.method, &resp, rframing) {
+        // Go sniffs what its first read of the body gave.
+        if up.buf.is_empty() {
+            if let Err(e) = read_more(&mut up.io, &mut up.buf).await {
+                return proxy_error(client, core, &e.to_string()).await;
+            }
+        }
+        let n = match rframing {
+            Framing::Length(n) => (n as usize).min(up.buf.len()),
+            _ => 0,
+        };
+        forward::add_sniffed_type(&mut resp, &up.buf[..n]);
+    }
     let (client_head, body, keep) =
         forward::response_head(&resp, rframing, head.minor, keep, gunzip);
     // A small answer already read whole goes out in one write with its head.
@@ -1146,6 +1195,7 @@ async fn forward_h2(
         .metrics
         .upstream_reused
         .fetch_add(1, Ordering::Relaxed);
+    let started = Instant::now();
     let used = match fresh_auth(head, shared).await {
         Ok(u) => u,
         Err(e) => return proxy_error(client, core, &e).await,
@@ -1180,6 +1230,14 @@ async fn forward_h2(
     };
     let (parts, mut body) = resp.into_parts();
     let rhead = h2_upstream::response_head(&parts);
+    log_round_trip(
+        shared,
+        &head.method,
+        target,
+        parts.status.as_u16(),
+        parts.status.canonical_reason().unwrap_or(""),
+        started,
+    );
     note_refused(shared, &used, parts.status.as_u16()).await;
     let no_body = head.method == "HEAD"
         || parts.status.as_u16() == 204
@@ -1194,6 +1252,19 @@ async fn forward_h2(
         (false, None) => Framing::Chunked,
     };
     let gunzip = gzip && forward::is_gzipped(&rhead);
+    let mut rhead = rhead;
+    // The first DATA frame, read ahead when its bytes are sniffed.
+    let mut first: Option<bytes::Bytes> = None;
+    if forward::sniff_wanted(&head.method, &rhead, rframing) {
+        match body.data().await {
+            Some(Ok(chunk)) => {
+                forward::add_sniffed_type(&mut rhead, &chunk);
+                first = Some(chunk);
+            }
+            Some(Err(e)) => return proxy_error(client, core, &format!("http2: {e}")).await,
+            None => {}
+        }
+    }
     let (client_head, mode, keep) =
         forward::response_head(&rhead, rframing, head.minor, keep, gunzip);
     if client.io.write_all(&client_head).await.is_err() {
@@ -1204,7 +1275,11 @@ async fn forward_h2(
     let mut gz = (mode == ClientBody::Gunzip).then(|| Gunzip::new(head.minor >= 1));
     if mode != ClientBody::None {
         loop {
-            match body.data().await {
+            let next = match first.take() {
+                Some(chunk) => Some(Ok(chunk)),
+                None => body.data().await,
+            };
+            match next {
                 Some(Ok(chunk)) => {
                     let _ = body.flow_control().release_capacity(chunk.len());
                     let r = match gz.as_mut() {

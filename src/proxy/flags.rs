@@ -95,10 +95,10 @@ pub struct ProxyArgs {
     #[arg(short = 'n', long, default_value = "")]
     pub namespace: String,
 
-    /// Number for the log level verbosity (kubectl's klog `-v`; accepted, edgetunnel logs by --log).
+    /// Number for the log level verbosity (kubectl's klog `-v`: 4 and above add edgetunnel=debug to --log, 6 and above log each upstream round trip).
     #[arg(long = "v", default_value_t = 0)]
     pub v: i64,
-    /// Comma-separated list of pattern=N settings for file-filtered logging (accepted, no effect).
+    /// Comma-separated list of pattern=N settings for file-filtered logging (entries naming proxy_server, upgradeaware or round_trippers raise -v).
     #[arg(long, default_value = "")]
     pub vmodule: String,
     /// Maximum number of seconds between log flushes (accepted, no effect).
@@ -110,7 +110,7 @@ pub struct ProxyArgs {
     /// Default cache directory (accepted, no effect: the proxy uses no discovery cache).
     #[arg(long, default_value = "")]
     pub cache_dir: String,
-    /// Require server version to match client version (accepted, no effect).
+    /// Require server version to match client version (edgetunnel emulates kubectl v1.32.4).
     #[arg(long, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = ArgAction::Set)]
     pub match_server_version: bool,
     /// Treat warnings received from the server as errors (accepted; the proxy relays warnings).

@@ -8,8 +8,8 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use super::gourl::RequestUrl;
-use super::http1::{self, Framing, Header, RequestHead, ResponseHead};
 use super::upstream_config::Upstream;
+use crate::protocol::http1::{self, Framing, Header, RequestHead, ResponseHead};
 
 /// Sent upstream when the client sent no User-Agent.
 pub const DEFAULT_USER_AGENT: &str = concat!("edgetunnel/", env!("CARGO_PKG_VERSION"));
@@ -312,6 +312,46 @@ pub fn body_allowed(status: u16) -> bool {
     !((100..200).contains(&status) || status == 204 || status == 304)
 }
 
+/// Whether Go's server, writing an upstream answer for kubectl's
+/// `ReverseProxy`, would add a sniffed `Content-Type` (net/http server.go,
+/// `chunkWriter.writeHeader`: only when the handler set no `Content-Type`
+/// at all (an empty one counts as set), no non-empty `Content-Encoding`,
+/// the status allows a body, and the first write carries bytes). The first
+/// write only precedes the header flush when the answer's length is known:
+/// for an answer of unknown length `ReverseProxy` flushes the header at once
+/// (flush interval -1), so chunked and gunzipped answers get no type (for
+/// answers delimited by close kubectl races and sometimes sniffs; we never
+/// do). HEAD answers have no body to sniff.
+pub fn sniff_wanted(method: &str, resp: &ResponseHead, framing: Framing) -> bool {
+    method != "HEAD"
+        && body_allowed(resp.status)
+        && matches!(framing, Framing::Length(n) if n > 0)
+        && !resp
+            .headers
+            .iter()
+            .any(|h| h.name.eq_ignore_ascii_case("content-type"))
+        && resp
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case("content-encoding"))
+            .is_none_or(|h| h.value.is_empty())
+}
+
+/// Adds the `Content-Type` Go's `http.DetectContentType` finds in the
+/// answer's first bytes (call when [`sniff_wanted`] and bytes are at hand).
+pub fn add_sniffed_type(resp: &mut ResponseHead, first: &[u8]) {
+    if first.is_empty() {
+        return;
+    }
+    let n = first.len().min(super::static_files::sniff::SNIFF_LEN);
+    resp.headers.push(Header {
+        name: "Content-Type".into(),
+        value: super::static_files::sniff::detect(&first[..n])
+            .as_bytes()
+            .to_vec(),
+    });
+}
+
 /// An interim (1xx) answer relayed to an HTTP/1.1 client as Go's server
 /// writes it for `ReverseProxy`'s `Got1xxResponse`: Go's status text,
 /// canonical header names sorted, no Content-Length or Transfer-Encoding.
@@ -466,7 +506,10 @@ mod tests {
     }
 
     fn head(raw: &[u8]) -> RequestHead {
-        http1::parse_request(raw).unwrap().unwrap().0
+        http1::parse_request(raw, http1::HeadLimit::GO_SERVER)
+            .unwrap()
+            .unwrap()
+            .0
     }
 
     #[test]
@@ -517,6 +560,50 @@ mod tests {
     }
 
     #[test]
+    fn sniffing_follows_go_server_rules() {
+        let resp = |status: u16, hs: &[(&str, &str)]| ResponseHead {
+            status,
+            reason: String::new(),
+            minor: 1,
+            headers: hs
+                .iter()
+                .map(|(n, v)| Header {
+                    name: n.to_string(),
+                    value: v.as_bytes().to_vec(),
+                })
+                .collect(),
+        };
+        let len = Framing::Length(5);
+        assert!(sniff_wanted("GET", &resp(200, &[]), len));
+        assert!(sniff_wanted(
+            "GET",
+            &resp(404, &[("Content-Encoding", "")]),
+            len
+        ));
+        assert!(!sniff_wanted("HEAD", &resp(200, &[]), len));
+        assert!(!sniff_wanted("GET", &resp(204, &[]), len));
+        assert!(!sniff_wanted("GET", &resp(200, &[]), Framing::Length(0)));
+        assert!(!sniff_wanted("GET", &resp(200, &[]), Framing::Chunked));
+        assert!(!sniff_wanted("GET", &resp(200, &[]), Framing::UntilClose));
+        assert!(!sniff_wanted(
+            "GET",
+            &resp(200, &[("content-type", "")]),
+            len
+        ));
+        assert!(!sniff_wanted(
+            "GET",
+            &resp(200, &[("Content-Encoding", "br")]),
+            len
+        ));
+        let mut r = resp(200, &[]);
+        add_sniffed_type(&mut r, b"<html><body>");
+        assert_eq!(
+            http1::get(&r.headers, "content-type"),
+            Some("text/html; charset=utf-8")
+        );
+    }
+
+    #[test]
     fn append_server_path_joins() {
         let u = RequestUrl::parse("/api?x=1").unwrap();
         assert_eq!(upstream_target(&u, &upstream(), true), "/base/api?x=1");
@@ -552,7 +639,12 @@ mod tests {
 
     #[test]
     fn relayed_heads_drop_conflicting_and_bodiless_lengths() {
-        let parse = |raw: &[u8]| http1::parse_response(raw).unwrap().unwrap().0;
+        let parse = |raw: &[u8]| {
+            http1::parse_response(raw, http1::HeadLimit::GO_SERVER)
+                .unwrap()
+                .unwrap()
+                .0
+        };
         let r =
             parse(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 99\r\n\r\n");
         let (out, _, _) = response_head(&r, Framing::Chunked, 1, true, false);
@@ -578,6 +670,7 @@ mod tests {
     fn response_framing_to_client() {
         let (r, _) = http1::parse_response(
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+            http1::HeadLimit::GO_SERVER,
         )
         .unwrap()
         .unwrap();

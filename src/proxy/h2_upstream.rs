@@ -6,8 +6,8 @@ use bytes::Bytes;
 use h2::client::SendRequest;
 use h2::SendStream;
 
-use super::http1::{self, Header, ResponseHead};
 use super::io::UpstreamIo;
+use crate::protocol::http1::{self, Header, ResponseHead};
 
 const STREAM_WINDOW: u32 = 4 << 20;
 const CONNECTION_WINDOW: u32 = 16 << 20;

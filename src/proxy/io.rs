@@ -68,10 +68,10 @@ delegate!(UpstreamIo, Plain, Tls);
 pub fn go_error_text(e: &io::Error) -> String {
     match e.raw_os_error() {
         Some(code) => {
-            // SAFETY: strerror returns a valid C string for any code.
-            let s = unsafe { std::ffi::CStr::from_ptr(libc::strerror(code)) }
-                .to_string_lossy()
-                .into_owned();
+            // std writes strerror's text followed by " (os error N)".
+            let full = e.to_string();
+            let suffix = format!(" (os error {code})");
+            let s = full.strip_suffix(&suffix).unwrap_or(&full).to_string();
             let mut c = s.chars();
             match c.next() {
                 Some(f) => f.to_lowercase().collect::<String>() + c.as_str(),
@@ -79,5 +79,21 @@ pub fn go_error_text(e: &io::Error) -> String {
             }
         }
         None => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::go_error_text;
+    use std::io;
+
+    #[test]
+    fn socket_errors_in_go_wording() {
+        let refused = io::Error::from_raw_os_error(libc::ECONNREFUSED);
+        assert_eq!(go_error_text(&refused), "connection refused");
+        let unreachable = io::Error::from_raw_os_error(libc::ENETUNREACH);
+        assert_eq!(go_error_text(&unreachable), "network is unreachable");
+        let other = io::Error::other("tls handshake");
+        assert_eq!(go_error_text(&other), "tls handshake");
     }
 }

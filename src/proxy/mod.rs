@@ -13,10 +13,11 @@ pub mod goargs;
 pub mod goregex;
 pub mod gourl;
 mod h2_upstream;
-pub mod http1;
 mod io;
+pub mod klog;
 mod kubeconfig_names;
 pub mod mux;
+pub mod server_version;
 pub mod static_files;
 pub mod upstream_config;
 
@@ -31,7 +32,7 @@ use monoio::io::IntoPollIo;
 use crate::engine::{listener, runtime};
 pub use flags::ProxyArgs;
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::BoxError;
 
 enum Bound {
     Tcp(Vec<std::net::TcpListener>),
@@ -83,6 +84,16 @@ fn shared_from(args: &ProxyArgs) -> Result<conn::Shared, BoxError> {
         .to_socket_addrs()
         .map_err(|e| format!("resolving {}: {e}", upstream.dial))?
         .collect();
+    if args.match_server_version {
+        let auth = match upstream.auth.dynamic() {
+            Some(d) => {
+                rt.block_on(d.ready())?;
+                upstream.auth.header()
+            }
+            None => upstream.auth.header(),
+        };
+        server_version::check(&upstream, &dial_addrs, auth)?;
+    }
     let www = (!args.www.is_empty()).then(|| PathBuf::from(&args.www));
     let mux = mux::Mux {
         api_prefix: flags::with_slash(&args.api_prefix),
@@ -99,6 +110,7 @@ fn shared_from(args: &ProxyArgs) -> Result<conn::Shared, BoxError> {
         keepalive: (!args.keepalive.is_zero()).then_some(args.keepalive),
         www,
         idle_per_core: args.upstream_idle_per_core,
+        log_round_trips: klog::verbosity(args.v, &args.vmodule) >= klog::ROUND_TRIPS,
         metrics: conn::ProxyMetrics::default(),
     })
 }

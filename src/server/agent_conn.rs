@@ -56,7 +56,7 @@ pub(super) async fn accept_loop(
     .await
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::BoxError;
 
 /// What an agent said about itself in its Connect request.
 struct AgentHello {

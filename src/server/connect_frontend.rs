@@ -335,7 +335,7 @@ enum HeadError {
 }
 
 /// Reads until a complete CONNECT head: (address, bytes after the head).
-async fn read_head<R: AsyncReadRent>(
+async fn read_head<R: AsyncReadRent + relay::Readable>(
     r: &mut ChunkReader<R>,
 ) -> Result<Option<(String, Bytes)>, HeadError> {
     let mut acc: Vec<u8> = Vec::new();

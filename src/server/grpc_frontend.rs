@@ -27,7 +27,7 @@ use crate::protocol::packet::{self, Frame};
 use crate::protocol::proxy_stream::{Abandoned, AgentEvent, ProxyStream, StreamAction};
 use crate::protocol::{PROXY_PATH, ROUTE_ATTEMPTS};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::BoxError;
 
 /// How long a TLS caller may take to finish its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);

@@ -14,17 +14,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use monoio::io::AsyncReadRent;
 
 use super::connect_frontend::{run_on_agent_core, socket_pair, Mode, Pending, NO_TUNNEL};
 use super::Shared;
+use crate::engine::head_reader::read_request_head;
 use crate::engine::relay::MovedSocket;
 use crate::engine::{abort, accept};
 use crate::metrics::DialResult;
+use crate::protocol::http1::{self, HeadLimit};
 use crate::protocol::http_connect;
 
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
-const MAX_HEAD: usize = 64 * 1024;
 
 pub(super) async fn accept_tcp(core: usize, shared: Arc<Shared>, l: monoio::net::TcpListener) {
     let local = l.local_addr().ok();
@@ -36,28 +36,7 @@ pub(super) async fn accept_tcp(core: usize, shared: Arc<Shared>, l: monoio::net:
 
 /// The destination before DNAT, when the connection was redirected.
 pub fn original_dst(fd: &impl AsRawFd) -> Option<SocketAddr> {
-    const SO_ORIGINAL_DST: libc::c_int = 80;
-    // SAFETY: getsockopt into a zeroed sockaddr_storage of the right size.
-    unsafe {
-        let mut ss: libc::sockaddr_storage = std::mem::zeroed();
-        let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        let p = &mut ss as *mut _ as *mut libc::c_void;
-        if libc::getsockopt(fd.as_raw_fd(), libc::SOL_IP, SO_ORIGINAL_DST, p, &mut len) == 0 {
-            let sin = &*(p as *const libc::sockaddr_in);
-            let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-            return Some(SocketAddr::new(IpAddr::V4(ip), u16::from_be(sin.sin_port)));
-        }
-        let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        if libc::getsockopt(fd.as_raw_fd(), libc::SOL_IPV6, SO_ORIGINAL_DST, p, &mut len) == 0 {
-            let sin6 = &*(p as *const libc::sockaddr_in6);
-            let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-            return Some(SocketAddr::new(
-                IpAddr::V6(ip),
-                u16::from_be(sin6.sin6_port),
-            ));
-        }
-    }
-    None
+    crate::engine::sys::original_dst(fd)
 }
 
 /// Where to route and what to dial for node `host` and `port`:
@@ -174,33 +153,14 @@ async fn front(
 /// Reads a plain HTTP request head and returns the Host's node and port
 /// (port 10250 when absent), with every byte read so far.
 async fn read_host(sock: &mut monoio::net::TcpStream) -> Result<(String, u16, Bytes), String> {
-    let mut acc: Vec<u8> = Vec::with_capacity(4096);
-    loop {
-        let buf = Vec::with_capacity(8192);
-        let (res, buf) = sock.read(buf).await;
-        let n = res.map_err(|e| e.to_string())?;
-        if n == 0 {
-            return Err("connection closed before a request head".into());
-        }
-        acc.extend_from_slice(&buf[..n]);
-        let mut headers = [httparse::EMPTY_HEADER; 64];
-        let mut req = httparse::Request::new(&mut headers);
-        match req.parse(&acc) {
-            Ok(httparse::Status::Complete(_)) => {
-                let host = req
-                    .headers
-                    .iter()
-                    .find(|h| h.name.eq_ignore_ascii_case("host"))
-                    .map(|h| String::from_utf8_lossy(h.value).trim().to_string())
-                    .ok_or("request without a Host header")?;
-                let (h, p) = split_host_port(&host).ok_or_else(|| format!("bad Host {host:?}"))?;
-                return Ok((h, p, Bytes::from(acc)));
-            }
-            Ok(httparse::Status::Partial) if acc.len() < MAX_HEAD => {}
-            Ok(httparse::Status::Partial) => return Err("request head too large".into()),
-            Err(e) => return Err(format!("malformed request: {e}")),
-        }
-    }
+    let got = read_request_head(sock, HeadLimit::KUBELET)
+        .await
+        .map_err(|e| e.to_string())?;
+    let host = http1::get(&got.head.headers, "host")
+        .map(|h| h.trim().to_string())
+        .ok_or("request without a Host header")?;
+    let (h, p) = split_host_port(&host).ok_or_else(|| format!("bad Host {host:?}"))?;
+    Ok((h, p, got.bytes))
 }
 
 /// `host`, `host:port`, `[v6]`, `[v6]:port` (default port 10250).
@@ -388,7 +348,7 @@ async fn relay_traced<A, B>(
     A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    use super::http_trace::{Event, Tracker};
+    use crate::protocol::http1::trace::{Event, Tracker};
     use std::cell::RefCell;
     use std::collections::VecDeque;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

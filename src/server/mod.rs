@@ -11,7 +11,6 @@
 mod agent_conn;
 mod connect_frontend;
 mod grpc_frontend;
-pub mod http_trace;
 mod intercept_frontend;
 mod session;
 

@@ -51,6 +51,7 @@ pub fn node(name: &str, ip: &str, ready: bool, edge: bool) -> Value {
 }
 
 /// Binds a loopback listener inside network namespace `netns` (or here).
+#[allow(unsafe_code)]
 fn bind(netns: Option<&str>) -> TcpListener {
     let Some(ns) = netns else {
         return TcpListener::bind("127.0.0.1:0").unwrap();

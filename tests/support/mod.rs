@@ -24,6 +24,7 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_edgetunnel");
 pub const WAIT: Duration = Duration::from_secs(20);
 
 /// Raises the open-file limit (inherited by the processes we start).
+#[allow(unsafe_code)]
 pub fn raise_nofile() {
     // SAFETY: plain rlimit calls on a local struct.
     unsafe {
@@ -180,6 +181,7 @@ impl Proc {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    #[allow(unsafe_code)]
     pub fn signal(&self, sig: i32) {
         // SAFETY: sending a signal to our own child.
         unsafe { libc::kill(self.child.id() as i32, sig) };

@@ -25,7 +25,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::forward::{error_response, reason};
 use super::gourl::{clean, escape_path, html_escape};
-use super::http1::{self, Header};
+use crate::protocol::http1::{self, Header};
 use httpdate::Instant;
 use ranges::{ByteRange, Piece, RangeError};
 

@@ -5,9 +5,10 @@
 //! streamed ones included. After an upgrade (101), a head it cannot parse,
 //! or an oversized head, it stops looking and the stream is just relayed.
 
-use crate::proxy::http1::{self, ChunkedDecoder, Framing};
+use super::{self as http1, ChunkedDecoder, Framing, HeadLimit};
 
-const MAX_HEAD: usize = 64 * 1024;
+/// Heads longer than this end the following (the bytes still pass).
+const LIMIT: HeadLimit = HeadLimit::KUBELET;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
@@ -87,7 +88,7 @@ impl Tracker {
                     let before = buf.len();
                     buf.extend_from_slice(data);
                     let (framing, used, event) = if self.requests {
-                        match http1::parse_request(buf) {
+                        match http1::parse_request(buf, LIMIT) {
                             Ok(Some((h, n))) => {
                                 let f = http1::request_framing(&h).unwrap_or(Framing::UntilClose);
                                 let path = h.target.split('?').next().unwrap_or("").to_string();
@@ -100,14 +101,14 @@ impl Tracker {
                                     },
                                 )
                             }
-                            Ok(None) if buf.len() < MAX_HEAD => return events,
+                            Ok(None) if buf.len() < LIMIT.bytes => return events,
                             _ => {
                                 self.state = State::Raw;
                                 return events;
                             }
                         }
                     } else {
-                        match http1::parse_response(buf) {
+                        match http1::parse_response(buf, LIMIT) {
                             Ok(Some((h, n))) => {
                                 if (100..200).contains(&h.status) && h.status != 101 {
                                     // An interim answer: the real one follows.
@@ -127,7 +128,7 @@ impl Tracker {
                                 };
                                 (f, n, Event::Response { status: h.status })
                             }
-                            Ok(None) if buf.len() < MAX_HEAD => return events,
+                            Ok(None) if buf.len() < LIMIT.bytes => return events,
                             _ => {
                                 self.state = State::Raw;
                                 return events;

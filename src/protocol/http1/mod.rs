@@ -1,18 +1,48 @@
-//! Sans-I/O HTTP/1.x for the proxy: request and response heads, message
-//! body framing, and a chunked-encoding tracker that finds where a chunked
-//! body ends (and, when asked, which bytes are payload) without copying.
-//! Every limit is explicit so that memory stays bounded on hostile input.
+//! Sans-I/O HTTP/1.x: request and response heads read within a limit each
+//! caller chooses, message body framing, header helpers, the chunked
+//! transfer coding ([`chunked`]) and a follower of exchanges in a relayed
+//! byte stream ([`trace`]). Used by `proxy` (kubectl proxy), the server's
+//! interception listeners and the admin listener. Every limit is explicit
+//! so that memory stays bounded on hostile input.
 
-use std::ops::Range;
+pub mod chunked;
+pub mod trace;
 
-/// Largest request or response head, as Go's `DefaultMaxHeaderBytes`
-/// (1 MiB) plus its 4 KiB slack.
-pub const MAX_HEAD: usize = (1 << 20) + 4096;
-/// Most header lines accepted in one head.
-pub const MAX_HEADERS: usize = 512;
-/// Longest chunk-size line (with extensions) and all trailers together.
-const MAX_CHUNK_LINE: usize = 4096;
-const MAX_TRAILERS: usize = 64 * 1024;
+pub use chunked::{ChunkError, ChunkProgress, ChunkedDecoder};
+
+/// How large a head may grow before it is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadLimit {
+    /// Bytes of the head, request or status line included.
+    pub bytes: usize,
+    /// Header lines.
+    pub headers: usize,
+}
+
+impl HeadLimit {
+    /// Go's `http.Server`: `DefaultMaxHeaderBytes` (1 MiB) plus its 4 KiB
+    /// slack (what kubectl proxy accepts); also used for upstream answers.
+    pub const GO_SERVER: HeadLimit = HeadLimit {
+        bytes: (1 << 20) + 4096,
+        headers: 512,
+    };
+    /// Kubelet requests caught by the interception listeners, and the heads
+    /// the tracing follower looks for in relayed streams.
+    pub const KUBELET: HeadLimit = HeadLimit {
+        bytes: 64 * 1024,
+        headers: 128,
+    };
+    /// The HTTP CONNECT frontend (kube-apiserver's egress dials).
+    pub const CONNECT: HeadLimit = HeadLimit {
+        bytes: 16 * 1024,
+        headers: 64,
+    };
+    /// The admin listener's /metrics and health probes.
+    pub const ADMIN: HeadLimit = HeadLimit {
+        bytes: 8 * 1024,
+        headers: 32,
+    };
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HeadError {
@@ -62,14 +92,21 @@ fn map_err(e: httparse::Error) -> HeadError {
     }
 }
 
+/// Header slots tried on the stack before a heap array of the limit's size.
+const STACK_HEADERS: usize = 48;
+
 /// Parses a request head from the start of `buf`: `Ok(None)` while it is
 /// incomplete, else the head and its length.
-pub fn parse_request(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, HeadError> {
+pub fn parse_request(
+    buf: &[u8],
+    limit: HeadLimit,
+) -> Result<Option<(RequestHead, usize)>, HeadError> {
     // Most heads fit a small array on the stack; retry big only when not.
-    let mut small = [httparse::EMPTY_HEADER; 48];
-    match parse_request_with(buf, &mut small) {
-        Err(HeadError::TooLarge) if buf.len() < MAX_HEAD => {
-            parse_request_with(buf, &mut vec![httparse::EMPTY_HEADER; MAX_HEADERS])
+    let mut small = [httparse::EMPTY_HEADER; STACK_HEADERS];
+    let slots = STACK_HEADERS.min(limit.headers);
+    match parse_request_with(buf, &mut small[..slots], limit) {
+        Err(HeadError::TooLarge) if buf.len() < limit.bytes && limit.headers > slots => {
+            parse_request_with(buf, &mut vec![httparse::EMPTY_HEADER; limit.headers], limit)
         }
         other => other,
     }
@@ -78,18 +115,19 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, HeadErr
 fn parse_request_with<'b>(
     buf: &'b [u8],
     headers: &mut [httparse::Header<'b>],
+    limit: HeadLimit,
 ) -> Result<Option<(RequestHead, usize)>, HeadError> {
     let mut req = httparse::Request::new(headers);
     match req.parse(buf).map_err(map_err)? {
         httparse::Status::Partial => {
-            if buf.len() >= MAX_HEAD {
+            if buf.len() >= limit.bytes {
                 Err(HeadError::TooLarge)
             } else {
                 Ok(None)
             }
         }
         httparse::Status::Complete(n) => {
-            if n > MAX_HEAD {
+            if n > limit.bytes {
                 return Err(HeadError::TooLarge);
             }
             Ok(Some((
@@ -106,11 +144,15 @@ fn parse_request_with<'b>(
 }
 
 /// Parses a response head, as [`parse_request`].
-pub fn parse_response(buf: &[u8]) -> Result<Option<(ResponseHead, usize)>, HeadError> {
-    let mut small = [httparse::EMPTY_HEADER; 48];
-    match parse_response_with(buf, &mut small) {
-        Err(HeadError::TooLarge) if buf.len() < MAX_HEAD => {
-            parse_response_with(buf, &mut vec![httparse::EMPTY_HEADER; MAX_HEADERS])
+pub fn parse_response(
+    buf: &[u8],
+    limit: HeadLimit,
+) -> Result<Option<(ResponseHead, usize)>, HeadError> {
+    let mut small = [httparse::EMPTY_HEADER; STACK_HEADERS];
+    let slots = STACK_HEADERS.min(limit.headers);
+    match parse_response_with(buf, &mut small[..slots], limit) {
+        Err(HeadError::TooLarge) if buf.len() < limit.bytes && limit.headers > slots => {
+            parse_response_with(buf, &mut vec![httparse::EMPTY_HEADER; limit.headers], limit)
         }
         other => other,
     }
@@ -119,16 +161,18 @@ pub fn parse_response(buf: &[u8]) -> Result<Option<(ResponseHead, usize)>, HeadE
 fn parse_response_with<'b>(
     buf: &'b [u8],
     headers: &mut [httparse::Header<'b>],
+    limit: HeadLimit,
 ) -> Result<Option<(ResponseHead, usize)>, HeadError> {
     let mut res = httparse::Response::new(headers);
     match res.parse(buf).map_err(map_err)? {
         httparse::Status::Partial => {
-            if buf.len() >= MAX_HEAD {
+            if buf.len() >= limit.bytes {
                 Err(HeadError::TooLarge)
             } else {
                 Ok(None)
             }
         }
+        httparse::Status::Complete(n) if n > limit.bytes => Err(HeadError::TooLarge),
         httparse::Status::Complete(n) => Ok(Some((
             ResponseHead {
                 status: res.code.unwrap_or(0),
@@ -245,173 +289,6 @@ pub fn response_framing(method: &str, head: &ResponseHead) -> Result<Framing, He
     })
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ChunkState {
-    Size { digits: u8, ext: bool, line: usize },
-    SizeLf,
-    Data,
-    DataCr,
-    DataLf,
-    TrailerStart,
-    TrailerLine,
-    TrailerLf { empty: bool },
-    Done,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("malformed chunked encoding: {0}")]
-pub struct ChunkError(&'static str);
-
-/// What one call to [`ChunkedDecoder::advance`] found.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct ChunkProgress {
-    /// Bytes of the input that belong to this body.
-    pub consumed: usize,
-    /// Payload byte ranges within the consumed input.
-    pub data: Vec<Range<usize>>,
-    /// The body ended at `consumed`.
-    pub done: bool,
-}
-
-/// Tracks a chunked body byte by byte (payload in bulk).
-#[derive(Debug, Clone)]
-pub struct ChunkedDecoder {
-    state: ChunkState,
-    size: u64,
-    trailers: usize,
-}
-
-impl Default for ChunkedDecoder {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl ChunkedDecoder {
-    pub fn new() -> Self {
-        ChunkedDecoder {
-            state: ChunkState::Size {
-                digits: 0,
-                ext: false,
-                line: 0,
-            },
-            size: 0,
-            trailers: 0,
-        }
-    }
-
-    pub fn is_done(&self) -> bool {
-        self.state == ChunkState::Done
-    }
-
-    fn start_size() -> ChunkState {
-        ChunkState::Size {
-            digits: 0,
-            ext: false,
-            line: 0,
-        }
-    }
-
-    /// Feeds `input`; stops at the end of the body.
-    pub fn advance(&mut self, input: &[u8]) -> Result<ChunkProgress, ChunkError> {
-        use ChunkState::*;
-        let mut p = ChunkProgress::default();
-        let mut i = 0;
-        while i < input.len() && self.state != Done {
-            if self.state == Data {
-                let take = (self.size.min((input.len() - i) as u64)) as usize;
-                p.data.push(i..i + take);
-                i += take;
-                self.size -= take as u64;
-                if self.size == 0 {
-                    self.state = DataCr;
-                }
-                continue;
-            }
-            let c = input[i];
-            i += 1;
-            self.state = match self.state {
-                Size { digits, ext, line } => {
-                    if line >= MAX_CHUNK_LINE {
-                        return Err(ChunkError("chunk size line too long"));
-                    }
-                    match c {
-                        b'\r' | b'\n' if digits == 0 => return Err(ChunkError("empty chunk size")),
-                        b'\r' => SizeLf,
-                        b'\n' => self.size_done(),
-                        _ if ext => Size {
-                            digits,
-                            ext,
-                            line: line + 1,
-                        },
-                        b';' | b' ' | b'\t' => Size {
-                            digits,
-                            ext: true,
-                            line: line + 1,
-                        },
-                        c if c.is_ascii_hexdigit() => {
-                            if digits >= 16 {
-                                return Err(ChunkError("chunk size too large"));
-                            }
-                            let d = (c as char).to_digit(16).unwrap_or(0) as u64;
-                            self.size = self.size << 4 | d;
-                            Size {
-                                digits: digits + 1,
-                                ext,
-                                line: line + 1,
-                            }
-                        }
-                        _ => return Err(ChunkError("invalid chunk size")),
-                    }
-                }
-                SizeLf => match c {
-                    b'\n' => self.size_done(),
-                    _ => return Err(ChunkError("expected LF after chunk size")),
-                },
-                DataCr => match c {
-                    b'\r' => DataLf,
-                    b'\n' => Self::start_size(),
-                    _ => return Err(ChunkError("missing CRLF after chunk data")),
-                },
-                DataLf => match c {
-                    b'\n' => Self::start_size(),
-                    _ => return Err(ChunkError("missing LF after chunk data")),
-                },
-                TrailerStart | TrailerLine => {
-                    self.trailers += 1;
-                    if self.trailers > MAX_TRAILERS {
-                        return Err(ChunkError("trailers too large"));
-                    }
-                    let empty = self.state == TrailerStart;
-                    match c {
-                        b'\r' => TrailerLf { empty },
-                        b'\n' if empty => Done,
-                        b'\n' => TrailerStart,
-                        _ => TrailerLine,
-                    }
-                }
-                TrailerLf { empty } => match c {
-                    b'\n' if empty => Done,
-                    b'\n' => TrailerStart,
-                    _ => return Err(ChunkError("expected LF in trailer")),
-                },
-                Data | Done => unreachable!("handled above"),
-            };
-        }
-        p.consumed = i;
-        p.done = self.state == Done;
-        Ok(p)
-    }
-
-    fn size_done(&mut self) -> ChunkState {
-        if self.size == 0 {
-            ChunkState::TrailerStart
-        } else {
-            ChunkState::Data
-        }
-    }
-}
-
 /// Hop-by-hop headers a proxy never forwards (Go's `hopHeaders`).
 pub const HOP_HEADERS: [&str; 9] = [
     "connection",
@@ -473,75 +350,89 @@ mod tests {
     #[test]
     fn request_heads_and_framing() {
         let raw = b"POST /a?b HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc";
-        let (h, n) = parse_request(raw).unwrap().unwrap();
+        let (h, n) = parse_request(raw, HeadLimit::GO_SERVER).unwrap().unwrap();
         assert_eq!(
             (h.method.as_str(), h.target.as_str(), h.minor),
             ("POST", "/a?b", 1)
         );
         assert_eq!(&raw[n..], b"abc");
         assert_eq!(request_framing(&h).unwrap(), Framing::Length(3));
-        assert!(parse_request(b"GET / HTTP/1.1\r\nHost").unwrap().is_none());
         assert!(
-            parse_request(b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n")
-                .map(|r| request_framing(&r.unwrap().0))
+            parse_request(b"GET / HTTP/1.1\r\nHost", HeadLimit::GO_SERVER)
                 .unwrap()
-                .is_err()
+                .is_none()
         );
+        assert!(parse_request(
+            b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n",
+            HeadLimit::GO_SERVER
+        )
+        .map(|r| request_framing(&r.unwrap().0))
+        .unwrap()
+        .is_err());
         assert!(matches!(
-            parse_request(b"\x00\x01 / HTTP/1.1\r\n\r\n"),
+            parse_request(b"\x00\x01 / HTTP/1.1\r\n\r\n", HeadLimit::GO_SERVER),
             Err(HeadError::Malformed(_))
         ));
-        let big = vec![b'a'; MAX_HEAD + 10];
+        let big = vec![b'a'; HeadLimit::GO_SERVER.bytes + 10];
         let mut req = b"GET /".to_vec();
         req.extend_from_slice(&big);
-        assert_eq!(parse_request(&req), Err(HeadError::TooLarge));
+        assert_eq!(
+            parse_request(&req, HeadLimit::GO_SERVER),
+            Err(HeadError::TooLarge)
+        );
+    }
+
+    #[test]
+    fn each_caller_has_its_limit() {
+        let mut req = b"GET / HTTP/1.1\r\n".to_vec();
+        for i in 0..40 {
+            req.extend_from_slice(format!("X-{i}: v\r\n").as_bytes());
+        }
+        req.extend_from_slice(b"\r\n");
+        assert_eq!(
+            parse_request(&req, HeadLimit::ADMIN),
+            Err(HeadError::TooLarge)
+        );
+        let (h, n) = parse_request(&req, HeadLimit::KUBELET).unwrap().unwrap();
+        assert_eq!((h.headers.len(), n), (40, req.len()));
+        // Partial heads stop at the byte limit, not later.
+        let partial = vec![b'a'; HeadLimit::ADMIN.bytes];
+        assert_eq!(
+            parse_request(&partial, HeadLimit::ADMIN),
+            Err(HeadError::TooLarge)
+        );
+        assert_eq!(parse_request(&partial[..100], HeadLimit::ADMIN), Ok(None));
+        let mut resp = b"HTTP/1.1 200 OK\r\nX: ".to_vec();
+        resp.extend(std::iter::repeat_n(b'v', HeadLimit::ADMIN.bytes));
+        resp.extend_from_slice(b"\r\n\r\n");
+        assert_eq!(
+            parse_response(&resp, HeadLimit::ADMIN),
+            Err(HeadError::TooLarge)
+        );
+        assert!(parse_response(&resp, HeadLimit::KUBELET).unwrap().is_some());
     }
 
     #[test]
     fn response_framing_rules() {
-        let (h, _) = parse_response(b"HTTP/1.1 200 OK\r\n\r\n").unwrap().unwrap();
+        let (h, _) = parse_response(b"HTTP/1.1 200 OK\r\n\r\n", HeadLimit::GO_SERVER)
+            .unwrap()
+            .unwrap();
         assert_eq!(response_framing("GET", &h).unwrap(), Framing::UntilClose);
         assert_eq!(response_framing("HEAD", &h).unwrap(), Framing::None);
-        let (h, _) = parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-            .unwrap()
-            .unwrap();
+        let (h, _) = parse_response(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            HeadLimit::GO_SERVER,
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(response_framing("GET", &h).unwrap(), Framing::Chunked);
-        let (h, _) = parse_response(b"HTTP/1.1 304 x\r\nContent-Length: 5\r\n\r\n")
-            .unwrap()
-            .unwrap();
+        let (h, _) = parse_response(
+            b"HTTP/1.1 304 x\r\nContent-Length: 5\r\n\r\n",
+            HeadLimit::GO_SERVER,
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(response_framing("GET", &h).unwrap(), Framing::None);
-    }
-
-    fn decode_all(input: &[u8], step: usize) -> Result<(Vec<u8>, usize), ChunkError> {
-        let mut d = ChunkedDecoder::new();
-        let mut out = Vec::new();
-        let mut pos = 0;
-        while pos < input.len() && !d.is_done() {
-            let end = (pos + step).min(input.len());
-            let p = d.advance(&input[pos..end])?;
-            for r in p.data {
-                out.extend_from_slice(&input[pos + r.start..pos + r.end]);
-            }
-            pos += p.consumed;
-            if p.consumed == 0 {
-                break;
-            }
-        }
-        assert!(d.is_done(), "not done");
-        Ok((out, pos))
-    }
-
-    #[test]
-    fn chunked_in_any_split() {
-        let body = b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-T: 1\r\n\r\nNEXT";
-        for step in 1..body.len() {
-            let (data, end) = decode_all(body, step).unwrap();
-            assert_eq!(data, b"hello world");
-            assert_eq!(&body[end..], b"NEXT");
-        }
-        assert!(decode_all(b"zz\r\n", 3).is_err());
-        assert!(decode_all(b"1\r\nab\r\n", 8).is_err());
-        assert!(decode_all(b"11111111111111111\r\n", 30).is_err());
     }
 
     #[test]
