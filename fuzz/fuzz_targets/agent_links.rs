@@ -29,7 +29,7 @@ fuzz_target!(|data: &[u8]| {
     let rest = parts.next().unwrap_or(&[]);
 
     if let Some((n, i)) = parse_answer(workers.as_deref(), worker.as_deref()) {
-        assert!(n >= 1 && n <= 4096 && i < n);
+        assert!((1..=4096).contains(&n) && i < n);
         assert!(secondaries_wanted(n, 64) < n);
     }
 

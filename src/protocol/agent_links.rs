@@ -127,7 +127,7 @@ pub fn admit(
 pub fn parse_answer(workers: Option<&str>, worker: Option<&str>) -> Option<(usize, usize)> {
     let n: usize = workers?.trim().parse().ok()?;
     let i: usize = worker?.trim().parse().ok()?;
-    (n >= 1 && n <= 4096 && i < n).then_some((n, i))
+    ((1..=4096).contains(&n) && i < n).then_some((n, i))
 }
 
 /// How many secondary links to keep to a server with `workers` workers,

@@ -451,7 +451,7 @@ mod tests {
         }
         assert_eq!(seen, [10, 11, 30].into_iter().collect());
         assert_eq!(r.remove_link(2), Some((11, false)));
-        assert_eq!(r.pick_near("edge:1", &s, Some(1)).is_some(), true);
+        assert!(r.pick_near("edge:1", &s, Some(1)).is_some());
         assert_eq!(r.remove_link(1), Some((10, true)));
         assert_eq!((r.len(), r.links()), (1, 1));
     }
