@@ -96,12 +96,27 @@ fn agent_links_every_worker_and_tunnels_use_both() {
         1.0,
     );
     // Every CONNECT socket lands on a worker by the kernel's hash, and its
-    // dial goes to the agent's link on that worker.
+    // dial goes to the agent's link on that worker. The hash is the
+    // kernel's: in about 1 run of 8 a batch of 24 all landed on one worker
+    // (every dial then picked that worker's link, as it should), so a few
+    // batches are allowed before calling it one-sided.
     let echo = echo_server("127.0.0.1");
-    tunnels(&server, echo.addr, 24);
+    let mut sent = 0.0;
+    for _ in 0..4 {
+        tunnels(&server, echo.addr, 24);
+        sent += 24.0;
+        if dials(&server, 0) > 0.0 && dials(&server, 1) > 0.0 {
+            break;
+        }
+    }
     let (d0, d1) = (dials(&server, 0), dials(&server, 1));
-    assert_eq!(d0 + d1, 24.0, "{}", server.metrics());
-    assert!(d0 > 0.0 && d1 > 0.0, "dials on one worker only: {d0} {d1}");
+    assert_eq!(d0 + d1, sent, "{}", server.metrics());
+    assert!(
+        d0 > 0.0 && d1 > 0.0,
+        "dials on one worker only: {d0} {d1}\n{}\n{}",
+        server.proc.log_text(),
+        agent.proc.log_text()
+    );
     // The agent ran its links on two threads of its own.
     let log = agent.proc.log_text();
     assert!(log.contains("secondary link up"), "{log}");
