@@ -320,3 +320,9 @@ write("bench_proc_stat", "haproxy",
       "4242 (haproxy) S 1 4242 4242 0 -1 4194560 2090 0 0 0 1234 56 7 8 20 0 3 0 "
       "123456 98304000 2048 18446744073709551615 1 1 0 0 0 0 0 4096 1 0 0 0 17 1 0 0 0 0 0\n")
 write("bench_proc_stat", "parens", "7 (a) b (c)) R 1 7 7 0 -1 0 0 0 0 0 10 20 30 40 20 0 1 0 5 0 0")
+
+# agent_links: instance\nlink-of\nworkers\nworker\n then one worker byte per link attempt
+write("agent_links", "two-workers", b"00c0ffee12345678\ns1\n2\n1\n\x00\x01\x00\x01\x01")
+write("agent_links", "eight", b"abc-_XYZ\ns1\n8\n7\n\x00\x01\x02\x03\x04\x05\x06\x07\x03")
+write("agent_links", "go-peer-secondary", b"\ns1\n")
+write("agent_links", "bad", b"a b\ns2\n0\n9\n\x00")

@@ -509,6 +509,16 @@ pub struct AgentArgs {
     /// Admin listener: /metrics (and the health paths); off by default.
     #[arg(long)]
     pub admin_bind: Option<SocketAddr>,
+    /// Worker cores (monoio runtimes) for the links to edgetunnel servers;
+    /// default: all cores. Links are spread over them.
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Most connections ("links") kept to one edgetunnel server, which
+    /// asks for one per server worker so that tunnels spread over its
+    /// cores; 1: one connection per server, as ANP's agent. ANP's Go
+    /// server never asks.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub max_links_per_server: u64,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -926,6 +936,11 @@ impl AgentArgs {
             window: !self.no_flow_control,
             health_bind: self.health_bind,
             admin_bind: self.admin_bind,
+            workers: self
+                .workers
+                .unwrap_or_else(crate::engine::runtime::default_workers)
+                .max(1),
+            max_links: self.max_links_per_server as usize,
         })
     }
 }

@@ -340,6 +340,30 @@ pub struct Metrics {
     anp_established: Gauge,
     dial_failures: [UntypedCounter; 7],
     streams: Streams,
+    /// Per server worker: agent links held, dials sent, payload bytes.
+    worker_links: Family<Label1, Gauge>,
+    worker_dials: Family<Label1, Counter>,
+    worker_bytes: Family<Label2, Counter>,
+}
+
+/// The per-worker metrics of one agent link, looked up once per link.
+#[derive(Debug, Clone)]
+pub struct WorkerMetrics {
+    pub links: Gauge,
+    pub dials: Counter,
+    pub bytes_to_agent: Counter,
+    pub bytes_from_agent: Counter,
+}
+
+/// `"0"`, `"1"`, ... as label values that live for the process.
+fn worker_label(i: usize) -> &'static str {
+    static LABELS: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    let labels = LABELS.get_or_init(|| {
+        (0..256)
+            .map(|i| &*Box::leak(i.to_string().into_boxed_str()))
+            .collect()
+    });
+    labels[i.min(labels.len() - 1)]
 }
 
 impl Default for Metrics {
@@ -489,9 +513,30 @@ impl Metrics {
                 Segment::ToAgent,
             ],
         );
+        let worker_links = Family::<Label1, Gauge>::default();
+        x.add(
+            "edgetunnel_worker_agent_links",
+            "Agent connections (links) held by each server worker.",
+            worker_links.clone(),
+        );
+        let worker_dials = Family::<Label1, Counter>::default();
+        x.add(
+            "edgetunnel_worker_dials",
+            "Dials sent to agents by each server worker.",
+            worker_dials.clone(),
+        );
+        let worker_bytes = Family::<Label2, Counter>::default();
+        x.add(
+            "edgetunnel_worker_bytes",
+            "Payload bytes relayed through agent links by each server worker.",
+            worker_bytes.clone(),
+        );
         let mut registry = Registry::default();
         registry.register_collector(Box::new(x));
         Metrics {
+            worker_links,
+            worker_dials,
+            worker_bytes,
             registry,
             agents_connected,
             open_connections,
@@ -562,6 +607,26 @@ impl Metrics {
         self.agents_connected.dec();
         self.grpc_connect.dec();
         self.set_backends(registered);
+    }
+
+    /// A link joined or left an agent that stays registered.
+    pub fn links_changed(&self, registered: usize) {
+        self.set_backends(registered);
+    }
+
+    /// The per-worker handles for a link on worker `core`.
+    pub fn worker(&self, core: usize) -> WorkerMetrics {
+        let w = worker_label(core);
+        WorkerMetrics {
+            links: self.worker_links.get_or_create_owned(&[("worker", w)]),
+            dials: self.worker_dials.get_or_create_owned(&[("worker", w)]),
+            bytes_to_agent: self
+                .worker_bytes
+                .get_or_create_owned(&[("worker", w), ("direction", "to_agent")]),
+            bytes_from_agent: self
+                .worker_bytes
+                .get_or_create_owned(&[("worker", w), ("direction", "from_agent")]),
+        }
     }
 
     fn set_backends(&self, n: usize) {

@@ -56,7 +56,17 @@ fn fake_agent(env: &Env, server: &Server, id: &str, ids: &str, extra: &[String])
 #[test]
 fn grpcio_agent_serves_connect_and_grpc_frontends() {
     let env = Env::new();
-    let server = Server::start(&env, &["--server-id", "srv-1", "--server-count", "1"]);
+    let server = Server::start(
+        &env,
+        &[
+            "--server-id",
+            "srv-1",
+            "--server-count",
+            "1",
+            "--workers",
+            "2",
+        ],
+    );
     let agent = fake_agent(
         &env,
         &server,
@@ -71,6 +81,14 @@ fn grpcio_agent_serves_connect_and_grpc_frontends() {
     );
     agent.wait_line("READY");
     server.wait_metric("edgetunnel_agents_connected", 1.0);
+    // A Go-like agent sends no link token: one connection, one link.
+    let links: f64 = server
+        .metrics()
+        .lines()
+        .filter_map(|l| l.strip_prefix("edgetunnel_worker_agent_links{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(links, 1.0);
 
     // HTTP CONNECT (TCP and unix) through the Python agent.
     let echo = echo_server("127.0.0.1");
@@ -262,7 +280,13 @@ fn our_agent_against_grpcio_server() {
     let line = server.wait_line("LISTENING");
     let port = line.rsplit('=').next().unwrap().trim().to_string();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let agent = Agent::start(&env, addr, "rust-agent", "host=edge-1&ipv4=10.0.0.5", &[]);
+    let agent = Agent::start(
+        &env,
+        addr,
+        "rust-agent",
+        "host=edge-1&ipv4=10.0.0.5",
+        &["--workers", "2"],
+    );
     let seen = server.wait_line("AGENT");
     assert!(seen.contains("id=rust-agent"), "{seen}");
     assert!(
@@ -270,6 +294,10 @@ fn our_agent_against_grpcio_server() {
         "{seen}"
     );
     expect_ok(&mut server);
+    // A Go-like server announces no workers: no secondary links.
+    let log = agent.proc.log_text();
+    assert!(log.contains("link=None"), "{log}");
+    assert!(!log.contains("secondary link up"), "{log}");
     drop(agent);
 }
 

@@ -257,6 +257,7 @@ impl Harness {
         StartOptions {
             edgetunnel_bin: PathBuf::from(env!("CARGO_BIN_EXE_edgetunnel")),
             workers,
+            one_link: false,
             max_conns,
         }
     }
@@ -664,10 +665,13 @@ impl Harness {
         targets: &[std::net::SocketAddr],
         plan: &Plan,
     ) {
-        println!("== core scaling: edgetunnel --workers 1 vs 2 (CONNECT frontend)");
+        println!("== core scaling: edgetunnel --workers 1 vs 2, and 2 with one agent link (CONNECT frontend)");
         let mut running = Vec::new();
-        for w in [1usize, 2] {
-            let opts = self.opts(Some(w), 1024);
+        for (w, one_link) in [(1usize, false), (2, true), (2, false)] {
+            let opts = StartOptions {
+                one_link,
+                ..self.opts(Some(w), 1024)
+            };
             match systems::start(SystemKind::EdgetunnelConnect, targets, &opts) {
                 Ok(r) => running.push(r),
                 Err(e) => self.fail(&format!("starting edgetunnel --workers {w}"), e),

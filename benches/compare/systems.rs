@@ -50,8 +50,12 @@ const LOG_TAIL: u64 = 2000;
 pub struct StartOptions {
     /// Path of the edgetunnel binary (main passes env!("CARGO_BIN_EXE_edgetunnel")).
     pub edgetunnel_bin: PathBuf,
-    /// edgetunnel `--workers`; None = its default (core count).
+    /// edgetunnel `--workers` (server and agent); None = its default
+    /// (core count).
     pub workers: Option<usize>,
+    /// edgetunnel agent `--max-links-per-server 1`: one connection, as
+    /// before agent links (for A/B in the scaling rows).
+    pub one_link: bool,
     /// Most connections the scenario will hold open at once (configure haproxy maxconn, rathole, sshd etc. so they do not refuse below this). Up to 100_000.
     pub max_conns: usize,
 }
@@ -343,6 +347,7 @@ pub fn start(
         });
     }
     let label = match (kind.is_edgetunnel(), opts.workers) {
+        (true, Some(n)) if opts.one_link => format!("{} --workers {n} one link", kind.name()),
         (true, Some(n)) => format!("{} --workers {n}", kind.name()),
         _ => kind.name().to_string(),
     };
@@ -675,9 +680,21 @@ fn start_edgetunnel(
         "--log",
         "warn",
     ]);
+    if let Some(n) = opts.workers {
+        cmd.args(["--workers", &n.to_string()]);
+    }
+    if opts.one_link {
+        cmd.args(["--max-links-per-server", "1"]);
+    }
     let out = run.spawn("edgetunnel-agent", &mut cmd, true)?;
     let lines = drain_lines(out, "edgetunnel-agent")?;
     run.wait_line(&lines, "CONNECTED")?;
+    // With links, measure once the agent has one on every server worker.
+    if !opts.one_link {
+        for _ in 1..opts.workers.unwrap_or(1) {
+            run.wait_line(&lines, "LINKED")?;
+        }
+    }
 
     run.entries = targets
         .iter()

@@ -24,6 +24,7 @@ use crate::engine::relay::{self, ChunkReader};
 use crate::engine::window::{self, ConnWindow};
 use crate::metrics::agent::{metrics as agent_metrics, Direction, EndpointDialFailure};
 use crate::metrics::Segment;
+use crate::protocol::agent_links;
 use crate::protocol::agent_tunnel::{AgentAction, AgentTunnel, DialOutcome};
 use crate::protocol::dest_policy::{self, Policy};
 use crate::protocol::packet::{self, Encoded, Frame};
@@ -43,6 +44,11 @@ pub(crate) enum Ended {
     Duplicate,
     /// We shut down (SIGTERM).
     Shutdown,
+    /// A secondary link landed on a server worker already linked: try again.
+    WorkerTaken,
+    /// The server does not want this secondary link (another server, or
+    /// no primary link there).
+    NotWanted,
 }
 
 #[derive(Clone)]
@@ -80,7 +86,13 @@ struct Shared {
     drain_notice: mpsc::UnboundedSender<()>,
 }
 
-pub(crate) async fn run(slots: Rc<ServerSlots>, slot: &super::Slot) -> Result<Ended, BoxError> {
+/// Runs one connection to `slots.addr`: a primary one (a slot), or with
+/// `secondary_of` a secondary link for that server ID (see [`super::links`]).
+pub(crate) async fn run(
+    slots: Rc<ServerSlots>,
+    slot: &super::Slot,
+    secondary_of: Option<&str>,
+) -> Result<Ended, BoxError> {
     let cfg = &slots.cfg;
     let addr = slots.addr.clone();
     let setup = async {
@@ -107,7 +119,7 @@ pub(crate) async fn run(slots: Rc<ServerSlots>, slot: &super::Slot) -> Result<En
     let (client, mut conn) = monoio::time::timeout(CONNECT_TIMEOUT, setup)
         .await
         .map_err(|_| "connect/handshake timed out")??;
-    let mut ping = conn.ping_pong();
+    let ping = conn.ping_pong();
     let mut metadata = vec![
         (proto::AGENT_ID_HEADER, cfg.agent_id.clone()),
         (proto::AGENT_IDENTIFIERS_HEADER, cfg.identifiers.encode()),
@@ -121,6 +133,12 @@ pub(crate) async fn run(slots: Rc<ServerSlots>, slot: &super::Slot) -> Result<En
     .collect();
     if !offered.is_empty() {
         metadata.push((proto::FEATURES_HEADER, offered.join(",")));
+    }
+    if cfg.max_links > 1 {
+        metadata.push((agent_links::LINK_HEADER, slots.links.instance.clone()));
+        if let Some(of) = secondary_of {
+            metadata.push((agent_links::LINK_OF_HEADER, of.to_string()));
+        }
     }
     if let Some(path) = &cfg.token_file {
         // Read at every connect: projected ServiceAccount tokens rotate.
@@ -139,6 +157,13 @@ pub(crate) async fn run(slots: Rc<ServerSlots>, slot: &super::Slot) -> Result<En
         return Err(format!("server answered HTTP {}", resp.status()).into());
     }
     if let Some(e) = grpc::status_error(resp.headers()) {
+        if secondary_of.is_some() {
+            match e {
+                grpc::GrpcError::Status { code: 6, .. } => return Ok(Ended::WorkerTaken),
+                grpc::GrpcError::Status { code: 9, .. } => return Ok(Ended::NotWanted),
+                _ => {}
+            }
+        }
         return Err(e.into());
     }
     let header = |k: &str| {
@@ -155,6 +180,13 @@ pub(crate) async fn run(slots: Rc<ServerSlots>, slot: &super::Slot) -> Result<En
     let half_close =
         cfg.half_close && proto::has_feature(features.as_deref(), proto::FEATURE_HALF_CLOSE);
     let window = cfg.window && proto::has_feature(features.as_deref(), proto::FEATURE_WINDOW);
+    let link = agent_links::parse_answer(
+        header(agent_links::WORKERS_HEADER).as_deref(),
+        header(agent_links::WORKER_HEADER).as_deref(),
+    );
+    if secondary_of.is_some() {
+        return serve_secondary(slots, slot, resp, send, conn, ping, link).await;
+    }
     if !server_id.is_empty() && !slots.connected.borrow_mut().insert(server_id.clone()) {
         tracing::debug!(server = %addr, %server_id, "already connected to this server; closing duplicate");
         return Ok(Ended::Duplicate);
@@ -167,10 +199,83 @@ pub(crate) async fn run(slots: Rc<ServerSlots>, slot: &super::Slot) -> Result<En
     }
     let _registered = Registered(&slots, server_id.clone());
     slots.want_slots(server_count);
-    tracing::info!(server = %addr, %server_id, server_count, half_close, window, "connected to server");
+    let instance = &slots.links.instance;
+    tracing::info!(server = %addr, %server_id, server_count, half_close, window, ?link, %instance, "connected to server");
     println!("CONNECTED {addr} {server_id}");
     slot.mark_established();
     let _up = agent_metrics().server_connection();
+    if let Some((workers, _)) = link {
+        let wanted = agent_links::secondaries_wanted(workers, cfg.max_links);
+        slots.links.ensure(&addr, &server_id, wanted);
+    }
+    serve(slots.clone(), slot, resp, send, conn, ping, Role::Primary).await
+}
+
+/// Which connection [`serve`] runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Role {
+    Primary,
+    Secondary,
+}
+
+type Conn = h2::client::Connection<
+    tokio_rustls::client::TlsStream<
+        crate::engine::read_ahead::ReadAhead<monoio::net::tcp::stream_poll::TcpStreamPoll>,
+    >,
+    SendBuf,
+>;
+
+/// A secondary link the server accepted: announced, then served as any
+/// connection.
+async fn serve_secondary(
+    slots: Rc<ServerSlots>,
+    slot: &super::Slot,
+    resp: http::Response<h2::RecvStream>,
+    send: h2::SendStream<SendBuf>,
+    conn: Conn,
+    ping: Option<h2::PingPong>,
+    link: Option<(usize, usize)>,
+) -> Result<Ended, BoxError> {
+    let server_id = resp
+        .headers()
+        .get(proto::SERVER_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let worker = link.map(|(_, w)| w);
+    tracing::info!(server = %slots.addr, %server_id, ?worker, "secondary link up");
+    println!(
+        "LINKED {} {server_id} {}",
+        slots.addr,
+        worker.map(|w| w.to_string()).unwrap_or_default()
+    );
+    slot.mark_established();
+    serve(slots, slot, resp, send, conn, ping, Role::Secondary).await
+}
+
+/// Serves an established connection until it ends.
+async fn serve(
+    slots: Rc<ServerSlots>,
+    slot: &super::Slot,
+    resp: http::Response<h2::RecvStream>,
+    send: h2::SendStream<SendBuf>,
+    mut conn: Conn,
+    mut ping: Option<h2::PingPong>,
+    role: Role,
+) -> Result<Ended, BoxError> {
+    let cfg = &slots.cfg;
+    let addr = slots.addr.clone();
+    let header = |k: &str| {
+        resp.headers()
+            .get(k)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let server_id = header(proto::SERVER_ID_HEADER).unwrap_or_default();
+    let features = header(proto::FEATURES_HEADER);
+    let half_close =
+        cfg.half_close && proto::has_feature(features.as_deref(), proto::FEATURE_HALF_CLOSE);
+    let window = cfg.window && proto::has_feature(features.as_deref(), proto::FEATURE_WINDOW);
 
     let (ctl_tx, ctl_rx) = mpsc::unbounded();
     let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE);
@@ -230,8 +335,14 @@ pub(crate) async fn run(slots: Rc<ServerSlots>, slot: &super::Slot) -> Result<En
     // for the tunnels it carries until the server closes it.
     let server_drains = async {
         if drain_rx.next().await.is_some() {
-            tracing::info!(server = %addr, %server_id, "server is draining: connecting again for new dials");
-            slots.replace(slot);
+            if role == Role::Primary {
+                tracing::info!(server = %addr, %server_id, "server is draining: connecting again for new dials");
+                slots.replace(slot);
+            } else {
+                // Not reconnected: the primary link's replacement asks
+                // the next server for links.
+                slot.replaced.set(true);
+            }
         }
         futures::future::pending::<()>().await
     };

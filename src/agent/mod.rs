@@ -7,6 +7,7 @@
 
 pub mod backoff;
 mod connection;
+mod links;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
@@ -62,6 +63,10 @@ pub struct AgentConfig {
     pub health_bind: Option<std::net::SocketAddr>,
     /// Admin listener (/metrics and the health paths).
     pub admin_bind: Option<std::net::SocketAddr>,
+    /// Threads (monoio runtimes) the links are spread over.
+    pub workers: usize,
+    /// Most links kept to one server (1: no secondary links).
+    pub max_links: usize,
 }
 
 use crate::BoxError;
@@ -110,7 +115,33 @@ pub fn run(cfg: AgentConfig) -> Result<(), BoxError> {
         admin_l.push(l);
     }
     let cfg = Arc::new(cfg);
+    // Secondary links (one per server worker) spread over our workers:
+    // queue 0 is served on this thread, the others on threads of their own.
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+        ^ (u64::from(std::process::id()) << 32);
+    let (links, mut queues) = links::new(cfg.workers, seed);
+    let ctx = links::WorkerCtx {
+        cfg: cfg.clone(),
+        tls: client_tls.clone(),
+        shutdown: shutdown.clone(),
+    };
+    let main_queue = queues.remove(0);
+    let mut threads = Vec::new();
+    for (i, q) in queues.into_iter().enumerate() {
+        let (ctx, links) = (ctx.clone(), links.clone());
+        let driver = cfg.driver;
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("edgetunnel-a{}", i + 1))
+                .spawn(move || runtime::block_on(driver, links::serve_jobs(ctx, links, q)))?,
+        );
+    }
+    let main_links = links.clone();
     runtime::block_on(cfg.driver, async move {
+        let jobs = monoio::spawn(links::serve_jobs(ctx, main_links, main_queue));
         for l in admin_l {
             match monoio::net::TcpListener::from_std(l) {
                 Ok(l) => {
@@ -129,6 +160,7 @@ pub fn run(cfg: AgentConfig) -> Result<(), BoxError> {
                 slots: RefCell::new(0),
                 reported: Cell::new(0),
                 shutdown: shutdown.clone(),
+                links: links.clone(),
             });
             if ctx.cfg.lease_count.is_some() {
                 // The lease count changes without any server saying so.
@@ -143,7 +175,11 @@ pub fn run(cfg: AgentConfig) -> Result<(), BoxError> {
         while SLOTS_RUNNING.with(|s| *s.borrow()) > 0 {
             monoio::time::sleep(Duration::from_millis(20)).await;
         }
+        jobs.await;
     })?;
+    for t in threads {
+        let _ = t.join();
+    }
     let _ = control.join();
     tracing::info!("agent stopped");
     Ok(())
@@ -181,6 +217,8 @@ pub(crate) struct ServerSlots {
     /// The last `serverCount` a server reported (0: none yet).
     reported: Cell<usize>,
     shutdown: Arc<signals::Shutdown>,
+    /// The agent's secondary links (every server).
+    links: Arc<links::Links>,
 }
 
 impl ServerSlots {
@@ -203,7 +241,7 @@ impl ServerSlots {
                 return;
             }
             slot.established.set(None);
-            let result = connection::run(self.clone(), &slot).await;
+            let result = connection::run(self.clone(), &slot, None).await;
             if slot.replaced.get() {
                 // A replacement slot took over when the server drained.
                 return;
@@ -218,6 +256,10 @@ impl ServerSlots {
             let attempt = match result {
                 Ok(connection::Ended::Shutdown) => return,
                 Ok(connection::Ended::Duplicate) => Attempt::Duplicate,
+                // Only secondary links are refused this way.
+                Ok(connection::Ended::WorkerTaken | connection::Ended::NotWanted) => {
+                    Attempt::Failed
+                }
                 Ok(connection::Ended::Served) => ended(),
                 Err(e) => {
                     tracing::warn!(server = %self.addr, error = %e, "connection to server failed");

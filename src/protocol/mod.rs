@@ -7,6 +7,7 @@
 //! this crate.
 
 pub mod agent_identity;
+pub mod agent_links;
 pub mod agent_tunnel;
 pub mod dest_policy;
 pub mod exec_credential;

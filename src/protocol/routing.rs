@@ -9,7 +9,10 @@
 //! - `default`: any agent.
 //!
 //! Among candidates, agents that are not draining are preferred, and load is
-//! spread round-robin.
+//! spread round-robin over agents. An edgetunnel agent may hold several
+//! connections ("links", one per server worker, see
+//! [`super::agent_links`]): it counts as one agent, and among its links the
+//! one on the caller's worker is preferred, so a tunnel stays on one core.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -79,6 +82,18 @@ struct Entry<H> {
     ids: Identifiers,
     draining: bool,
     handle: H,
+    /// The server worker holding this connection.
+    core: usize,
+    /// The agent instance this connection is a link of (edgetunnel agents).
+    instance: Option<String>,
+}
+
+/// Connections of one agent: the links of one instance, or a connection
+/// of its own (agents that do not speak links).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Group<'a> {
+    Instance(&'a str, &'a str),
+    Single(u64),
 }
 
 /// The set of connected agents, keyed by a server-chosen connection key
@@ -99,6 +114,24 @@ impl<H> Default for Registry<H> {
 
 impl<H: Clone> Registry<H> {
     pub fn insert(&mut self, key: u64, agent_id: String, ids: Identifiers, handle: H) {
+        self.insert_link(key, agent_id, ids, handle, 0, None);
+    }
+
+    /// Registers a connection held by worker `core`, a link of `instance`
+    /// when the agent speaks links. Returns whether it is the agent's first.
+    pub fn insert_link(
+        &mut self,
+        key: u64,
+        agent_id: String,
+        ids: Identifiers,
+        handle: H,
+        core: usize,
+        instance: Option<String>,
+    ) -> bool {
+        let first = match &instance {
+            Some(i) => self.linked_cores(&agent_id, i).is_empty(),
+            None => true,
+        };
         self.entries.insert(
             key,
             Entry {
@@ -106,12 +139,45 @@ impl<H: Clone> Registry<H> {
                 ids,
                 draining: false,
                 handle,
+                core,
+                instance,
             },
         );
+        first
+    }
+
+    /// The workers holding links of `agent_id`'s `instance`.
+    pub fn linked_cores(&self, agent_id: &str, instance: &str) -> Vec<usize> {
+        let mut cores: Vec<usize> = self
+            .entries
+            .values()
+            .filter(|e| e.agent_id == agent_id && e.instance.as_deref() == Some(instance))
+            .map(|e| e.core)
+            .collect();
+        cores.sort_unstable();
+        cores
     }
 
     pub fn remove(&mut self, key: u64) -> Option<H> {
-        self.entries.remove(&key).map(|e| e.handle)
+        self.remove_link(key).map(|(h, _)| h)
+    }
+
+    /// Removes a connection; the flag tells whether it was its agent's last.
+    pub fn remove_link(&mut self, key: u64) -> Option<(H, bool)> {
+        let e = self.entries.remove(&key)?;
+        let last = match &e.instance {
+            Some(i) => self.linked_cores(&e.agent_id, i).is_empty(),
+            None => true,
+        };
+        Some((e.handle, last))
+    }
+
+    fn group(&self, key: u64) -> Group<'_> {
+        let e = &self.entries[&key];
+        match &e.instance {
+            Some(i) => Group::Instance(&e.agent_id, i),
+            None => Group::Single(key),
+        }
     }
 
     pub fn set_draining(&mut self, key: u64) {
@@ -120,7 +186,16 @@ impl<H: Clone> Registry<H> {
         }
     }
 
+    /// Agents registered (an agent with several links counts once).
     pub fn len(&self) -> usize {
+        let mut groups: Vec<Group<'_>> = self.entries.keys().map(|k| self.group(*k)).collect();
+        groups.sort_unstable();
+        groups.dedup();
+        groups.len()
+    }
+
+    /// Connections (links) registered.
+    pub fn links(&self) -> usize {
         self.entries.len()
     }
 
@@ -175,6 +250,17 @@ impl<H: Clone> Registry<H> {
 
     /// Picks an agent for a dial to `address`, trying `strategies` in order.
     pub fn pick(&mut self, address: &str, strategies: &[Strategy]) -> Option<H> {
+        self.pick_near(address, strategies, None)
+    }
+
+    /// [`pick`](Self::pick), preferring the chosen agent's link on worker
+    /// `near` (the caller's).
+    pub fn pick_near(
+        &mut self,
+        address: &str,
+        strategies: &[Strategy],
+        near: Option<usize>,
+    ) -> Option<H> {
         let host = dest_host(address);
         for s in strategies {
             let mut keys: Vec<u64> = match s {
@@ -195,7 +281,15 @@ impl<H: Clone> Registry<H> {
                 keys.retain(|k| !self.entries[k].draining);
             }
             self.next_rr = self.next_rr.wrapping_add(1);
-            let key = keys[self.next_rr % keys.len()];
+            let mut groups: Vec<Group<'_>> = keys.iter().map(|k| self.group(*k)).collect();
+            groups.sort_unstable();
+            groups.dedup();
+            let chosen = groups[self.next_rr % groups.len()].clone();
+            keys.retain(|k| self.group(*k) == chosen);
+            if keys.iter().any(|k| Some(self.entries[k].core) == near) {
+                keys.retain(|k| Some(self.entries[k].core) == near);
+            }
+            let key = keys[(self.next_rr / groups.len()) % keys.len()];
             return Some(self.entries[&key].handle.clone());
         }
         None
@@ -329,6 +423,37 @@ mod tests {
         assert!(r.pick("same:1", &[Strategy::DestHost]).is_some());
         assert_eq!(r.remove(2), Some(2));
         assert_eq!(r.len(), 2);
+    }
+
+    #[test]
+    fn links_count_once_and_prefer_the_callers_worker() {
+        let mut r: Registry<u32> = Registry::default();
+        let ids = || Identifiers::parse("host=edge").unwrap();
+        assert!(r.insert_link(1, "a".into(), ids(), 10, 0, Some("i1".into())));
+        assert!(!r.insert_link(2, "a".into(), ids(), 11, 1, Some("i1".into())));
+        // A Go agent with the same ID: an agent of its own.
+        assert!(r.insert_link(3, "a".into(), ids(), 30, 0, None));
+        assert_eq!((r.len(), r.links()), (2, 3));
+        assert_eq!(r.linked_cores("a", "i1"), vec![0, 1]);
+        let s = [Strategy::DestHost];
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..8 {
+            let h = r.pick_near("edge:1", &s, Some(1)).unwrap();
+            // The link agent always answers from worker 1 (handle 11).
+            assert_ne!(h, 10);
+            seen.insert(h);
+        }
+        assert_eq!(seen, [11, 30].into_iter().collect());
+        // Without a preference both links serve.
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..16 {
+            seen.insert(r.pick("edge:1", &s).unwrap());
+        }
+        assert_eq!(seen, [10, 11, 30].into_iter().collect());
+        assert_eq!(r.remove_link(2), Some((11, false)));
+        assert!(r.pick_near("edge:1", &s, Some(1)).is_some());
+        assert_eq!(r.remove_link(1), Some((10, true)));
+        assert_eq!((r.len(), r.links()), (1, 1));
     }
 
     #[test]

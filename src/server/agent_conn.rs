@@ -21,6 +21,7 @@ use crate::engine::grpc::{self, code, PacketReceiver, PacketSender, SendBuf};
 use crate::engine::window::ConnWindow;
 use crate::metrics::{self, DialFailure, DialResult, Segment};
 use crate::protocol::agent_identity::{self, CertNames, IdentityError};
+use crate::protocol::agent_links::{self, LinkRequest};
 use crate::protocol::identifiers::Identifiers;
 use crate::protocol::packet::{self, Frame};
 use crate::protocol::server_tunnel::{ServerAction, ServerTunnel, HALF_CLOSE_MARK};
@@ -63,6 +64,8 @@ struct AgentHello {
     ids: Identifiers,
     half_close: bool,
     window: bool,
+    /// The agent's link metadata, when it speaks links.
+    link: Option<LinkRequest>,
 }
 
 /// Checks the Connect request: method, token, agentID, identifiers.
@@ -99,11 +102,18 @@ fn validate(shared: &Shared, head: &http::request::Parts) -> Result<AgentHello, 
         .headers
         .get(proto::FEATURES_HEADER)
         .and_then(|v| v.to_str().ok());
+    let one = |name| grpc::single(&head.headers, name).map_err(|e| (code::INVALID_ARGUMENT, e));
+    let link = agent_links::parse_request(
+        one(agent_links::LINK_HEADER)?.as_deref(),
+        one(agent_links::LINK_OF_HEADER)?.as_deref(),
+    )
+    .map_err(|e| (e.grpc_code(), e.to_string()))?;
     Ok(AgentHello {
         agent_id,
         ids,
         half_close: proto::has_feature(features, proto::FEATURE_HALF_CLOSE),
         window: proto::has_feature(features, proto::FEATURE_WINDOW),
+        link,
     })
 }
 
@@ -237,19 +247,53 @@ async fn serve(
         Ok(h) => authenticate(&shared, &head).await.map(|_| h),
         Err(e) => Err(e),
     };
+    let key = shared.next_key();
+    let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);
     let checked = checked.and_then(|h| {
         let claim = bind_identity(&shared, leaf.as_deref(), &h)?;
-        Ok((h, claim))
+        // Registered under one lock with the check, so two links racing
+        // for one worker cannot both win.
+        let handle = AgentHandle {
+            key,
+            core,
+            agent_id: h.agent_id.clone().into(),
+            half_close: h.half_close,
+            window: h.window,
+            cmds: cmd_tx.clone(),
+        };
+        let mut reg = shared.registry.lock().expect("registry lock");
+        if let Some(link) = &h.link {
+            let linked = reg.linked_cores(&h.agent_id, &link.instance);
+            agent_links::admit(link, &shared.cfg.server_id, core, &linked)
+                .map_err(|e| (e.grpc_code(), e.to_string()))?;
+        }
+        let instance = h.link.as_ref().map(|l| l.instance.clone());
+        let first = reg.insert_link(
+            key,
+            h.agent_id.clone(),
+            h.ids.clone(),
+            handle,
+            core,
+            instance,
+        );
+        Ok((h, claim, first, reg.len()))
     });
+    drop(cmd_tx);
     // Held until this connection ends: the agent ID stays with this key.
-    let (hello, _claim) = match checked {
+    let (hello, _claim, first, registered) = match checked {
         Ok(h) => {
             // Authenticated: no longer counted against --max-handshakes.
             drop(permit);
             h
         }
         Err((c, m)) => {
-            tracing::warn!(%peer, code = c, reason = %m, "agent refused");
+            if c == 6 {
+                // A secondary link on a worker already linked: the agent
+                // tries again; not worth a warning.
+                tracing::debug!(%peer, reason = %m, "agent link refused");
+            } else {
+                tracing::warn!(%peer, code = c, reason = %m, "agent refused");
+            }
             let _ = respond.send_response(grpc::error_head(c, &m), true);
             // Let h2 flush the refusal before the connection drops.
             conn.graceful_shutdown();
@@ -263,39 +307,42 @@ async fn serve(
         ids,
         half_close,
         window,
+        link,
     } = hello;
-    let send = respond.send_response(
-        grpc::response_head(&[
-            (proto::SERVER_ID_HEADER, shared.cfg.server_id.clone()),
-            (
-                proto::SERVER_COUNT_HEADER,
-                shared.cfg.server_count.to_string(),
-            ),
-            (proto::FEATURES_HEADER, proto::our_features()),
-        ]),
-        false,
-    )?;
+    let mut answer = vec![
+        (proto::SERVER_ID_HEADER, shared.cfg.server_id.clone()),
+        (
+            proto::SERVER_COUNT_HEADER,
+            shared.cfg.server_count.to_string(),
+        ),
+        (proto::FEATURES_HEADER, proto::our_features()),
+    ];
+    if link.is_some() {
+        answer.push((
+            agent_links::WORKERS_HEADER,
+            shared.cfg.workers.max(1).to_string(),
+        ));
+        answer.push((agent_links::WORKER_HEADER, core.to_string()));
+    }
+    let sent = respond.send_response(grpc::response_head(&answer), false);
+    let worker_metrics = shared.metrics.worker(core);
+    worker_metrics.links.inc();
+    if first {
+        shared.metrics.agent_connected(registered);
+    } else {
+        shared.metrics.links_changed(registered);
+    }
 
-    let key = shared.next_key();
-    let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);
-    let handle = AgentHandle {
-        key,
-        core,
-        agent_id: agent_id.clone().into(),
-        half_close,
-        window,
-        cmds: cmd_tx,
-    };
-    shared.registry.lock().expect("registry lock").insert(
-        key,
-        agent_id.clone(),
-        ids.clone(),
-        handle,
-    );
-    let registered = shared.registry.lock().expect("registry lock").len();
-    shared.metrics.agent_connected(registered);
     let span = tracing::info_span!("agent", id = %agent_id, %peer, key);
-    tracing::info!(parent: &span, identifiers = %ids.encode(), half_close, window, core, "agent connected");
+    let secondary = link.as_ref().is_some_and(|l| l.secondary_of.is_some());
+    tracing::info!(parent: &span, identifiers = %ids.encode(), half_close, window, core, secondary, "agent connected");
+    let send = match sent {
+        Ok(s) => s,
+        Err(e) => {
+            unregister(&shared, key, &worker_metrics);
+            return Err(e.into());
+        }
+    };
 
     // Keep HTTP/2 moving (and refuse extra streams) while the tasks run.
     // When the server drains, the agent is told twice: an HTTP/2 GOAWAY
@@ -348,6 +395,7 @@ async fn serve(
         last_pending: std::cell::Cell::new(0),
         budget: Budget::new(FRONTEND_BUDGET),
         window,
+        worker: worker_metrics.clone(),
     });
     let reader = read_loop(
         state.clone(),
@@ -376,12 +424,7 @@ async fn serve(
         r = keepalive => r,
     };
     // Teardown: unregister, then tell every frontend.
-    let registered = {
-        let mut r = shared.registry.lock().expect("registry lock");
-        r.remove(key);
-        r.len()
-    };
-    shared.metrics.agent_disconnected(registered);
+    unregister(&shared, key, &worker_metrics);
     let orphans = state.tunnel.borrow_mut().drain_all();
     state.sync_gauges();
     let n = orphans.len();
@@ -395,7 +438,23 @@ async fn serve(
     result
 }
 
+/// Removes a link from the registry; the agent is gone with its last link.
+fn unregister(shared: &Shared, key: u64, worker: &metrics::WorkerMetrics) {
+    let (removed, registered) = {
+        let mut r = shared.registry.lock().expect("registry lock");
+        let removed = r.remove_link(key);
+        (removed, r.len())
+    };
+    worker.links.dec();
+    match removed {
+        Some((_, true)) => shared.metrics.agent_disconnected(registered),
+        _ => shared.metrics.links_changed(registered),
+    }
+}
+
 struct AgentState {
+    /// This link's worker counters.
+    worker: metrics::WorkerMetrics,
     shared: Arc<Shared>,
     key: u64,
     tunnel: RefCell<ServerTunnel<FrontendSink>>,
@@ -490,6 +549,7 @@ async fn read_loop(
                     .metrics
                     .bytes_from_agent
                     .inc_by(payload.len() as u64);
+                state.worker.bytes_from_agent.inc_by(payload.len() as u64);
                 let credit = state
                     .budget
                     .charge_for(payload, state.window_of(&frontend))
@@ -593,6 +653,7 @@ async fn handle_cmd(state: &AgentState, cmd: AgentCmd) -> Option<packet::Encoded
                 .begin_dial(random, &address, reply.clone());
             match r {
                 Ok(f) => {
+                    state.worker.dials.inc();
                     state
                         .dial_started
                         .borrow_mut()
@@ -617,6 +678,7 @@ async fn handle_cmd(state: &AgentState, cmd: AgentCmd) -> Option<packet::Encoded
                 .metrics
                 .bytes_to_agent
                 .inc_by(payload.len() as u64);
+            state.worker.bytes_to_agent.inc_by(payload.len() as u64);
             return Some(packet::encode_data(connect_id, payload));
         }
         AgentCmd::HalfClose { connect_id } => {

@@ -147,12 +147,20 @@ pub(crate) struct Shared {
     handshakes: Arc<crate::engine::admission::Admission>,
 }
 
+thread_local! {
+    /// The worker this thread runs (set when the worker starts).
+    static WORKER: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
 impl Shared {
+    /// An agent for `address`; of an agent with several links, the one on
+    /// the calling worker when there is one.
     fn pick(&self, address: &str) -> Option<AgentHandle> {
+        let near = WORKER.with(|w| w.get());
         self.registry
             .lock()
             .expect("registry lock")
-            .pick(address, &self.cfg.strategies)
+            .pick_near(address, &self.cfg.strategies, near)
     }
 
     /// Another agent for `address` than `gone`, whose connection just ended
@@ -199,7 +207,7 @@ impl crate::admin::AdminState for AdminView {
         if self.0.shutdown.requested() > 0 {
             return Err("shutting down".to_string());
         }
-        let n = self.0.registry.lock().expect("registry lock").len();
+        let n = self.0.registry.lock().expect("registry lock").links();
         if n > 0 {
             Ok(format!("ok: {n} agent connection(s)"))
         } else {
@@ -444,6 +452,7 @@ async fn worker(
     mut inbox: mpsc::UnboundedReceiver<Handoff>,
 ) -> std::io::Result<()> {
     tracing::debug!(core, "worker started");
+    WORKER.with(|w| w.set(Some(core)));
     let s = &shared;
     let agent = monoio::net::TcpListener::from_std(l.agent)?;
     let accept = agent_conn::accept_loop(core, s.clone(), agent, tls.agent);

@@ -105,7 +105,7 @@ impl<S: Read + Write> RawH2<S> {
 
     /// Reads frames, answering SETTINGS and PING, until `stream` yields a
     /// response header block or a gRPC message; fails on RST_STREAM for it
-    /// and on GOAWAY.
+    /// and on a GOAWAY other than a graceful one that still covers it.
     pub fn next_event(&mut self, stream: u32) -> Event {
         loop {
             if let Some(d) = self.grpc.get_mut(&stream) {
@@ -117,6 +117,14 @@ impl<S: Read + Write> RawH2<S> {
             match f.ty {
                 SETTINGS if f.flags & ACK == 0 => self.write_frame(SETTINGS, ACK, 0, &[]),
                 PING if f.flags & ACK == 0 => self.write_frame(PING, ACK, 0, &f.payload),
+                // A graceful GOAWAY (NO_ERROR) that still covers `stream`:
+                // its answer follows (h2 sends one before a refusal it
+                // answers and then closes the connection).
+                GOAWAY
+                    if f.payload.get(4..8) == Some(&[0, 0, 0, 0])
+                        && f.payload.get(..4).is_some_and(|l| {
+                            u32::from_be_bytes([l[0], l[1], l[2], l[3]]) & 0x7fff_ffff >= stream
+                        }) => {}
                 GOAWAY => panic!(
                     "GOAWAY: error code {:?}, {:?}",
                     &f.payload.get(4..8),
