@@ -320,3 +320,9 @@ write("bench_proc_stat", "haproxy",
       "4242 (haproxy) S 1 4242 4242 0 -1 4194560 2090 0 0 0 1234 56 7 8 20 0 3 0 "
       "123456 98304000 2048 18446744073709551615 1 1 0 0 0 0 0 4096 1 0 0 0 17 1 0 0 0 0 0\n")
 write("bench_proc_stat", "parens", "7 (a) b (c)) R 1 7 7 0 -1 0 0 0 0 0 10 20 30 40 20 0 1 0 5 0 0")
+
+# upstream_proxy: [selector: 0 URL\nNO_PROXY, 1 CONNECT answer, 2 SOCKS5 replies][...]
+write("upstream_proxy", "url-noproxy", b"\x00http://u%40x:p@proxy:3128\nexample.com,.s.org,*.t.net,10.0.0.0/8,[::1]:443,*")
+write("upstream_proxy", "connect-200", b"\x01HTTP/1.1 200 Connection established\r\n\r\n")
+write("upstream_proxy", "connect-407", b"\x01HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n")
+write("upstream_proxy", "socks-auth", b"\x02\x01" + bytes([5, 2, 1, 0, 5, 0, 0, 3, 4]) + b"name" + bytes([1, 187]))
