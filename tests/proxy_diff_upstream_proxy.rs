@@ -308,29 +308,7 @@ fn bad_proxy_url_refused_as_kubectl() {
             &format!("    proxy-url: {url}\n"),
         );
         let flags = vec!["--port=0".to_string()];
-        // One that does not refuse starts serving: killed after 10 s.
-        let run = |c: Command| {
-            let log = env.path(&format!("{name}-{}.err", rand_suffix()));
-            let mut child = with_env(c, &[])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(&log).expect("log"))
-                .spawn()
-                .expect("run");
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            let ok = loop {
-                if let Some(st) = child.try_wait().expect("wait") {
-                    break st.success();
-                }
-                if std::time::Instant::now() > deadline {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break true;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            };
-            (ok, std::fs::read_to_string(&log).unwrap_or_default())
-        };
+        let run = |c: Command| run_briefly(&env, name, c);
         let (gok, gerr) = run(kubectl_cmd(&kubectl, &kc, &flags));
         let (ook, oerr) = run(ours_cmd(&kc, &flags));
         assert!(!gok && !ook, "{name}: both refuse: {gerr} / {oerr}");
@@ -347,4 +325,57 @@ fn rand_suffix() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
     N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Runs a proxy command with no proxy variables; one that does not refuse
+/// starts serving and is killed after 10 s. Returns (success, stderr).
+fn run_briefly(env: &Env, name: &str, c: Command) -> (bool, String) {
+    let log = env.path(&format!("{name}-{}.err", rand_suffix()));
+    let mut child = with_env(c, &[])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("run");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let ok = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st.success();
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    (ok, std::fs::read_to_string(&log).unwrap_or_default())
+}
+
+#[test]
+fn match_server_version_asks_through_the_proxy() {
+    let kubectl = kubectl();
+    let env = Env::new();
+    let certs = env.certs();
+    let api = apiserver::start(&certs);
+    let proxy = fwd_proxy::start_socks5("127.0.0.1:0", None);
+    let kc = env.path("kc.yaml");
+    kubeconfig(
+        &kc,
+        &format!("https://127.0.0.1:{}", api.addr.port()),
+        &certs,
+        &format!("    proxy-url: socks5://{}\n", proxy.addr),
+    );
+    let flags = vec!["--port=0".to_string(), "--match-server-version".to_string()];
+    for (who, cmd) in [
+        ("kubectl", kubectl_cmd(&kubectl, &kc, &flags)),
+        ("ours", ours_cmd(&kc, &flags)),
+    ] {
+        proxy.clear();
+        let (_, err) = run_briefly(&env, who, cmd);
+        // Started or refused on the version: either way it was read.
+        assert!(!err.contains("couldn't read version"), "{who}: {err}");
+        let want = format!("SOCKS 127.0.0.1:{} user=-", api.addr.port());
+        assert!(proxy.lines().contains(&want), "{who}: {:?}", proxy.lines());
+    }
 }
