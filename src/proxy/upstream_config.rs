@@ -314,6 +314,31 @@ fn impersonation(args: &ProxyArgs, ai: &kube::config::AuthInfo) -> Impersonation
     imp
 }
 
+/// client-go's `GetAuthProvider` in kubectl 1.32: only `oidc` is built in;
+/// `gcp` and `azure` fail with their removal notices
+/// (plugin/pkg/client/auth/{gcp,azure}), anything else is unknown. Texts
+/// copied from what kubectl v1.32 prints.
+fn auth_provider(p: &kube::config::AuthProviderConfig) -> Result<(), UpstreamError> {
+    let err = |s: String| Err(UpstreamError::Kubeconfig(s));
+    match p.name.as_str() {
+        "gcp" => err("The gcp auth plugin has been removed.\nPlease use the \"gke-gcloud-auth-plugin\" kubectl/client-go credential plugin instead.\nSee https://cloud.google.com/blog/products/containers-kubernetes/kubectl-auth-changes-in-gke for further details".into()),
+        "azure" => err("The azure auth plugin has been removed.\nPlease use the https://github.com/Azure/kubelogin kubectl/client-go credential plugin instead.\nSee https://kubernetes.io/docs/reference/access-authn-authz/authentication/#client-go-credential-plugins for further details".into()),
+        "oidc" => {
+            // oidc.go newOIDCAuthProvider's checks; the provider itself
+            // (id-token use and refresh) is not built yet.
+            let cfg = &p.config;
+            for key in ["idp-issuer-url", "client-id"] {
+                if cfg.get(key).is_none_or(|v| v.is_empty()) {
+                    return err(format!("Must provide {key}"));
+                }
+            }
+            tracing::warn!("auth-provider oidc is not supported by edgetunnel proxy yet; use an exec plugin (e.g. kubelogin) instead");
+            Ok(())
+        }
+        other => err(format!("no Auth Provider found for name {other:?}")),
+    }
+}
+
 /// The credentials for an https upstream, in client-go's precedence.
 fn credentials(args: &ProxyArgs, config: &kube::Config, user: &str) -> Result<Auth, UpstreamError> {
     let ai = &config.auth_info;
@@ -331,6 +356,9 @@ fn credentials(args: &ProxyArgs, config: &kube::Config, user: &str) -> Result<Au
         return Err(UpstreamError::Kubeconfig(format!(
             "more than one authentication method found for {user}; found [token basicAuth], only one is allowed"
         )));
+    }
+    if let Some(p) = &ai.auth_provider {
+        auth_provider(p)?;
     }
     let start = |source| {
         DynamicToken::start(source)
@@ -358,12 +386,6 @@ fn credentials(args: &ProxyArgs, config: &kube::Config, user: &str) -> Result<Au
         if !has_cert {
             return start(TokenSource::Exec(Box::new(plugin)));
         }
-    }
-    if let Some(p) = &ai.auth_provider {
-        tracing::warn!(
-            provider = %p.name,
-            "auth-provider is not supported by edgetunnel proxy; use an exec plugin (e.g. kubelogin) instead"
-        );
     }
     Ok(Auth::None)
 }
