@@ -326,3 +326,9 @@ write("agent_links", "two-workers", b"00c0ffee12345678\ns1\n2\n1\n\x00\x01\x00\x
 write("agent_links", "eight", b"abc-_XYZ\ns1\n8\n7\n\x00\x01\x02\x03\x04\x05\x06\x07\x03")
 write("agent_links", "go-peer-secondary", b"\ns1\n")
 write("agent_links", "bad", b"a b\ns2\n0\n9\n\x00")
+
+# upstream_proxy: [selector: 0 URL\nNO_PROXY, 1 CONNECT answer, 2 SOCKS5 replies][...]
+write("upstream_proxy", "url-noproxy", b"\x00http://u%40x:p@proxy:3128\nexample.com,.s.org,*.t.net,10.0.0.0/8,[::1]:443,*")
+write("upstream_proxy", "connect-200", b"\x01HTTP/1.1 200 Connection established\r\n\r\n")
+write("upstream_proxy", "connect-407", b"\x01HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n")
+write("upstream_proxy", "socks-auth", b"\x02\x01" + bytes([5, 2, 1, 0, 5, 0, 0, 3, 4]) + b"name" + bytes([1, 187]))

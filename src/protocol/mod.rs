@@ -18,9 +18,11 @@ pub mod http_connect;
 pub mod identifiers;
 pub mod impersonation;
 pub mod packet;
+pub mod proxy_client;
 pub mod proxy_stream;
 pub mod routing;
 pub mod server_tunnel;
+pub mod upstream_proxy;
 
 /// Protobuf types generated from `proto/` (see `tests/codegen.rs`).
 #[allow(clippy::all, missing_docs)]

@@ -176,10 +176,7 @@ impl Core {
             }
         }
         let conn = self.dial_with(true).await.ok()?;
-        let is_h2 = match &conn.io {
-            UpstreamIo::Tls(t) => t.get_ref().1.alpn_protocol() == Some(b"h2"),
-            UpstreamIo::Plain(_) => false,
-        };
+        let is_h2 = conn.io.alpn() == Some(b"h2");
         self.h2_ok.set(Some(is_h2));
         if !is_h2 {
             self.checkin(conn);
@@ -246,8 +243,24 @@ impl Core {
                     } else {
                         s.upstream.tls.as_ref()
                     };
-                    let io = match cfg {
+                    let up = &s.upstream;
+                    let io = match &up.proxy {
                         None => UpstreamIo::Plain(io),
+                        Some(p) => {
+                            let (host, port) = up.target_host_port();
+                            super::proxy_dial::through_proxy(
+                                io,
+                                p,
+                                host,
+                                port,
+                                cfg.is_some(),
+                                up.tls.as_ref(),
+                            )
+                            .await?
+                        }
+                    };
+                    let io = match cfg {
+                        None => io,
                         Some(cfg) => {
                             let name = rustls::pki_types::ServerName::try_from(
                                 s.upstream.server_name.clone(),
@@ -255,11 +268,24 @@ impl Core {
                             .map_err(|e| {
                                 format!("invalid server name {:?}: {e}", s.upstream.server_name)
                             })?;
-                            let tls = tokio_rustls::TlsConnector::from(cfg.clone())
-                                .connect(name, crate::engine::read_ahead::ReadAhead::new(io))
-                                .await
-                                .map_err(|e| format!("tls: {e}"))?;
-                            UpstreamIo::Tls(Box::new(tls))
+                            let connector = tokio_rustls::TlsConnector::from(cfg.clone());
+                            match io {
+                                UpstreamIo::Plain(io) => UpstreamIo::Tls(Box::new(
+                                    connector
+                                        .connect(
+                                            name,
+                                            crate::engine::read_ahead::ReadAhead::new(io),
+                                        )
+                                        .await
+                                        .map_err(|e| format!("tls: {e}"))?,
+                                )),
+                                inner => UpstreamIo::Nested(Box::new(
+                                    connector
+                                        .connect(name, inner)
+                                        .await
+                                        .map_err(|e| format!("tls: {e}"))?,
+                                )),
+                            }
                         }
                     };
                     return Ok(UpConn {

@@ -90,15 +90,27 @@ pub fn request_head(
 ) -> Vec<u8> {
     let headers = upstream_headers(head, framing, client, upstream, upgrade, gzip);
     let mut out = Vec::with_capacity(512);
+    // Through an HTTP proxy, a plain-http request goes in absolute form
+    // with the proxy's credentials (Go's `Request.write` with usingProxy).
+    let proxy = upstream.forward_proxy();
+    let scheme = if proxy.is_some() { "http://" } else { "" };
+    let authority = if proxy.is_some() {
+        upstream.host_header.as_str()
+    } else {
+        ""
+    };
     let _ = write!(
         out_string(&mut out),
-        "{} {} HTTP/1.1\r\nHost: {}\r\n",
+        "{} {scheme}{authority}{} HTTP/1.1\r\nHost: {}\r\n",
         head.method,
         target,
         upstream.host_header
     );
     for h in &headers {
         push(&mut out, &h.name, &h.value);
+    }
+    if let Some(auth) = proxy.and_then(|p| p.basic_auth()) {
+        push(&mut out, "Proxy-Authorization", auth.as_bytes());
     }
     out.extend_from_slice(b"\r\n");
     out
@@ -502,6 +514,7 @@ mod tests {
             base_path: "/base".into(),
             auth: Auth::Bearer("tok".into()),
             impersonation: Default::default(),
+            proxy: None,
         }
     }
 

@@ -1,5 +1,5 @@
 //! Socket types of the proxy: client connections (TCP or unix) and upstream
-//! connections (plain or TLS), as poll-style streams over monoio so that
+//! connections (plain, TLS, or TLS through a TLS proxy), as poll-style streams over monoio so that
 //! rustls (tokio-rustls) can sit on them. Thin delegation only.
 
 use std::io;
@@ -20,6 +20,19 @@ pub enum ClientIo {
 pub enum UpstreamIo {
     Plain(TcpStreamPoll),
     Tls(Box<tokio_rustls::client::TlsStream<ReadAhead<TcpStreamPoll>>>),
+    /// TLS to the API server inside TLS to an `https://` proxy.
+    Nested(Box<tokio_rustls::client::TlsStream<UpstreamIo>>),
+}
+
+impl UpstreamIo {
+    /// The ALPN protocol the API server chose (None without TLS to it).
+    pub fn alpn(&self) -> Option<&[u8]> {
+        match self {
+            UpstreamIo::Plain(_) => None,
+            UpstreamIo::Tls(t) => t.get_ref().1.alpn_protocol(),
+            UpstreamIo::Nested(t) => t.get_ref().1.alpn_protocol(),
+        }
+    }
 }
 
 macro_rules! delegate {
@@ -62,7 +75,7 @@ macro_rules! delegate {
 }
 
 delegate!(ClientIo, Tcp, Unix);
-delegate!(UpstreamIo, Plain, Tls);
+delegate!(UpstreamIo, Plain, Tls, Nested);
 
 /// Go's wording for a socket error (`connection refused`, ...).
 pub fn go_error_text(e: &io::Error) -> String {

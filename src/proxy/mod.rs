@@ -17,6 +17,7 @@ mod io;
 pub mod klog;
 mod kubeconfig_names;
 pub mod mux;
+mod proxy_dial;
 pub mod server_version;
 pub mod static_files;
 pub mod upstream_config;
@@ -79,11 +80,22 @@ fn shared_from(args: &ProxyArgs) -> Result<conn::Shared, BoxError> {
         .build()?;
     kubeconfig_names::check_args(&args.kubeconfig, &args.user, &args.context, &args.cluster)?;
     let upstream = rt.block_on(upstream_config::resolve(args))?;
-    let dial_addrs: Vec<SocketAddr> = upstream
-        .dial
-        .to_socket_addrs()
-        .map_err(|e| format!("resolving {}: {e}", upstream.dial))?
-        .collect();
+    let dial_addrs: Vec<SocketAddr> = match &upstream.proxy {
+        None => upstream
+            .dial
+            .to_socket_addrs()
+            .map_err(|e| format!("resolving {}: {e}", upstream.dial))?
+            .collect(),
+        // The proxy is dialed instead; the API server's name is resolved
+        // by the proxy (CONNECT, SOCKS5 with a domain name), as Go does.
+        Some(p) => match p.addr().to_socket_addrs() {
+            Ok(a) => a.collect(),
+            Err(e) => {
+                tracing::warn!("resolving proxy {}: {e}", p.addr());
+                Vec::new()
+            }
+        },
+    };
     if args.match_server_version {
         let auth = match upstream.auth.dynamic() {
             Some(d) => {

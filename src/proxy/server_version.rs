@@ -186,8 +186,17 @@ fn fetch(
             Err(e) => last = format!("dial tcp {a}: connect: {}", super::io::go_error_text(&e)),
         }
     }
-    let tcp = tcp.ok_or(last)?;
+    let mut tcp = tcp.ok_or(last)?;
+    if let Some(p) = &upstream.proxy {
+        let (host, port) = upstream.target_host_port();
+        super::proxy_dial::through_proxy_blocking(&mut tcp, p, host, port, upstream.tls.is_some())?;
+    }
     let _ = tcp.set_read_timeout(Some(Duration::from_secs(32)));
+    let forward = upstream.forward_proxy();
+    let target = match forward {
+        Some(_) => format!("http://{}{target}", upstream.host_header),
+        None => target.to_string(),
+    };
     let mut req = format!(
         "GET {target} HTTP/1.1\r\nHost: {}\r\nUser-Agent: kubectl/{EMULATED} (linux/{}) kubernetes/edgetunnel\r\nAccept: application/json, */*\r\nConnection: close\r\n",
         upstream.host_header,
@@ -195,6 +204,9 @@ fn fetch(
     );
     if let Some(auth) = auth {
         req.push_str(&format!("Authorization: {auth}\r\n"));
+    }
+    if let Some(a) = forward.and_then(|p| p.basic_auth()) {
+        req.push_str(&format!("Proxy-Authorization: {a}\r\n"));
     }
     for (name, value) in upstream.impersonation.fields(None).1 {
         req.push_str(&format!("{name}: {value}\r\n"));

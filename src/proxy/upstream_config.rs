@@ -21,6 +21,7 @@ use secrecy::ExposeSecret;
 use super::credentials::{DynamicToken, ExecPlugin, TokenSource};
 use super::flags::ProxyArgs;
 use crate::protocol::impersonation::Impersonation;
+use crate::protocol::upstream_proxy::{parse_kubeconfig_proxy, EnvProxy, ProxyScheme, ProxyUrl};
 
 /// Where the service account token and CA are mounted in a pod.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -87,26 +88,7 @@ impl Auth {
     }
 }
 
-fn base64(input: &[u8]) -> String {
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in input.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
+use crate::protocol::upstream_proxy::base64;
 
 /// Where and how to reach the API server.
 #[derive(Clone)]
@@ -126,6 +108,27 @@ pub struct Upstream {
     pub auth: Auth,
     /// `Impersonate-*` headers to add (sent over http too, as kubectl does).
     pub impersonation: Impersonation,
+    /// The proxy connections go through (kubeconfig `proxy-url` or the
+    /// environment), if any.
+    pub proxy: Option<ProxyUrl>,
+}
+
+impl Upstream {
+    /// The API server's host (no brackets) and port, from `dial`.
+    pub fn target_host_port(&self) -> (&str, u16) {
+        let (h, p) = self.dial.rsplit_once(':').unwrap_or((&self.dial, "443"));
+        let h = h.trim_start_matches('[').trim_end_matches(']');
+        (h, p.parse().unwrap_or(443))
+    }
+
+    /// An HTTP(S) proxy that takes `http://` requests in absolute form
+    /// (Go's transport sends no CONNECT for a plain-http target), with its
+    /// `Proxy-Authorization`.
+    pub fn forward_proxy(&self) -> Option<&ProxyUrl> {
+        self.proxy
+            .as_ref()
+            .filter(|p| self.tls.is_none() && p.scheme != ProxyScheme::Socks5)
+    }
 }
 
 impl std::fmt::Debug for Upstream {
@@ -138,6 +141,7 @@ impl std::fmt::Debug for Upstream {
             .field("base_path", &self.base_path)
             .field("auth", &self.auth)
             .field("impersonation", &self.impersonation)
+            .field("proxy", &self.proxy.as_ref().map(|p| (p.scheme, p.addr())))
             .finish()
     }
 }
@@ -164,7 +168,7 @@ fn pem_certs(pem: &[u8], path: &str) -> Result<Vec<Vec<u8>>, UpstreamError> {
 /// The in-cluster config (client-go's `rest.InClusterConfig`): possible
 /// when `KUBERNETES_SERVICE_HOST` and `_PORT` are set and the service
 /// account token file exists.
-fn in_cluster() -> Option<Result<(kube::Config, String), UpstreamError>> {
+fn in_cluster() -> Option<Result<(kube::Config, String, ClusterProxy), UpstreamError>> {
     let dir = std::env::var_os(SERVICE_ACCOUNT_DIR_ENV)
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(SERVICE_ACCOUNT_DIR));
@@ -196,12 +200,22 @@ fn in_cluster() -> Option<Result<(kube::Config, String), UpstreamError>> {
         }
         config.auth_info.token_file = Some(token.display().to_string());
         tracing::info!("using in-cluster configuration ({})", dir.display());
-        Ok((config, String::new()))
+        Ok((config, String::new(), None))
     })())
 }
 
-/// The kubeconfig's config and the name of the user entry in use.
-async fn load_config(args: &ProxyArgs) -> Result<(kube::Config, String), UpstreamError> {
+/// What kube's loader is given as `proxy-url` (see [`load_config`]).
+const KUBE_PROXY_PLACEHOLDER: &str = "http://unused.invalid";
+
+/// The cluster entry's `proxy-url` as written, with the cluster's name
+/// (kube's `Config::proxy_url` mixes in `HTTPS_PROXY`; client-go does not).
+type ClusterProxy = Option<(String, String)>;
+
+/// The kubeconfig's config, the name of the user entry in use and the
+/// cluster's `proxy-url`.
+async fn load_config(
+    args: &ProxyArgs,
+) -> Result<(kube::Config, String, ClusterProxy), UpstreamError> {
     let options = KubeConfigOptions {
         context: opt(&args.context),
         cluster: opt(&args.cluster),
@@ -214,7 +228,7 @@ async fn load_config(args: &ProxyArgs) -> Result<(kube::Config, String), Upstrea
     };
     let no_file = kubeconfig.is_err();
     let loaded = match kubeconfig {
-        Ok(kc) => {
+        Ok(mut kc) => {
             let context = opt(&args.context).or_else(|| kc.current_context.clone());
             let user = opt(&args.user).unwrap_or_else(|| {
                 kc.contexts
@@ -224,9 +238,33 @@ async fn load_config(args: &ProxyArgs) -> Result<(kube::Config, String), Upstrea
                     .and_then(|c| c.user.clone())
                     .unwrap_or_default()
             });
+            let cluster = opt(&args.cluster).or_else(|| {
+                kc.contexts
+                    .iter()
+                    .find(|c| Some(&c.name) == context.as_ref())
+                    .and_then(|c| c.context.as_ref())
+                    .map(|c| c.cluster.clone())
+            });
+            let proxy = cluster.and_then(|name| {
+                let url = kc
+                    .clusters
+                    .iter()
+                    .find(|c| c.name == name)
+                    .and_then(|c| c.cluster.as_ref())
+                    .and_then(|c| c.proxy_url.clone())
+                    .filter(|u| !u.is_empty())?;
+                Some((name, url))
+            });
+            // kube's loader would parse proxy-url itself (failing with its
+            // own words) or fall back to HTTPS_PROXY; client-go does
+            // neither, and `resolve` picks the proxy. A fixed valid value
+            // keeps kube from doing either; its `proxy_url` is not used.
+            for c in kc.clusters.iter_mut().filter_map(|c| c.cluster.as_mut()) {
+                c.proxy_url = Some(KUBE_PROXY_PLACEHOLDER.into());
+            }
             kube::Config::from_custom_kubeconfig(kc, &options)
                 .await
-                .map(|c| (c, user))
+                .map(|c| (c, user, proxy))
                 .map_err(|e| UpstreamError::Kubeconfig(e.to_string()))
         }
         Err(e) => Err(UpstreamError::Kubeconfig(e.to_string())),
@@ -245,7 +283,7 @@ async fn load_config(args: &ProxyArgs) -> Result<(kube::Config, String), Upstrea
             let uri = args.server.parse().map_err(|e: http::uri::InvalidUri| {
                 UpstreamError::Url(args.server.clone(), e.to_string())
             })?;
-            Ok((kube::Config::new(uri), String::new()))
+            Ok((kube::Config::new(uri), String::new(), None))
         }
         Err(e) => Err(e),
     }
@@ -276,6 +314,31 @@ fn impersonation(args: &ProxyArgs, ai: &kube::config::AuthInfo) -> Impersonation
     imp
 }
 
+/// client-go's `GetAuthProvider` in kubectl 1.32: only `oidc` is built in;
+/// `gcp` and `azure` fail with their removal notices
+/// (plugin/pkg/client/auth/{gcp,azure}), anything else is unknown. Texts
+/// copied from what kubectl v1.32 prints.
+fn auth_provider(p: &kube::config::AuthProviderConfig) -> Result<(), UpstreamError> {
+    let err = |s: String| Err(UpstreamError::Kubeconfig(s));
+    match p.name.as_str() {
+        "gcp" => err("The gcp auth plugin has been removed.\nPlease use the \"gke-gcloud-auth-plugin\" kubectl/client-go credential plugin instead.\nSee https://cloud.google.com/blog/products/containers-kubernetes/kubectl-auth-changes-in-gke for further details".into()),
+        "azure" => err("The azure auth plugin has been removed.\nPlease use the https://github.com/Azure/kubelogin kubectl/client-go credential plugin instead.\nSee https://kubernetes.io/docs/reference/access-authn-authz/authentication/#client-go-credential-plugins for further details".into()),
+        "oidc" => {
+            // oidc.go newOIDCAuthProvider's checks; the provider itself
+            // (id-token use and refresh) is not built yet.
+            let cfg = &p.config;
+            for key in ["idp-issuer-url", "client-id"] {
+                if cfg.get(key).is_none_or(|v| v.is_empty()) {
+                    return err(format!("Must provide {key}"));
+                }
+            }
+            tracing::warn!("auth-provider oidc is not supported by edgetunnel proxy yet; use an exec plugin (e.g. kubelogin) instead");
+            Ok(())
+        }
+        other => err(format!("no Auth Provider found for name {other:?}")),
+    }
+}
+
 /// The credentials for an https upstream, in client-go's precedence.
 fn credentials(args: &ProxyArgs, config: &kube::Config, user: &str) -> Result<Auth, UpstreamError> {
     let ai = &config.auth_info;
@@ -293,6 +356,9 @@ fn credentials(args: &ProxyArgs, config: &kube::Config, user: &str) -> Result<Au
         return Err(UpstreamError::Kubeconfig(format!(
             "more than one authentication method found for {user}; found [token basicAuth], only one is allowed"
         )));
+    }
+    if let Some(p) = &ai.auth_provider {
+        auth_provider(p)?;
     }
     let start = |source| {
         DynamicToken::start(source)
@@ -321,18 +387,12 @@ fn credentials(args: &ProxyArgs, config: &kube::Config, user: &str) -> Result<Au
             return start(TokenSource::Exec(Box::new(plugin)));
         }
     }
-    if let Some(p) = &ai.auth_provider {
-        tracing::warn!(
-            provider = %p.name,
-            "auth-provider is not supported by edgetunnel proxy; use an exec plugin (e.g. kubelogin) instead"
-        );
-    }
     Ok(Auth::None)
 }
 
 /// Resolves the upstream from the kubeconfig and the override flags.
 pub async fn resolve(args: &ProxyArgs) -> Result<Upstream, UpstreamError> {
-    let (mut config, user) = load_config(args).await?;
+    let (mut config, user, cluster_proxy) = load_config(args).await?;
     if !args.server.is_empty() {
         let server = if args.server.contains("://") {
             args.server.clone()
@@ -428,6 +488,19 @@ pub async fn resolve(args: &ProxyArgs) -> Result<Upstream, UpstreamError> {
     } else {
         (None, None)
     };
+    // client-go: the kubeconfig's proxy-url for every host, else the
+    // environment (rest.Config.Proxy / http.ProxyFromEnvironment).
+    let proxy = match cluster_proxy {
+        Some((cluster, raw)) => Some(parse_kubeconfig_proxy(&raw).map_err(|e| {
+            UpstreamError::Kubeconfig(format!(
+                "invalid 'proxy-url' {raw:?} for cluster {cluster:?}: {e}"
+            ))
+        })?),
+        None => EnvProxy::from_lookup(|k| std::env::var(k).ok()).proxy_for(https, &bare_host, port),
+    };
+    if let Some(p) = &proxy {
+        tracing::debug!(proxy = %p.addr(), scheme = ?p.scheme, "upstream through a proxy");
+    }
     let server_name = config.tls_server_name.clone().unwrap_or(bare_host);
     let base_path = url.path().trim_end_matches('/').to_string();
     Ok(Upstream {
@@ -439,6 +512,7 @@ pub async fn resolve(args: &ProxyArgs) -> Result<Upstream, UpstreamError> {
         base_path,
         auth,
         impersonation,
+        proxy,
     })
 }
 

@@ -40,6 +40,11 @@ fn load_key(p: &Path) -> PrivateKeyDer<'static> {
 /// Starts the server with `certs/server.crt` and `server.key`, asking for
 /// (not requiring) a client certificate signed by `certs/ca.crt`.
 pub fn start(certs: &Path) -> FakeApiServer {
+    start_at(certs, "127.0.0.1:0")
+}
+
+/// [`start`] listening on `bind` (e.g. a non-loopback address).
+pub fn start_at(certs: &Path, bind: &str) -> FakeApiServer {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut roots = rustls::RootCertStore::empty();
     for c in load_certs(&certs.join("ca.crt")) {
@@ -58,7 +63,7 @@ pub fn start(certs: &Path) -> FakeApiServer {
         .expect("server config");
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     let cfg = Arc::new(cfg);
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let listener = TcpListener::bind(bind).expect("bind");
     let addr = listener.local_addr().unwrap();
     let requests = Arc::new(AtomicUsize::new(0));
     let watch_gate = Arc::new(AtomicBool::new(false));
@@ -113,7 +118,12 @@ impl Conn for TcpStream {
 
 /// Starts the same server without TLS (for `http://` upstreams).
 pub fn start_plain() -> FakeApiServer {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    start_plain_at("127.0.0.1:0")
+}
+
+/// [`start_plain`] listening on `bind`.
+pub fn start_plain_at(bind: &str) -> FakeApiServer {
+    let listener = TcpListener::bind(bind).expect("bind");
     let addr = listener.local_addr().unwrap();
     let requests = Arc::new(AtomicUsize::new(0));
     let watch_gate = Arc::new(AtomicBool::new(false));

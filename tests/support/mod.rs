@@ -4,6 +4,7 @@
 
 pub mod apiserver;
 pub mod fake_kube;
+pub mod fwd_proxy;
 pub mod http_raw;
 pub mod netns;
 pub mod proxy_proc;
