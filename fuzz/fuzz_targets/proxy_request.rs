@@ -56,6 +56,7 @@ fuzz_target!(|data: &[u8]| {
                     base_path: "/base".into(),
                     auth: Auth::Bearer("t".into()),
                     impersonation: Default::default(),
+                    proxy: None,
                 };
                 let target = forward::upstream_target(&u, &up, true);
                 assert!(target.starts_with('/') || target == "*", "{target:?}");

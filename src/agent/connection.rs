@@ -201,7 +201,7 @@ pub(crate) async fn run(
     slots.want_slots(server_count);
     let instance = &slots.links.instance;
     tracing::info!(server = %addr, %server_id, server_count, half_close, window, ?link, %instance, "connected to server");
-    println!("CONNECTED {addr} {server_id}");
+    crate::announce(format_args!("CONNECTED {addr} {server_id}"));
     slot.mark_established();
     let _up = agent_metrics().server_connection();
     if let Some((workers, _)) = link {
@@ -244,11 +244,11 @@ async fn serve_secondary(
         .to_string();
     let worker = link.map(|(_, w)| w);
     tracing::info!(server = %slots.addr, %server_id, ?worker, "secondary link up");
-    println!(
+    crate::announce(format_args!(
         "LINKED {} {server_id} {}",
         slots.addr,
         worker.map(|w| w.to_string()).unwrap_or_default()
-    );
+    ));
     slot.mark_established();
     serve(slots, slot, resp, send, conn, ping, Role::Secondary).await
 }

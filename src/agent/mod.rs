@@ -111,7 +111,7 @@ pub fn run(cfg: AgentConfig) -> Result<(), BoxError> {
             .map_err(|e| format!("{what} listener: {e}"))?
             .remove(0);
         // Machine-readable line for scripts and tests.
-        println!("LISTEN {what} {}", l.local_addr()?);
+        crate::announce(format_args!("LISTEN {what} {}", l.local_addr()?));
         admin_l.push(l);
     }
     let cfg = Arc::new(cfg);

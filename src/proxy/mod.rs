@@ -181,7 +181,7 @@ pub fn run(args: ProxyArgs) -> Result<(), BoxError> {
         None => None,
     };
     tracing::info!(driver = args.driver().name(), workers, "proxy data plane");
-    println!("Starting to serve on {shown}");
+    crate::announce(format_args!("Starting to serve on {shown}"));
     let _ = std::io::stdout().flush();
 
     let per_core = std::sync::Mutex::new(match bound {

@@ -342,7 +342,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
             .and_then(|l| l.local_addr().ok())
         {
             // Machine-readable line for scripts and tests.
-            println!("LISTEN {what} {a}");
+            crate::announce(format_args!("LISTEN {what} {a}"));
         }
     };
     print_addr("agent", &agent_l);
@@ -417,7 +417,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
         server_id = %cfg.server_id,
         "edgetunnel server starting"
     );
-    println!("READY");
+    crate::announce(format_args!("READY"));
 
     let per_worker = Arc::new(per_worker);
     let inbox_rx = Arc::new(inbox_rx);
