@@ -109,7 +109,7 @@ pub(crate) async fn run(
             .await?;
         let (client, conn) = h2::client::Builder::new()
             .initial_window_size(grpc::STREAM_WINDOW)
-            .initial_connection_window_size(grpc::CONNECTION_WINDOW)
+            .initial_connection_window_size(grpc::H2_CONNECTION_WINDOW)
             .max_frame_size(grpc::MAX_FRAME)
             .max_send_buffer_size(grpc::MAX_SEND_BUFFER)
             .handshake::<_, SendBuf>(tls)
@@ -589,7 +589,7 @@ async fn dial(shared: Rc<Shared>, d: Dial) {
     listener::nodelay(&stream);
     let (tx, rx) = mpsc::unbounded();
     let window = shared.window.then(|| {
-        let w = ConnWindow::new(window::CONNECTION_WINDOW);
+        let w = ConnWindow::new(window::TUNNEL_WINDOW);
         w.bind(connect_id, shared.ctl.clone());
         w
     });

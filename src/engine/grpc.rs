@@ -22,7 +22,7 @@ pub type SendBuf = Chain<Bytes, Bytes>;
 /// HTTP/2 windows: the agent stream carries every tunneled connection of an
 /// agent, so it gets a large window.
 pub const STREAM_WINDOW: u32 = 16 * 1024 * 1024;
-pub const CONNECTION_WINDOW: u32 = 32 * 1024 * 1024;
+pub const H2_CONNECTION_WINDOW: u32 = 32 * 1024 * 1024;
 pub const MAX_FRAME: u32 = 256 * 1024;
 pub const MAX_SEND_BUFFER: usize = 1024 * 1024;
 

@@ -5,7 +5,7 @@
 //! and has no per-connection flow control: a connection whose reader stalls
 //! can only be buffered (without bound) or make the shared stream wait,
 //! which stalls every other connection of the agent. With the extension,
-//! a sender keeps at most [`CONNECTION_WINDOW`] bytes of one connection
+//! a sender keeps at most [`TUNNEL_WINDOW`] bytes of one connection
 //! unacknowledged, and the receiver acknowledges payload once it has been
 //! written to the local socket, so it can always accept what arrives
 //! without waiting and without unbounded memory.
@@ -27,7 +27,7 @@ use futures::task::AtomicWaker;
 use crate::protocol::packet::{self, Frame};
 
 /// Unacknowledged bytes one connection may have in flight per direction.
-pub const CONNECTION_WINDOW: u64 = 2 * 1024 * 1024;
+pub const TUNNEL_WINDOW: u64 = 2 * 1024 * 1024;
 
 /// Both halves of one connection's window.
 #[derive(Debug)]

@@ -10,7 +10,7 @@ use super::io::UpstreamIo;
 use crate::protocol::http1::{self, Header, ResponseHead};
 
 const STREAM_WINDOW: u32 = 4 << 20;
-const CONNECTION_WINDOW: u32 = 16 << 20;
+const UPSTREAM_H2_CONNECTION_WINDOW: u32 = 16 << 20;
 const MAX_FRAME: u32 = 64 * 1024;
 
 /// Runs the HTTP/2 handshake on a negotiated connection and spawns its
@@ -18,7 +18,7 @@ const MAX_FRAME: u32 = 64 * 1024;
 pub async fn handshake(io: UpstreamIo) -> Result<SendRequest<Bytes>, String> {
     let (send, conn) = h2::client::Builder::new()
         .initial_window_size(STREAM_WINDOW)
-        .initial_connection_window_size(CONNECTION_WINDOW)
+        .initial_connection_window_size(UPSTREAM_H2_CONNECTION_WINDOW)
         .max_frame_size(MAX_FRAME)
         .handshake::<_, Bytes>(io)
         .await

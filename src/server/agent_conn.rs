@@ -225,7 +225,7 @@ async fn serve(
             .map(|c| c.as_ref().to_vec());
         let mut conn = h2::server::Builder::new()
             .initial_window_size(grpc::STREAM_WINDOW)
-            .initial_connection_window_size(grpc::CONNECTION_WINDOW)
+            .initial_connection_window_size(grpc::H2_CONNECTION_WINDOW)
             .max_frame_size(grpc::MAX_FRAME)
             .max_send_buffer_size(grpc::MAX_SEND_BUFFER)
             .max_concurrent_streams(16)

@@ -398,7 +398,7 @@ where
     let window = dial
         .agent
         .window
-        .then(|| ConnWindow::new(window::CONNECTION_WINDOW));
+        .then(|| ConnWindow::new(window::TUNNEL_WINDOW));
     let cmd = AgentCmd::Dial {
         random,
         address: dial.address.clone(),

@@ -136,7 +136,7 @@ where
     // The handshake ends when the client's preface has come.
     let handshake = h2::server::Builder::new()
         .initial_window_size(4 * 1024 * 1024)
-        .initial_connection_window_size(grpc::CONNECTION_WINDOW)
+        .initial_connection_window_size(grpc::H2_CONNECTION_WINDOW)
         .max_frame_size(grpc::MAX_FRAME)
         .max_send_buffer_size(grpc::MAX_SEND_BUFFER)
         .handshake::<_, SendBuf>(crate::engine::h2_server_io::wrap(io));
@@ -408,7 +408,7 @@ async fn route_dial(
     let window = avoid
         .as_ref()
         .map(|r| r.window.clone())
-        .unwrap_or_else(|| ConnWindow::new(window::CONNECTION_WINDOW));
+        .unwrap_or_else(|| ConnWindow::new(window::TUNNEL_WINDOW));
     let sink = FrontendSink {
         tx: events.clone(),
         token,
