@@ -8,11 +8,11 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use support::apiserver;
 use support::http_raw::{exchange, Endpoint};
-use support::proxy_proc::{kubectl, kubectl_cmd, ours_cmd, start, Running};
+use support::proxy_proc::{kubectl, kubectl_cmd, ours_cmd, run_briefly, start, Running};
 use support::{Env, BIN};
 
 /// GET through a proxy: status and the upstream's echo (if JSON).
@@ -199,28 +199,7 @@ fn bad_user_entries_refused_as_kubectl() {
             .map(|s| s.to_string())
             .collect();
         // A proxy that does not refuse starts serving: killed after 10 s.
-        let run = |mut c: Command| {
-            let log = env.path(&format!("{name}-{}.err", fastrand_name()));
-            let mut child = c
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(&log).expect("log"))
-                .spawn()
-                .expect("run");
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            let ok = loop {
-                if let Some(st) = child.try_wait().expect("wait") {
-                    break st.success();
-                }
-                if std::time::Instant::now() > deadline {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break true;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            };
-            (ok, std::fs::read_to_string(&log).unwrap_or_default())
-        };
+        let run = |c: Command| run_briefly(env.path(&format!("{name}-{}.err", fastrand_name())), c);
         let (gok, gerr) = run(kubectl_cmd(&kubectl, &kc, &flags));
         let (ook, oerr) = run(ours_cmd(&kc, &flags));
         assert!(!gok && !ook, "{name}: both must refuse: {gerr} / {oerr}");

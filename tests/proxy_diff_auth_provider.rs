@@ -5,34 +5,8 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
-
-use support::proxy_proc::{kubectl, kubectl_cmd, ours_cmd};
+use support::proxy_proc::{kubectl, kubectl_cmd, ours_cmd, run_briefly};
 use support::Env;
-
-/// Runs a proxy; one that does not refuse is killed after 10 s.
-/// Returns (success, stderr).
-fn run_briefly(log: std::path::PathBuf, mut c: Command) -> (bool, String) {
-    let mut child = c
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log"))
-        .spawn()
-        .expect("run");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let ok = loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            break st.success();
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
-    (ok, std::fs::read_to_string(&log).unwrap_or_default())
-}
 
 #[test]
 fn removed_and_unknown_auth_providers_refused_as_kubectl() {

@@ -11,12 +11,12 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use support::apiserver;
 use support::fwd_proxy::{self, RecProxy};
 use support::http_raw::{exchange, Endpoint};
-use support::proxy_proc::{kubectl, kubectl_cmd, ours_cmd, start, Running};
+use support::proxy_proc::{self, kubectl, kubectl_cmd, ours_cmd, start, Running};
 use support::Env;
 
 const PROXY_VARS: &[&str] = &[
@@ -327,29 +327,11 @@ fn rand_suffix() -> u64 {
     N.fetch_add(1, Ordering::Relaxed)
 }
 
-/// Runs a proxy command with no proxy variables; one that does not refuse
-/// starts serving and is killed after 10 s. Returns (success, stderr).
+/// Runs a proxy command with no proxy variables (see
+/// [`proxy_proc::run_briefly`]).
 fn run_briefly(env: &Env, name: &str, c: Command) -> (bool, String) {
     let log = env.path(&format!("{name}-{}.err", rand_suffix()));
-    let mut child = with_env(c, &[])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log"))
-        .spawn()
-        .expect("run");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let ok = loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            break st.success();
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
-    (ok, std::fs::read_to_string(&log).unwrap_or_default())
+    proxy_proc::run_briefly(log, with_env(c, &[]))
 }
 
 #[test]

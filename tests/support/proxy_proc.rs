@@ -96,3 +96,28 @@ pub fn kubectl_cmd(kubectl: &Path, kubeconfig: &Path, flags: &[String]) -> Comma
         .args(flags);
     c
 }
+
+/// Runs a proxy command that is expected to refuse its configuration: one
+/// that does not starts serving and is killed after 10 s. Returns (exited
+/// successfully or kept serving, stderr written to `log`).
+pub fn run_briefly(log: PathBuf, mut c: Command) -> (bool, String) {
+    let mut child = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("run");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let ok = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st.success();
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    (ok, std::fs::read_to_string(&log).unwrap_or_default())
+}
