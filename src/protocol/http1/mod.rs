@@ -101,14 +101,48 @@ pub fn parse_request(
     buf: &[u8],
     limit: HeadLimit,
 ) -> Result<Option<(RequestHead, usize)>, HeadError> {
-    // Most heads fit a small array on the stack; retry big only when not.
+    with_header_slots(buf, limit, parse_request_with)
+}
+
+/// Parses a response head, as [`parse_request`].
+pub fn parse_response(
+    buf: &[u8],
+    limit: HeadLimit,
+) -> Result<Option<(ResponseHead, usize)>, HeadError> {
+    with_header_slots(buf, limit, parse_response_with)
+}
+
+type ParseWith<T> =
+    for<'b> fn(&'b [u8], &mut [httparse::Header<'b>], HeadLimit) -> Result<Option<T>, HeadError>;
+
+/// Runs `parse` with header slots on the stack, and again with the limit's
+/// number on the heap only when they were too few.
+fn with_header_slots<T>(
+    buf: &[u8],
+    limit: HeadLimit,
+    parse: ParseWith<T>,
+) -> Result<Option<T>, HeadError> {
     let mut small = [httparse::EMPTY_HEADER; STACK_HEADERS];
     let slots = STACK_HEADERS.min(limit.headers);
-    match parse_request_with(buf, &mut small[..slots], limit) {
+    match parse(buf, &mut small[..slots], limit) {
         Err(HeadError::TooLarge) if buf.len() < limit.bytes && limit.headers > slots => {
-            parse_request_with(buf, &mut vec![httparse::EMPTY_HEADER; limit.headers], limit)
+            parse(buf, &mut vec![httparse::EMPTY_HEADER; limit.headers], limit)
         }
         other => other,
+    }
+}
+
+/// The head's length if httparse found a complete one within `limit`.
+fn within_limit(
+    status: httparse::Status<usize>,
+    buf_len: usize,
+    limit: HeadLimit,
+) -> Result<Option<usize>, HeadError> {
+    match status {
+        httparse::Status::Partial if buf_len >= limit.bytes => Err(HeadError::TooLarge),
+        httparse::Status::Partial => Ok(None),
+        httparse::Status::Complete(n) if n > limit.bytes => Err(HeadError::TooLarge),
+        httparse::Status::Complete(n) => Ok(Some(n)),
     }
 }
 
@@ -118,44 +152,19 @@ fn parse_request_with<'b>(
     limit: HeadLimit,
 ) -> Result<Option<(RequestHead, usize)>, HeadError> {
     let mut req = httparse::Request::new(headers);
-    match req.parse(buf).map_err(map_err)? {
-        httparse::Status::Partial => {
-            if buf.len() >= limit.bytes {
-                Err(HeadError::TooLarge)
-            } else {
-                Ok(None)
-            }
-        }
-        httparse::Status::Complete(n) => {
-            if n > limit.bytes {
-                return Err(HeadError::TooLarge);
-            }
-            Ok(Some((
-                RequestHead {
-                    method: req.method.unwrap_or_default().to_string(),
-                    target: req.path.unwrap_or_default().to_string(),
-                    minor: req.version.unwrap_or(1),
-                    headers: convert(req.headers),
-                },
-                n,
-            )))
-        }
-    }
-}
-
-/// Parses a response head, as [`parse_request`].
-pub fn parse_response(
-    buf: &[u8],
-    limit: HeadLimit,
-) -> Result<Option<(ResponseHead, usize)>, HeadError> {
-    let mut small = [httparse::EMPTY_HEADER; STACK_HEADERS];
-    let slots = STACK_HEADERS.min(limit.headers);
-    match parse_response_with(buf, &mut small[..slots], limit) {
-        Err(HeadError::TooLarge) if buf.len() < limit.bytes && limit.headers > slots => {
-            parse_response_with(buf, &mut vec![httparse::EMPTY_HEADER; limit.headers], limit)
-        }
-        other => other,
-    }
+    let status = req.parse(buf).map_err(map_err)?;
+    let Some(n) = within_limit(status, buf.len(), limit)? else {
+        return Ok(None);
+    };
+    Ok(Some((
+        RequestHead {
+            method: req.method.unwrap_or_default().to_string(),
+            target: req.path.unwrap_or_default().to_string(),
+            minor: req.version.unwrap_or(1),
+            headers: convert(req.headers),
+        },
+        n,
+    )))
 }
 
 fn parse_response_with<'b>(
@@ -164,25 +173,19 @@ fn parse_response_with<'b>(
     limit: HeadLimit,
 ) -> Result<Option<(ResponseHead, usize)>, HeadError> {
     let mut res = httparse::Response::new(headers);
-    match res.parse(buf).map_err(map_err)? {
-        httparse::Status::Partial => {
-            if buf.len() >= limit.bytes {
-                Err(HeadError::TooLarge)
-            } else {
-                Ok(None)
-            }
-        }
-        httparse::Status::Complete(n) if n > limit.bytes => Err(HeadError::TooLarge),
-        httparse::Status::Complete(n) => Ok(Some((
-            ResponseHead {
-                status: res.code.unwrap_or(0),
-                reason: res.reason.unwrap_or_default().to_string(),
-                minor: res.version.unwrap_or(1),
-                headers: convert(res.headers),
-            },
-            n,
-        ))),
-    }
+    let status = res.parse(buf).map_err(map_err)?;
+    let Some(n) = within_limit(status, buf.len(), limit)? else {
+        return Ok(None);
+    };
+    Ok(Some((
+        ResponseHead {
+            status: res.code.unwrap_or(0),
+            reason: res.reason.unwrap_or_default().to_string(),
+            minor: res.version.unwrap_or(1),
+            headers: convert(res.headers),
+        },
+        n,
+    )))
 }
 
 /// All values of header `name` (case-insensitive).
