@@ -50,10 +50,13 @@ fn token_auth(kubeconfig: &std::path::Path) -> Vec<String> {
 }
 
 /// A token-reviewing server with only --cert/--key (no CA).
+/// Two workers, so that an edgetunnel agent holds two links (two
+/// connections, each reviewed).
 fn start_server(env: &Env, kubeconfig: &std::path::Path, agent_bind: &str) -> Server {
     let cert = env.certs().join("server.crt").display().to_string();
     let key = env.certs().join("server.key").display().to_string();
-    let auth = token_auth(kubeconfig);
+    let mut auth = token_auth(kubeconfig);
+    auth.extend(["--workers".to_string(), "2".to_string()]);
     let auth: Vec<&str> = auth.iter().map(String::as_str).collect();
     Server::start_with_tls(env, agent_bind, &["--cert", &cert, "--key", &key], &auth)
 }
@@ -88,6 +91,25 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool, log: impl Fn() -> String) {
         assert!(Instant::now() < deadline, "{what}:\n{}", log());
         thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The agent links the server holds, summed over its workers.
+fn links(server: &Server) -> f64 {
+    server
+        .metrics()
+        .lines()
+        .filter(|l| l.starts_with("edgetunnel_worker_agent_links{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until the agent holds a link on both server workers.
+fn wait_both_links(server: &Server, agent: &Proc) {
+    wait_for(
+        "a link on each server worker",
+        || links(server) == 2.0,
+        || format!("{}\n{}", server.metrics(), agent.log_text()),
+    );
 }
 
 fn tokens_reviewed(kube: &FakeKube) -> Vec<String> {
@@ -132,8 +154,17 @@ fn token_authenticated_agents_connect_and_tokens_are_reread() {
     let agent = spawn_agent(&env, server.agent, "good", Some(&token), &[]);
     agent.wait_line("CONNECTED");
     server.wait_metric("edgetunnel_agents_connected", 1.0);
+    wait_both_links(&server, &agent);
     dial_ok(&server);
-    assert_eq!(tokens_reviewed(&kube), ["token-one"]);
+    // A review per link connection (at least two: a secondary link that
+    // lands on the taken worker is refused and tries again), each with the
+    // token in the file.
+    let before = tokens_reviewed(&kube);
+    assert!(
+        before.len() >= 2 && before.iter().all(|t| t == "token-one"),
+        "{before:?}"
+    );
+    let before = before.len();
 
     // (b) The token rotates; the next connection presents the new one.
     std::fs::write(&token, "token-two\n").unwrap();
@@ -142,13 +173,14 @@ fn token_authenticated_agents_connect_and_tokens_are_reread() {
     let server = start_server(&env, &kc, &port.to_string());
     agent.wait_line("CONNECTED");
     server.wait_metric("edgetunnel_agents_connected", 1.0);
+    wait_both_links(&server, &agent);
     wait_for(
         "the new token reviewed",
         || tokens_reviewed(&kube).last().map(String::as_str) == Some("token-two"),
         || format!("{:?}\n{}", tokens_reviewed(&kube), server.proc.log_text()),
     );
     assert!(
-        !tokens_reviewed(&kube)[1..].contains(&"token-one".to_string()),
+        !tokens_reviewed(&kube)[before..].contains(&"token-one".to_string()),
         "the old token presented after the rewrite: {:?}",
         tokens_reviewed(&kube)
     );
@@ -156,7 +188,7 @@ fn token_authenticated_agents_connect_and_tokens_are_reread() {
 
     // (d) Every body has ANP's shape.
     let reviews = kube.token_reviews();
-    assert!(reviews.len() >= 2);
+    assert!(reviews.len() >= 4, "{reviews:?}");
     for r in &reviews {
         assert_anp_shape(r);
     }
