@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use support::apiserver::{self, fnv, FakeApiServer};
-use support::http_raw::{exchange, read_response, read_response_from, Endpoint};
+use support::http_raw::{exchange, read_response, read_response_from, upgrade_echo, Endpoint};
 use support::proxy_proc::{kubectl, kubectl_cmd, ours_cmd, start, Running};
 use support::{free_port, random_bytes, Env};
 
@@ -97,36 +97,8 @@ fn watch_streams_through_both_proxies() {
 
 /// An upgrade request gets 101 and then a byte-exact echo both ways.
 fn check_upgrade(ep: &Endpoint, size: usize) {
-    let mut c = ep.connect();
-    let req = format!(
-        "POST /api/v1/namespaces/d/pods/p/portforward HTTP/1.1\r\nHost: localhost:{}\r\nUser-Agent: t\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: portforward.k8s.io\r\n\r\n",
-        ep.port()
-    );
-    c.write_all(req.as_bytes()).unwrap();
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        assert_eq!(c.read(&mut b).unwrap(), 1, "EOF in 101 head");
-        head.push(b[0]);
-    }
-    let head = String::from_utf8_lossy(&head);
-    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    assert!(
-        head.to_ascii_lowercase().contains("upgrade: spdy/3.1"),
-        "{head}"
-    );
-    // Lock-step: send a piece, read its echo back.
-    let data = random_bytes(size, size as u64);
-    let mut buf = vec![0u8; 65536];
-    for piece in data.chunks(65536) {
-        c.write_all(piece).unwrap();
-        let mut got = Vec::with_capacity(piece.len());
-        while got.len() < piece.len() {
-            let n = c.read(&mut buf).unwrap();
-            assert!(n > 0, "upgrade echo ended early");
-            got.extend_from_slice(&buf[..n]);
-        }
-        assert!(got == piece, "upgrade echo differs");
+    if let Err(e) = upgrade_echo(ep, size) {
+        panic!("{e}");
     }
 }
 

@@ -15,7 +15,7 @@ use std::process::Command;
 
 use support::apiserver;
 use support::fwd_proxy::{self, RecProxy};
-use support::http_raw::{exchange, Endpoint};
+use support::http_raw::{exchange, upgrade_echo, Endpoint};
 use support::proxy_proc::{self, kubectl, kubectl_cmd, ours_cmd, start, Running};
 use support::Env;
 
@@ -84,6 +84,21 @@ fn both(
     proxy: &RecProxy,
     paths: &[&str],
 ) -> [Run; 2] {
+    each(env, name, kc, vars, proxy, |ep| {
+        paths.iter().map(|path| get(ep, path)).collect()
+    })
+}
+
+/// Runs kubectl, then ours, with `vars` in the environment; `ask` talks to
+/// each; returns what it returned and the proxy's record of each run.
+fn each<T>(
+    env: &Env,
+    name: &str,
+    kc: &Path,
+    vars: &[(&str, String)],
+    proxy: &RecProxy,
+    ask: impl Fn(&Endpoint) -> T,
+) -> [(T, Vec<String>); 2] {
     let kubectl = kubectl();
     let flags = vec!["--port=0".to_string()];
     let mut out = Vec::new();
@@ -95,7 +110,7 @@ fn both(
             ours_cmd(kc, &flags)
         };
         let p: Running = start(with_env(cmd, vars), env.path(&format!("{name}-{who}.log")));
-        let answers: Vec<(u16, String)> = paths.iter().map(|path| get(&p.ep, path)).collect();
+        let answers = ask(&p.ep);
         drop(p);
         // kubectl's own start-up /version calls are not compared.
         let lines = proxy
@@ -105,7 +120,9 @@ fn both(
             .collect();
         out.push((answers, lines));
     }
-    [out.remove(0), out.remove(0)]
+    let ours = out.pop().expect("two runs");
+    let go = out.pop().expect("two runs");
+    [go, ours]
 }
 
 /// This machine's address toward the outside (no packet is sent), if any
@@ -359,5 +376,66 @@ fn match_server_version_asks_through_the_proxy() {
         assert!(!err.contains("couldn't read version"), "{who}: {err}");
         let want = format!("SOCKS 127.0.0.1:{} user=-", api.addr.port());
         assert!(proxy.lines().contains(&want), "{who}: {:?}", proxy.lines());
+    }
+}
+
+/// Upgraded streams (port-forward, exec) take the same way as plain
+/// requests: through a `proxy-url` CONNECT or SOCKS5 proxy, and through
+/// `HTTPS_PROXY` unless `NO_PROXY` matches. Both proxies must answer 101,
+/// echo byte-exact, and leave the same record at the proxy.
+#[test]
+fn upgrades_take_the_proxy_as_kubectl_does() {
+    let env = Env::new();
+    let certs = env.certs();
+    let api = apiserver::start(&certs);
+    let http = fwd_proxy::start_http("127.0.0.1:0");
+    let socks = fwd_proxy::start_socks5("127.0.0.1:0", Some(("u", "p")));
+    let server = format!("https://127.0.0.1:{}", api.addr.port());
+    let upgrade = |ep: &Endpoint| upgrade_echo(ep, 256 << 10);
+    let cases = [
+        (
+            "up-connect",
+            format!("    proxy-url: http://u:p@{}\n", http.addr),
+            &http,
+        ),
+        (
+            "up-socks",
+            format!("    proxy-url: socks5://u:p@{}\n", socks.addr),
+            &socks,
+        ),
+    ];
+    for (name, extra, proxy) in cases {
+        let kc = env.path(&format!("{name}.yaml"));
+        kubeconfig(&kc, &server, &certs, &extra);
+        let [go, ours] = each(&env, name, &kc, &[], proxy, upgrade);
+        assert_eq!(go.0, Ok(()), "{name}: kubectl");
+        assert_eq!(ours.0, go.0, "{name}: ours");
+        assert!(!go.1.is_empty(), "{name}: kubectl went direct");
+        assert_eq!(ours.1, go.1, "{name}: the proxy's record");
+    }
+
+    // From the environment (a non-loopback API server address).
+    let Some(ip) = outward_ip() else {
+        eprintln!("environment cases skipped: no non-loopback address");
+        return;
+    };
+    let api = apiserver::start_at(&certs, &format!("{ip}:0"));
+    let kc = env.path("up-env.yaml");
+    let server = format!("https://{ip}:{}", api.addr.port());
+    kubeconfig(&kc, &server, &certs, "    tls-server-name: localhost\n");
+    let p = format!("http://{}", http.addr);
+    for (name, vars, proxied) in [
+        ("up-env", vec![("HTTPS_PROXY", p.clone())], true),
+        (
+            "up-env-no-proxy",
+            vec![("HTTPS_PROXY", p.clone()), ("NO_PROXY", ip.to_string())],
+            false,
+        ),
+    ] {
+        let [go, ours] = each(&env, name, &kc, &vars, &http, upgrade);
+        assert_eq!(go.0, Ok(()), "{name}: kubectl");
+        assert_eq!(!go.1.is_empty(), proxied, "{name}: kubectl {:?}", go.1);
+        assert_eq!(ours.0, go.0, "{name}: ours");
+        assert_eq!(ours.1, go.1, "{name}: the proxy's record");
     }
 }

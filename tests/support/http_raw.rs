@@ -213,3 +213,55 @@ pub fn read_request(r: &mut impl std::io::BufRead) -> Option<(String, String, Ve
     r.read_exact(&mut body).ok()?;
     Some((method, target, body))
 }
+
+/// A port-forward upgrade (SPDY/3.1) through `ep`: `Ok` when the answer is
+/// 101 with `Upgrade: SPDY/3.1` and `size` random bytes then echo back
+/// byte-exact in lock-step (the fake API server echoes upgraded streams);
+/// otherwise what happened instead (the status line, or where it broke).
+pub fn upgrade_echo(ep: &Endpoint, size: usize) -> Result<(), String> {
+    let mut c = ep.connect();
+    let req = format!(
+        "POST /api/v1/namespaces/d/pods/p/portforward HTTP/1.1\r\nHost: localhost:{}\r\nUser-Agent: t\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: portforward.k8s.io\r\n\r\n",
+        ep.port()
+    );
+    c.write_all(req.as_bytes())
+        .map_err(|e| format!("write: {e}"))?;
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match c.read(&mut b) {
+            Ok(1) => head.push(b[0]),
+            _ => {
+                return Err(format!(
+                    "EOF in the answer's head: {:?}",
+                    String::from_utf8_lossy(&head)
+                ))
+            }
+        }
+    }
+    let head = String::from_utf8_lossy(&head);
+    let status = head.lines().next().unwrap_or("").to_string();
+    if !head.starts_with("HTTP/1.1 101") {
+        return Err(status);
+    }
+    if !head.to_ascii_lowercase().contains("upgrade: spdy/3.1") {
+        return Err(format!("101 without the protocol: {head}"));
+    }
+    // Lock-step: send a piece, read its echo back.
+    let data = super::random_bytes(size, size as u64);
+    let mut buf = vec![0u8; 65536];
+    for piece in data.chunks(65536) {
+        c.write_all(piece).map_err(|e| format!("write: {e}"))?;
+        let mut got = Vec::with_capacity(piece.len());
+        while got.len() < piece.len() {
+            match c.read(&mut buf) {
+                Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
+                _ => return Err("upgrade echo ended early".into()),
+            }
+        }
+        if got != piece {
+            return Err("upgrade echo differs".into());
+        }
+    }
+    Ok(())
+}
