@@ -49,11 +49,13 @@ fn kubelet(gate: Arc<AtomicBool>) -> SocketAddr {
                         }
                     }
                 }
+                // Raised before the first event is written: the client may
+                // read it before this thread runs again.
+                gate.store(true, Ordering::SeqCst);
                 w.write_all(
                     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nfirst\n\r\n",
                 )
                 .unwrap();
-                gate.store(true, Ordering::SeqCst);
                 let deadline = Instant::now() + Duration::from_secs(10);
                 while gate.load(Ordering::SeqCst) && Instant::now() < deadline {
                     std::thread::sleep(Duration::from_millis(10));
