@@ -5,6 +5,7 @@
 //! while, see [`backoff`]); on SIGTERM sends DRAIN, lets open connections
 //! finish (up to a grace period), then closes cleanly.
 
+pub mod args;
 pub mod backoff;
 mod connection;
 mod links;

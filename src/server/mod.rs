@@ -9,6 +9,7 @@
 //! HTTP/2 connection) exchange `Bytes` with the agent's core by channel.
 
 mod agent_conn;
+pub mod args;
 mod connect_frontend;
 mod grpc_frontend;
 mod intercept_frontend;

@@ -1,0 +1,236 @@
+//! The agent's flags and their translation into an [`AgentConfig`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::AgentConfig;
+use crate::cli::{read_token, secs, CertMode, EngineArgs, TlsArgs};
+use crate::engine::tls::TlsFiles;
+use crate::protocol::identifiers::Identifiers;
+use crate::BoxError;
+
+#[derive(Args, Debug)]
+pub struct AgentArgs {
+    /// Server agent-listener address host:port; repeatable.
+    #[arg(long = "server-addr", required = true)]
+    pub server_addr: Vec<String>,
+    /// TLS name to verify on the server certificate (default: the host).
+    #[arg(long)]
+    pub server_name: Option<String>,
+    /// Agent ID (default: the host name).
+    #[arg(long)]
+    pub agent_id: Option<String>,
+    /// Identifiers in URL query form: host=node1&ipv4=10.0.0.5&cidr=10.1.0.0/16&default-route=true
+    #[arg(long, default_value = "")]
+    pub agent_identifiers: String,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    /// File holding the bearer token to present.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// First reconnect delay, seconds (doubles up to --backoff-max-secs, with jitter).
+    #[arg(long, default_value_t = 0.5)]
+    pub backoff_initial_secs: f64,
+    /// Longest reconnect delay, seconds.
+    #[arg(long, default_value_t = 30.0)]
+    pub backoff_max_secs: f64,
+    /// A connection that stayed up this many seconds resets the backoff
+    /// (the next retry comes within --backoff-initial-secs); shorter ones,
+    /// like failed attempts, keep it growing.
+    #[arg(long, default_value_t = crate::agent::backoff::DEFAULT_RESET_AFTER.as_secs_f64())]
+    pub backoff_reset_after_secs: f64,
+    /// After SIGTERM (DRAIN sent), how long open connections may finish.
+    #[arg(long, default_value_t = 30.0)]
+    pub drain_grace_secs: f64,
+    /// Timeout for dialing a local target, seconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub dial_timeout_secs: f64,
+    /// Destinations this agent may dial, as a comma list (repeatable) of
+    /// `CIDR[:PORT[-PORT]]` (IPv6 with a port in brackets:
+    /// `[fd00::/8]:1-1024`). When given, only these are dialed. Loopback,
+    /// link-local (cloud metadata) and unspecified addresses are refused
+    /// unless an entry inside them lists them (`127.0.0.1/32:10255`;
+    /// `0.0.0.0/0` does not). Checked on every resolved address.
+    #[arg(long, env = "EDGETUNNEL_ALLOW_DESTINATIONS", value_delimiter = ',')]
+    pub allow_destinations: Vec<crate::protocol::dest_policy::Entry>,
+    /// Destinations this agent never dials (same syntax); wins over
+    /// --allow-destinations.
+    #[arg(long, env = "EDGETUNNEL_DENY_DESTINATIONS", value_delimiter = ',')]
+    pub deny_destinations: Vec<crate::protocol::dest_policy::Entry>,
+    /// Do not offer the half-close extension (behave exactly like ANP's agent).
+    #[arg(long)]
+    pub no_half_close: bool,
+    /// Do not offer per-connection flow control: every connection then
+    /// shares the server's buffer budget, as with ANP's agent, and one
+    /// stalled reader can hold up the others once that budget is spent.
+    #[arg(long)]
+    pub no_flow_control: bool,
+    /// Kubernetes access for `--cert-mode csr`: a kubeconfig path, or
+    /// `in-cluster`.
+    #[arg(long)]
+    pub kube: Option<String>,
+    /// Where the agent's certificate comes from: `files` (watched and
+    /// reloaded) or `csr` (a CertificateSigningRequest with signer
+    /// kubernetes.io/kube-apiserver-client, CN tunnel-agent-client, SANs the
+    /// agent ID and its addresses; written to --cert/--key and renewed at
+    /// 80% of its lifetime).
+    #[arg(long, value_enum, default_value_t = CertMode::Files)]
+    pub cert_mode: CertMode,
+    /// Keep as many server connections as there are valid server leases
+    /// (ANP's format, see the server's --enable-lease-controller) rather
+    /// than the servers' reported count; needs --kube.
+    #[arg(long)]
+    pub count_server_leases: bool,
+    /// Namespace of the server leases.
+    #[arg(long, default_value = crate::control::server_lease::DEFAULT_NAMESPACE)]
+    pub lease_namespace: String,
+    /// Label selector of the server leases counted.
+    #[arg(long, alias = "lease-label", default_value = crate::control::server_lease::DEFAULT_LABEL)]
+    pub lease_label_selector: String,
+    /// How lease and server-reported counts combine: `default` (the lease
+    /// count when counting leases, else the servers') or `max`.
+    #[arg(long, default_value = "default")]
+    pub server_count_source: String,
+    /// How often the server leases are listed, seconds (validity is judged
+    /// every second).
+    #[arg(long, default_value_t = 10.0)]
+    pub lease_poll_secs: f64,
+    /// Health listener: /healthz, /ready and /readyz (500 while no server
+    /// connection is up), /metrics (ANP's --health-server-port; off by
+    /// default here).
+    #[arg(long)]
+    pub health_bind: Option<SocketAddr>,
+    /// Admin listener: /metrics (and the health paths); off by default.
+    #[arg(long)]
+    pub admin_bind: Option<SocketAddr>,
+    /// Worker cores (monoio runtimes) for the links to edgetunnel servers;
+    /// default: all cores. Links are spread over them.
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Most connections ("links") kept to one edgetunnel server, which
+    /// asks for one per server worker so that tunnels spread over its
+    /// cores; 1: one connection per server, as ANP's agent. ANP's Go
+    /// server never asks.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub max_links_per_server: u64,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+impl AgentArgs {
+    pub fn into_config(self) -> Result<AgentConfig, BoxError> {
+        // With a token and no certificate given, the agent presents no
+        // client certificate (ANP's token-authenticated agents).
+        let client_cert = self.token_file.is_none()
+            || self.tls.cert.is_some()
+            || self.tls.key.is_some()
+            || self.tls.certs_dir.is_some();
+        let tls = if client_cert {
+            self.tls.files("agent")?
+        } else {
+            TlsFiles {
+                cert: PathBuf::new(),
+                key: PathBuf::new(),
+                ca: self
+                    .tls
+                    .ca
+                    .clone()
+                    .ok_or("--ca or --certs-dir is required")?,
+            }
+        };
+        // Checked now; read again at every connect (projected tokens rotate).
+        read_token(&self.token_file)?;
+        let agent_id = match self.agent_id {
+            Some(id) => id,
+            None => hostname(),
+        };
+        let identifiers = Identifiers::parse(&self.agent_identifiers)?;
+        let kube = self
+            .kube
+            .as_ref()
+            .map(|k| crate::control::manager::KubeSpec {
+                kubeconfig: (k != "in-cluster").then(|| PathBuf::from(k)),
+                edge_label: Default::default(),
+                dns_configmap: None,
+                server_configmap: None,
+                watch_nodes: false,
+                lease: None,
+            });
+        let csr = match self.cert_mode {
+            CertMode::Files => Vec::new(),
+            CertMode::Csr if kube.is_some() => {
+                let ips = identifiers
+                    .ipv4
+                    .iter()
+                    .map(|a| std::net::IpAddr::V4(*a))
+                    .chain(identifiers.ipv6.iter().map(|a| std::net::IpAddr::V6(*a)))
+                    .collect();
+                vec![crate::control::csr::Job {
+                    profile: crate::control::csr::Profile::agent(&agent_id, ips),
+                    cert: tls.cert.clone(),
+                    key: tls.key.clone(),
+                    name_prefix: "edgetunnel-agent-".into(),
+                    services: Vec::new(),
+                }]
+            }
+            CertMode::Csr => return Err("--cert-mode csr needs --kube".into()),
+        };
+        let source = crate::control::lease_count::CountSource::parse(&self.server_count_source)?;
+        let lease_count = if self.count_server_leases {
+            if kube.is_none() {
+                return Err("--count-server-leases needs --kube".into());
+            }
+            Some(crate::control::lease_count::LeaseCountSpec::new(
+                &self.lease_namespace,
+                crate::control::lease_count::Selector::parse(&self.lease_label_selector)?,
+                source,
+                secs(self.lease_poll_secs).max(Duration::from_millis(100)),
+            ))
+        } else {
+            None
+        };
+        Ok(AgentConfig {
+            lease_count,
+            kube,
+            csr,
+            servers: self.server_addr,
+            server_name: self.server_name,
+            tls,
+            agent_id,
+            identifiers,
+            token_file: self.token_file.clone(),
+            client_cert,
+            keepalive: Duration::from_secs(self.engine.keepalive_secs.max(1)),
+            backoff_initial: secs(self.backoff_initial_secs),
+            backoff_max: secs(self.backoff_max_secs),
+            backoff_reset_after: secs(self.backoff_reset_after_secs),
+            drain_grace: secs(self.drain_grace_secs),
+            dial_timeout: secs(self.dial_timeout_secs),
+            policy: crate::protocol::dest_policy::Policy::new(
+                self.allow_destinations,
+                self.deny_destinations,
+            ),
+            driver: self.engine.driver,
+            max_message: self.engine.max_message_size,
+            half_close: !self.no_half_close,
+            half_close_linger: secs(self.engine.half_close_linger_secs),
+            window: !self.no_flow_control,
+            health_bind: self.health_bind,
+            admin_bind: self.admin_bind,
+            workers: self
+                .workers
+                .unwrap_or_else(crate::engine::runtime::default_workers)
+                .max(1),
+            max_links: self.max_links_per_server as usize,
+        })
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "edgetunnel-agent".to_string())
+}

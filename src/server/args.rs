@@ -1,0 +1,579 @@
+//! The server's flags and their translation into a [`ServerConfig`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::ServerConfig;
+use crate::cli::{read_token, secs, CertMode, EngineArgs, TlsArgs};
+use crate::engine::runtime;
+use crate::engine::tls::TlsFiles;
+use crate::protocol::routing::parse_strategies;
+use crate::BoxError;
+
+#[derive(Args, Debug)]
+pub struct ServerArgs {
+    /// Agent listener (gRPC AgentService over mutual TLS).
+    #[arg(long, default_value = "0.0.0.0:10262")]
+    pub agent_bind: SocketAddr,
+    /// HTTP CONNECT frontend on TCP (as kube-apiserver's egress selector uses).
+    #[arg(long)]
+    pub connect_bind: Option<SocketAddr>,
+    /// HTTP CONNECT frontend on a unix socket.
+    #[arg(long)]
+    pub connect_uds: Option<PathBuf>,
+    /// gRPC ProxyService frontend (konnectivity-client) on TCP: plaintext
+    /// h2, or TLS with --frontend-cert.
+    #[arg(long)]
+    pub grpc_bind: Option<SocketAddr>,
+    /// gRPC ProxyService frontend on a unix socket.
+    #[arg(long)]
+    pub grpc_uds: Option<PathBuf>,
+    /// Certificate (PEM) the TCP frontends (--connect-bind, --grpc-bind)
+    /// present: with it they speak TLS only (ANP's --server-cert).
+    #[arg(long, requires = "frontend_key")]
+    pub frontend_cert: Option<PathBuf>,
+    /// Its private key (ANP's --server-key).
+    #[arg(long, requires = "frontend_cert")]
+    pub frontend_key: Option<PathBuf>,
+    /// CA that signs the certificates TCP frontend callers must present
+    /// (ANP's --server-ca-cert); without it no client certificate is asked.
+    #[arg(long, requires = "frontend_cert")]
+    pub frontend_ca: Option<PathBuf>,
+    /// On SIGTERM/SIGINT, seconds open tunnels may take to finish before
+    /// the server exits (ANP's --graceful-shutdown-timeout): listeners
+    /// close at once, /readyz fails, agents get a DRAIN packet and an HTTP/2
+    /// GOAWAY, gRPC callers a GOAWAY. 0 (the default): exit at once. A second
+    /// signal ends the wait.
+    #[arg(long, default_value_t = 0.0)]
+    pub graceful_shutdown_timeout_secs: f64,
+    /// HTTP/2 PING interval toward gRPC frontend callers, seconds (ANP's
+    /// --frontend-keepalive-time, 1h by default); an unanswered PING
+    /// (twice this long) closes the caller's connection.
+    #[arg(long, default_value_t = 3600.0)]
+    pub frontend_keepalive_secs: f64,
+    /// Agent connections that may be in their handshake at once (TLS,
+    /// HTTP/2, first request, token review); more are closed as soon as
+    /// they are accepted, so that a flood of unauthenticated connections
+    /// cannot take every descriptor. 0: no cap.
+    #[arg(long, default_value_t = 1024)]
+    pub max_handshakes: usize,
+    /// The same cap per source address. 0: no cap.
+    #[arg(long, default_value_t = 64)]
+    pub max_handshakes_per_ip: usize,
+    /// A gRPC frontend connection that sends no HTTP/2 preface, or has no
+    /// stream open, for this many seconds is closed (GOAWAY first when it
+    /// spoke HTTP/2). Hidden: for tests.
+    #[arg(long, hide = true, default_value_t = 30.0)]
+    pub frontend_idle_secs: f64,
+    /// Lowest TLS version of the agent and frontend listeners: VersionTLS12
+    /// (default) or VersionTLS13 (ANP's --tls-min-version).
+    #[arg(long, default_value = "")]
+    pub tls_min_version: String,
+    /// TLS 1.2 cipher suites the agent and frontend listeners allow, by
+    /// IANA name, comma-separated (ANP's --cipher-suites; TLS 1.3 suites are
+    /// not configurable). Default: all of edgetunnel's (ECDHE with AES-GCM
+    /// or ChaCha20-Poly1305).
+    #[arg(long, value_delimiter = ',')]
+    pub cipher_suites: Vec<String>,
+    /// Permission bits (octal) of the --connect-uds/--grpc-uds socket files,
+    /// set before anyone can connect.
+    #[arg(long, default_value = "0600", value_parser = crate::engine::listener::parse_mode)]
+    pub uds_mode: u32,
+    /// Never remove an existing file at a --connect-uds/--grpc-uds path (the
+    /// bind then fails). Without it only a stale socket file (one that
+    /// refuses connections) is removed, never a regular file or a live
+    /// server's socket.
+    #[arg(long)]
+    pub keep_existing_uds: bool,
+    /// Admin listener: /metrics, /healthz, /readyz.
+    #[arg(long, default_value = "127.0.0.1:10265")]
+    pub admin_bind: SocketAddr,
+    /// Health listener: /healthz, /readyz (/ready), /metrics, like the
+    /// admin one, for kubelet probes (ANP's --health-port).
+    #[arg(long)]
+    pub health_bind: Option<SocketAddr>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    /// File holding a bearer token agents must present.
+    #[arg(long)]
+    pub agent_token_file: Option<PathBuf>,
+    /// Proxy strategies tried in order: destHost, defaultRoute, default.
+    #[arg(long, default_value = "destHost,default")]
+    pub proxy_strategies: String,
+    /// This server's ID, sent to agents and the holder of its lease
+    /// (default: $PROXY_SERVER_ID, else random).
+    #[arg(long, env = "PROXY_SERVER_ID")]
+    pub server_id: Option<String>,
+    /// Number of servers behind the agents' address (agents connect to each).
+    #[arg(long, default_value_t = 1)]
+    pub server_count: u32,
+    /// Worker cores (monoio runtimes); default: all cores.
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Seconds to wait for the agent's DIAL_RSP before answering 504.
+    #[arg(long, default_value_t = 30.0)]
+    pub dial_timeout_secs: f64,
+    /// HTTP status answered when no agent can take a dial: 500 as ANP's
+    /// server does (the default), or 503 Service Unavailable.
+    #[arg(long, default_value_t = 500, value_parser = parse_no_agent_status)]
+    pub no_agent_status: u16,
+    /// Interception listener (yurt-tunnel's 10264): kubelet traffic sent here
+    /// by iptables DNAT is relayed to its original destination through the
+    /// node's agent; direct plain-HTTP clients are routed by their Host.
+    #[arg(long)]
+    pub interception_bind: Option<SocketAddr>,
+    /// Intercepted ports dialed on the node's 127.0.0.1 instead of its IP.
+    #[arg(long, value_delimiter = ',', default_value = "10266,10267")]
+    pub localhost_proxy_ports: Vec<u16>,
+    /// Keep iptables NAT rules (nat OUTPUT -> TUNNEL-PORT chains) that send
+    /// edge nodes' kubelet ports to the interception listener; removed on exit.
+    #[arg(long)]
+    pub iptables: bool,
+    /// TLS interception listener (yurt-tunnel's 10263): terminates the
+    /// caller's TLS and speaks TLS to the kubelet through the tunnel with the
+    /// proxy-client certificate; the first request of each connection is
+    /// logged (method, path, node, status, duration).
+    #[arg(long)]
+    pub interception_tls_bind: Option<SocketAddr>,
+    /// Certificate the TLS interception listener presents (default: the
+    /// server certificate).
+    #[arg(long)]
+    pub interception_cert: Option<PathBuf>,
+    /// Its key (default: the server key).
+    #[arg(long)]
+    pub interception_key: Option<PathBuf>,
+    /// Client certificate toward kubelets (default: proxy-client.crt in --certs-dir).
+    #[arg(long)]
+    pub kubelet_client_cert: Option<PathBuf>,
+    /// Its key (default: proxy-client.key in --certs-dir).
+    #[arg(long)]
+    pub kubelet_client_key: Option<PathBuf>,
+    /// CA that verifies kubelet certificates (default: the --ca / ca.crt).
+    #[arg(long)]
+    pub kubelet_ca: Option<PathBuf>,
+    /// Do not verify kubelet certificates (as yurt-tunnel does).
+    #[arg(long)]
+    pub kubelet_insecure_skip_verify: bool,
+    /// Intercepted TLS ports (DNAT to the TLS interception listener when
+    /// set, else relayed as they are by the plain one).
+    #[arg(long, value_delimiter = ',', default_value = "10250")]
+    pub iptables_https_ports: Vec<u16>,
+    /// Intercepted plain-HTTP ports (DNAT to the interception listener).
+    #[arg(long, value_delimiter = ',', default_value = "10255")]
+    pub iptables_http_ports: Vec<u16>,
+    /// Address the rules DNAT to (repeatable, one per family; default: the
+    /// interception listener's address).
+    #[arg(long)]
+    pub iptables_dnat_ip: Vec<std::net::IpAddr>,
+    /// A node reached directly, never intercepted (repeatable). With any,
+    /// the rules redirect everything but these and loopback (yurt-tunnel's
+    /// layout); without, only addresses announced by agents.
+    #[arg(long)]
+    pub cloud_node_ip: Vec<std::net::IpAddr>,
+    /// Full resync period, seconds (at least 15); changes in the connected
+    /// agents are applied within a second.
+    #[arg(long, default_value_t = 15)]
+    pub iptables_sync_period_secs: u64,
+    /// Leave the rules in place on exit.
+    #[arg(long)]
+    pub iptables_keep_rules: bool,
+    /// Keep a hosts-format DNS record file (for CoreDNS's `hosts` plugin or
+    /// dnsmasq): connected edge nodes' names -> --dns-tunnel-ip, cloud nodes
+    /// -> their address.
+    #[arg(long)]
+    pub dns_hosts_file: Option<PathBuf>,
+    /// The address edge node names resolve to (the tunnel server's; default:
+    /// the interception listener's).
+    #[arg(long)]
+    pub dns_tunnel_ip: Option<std::net::IpAddr>,
+    /// A cloud node's record, `name=ip` (repeatable).
+    #[arg(long, value_parser = crate::control::dns::parse_node)]
+    pub dns_cloud_node: Vec<(String, std::net::IpAddr)>,
+    /// Use the Kubernetes cluster: nodes (list and watch) decide which
+    /// nodes iptables leaves alone and the DNS records; `--dns-configmap`
+    /// and `--server-configmap` are read and written there. Takes a
+    /// kubeconfig path, or `in-cluster` for the service account.
+    #[arg(long)]
+    pub kube: Option<String>,
+    /// Label (`key=value`) that marks edge nodes.
+    #[arg(long, default_value = "openyurt.io/is-edge-worker=true")]
+    pub edge_node_label: String,
+    /// `namespace/name` of the ConfigMap that gets the DNS records (key
+    /// `tunnel-nodes`, for CoreDNS's `hosts` plugin); needs --kube.
+    #[arg(long)]
+    pub dns_configmap: Option<String>,
+    /// `namespace/name` of yurt-tunnel's server ConfigMap with extra ports
+    /// (`http-proxy-ports`, `https-proxy-ports`); needs --kube.
+    #[arg(long, default_value = "kube-system/yurt-tunnel-server-cfg")]
+    pub server_configmap: String,
+    /// `namespace/name` of the Lease electing the one server that writes
+    /// the DNS records ConfigMap when several run; needs --kube.
+    #[arg(long, default_value = "kube-system/edgetunnel-dns")]
+    pub leader_lease: String,
+    /// Where the server's certificates come from: `files` (watched and
+    /// reloaded) or `csr` (Kubernetes CertificateSigningRequests, written to
+    /// --certs-dir and renewed at 80% of their lifetime; needs --kube).
+    #[arg(long, value_enum, default_value_t = CertMode::Files)]
+    pub cert_mode: CertMode,
+    /// A DNS name for the serving certificate in `csr` mode (repeatable).
+    #[arg(long)]
+    pub csr_dns_name: Vec<String>,
+    /// An IP address for the serving certificate in `csr` mode (repeatable).
+    #[arg(long)]
+    pub csr_ip: Vec<std::net::IpAddr>,
+    /// A Service (`namespace/name`, repeatable) whose cluster, external and
+    /// load-balancer addresses join the serving certificate's SANs, read
+    /// again at every renewal.
+    #[arg(long, default_values_t = ["kube-system/x-tunnel-server-svc".to_string(), "kube-system/x-tunnel-server-internal-svc".to_string()])]
+    pub csr_service: Vec<String>,
+    /// Lease duration, seconds: a dead leader is replaced after this long.
+    #[arg(long, default_value_t = 15)]
+    pub leader_lease_secs: u32,
+    /// Agents authenticate with a ServiceAccount token checked by a
+    /// TokenReview (ANP's agent authentication): the agent's namespace.
+    /// With --agent-service-account and --authentication-audience; needs
+    /// --kube; agents then need no client certificate.
+    #[arg(long)]
+    pub agent_namespace: Option<String>,
+    /// The agents' ServiceAccount name (see --agent-namespace).
+    #[arg(long)]
+    pub agent_service_account: Option<String>,
+    /// The audience the agents' tokens must carry (see --agent-namespace).
+    #[arg(long)]
+    pub authentication_audience: Option<String>,
+    /// Bind each agent to its client certificate: the agent ID must be the
+    /// certificate's CN (`system:node:<name>` counts as `<name>`) or a DNS
+    /// SAN, `host` identifiers such names, `ipv4`/`ipv6` identifiers IP
+    /// SANs, a `cidr` only when all its addresses are IP SANs, no
+    /// `default-route`; the certificate must have the clientAuth usage, and
+    /// an agent ID held by another certificate's connection is refused.
+    /// Token-authenticated agents without a certificate are not bound.
+    #[arg(long)]
+    pub bind_agent_identity: bool,
+    /// Publish this server's Lease in ANP's format
+    /// (`konnectivity-proxy-server-<server ID>`, renewed every 15 s, 30 s
+    /// long) and delete expired ones with --lease-label, so that agents
+    /// with --count-server-leases (ANP's or ours) find every server; needs
+    /// --kube.
+    #[arg(long)]
+    pub enable_lease_controller: bool,
+    /// Namespace of the server leases.
+    #[arg(long, default_value = crate::control::server_lease::DEFAULT_NAMESPACE)]
+    pub lease_namespace: String,
+    /// Labels (`k=v,...`) put on this server's lease and selecting the
+    /// leases garbage-collected.
+    #[arg(long, default_value = crate::control::server_lease::DEFAULT_LABEL)]
+    pub lease_label: String,
+    /// Server lease duration, seconds (ANP: 30; for tests).
+    #[arg(long, hide = true, default_value_t = crate::control::server_lease::DEFAULT_DURATION_SECS)]
+    pub lease_duration_secs: i32,
+    /// Server lease renewal period, seconds (ANP: 15; for tests).
+    #[arg(long, hide = true, default_value_t = 15.0)]
+    pub lease_renew_secs: f64,
+    /// Expired-lease collection period, seconds (ANP: 15; for tests).
+    #[arg(long, hide = true, default_value_t = 15.0)]
+    pub lease_gc_secs: f64,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+impl ServerArgs {
+    pub fn into_config(self) -> Result<ServerConfig, BoxError> {
+        let token_auth = self.agent_namespace.is_some();
+        let tls = match self.tls.files("server") {
+            // Token-authenticated agents: no CA needed (none is asked for).
+            Err(_) if token_auth && self.tls.ca.is_none() && self.tls.certs_dir.is_none() => {
+                TlsFiles {
+                    cert: self
+                        .tls
+                        .cert
+                        .clone()
+                        .ok_or("--cert or --certs-dir is required")?,
+                    key: self
+                        .tls
+                        .key
+                        .clone()
+                        .ok_or("--key or --certs-dir is required")?,
+                    ca: PathBuf::new(),
+                }
+            }
+            other => other?,
+        };
+        let agent_token = read_token(&self.agent_token_file)?;
+        let strategies = parse_strategies(&self.proxy_strategies)?;
+        if strategies.is_empty() {
+            return Err("--proxy-strategies must name at least one strategy".into());
+        }
+        let iptables = if self.iptables {
+            let bind = self
+                .interception_bind
+                .ok_or("--iptables needs --interception-bind (the DNAT target)")?;
+            let ips = if self.iptables_dnat_ip.is_empty() {
+                if bind.ip().is_unspecified() {
+                    return Err(
+                        "--interception-bind is a wildcard address: give --iptables-dnat-ip".into(),
+                    );
+                }
+                vec![bind.ip()]
+            } else {
+                self.iptables_dnat_ip.clone()
+            };
+            let mut ports =
+                crate::control::manager::port_rules(&self.iptables_http_ports, &ips, bind.port());
+            let tls_port = self.interception_tls_bind.map_or(bind.port(), |b| b.port());
+            ports.extend(crate::control::manager::port_rules(
+                &self.iptables_https_ports,
+                &ips,
+                tls_port,
+            ));
+            Some(crate::control::manager::IptablesSpec {
+                ports,
+                dnat: crate::control::manager::DnatTarget {
+                    addrs: ips.clone(),
+                    plain_port: bind.port(),
+                    tls_port,
+                },
+                cloud_nodes: (!self.cloud_node_ip.is_empty())
+                    .then(|| self.cloud_node_ip.iter().copied().collect()),
+                period: Duration::from_secs(self.iptables_sync_period_secs)
+                    .max(crate::control::manager::MIN_SYNC_PERIOD),
+                keep_rules: self.iptables_keep_rules,
+            })
+        } else {
+            None
+        };
+        let interception_tls = match self.interception_tls_bind {
+            None => None,
+            Some(bind) => {
+                let dir_file = |explicit: &Option<PathBuf>, name: &str, flag: &str| {
+                    explicit
+                        .clone()
+                        .or_else(|| self.tls.certs_dir.as_ref().map(|d| d.join(name)))
+                        .ok_or_else(|| {
+                            BoxError::from(format!("--{flag} or --certs-dir is required"))
+                        })
+                };
+                Some(crate::server::InterceptionTls {
+                    bind,
+                    cert: self.interception_cert.clone().unwrap_or(tls.cert.clone()),
+                    key: self.interception_key.clone().unwrap_or(tls.key.clone()),
+                    kubelet_cert: dir_file(
+                        &self.kubelet_client_cert,
+                        "proxy-client.crt",
+                        "kubelet-client-cert",
+                    )?,
+                    kubelet_key: dir_file(
+                        &self.kubelet_client_key,
+                        "proxy-client.key",
+                        "kubelet-client-key",
+                    )?,
+                    kubelet_ca: (!self.kubelet_insecure_skip_verify)
+                        .then(|| self.kubelet_ca.clone().unwrap_or(tls.ca.clone())),
+                })
+            }
+        };
+        use crate::control::manager::{EdgeLabel, LeaderLease, ObjectRef};
+        let ns_name = |s: &str| -> Result<ObjectRef, BoxError> { Ok(s.parse::<ObjectRef>()?) };
+        let server_id = self
+            .server_id
+            .clone()
+            .unwrap_or_else(|| format!("{:016x}", fastrand::u64(..)));
+        let kube = match &self.kube {
+            None => None,
+            Some(k) => {
+                let (key, value) = self
+                    .edge_node_label
+                    .split_once('=')
+                    .ok_or("--edge-node-label: expected key=value")?;
+                Some(crate::control::manager::KubeSpec {
+                    kubeconfig: (k != "in-cluster").then(|| PathBuf::from(k)),
+                    edge_label: EdgeLabel {
+                        key: key.to_string(),
+                        value: value.to_string(),
+                    },
+                    dns_configmap: self.dns_configmap.as_deref().map(ns_name).transpose()?,
+                    server_configmap: Some(ns_name(&self.server_configmap)?),
+                    watch_nodes: true,
+                    lease: match self.dns_configmap {
+                        Some(_) => Some(LeaderLease {
+                            lease: ns_name(&self.leader_lease)?,
+                            holder: server_id.clone(),
+                            duration_secs: self.leader_lease_secs.max(1) as i32,
+                        }),
+                        None => None,
+                    },
+                })
+            }
+        };
+        let csr = match self.cert_mode {
+            CertMode::Files => Vec::new(),
+            CertMode::Csr => {
+                if kube.is_none() {
+                    return Err("--cert-mode csr needs --kube".into());
+                }
+                let mut jobs = vec![crate::control::csr::Job {
+                    profile: crate::control::csr::Profile::server(
+                        self.csr_dns_name.clone(),
+                        self.csr_ip.clone(),
+                    ),
+                    cert: tls.cert.clone(),
+                    key: tls.key.clone(),
+                    name_prefix: "edgetunnel-server-".into(),
+                    services: self
+                        .csr_service
+                        .iter()
+                        .map(|s| ns_name(s))
+                        .collect::<Result<_, _>>()?,
+                }];
+                if let Some(t) = &interception_tls {
+                    jobs.push(crate::control::csr::Job {
+                        profile: crate::control::csr::Profile::proxy_client(),
+                        cert: t.kubelet_cert.clone(),
+                        key: t.kubelet_key.clone(),
+                        name_prefix: "edgetunnel-proxy-client-".into(),
+                        services: Vec::new(),
+                    });
+                }
+                jobs
+            }
+        };
+        if self.dns_configmap.is_some() && kube.is_none() {
+            return Err("--dns-configmap needs --kube".into());
+        }
+        let agent_auth = match (
+            &self.agent_namespace,
+            &self.agent_service_account,
+            &self.authentication_audience,
+        ) {
+            (None, None, None) => None,
+            (Some(ns), Some(sa), Some(aud)) if !ns.is_empty() && !sa.is_empty() => {
+                if kube.is_none() {
+                    return Err("--agent-namespace/--agent-service-account need --kube".into());
+                }
+                Some(crate::control::token_review::AgentAuthSpec {
+                    audience: aud.clone(),
+                    namespace: ns.clone(),
+                    service_account: sa.clone(),
+                })
+            }
+            _ => {
+                return Err("agent authentication needs --agent-namespace, --agent-service-account and --authentication-audience together".into())
+            }
+        };
+        let server_lease = if self.enable_lease_controller {
+            if kube.is_none() {
+                return Err("--enable-lease-controller needs --kube".into());
+            }
+            let labels = crate::control::server_lease::parse_labels(&self.lease_label)?;
+            let mut spec = crate::control::server_lease::ServerLeaseSpec::new(
+                &self.lease_namespace,
+                labels,
+                &server_id,
+            );
+            spec.duration_secs = self.lease_duration_secs.max(1);
+            spec.renew = secs(self.lease_renew_secs).max(Duration::from_millis(100));
+            spec.gc_period = secs(self.lease_gc_secs).max(Duration::from_millis(100));
+            Some(spec)
+        } else {
+            None
+        };
+        let dns = match (&self.dns_hosts_file, &self.dns_configmap) {
+            (None, None) => None,
+            (file, _) => {
+                let tunnel_ip = self
+                    .dns_tunnel_ip
+                    .or_else(|| {
+                        self.interception_bind
+                            .map(|b| b.ip())
+                            .filter(|ip| !ip.is_unspecified())
+                    })
+                    .ok_or(
+                        "DNS records need --dns-tunnel-ip (or a specific --interception-bind)",
+                    )?;
+                Some(crate::control::manager::DnsSpec {
+                    hosts_file: file.clone(),
+                    tunnel_ip,
+                    cloud_nodes: self.dns_cloud_node.iter().cloned().collect(),
+                })
+            }
+        };
+        let (tls_policy, tls_warnings) =
+            crate::engine::tls::TlsPolicy::parse(&self.tls_min_version, &self.cipher_suites)?;
+        for w in tls_warnings {
+            tracing::warn!("{w}");
+        }
+        let frontend_tls = match (self.frontend_cert, self.frontend_key) {
+            (Some(cert), Some(key)) => Some(crate::server::FrontendTls {
+                cert,
+                key,
+                ca: self.frontend_ca,
+            }),
+            _ => None,
+        };
+        if frontend_tls.is_some() && self.connect_bind.is_none() && self.grpc_bind.is_none() {
+            return Err(
+                "--frontend-cert needs a TCP frontend (--connect-bind or --grpc-bind)".into(),
+            );
+        }
+        Ok(ServerConfig {
+            frontend_tls,
+            tls_policy,
+            control: crate::control::manager::ControlSpec {
+                iptables,
+                dns,
+                kube,
+                certs: Vec::new(),
+                csr,
+                server_lease,
+                lease_count: None,
+                token_review: None,
+            },
+            agent_auth,
+            bind_agent_identity: self.bind_agent_identity,
+            interception_tls,
+            interception_bind: self.interception_bind,
+            localhost_proxy_ports: self.localhost_proxy_ports,
+            agent_bind: self.agent_bind,
+            connect_bind: self.connect_bind,
+            connect_uds: self.connect_uds,
+            grpc_bind: self.grpc_bind,
+            grpc_uds: self.grpc_uds,
+            uds: crate::engine::listener::UdsOptions {
+                mode: self.uds_mode,
+                replace_stale: !self.keep_existing_uds,
+            },
+            admin_bind: Some(self.admin_bind),
+            health_bind: self.health_bind,
+            tls,
+            agent_token,
+            strategies,
+            server_id,
+            server_count: self.server_count.max(1),
+            workers: self.workers.unwrap_or_else(runtime::default_workers),
+            driver: self.engine.driver,
+            dial_timeout: secs(self.dial_timeout_secs),
+            no_agent_status: self.no_agent_status,
+            max_message: self.engine.max_message_size,
+            keepalive: Duration::from_secs(self.engine.keepalive_secs.max(1)),
+            frontend_keepalive: secs(self.frontend_keepalive_secs).max(Duration::from_millis(100)),
+            graceful_shutdown: secs(self.graceful_shutdown_timeout_secs),
+            handshake_limits: crate::engine::admission::Limits {
+                total: self.max_handshakes,
+                per_ip: self.max_handshakes_per_ip,
+            },
+            frontend_idle: secs(self.frontend_idle_secs).max(Duration::from_millis(100)),
+            half_close_linger: secs(self.engine.half_close_linger_secs),
+        })
+    }
+}
+
+fn parse_no_agent_status(s: &str) -> Result<u16, String> {
+    match s {
+        "500" => Ok(500),
+        "503" => Ok(503),
+        _ => Err(format!("{s:?} is not 500 or 503")),
+    }
+}
