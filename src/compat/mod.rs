@@ -11,7 +11,7 @@
 //! plus [`klog`]'s flags, which all four take) declares every flag with its
 //! Go type and default and what it becomes ([`Effect`]); the translation
 //! is an argument vector for edgetunnel's own clap parser, so
-//! `src/cli.rs` stays the one place where configurations are built. A flag
+//! the roles' `args.rs` stay the one place where configurations are built. A flag
 //! edgetunnel accepts but cannot honour yet is logged at start, one
 //! `warn` line per flag ("accepted, no effect: ..."), never silently.
 //! Mapping such a flag later is a one-line change of its table entry from
