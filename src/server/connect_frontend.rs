@@ -195,7 +195,7 @@ where
     let (address, leftover) = match head {
         Ok(Ok(Some(h))) => h,
         Ok(Ok(None)) => return, // closed before a full head: nothing to answer
-        Ok(Err(HeadError::Refused(status, msg))) => {
+        Ok(Err(ConnectHeadError::Refused(status, msg))) => {
             shared.metrics.frontend_errors.inc();
             tracing::info!(status, reason = %msg, "CONNECT request refused");
             let _ = sock
@@ -203,7 +203,7 @@ where
                 .await;
             return;
         }
-        Ok(Err(HeadError::Io(e))) => {
+        Ok(Err(ConnectHeadError::Io(e))) => {
             tracing::debug!(error = %e, "CONNECT client read failed");
             return;
         }
@@ -329,7 +329,9 @@ pub(super) async fn adopt(core: usize, shared: Arc<Shared>, h: Handoff) {
     }
 }
 
-enum HeadError {
+/// Why no CONNECT head came: refused with this status and text, or the
+/// read failed.
+enum ConnectHeadError {
     Refused(u16, String),
     Io(std::io::Error),
 }
@@ -337,10 +339,10 @@ enum HeadError {
 /// Reads until a complete CONNECT head: (address, bytes after the head).
 async fn read_head<R: AsyncReadRent + relay::Readable>(
     r: &mut ChunkReader<R>,
-) -> Result<Option<(String, Bytes)>, HeadError> {
+) -> Result<Option<(String, Bytes)>, ConnectHeadError> {
     let mut acc: Vec<u8> = Vec::new();
     loop {
-        let Some(chunk) = r.next().await.map_err(HeadError::Io)? else {
+        let Some(chunk) = r.next().await.map_err(ConnectHeadError::Io)? else {
             return Ok(None);
         };
         let (buf, single): (&[u8], bool) = if acc.is_empty() {
@@ -365,7 +367,7 @@ async fn read_head<R: AsyncReadRent + relay::Readable>(
             }
             Err(e) => {
                 let status = e.status();
-                return Err(HeadError::Refused(status, format!("{e}\n")));
+                return Err(ConnectHeadError::Refused(status, format!("{e}\n")));
             }
         }
     }
