@@ -29,6 +29,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Metric, Registry};
 
+use crate::engine::grpc;
 use crate::protocol::agent_identity::REASONS;
 use crate::protocol::packet::Frame;
 use crate::protocol::routing::Strategy;
@@ -311,6 +312,16 @@ fn strategy_name(s: &Strategy) -> &'static str {
     }
 }
 
+/// Whose silence a server connection's keepalive noticed, the `peer` label
+/// of `edgetunnel_keepalive_timeouts_total`.
+#[derive(Debug, Clone, Copy)]
+pub enum KeepalivePeer {
+    /// An agent link (`--keepalive-secs`).
+    Agent = 0,
+    /// A gRPC frontend caller (`--frontend-keepalive-secs`).
+    Frontend = 1,
+}
+
 /// The server's metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -340,6 +351,14 @@ pub struct Metrics {
     anp_established: Gauge,
     dial_failures: [UntypedCounter; 7],
     streams: Streams,
+    /// Agent Connects refused, by gRPC code ([`grpc::code::REFUSALS`],
+    /// then `Unknown`).
+    agents_refused: Vec<Counter>,
+    /// DRAIN packets received from agents.
+    pub agent_drains: Counter,
+    /// Keepalive PINGs left unanswered: toward agents, toward gRPC
+    /// frontend callers.
+    keepalive_timeouts: [Counter; 2],
     /// Per server worker: agent links held, dials sent, payload bytes.
     worker_links: Family<Label1, Gauge>,
     worker_dials: Family<Label1, Counter>,
@@ -513,6 +532,31 @@ impl Metrics {
                 Segment::ToAgent,
             ],
         );
+        let ar = Family::<Label1, Counter>::default();
+        let agents_refused = grpc::code::REFUSALS
+            .iter()
+            .map(|(_, name)| *name)
+            .chain(["Unknown"])
+            .map(|name| ar.get_or_create_owned(&[("code", name)]))
+            .collect();
+        x.add(
+            "edgetunnel_agents_refused",
+            "Agent Connect requests refused, by gRPC status code (AlreadyExists: a secondary link on a worker already linked, retried by the agent).",
+            ar,
+        );
+        let agent_drains = counter(
+            &mut x,
+            "edgetunnel_agent_drains",
+            "DRAIN packets received from agents (an agent shutting down: no new dials go to it).",
+        );
+        let kt = Family::<Label1, Counter>::default();
+        let keepalive_timeouts =
+            ["agent", "frontend"].map(|p| kt.get_or_create_owned(&[("peer", p)]));
+        x.add(
+            "edgetunnel_keepalive_timeouts",
+            "Connections dropped because an HTTP/2 keepalive PING was not answered, by peer (agent: --keepalive-secs; frontend: a gRPC caller, --frontend-keepalive-secs).",
+            kt,
+        );
         let worker_links = Family::<Label1, Gauge>::default();
         x.add(
             "edgetunnel_worker_agent_links",
@@ -534,6 +578,9 @@ impl Metrics {
         let mut registry = Registry::default();
         registry.register_collector(Box::new(x));
         Metrics {
+            agents_refused,
+            agent_drains,
+            keepalive_timeouts,
             worker_links,
             worker_dials,
             worker_bytes,
@@ -589,6 +636,20 @@ impl Metrics {
         if let Some(i) = REASONS.iter().position(|r| *r == reason) {
             self.identity_refused[i].inc();
         }
+    }
+
+    /// An agent's Connect refused with gRPC status `code`.
+    pub fn agent_refused(&self, code: u32) {
+        let i = grpc::code::REFUSALS
+            .iter()
+            .position(|(c, _)| *c == code)
+            .unwrap_or(grpc::code::REFUSALS.len());
+        self.agents_refused[i].inc();
+    }
+
+    /// A connection dropped by its keepalive: `peer` is who went silent.
+    pub fn keepalive_timeout(&self, peer: KeepalivePeer) {
+        self.keepalive_timeouts[peer as usize].inc();
     }
 
     pub fn dials(&self, result: DialResult) -> u64 {
@@ -727,8 +788,33 @@ mod tests {
         m.agent_protocol_errors.inc();
         m.dial_done(DialResult::FrontendClose, Duration::ZERO);
         m.dial_done(DialResult::BackendClose, Duration::ZERO);
+        m.agent_refused(grpc::code::PERMISSION_DENIED);
+        m.agent_refused(grpc::code::ALREADY_EXISTS);
+        m.agent_refused(grpc::code::ALREADY_EXISTS);
+        m.agent_refused(grpc::code::INTERNAL);
+        m.agent_drains.inc();
+        m.keepalive_timeout(KeepalivePeer::Frontend);
         let t = m.render();
         for (s, v) in [
+            (
+                "edgetunnel_agents_refused_total{code=\"PermissionDenied\"}",
+                1.0,
+            ),
+            (
+                "edgetunnel_agents_refused_total{code=\"AlreadyExists\"}",
+                2.0,
+            ),
+            (
+                "edgetunnel_agents_refused_total{code=\"Unauthenticated\"}",
+                0.0,
+            ),
+            ("edgetunnel_agents_refused_total{code=\"Unknown\"}", 1.0),
+            ("edgetunnel_agent_drains_total", 1.0),
+            ("edgetunnel_keepalive_timeouts_total{peer=\"agent\"}", 0.0),
+            (
+                "edgetunnel_keepalive_timeouts_total{peer=\"frontend\"}",
+                1.0,
+            ),
             ("edgetunnel_agents_connected", 1.0),
             ("edgetunnel_open_connections", 2.0),
             ("edgetunnel_pending_dials", 1.0),

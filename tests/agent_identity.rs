@@ -140,8 +140,11 @@ fn with_binding_spoofed_ids_and_identifiers_are_refused() {
         );
         assert_eq!(server.metric("edgetunnel_agents_connected"), 0.0);
     }
+    // Each spoof refused (at least once: an agent retries).
+    let denied = server.metric("edgetunnel_agents_refused_total{code=\"PermissionDenied\"}");
+    assert!(denied >= SPOOFS.len() as f64, "{denied}");
+    // The log names what was refused.
     let log = server.proc.log_text();
-    assert!(log.contains("agent refused"), "{log}");
     assert!(log.contains("host=node-b"), "{log}");
 
     // What the certificate names registers and carries traffic.

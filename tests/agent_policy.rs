@@ -31,20 +31,9 @@ fn agent(env: &Env, server: &Server, default_policy: bool, extra: &[&str]) -> (P
         cmd.env_remove(ALLOW_ENV);
     }
     let proc = Proc::spawn(cmd, env.path("agent-node1.log"));
-    let l = proc.wait_line("LISTEN admin ");
-    let admin = l.rsplit(' ').next().unwrap().parse().unwrap();
+    let admin = listen_addr(&proc, "admin");
     proc.wait_line("CONNECTED");
     (proc, admin)
-}
-
-fn metric(admin: SocketAddr, sample: &str) -> f64 {
-    let text = http_get(admin, "/metrics").1;
-    text.lines()
-        .find_map(|l| l.strip_prefix(sample).and_then(|r| r.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("{sample} missing in:\n{text}"))
-        .trim()
-        .parse()
-        .unwrap()
 }
 
 /// A listener on `ip` that counts the connections it accepts.
@@ -102,9 +91,9 @@ fn default_policy_refuses_metadata_loopback_and_names_resolving_to_them() {
         &agent,
     );
     assert_refused(&server, &format!("0.0.0.0:{port}"), "unspecified", &agent);
-    assert_eq!(metric(admin, POLICY_FAILURES), 5.0);
-    assert_eq!(metric(admin, REFUSED), 5.0);
-    assert_eq!(metric(admin, PENDING), 0.0);
+    assert_eq!(metric_at(admin, POLICY_FAILURES), 5.0);
+    assert_eq!(metric_at(admin, REFUSED), 5.0);
+    assert_eq!(metric_at(admin, PENDING), 0.0);
     // No socket was ever opened toward the target.
     thread::sleep(Duration::from_millis(200));
     assert_eq!(accepted.load(Ordering::SeqCst), 0);
@@ -149,7 +138,7 @@ fn allowed_loopback_works_and_an_explicit_deny_wins() {
     );
     // 127.0.0.0/8 lifts loopback, not the metadata range.
     assert_refused(&server, "169.254.169.254:80", "link-local", &agent);
-    assert_eq!(metric(admin, POLICY_FAILURES), 3.0);
+    assert_eq!(metric_at(admin, POLICY_FAILURES), 3.0);
     thread::sleep(Duration::from_millis(200));
     assert_eq!(accepted.load(Ordering::SeqCst), 0);
 }
@@ -206,7 +195,7 @@ fn a_dial_the_server_gave_up_on_is_aborted_at_the_agent() {
     });
     // The dial is under way on the agent: pending, its socket in SYN-SENT.
     let deadline = Instant::now() + Duration::from_millis(900);
-    while !(metric(admin, PENDING) == 1.0 && syn_sent_to(pid, target.port()) > before) {
+    while !(metric_at(admin, PENDING) == 1.0 && syn_sent_to(pid, target.port()) > before) {
         assert!(
             Instant::now() < deadline,
             "the agent's dial never showed up\n{}",
@@ -221,7 +210,7 @@ fn a_dial_the_server_gave_up_on_is_aborted_at_the_agent() {
     // The server's DIAL_CLS aborts the connect at once.
     let deadline = answered + Duration::from_millis(500);
     loop {
-        let pending = metric(admin, PENDING);
+        let pending = metric_at(admin, PENDING);
         let sockets = syn_sent_to(pid, target.port());
         if pending == 0.0 && sockets == before {
             break;
@@ -237,12 +226,12 @@ fn a_dial_the_server_gave_up_on_is_aborted_at_the_agent() {
     let took = answered.elapsed();
     eprintln!("dial aborted {took:?} after the 504");
     assert_eq!(
-        metric(admin, "edgetunnel_agent_dials_total{result=\"cancelled\"}"),
+        metric_at(admin, "edgetunnel_agent_dials_total{result=\"cancelled\"}"),
         1.0
     );
     // Nothing was counted as a dial failure.
     assert_eq!(
-        metric(
+        metric_at(
             admin,
             "konnectivity_network_proxy_agent_endpoint_dial_failure_total{reason=\"timeout\"}"
         ),

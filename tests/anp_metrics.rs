@@ -65,11 +65,6 @@ fn head(addr: SocketAddr, path: &str) -> String {
     text.split_once("\r\n\r\n").unwrap().0.to_string()
 }
 
-fn listen_addr(p: &Proc, what: &str) -> SocketAddr {
-    let l = p.wait_line(&format!("LISTEN {what} "));
-    l.rsplit(' ').next().unwrap().parse().unwrap()
-}
-
 fn venv_python() -> Option<PathBuf> {
     let venv = std::env::var_os("EDGETUNNEL_INTEROP_VENV")
         .map(PathBuf::from)

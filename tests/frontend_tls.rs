@@ -16,7 +16,7 @@
 mod support;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::process::Command;
 use std::time::Duration;
 
@@ -494,13 +494,4 @@ fn anp_readme_mtls_quick_start_both_modes() {
                 .is_err());
         }
     }
-}
-
-fn listen_addr(p: &Proc, what: &str) -> SocketAddr {
-    p.wait_line(&format!("LISTEN {what} "))
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
 }

@@ -663,5 +663,9 @@ fn grpc_frontend_keepalive_drops_a_caller_that_does_not_answer_pings() {
             let after = closed_after.expect("a silent caller is dropped");
             assert!(after < 2.5, "dropped after {after:.2} s");
         }
+        // Only the silent caller is counted.
+        assert_eq!(server.metric(KEEPALIVE_TIMEOUTS), 1.0);
     }
 }
+
+const KEEPALIVE_TIMEOUTS: &str = "edgetunnel_keepalive_timeouts_total{peer=\"frontend\"}";

@@ -9,7 +9,6 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures::channel::{mpsc, oneshot};
 use futures::{SinkExt, StreamExt};
 use monoio::io::{AsyncWriteRent, IntoPollIo, Splitable};
@@ -19,6 +18,7 @@ use tokio_rustls::TlsConnector;
 use super::{BoxError, ServerSlots};
 use crate::engine::budget::{Budget, Credit};
 use crate::engine::grpc::{self, PacketReceiver, PacketSender, SendBuf};
+use crate::engine::h2_keepalive::{self, KeepaliveError};
 use crate::engine::listener;
 use crate::engine::relay::{self, ChunkReader};
 use crate::engine::window::{self, ConnWindow};
@@ -28,7 +28,6 @@ use crate::protocol::agent_links;
 use crate::protocol::agent_tunnel::{AgentAction, AgentTunnel, DialOutcome};
 use crate::protocol::dest_policy::{self, Policy};
 use crate::protocol::packet::{self, Encoded, Frame};
-use crate::protocol::server_tunnel::HALF_CLOSE_MARK;
 use crate::protocol::{self as proto};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
@@ -107,11 +106,7 @@ pub(crate) async fn run(
         let tls = TlsConnector::from(slots.tls.clone())
             .connect(name, crate::engine::read_ahead::ReadAhead::new(io))
             .await?;
-        let (client, conn) = h2::client::Builder::new()
-            .initial_window_size(grpc::STREAM_WINDOW)
-            .initial_connection_window_size(grpc::H2_CONNECTION_WINDOW)
-            .max_frame_size(grpc::MAX_FRAME)
-            .max_send_buffer_size(grpc::MAX_SEND_BUFFER)
+        let (client, conn) = grpc::h2_client(grpc::STREAM_WINDOW)
             .handshake::<_, SendBuf>(tls)
             .await?;
         Ok::<_, BoxError>((client, conn))
@@ -159,56 +154,118 @@ pub(crate) async fn run(
     if let Some(e) = grpc::status_error(resp.headers()) {
         if secondary_of.is_some() {
             match e {
-                grpc::GrpcError::Status { code: 6, .. } => return Ok(Ended::WorkerTaken),
-                grpc::GrpcError::Status { code: 9, .. } => return Ok(Ended::NotWanted),
+                grpc::GrpcError::Status {
+                    code: grpc::code::ALREADY_EXISTS,
+                    ..
+                } => return Ok(Ended::WorkerTaken),
+                grpc::GrpcError::Status {
+                    code: grpc::code::FAILED_PRECONDITION,
+                    ..
+                } => return Ok(Ended::NotWanted),
                 _ => {}
             }
         }
         return Err(e.into());
     }
-    let header = |k: &str| {
-        resp.headers()
-            .get(k)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
+    let answer = Answer::read(cfg, resp.headers());
+    let role = match secondary_of {
+        None => Role::Primary,
+        Some(_) => Role::Secondary,
     };
-    let server_id = header(proto::SERVER_ID_HEADER).unwrap_or_default();
-    let server_count: usize = header(proto::SERVER_COUNT_HEADER)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
-    let features = header(proto::FEATURES_HEADER);
-    let half_close =
-        cfg.half_close && proto::has_feature(features.as_deref(), proto::FEATURE_HALF_CLOSE);
-    let window = cfg.window && proto::has_feature(features.as_deref(), proto::FEATURE_WINDOW);
-    let link = agent_links::parse_answer(
-        header(agent_links::WORKERS_HEADER).as_deref(),
-        header(agent_links::WORKER_HEADER).as_deref(),
-    );
-    if secondary_of.is_some() {
-        return serve_secondary(slots, slot, resp, send, conn, ping, link).await;
-    }
-    if !server_id.is_empty() && !slots.connected.borrow_mut().insert(server_id.clone()) {
-        tracing::debug!(server = %addr, %server_id, "already connected to this server; closing duplicate");
-        return Ok(Ended::Duplicate);
-    }
-    struct Registered<'a>(&'a ServerSlots, String);
-    impl Drop for Registered<'_> {
-        fn drop(&mut self) {
-            self.0.connected.borrow_mut().remove(&self.1);
+    let server_id = answer.server_id.clone();
+    // A primary connection holds its server ID while it lives: another
+    // slot that reaches the same server closes as a duplicate.
+    let _registered = match role {
+        Role::Primary
+            if !server_id.is_empty() && !slots.connected.borrow_mut().insert(server_id.clone()) =>
+        {
+            tracing::debug!(server = %addr, %server_id, "already connected to this server; closing duplicate");
+            return Ok(Ended::Duplicate);
+        }
+        Role::Primary => Some(Registered(&slots, server_id.clone())),
+        Role::Secondary => None,
+    };
+    match role {
+        Role::Primary => {
+            slots.want_slots(answer.server_count);
+            let instance = &slots.links.instance;
+            let (server_count, half_close, window, link) = (
+                answer.server_count,
+                answer.half_close,
+                answer.window,
+                answer.link,
+            );
+            tracing::info!(server = %addr, %server_id, server_count, half_close, window, ?link, %instance, "connected to server");
+            crate::announce(format_args!("CONNECTED {addr} {server_id}"));
+        }
+        Role::Secondary => {
+            let worker = answer.link.map(|(_, w)| w);
+            tracing::info!(server = %addr, %server_id, ?worker, "secondary link up");
+            crate::announce(format_args!(
+                "LINKED {addr} {server_id} {}",
+                worker.map(|w| w.to_string()).unwrap_or_default()
+            ));
         }
     }
-    let _registered = Registered(&slots, server_id.clone());
-    slots.want_slots(server_count);
-    let instance = &slots.links.instance;
-    tracing::info!(server = %addr, %server_id, server_count, half_close, window, ?link, %instance, "connected to server");
-    crate::announce(format_args!("CONNECTED {addr} {server_id}"));
     slot.mark_established();
-    let _up = agent_metrics().server_connection();
-    if let Some((workers, _)) = link {
+    let _up = (role == Role::Primary).then(|| agent_metrics().server_connection());
+    if let (Role::Primary, Some((workers, _))) = (role, answer.link) {
         let wanted = agent_links::secondaries_wanted(workers, cfg.max_links);
         slots.links.ensure(&addr, &server_id, wanted);
     }
-    serve(slots.clone(), slot, resp, send, conn, ping, Role::Primary).await
+    serve(
+        &slots,
+        slot,
+        resp.into_body(),
+        send,
+        conn,
+        ping,
+        &answer,
+        role,
+    )
+    .await
+}
+
+/// What the server answered a Connect with (response metadata).
+struct Answer {
+    server_id: String,
+    server_count: usize,
+    /// Both sides speak the half-close extension.
+    half_close: bool,
+    /// Both sides speak the per-connection window extension.
+    window: bool,
+    /// The server's worker count and the worker this link landed on.
+    link: Option<(usize, usize)>,
+}
+
+impl Answer {
+    fn read(cfg: &super::AgentConfig, headers: &http::HeaderMap) -> Self {
+        let header = |k: &str| headers.get(k).and_then(|v| v.to_str().ok());
+        let features = header(proto::FEATURES_HEADER);
+        Answer {
+            server_id: header(proto::SERVER_ID_HEADER)
+                .unwrap_or_default()
+                .to_string(),
+            server_count: header(proto::SERVER_COUNT_HEADER)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1),
+            half_close: cfg.half_close && proto::has_feature(features, proto::FEATURE_HALF_CLOSE),
+            window: cfg.window && proto::has_feature(features, proto::FEATURE_WINDOW),
+            link: agent_links::parse_answer(
+                header(agent_links::WORKERS_HEADER),
+                header(agent_links::WORKER_HEADER),
+            ),
+        }
+    }
+}
+
+/// The server ID a primary connection holds in [`ServerSlots::connected`].
+struct Registered<'a>(&'a ServerSlots, String);
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.0.connected.borrow_mut().remove(&self.1);
+    }
 }
 
 /// Which connection [`serve`] runs.
@@ -225,57 +282,22 @@ type Conn = h2::client::Connection<
     SendBuf,
 >;
 
-/// A secondary link the server accepted: announced, then served as any
-/// connection.
-async fn serve_secondary(
-    slots: Rc<ServerSlots>,
-    slot: &super::Slot,
-    resp: http::Response<h2::RecvStream>,
-    send: h2::SendStream<SendBuf>,
-    conn: Conn,
-    ping: Option<h2::PingPong>,
-    link: Option<(usize, usize)>,
-) -> Result<Ended, BoxError> {
-    let server_id = resp
-        .headers()
-        .get(proto::SERVER_ID_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
-    let worker = link.map(|(_, w)| w);
-    tracing::info!(server = %slots.addr, %server_id, ?worker, "secondary link up");
-    crate::announce(format_args!(
-        "LINKED {} {server_id} {}",
-        slots.addr,
-        worker.map(|w| w.to_string()).unwrap_or_default()
-    ));
-    slot.mark_established();
-    serve(slots, slot, resp, send, conn, ping, Role::Secondary).await
-}
-
 /// Serves an established connection until it ends.
+#[allow(clippy::too_many_arguments)]
 async fn serve(
-    slots: Rc<ServerSlots>,
+    slots: &Rc<ServerSlots>,
     slot: &super::Slot,
-    resp: http::Response<h2::RecvStream>,
+    body: h2::RecvStream,
     send: h2::SendStream<SendBuf>,
     mut conn: Conn,
-    mut ping: Option<h2::PingPong>,
+    ping: Option<h2::PingPong>,
+    answer: &Answer,
     role: Role,
 ) -> Result<Ended, BoxError> {
     let cfg = &slots.cfg;
     let addr = slots.addr.clone();
-    let header = |k: &str| {
-        resp.headers()
-            .get(k)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-    };
-    let server_id = header(proto::SERVER_ID_HEADER).unwrap_or_default();
-    let features = header(proto::FEATURES_HEADER);
-    let half_close =
-        cfg.half_close && proto::has_feature(features.as_deref(), proto::FEATURE_HALF_CLOSE);
-    let window = cfg.window && proto::has_feature(features.as_deref(), proto::FEATURE_WINDOW);
+    let server_id = &answer.server_id;
+    let (half_close, window) = (answer.half_close, answer.window);
 
     let (ctl_tx, ctl_rx) = mpsc::unbounded();
     let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE);
@@ -294,24 +316,15 @@ async fn serve(
         server_draining: Cell::new(false),
         drain_notice: drain_tx,
     });
-    let reader = read_loop(
-        shared.clone(),
-        PacketReceiver::new(resp.into_body(), cfg.max_message),
-    );
+    let reader = read_loop(shared.clone(), PacketReceiver::new(body, cfg.max_message));
     let mut sender = PacketSender::new(send);
     let writer = write_loop(&mut sender, ctl_rx, out_rx);
     let keepalive = async {
-        let Some(p) = ping.as_mut() else {
-            return futures::future::pending::<Result<(), BoxError>>().await;
-        };
-        loop {
-            monoio::time::sleep(cfg.keepalive).await;
-            match monoio::time::timeout(cfg.keepalive * 2, p.ping(h2::Ping::opaque())).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err::<(), BoxError>(e.into()),
-                Err(_) => return Err("keepalive ping timed out".into()),
-            }
+        let e = h2_keepalive::keep_alive(ping, cfg.keepalive).await;
+        if let KeepaliveError::Timeout(_) = e {
+            agent_metrics().keepalive_timeout();
         }
+        Err::<(), BoxError>(e.into())
     };
     let drain = async {
         slots.shutdown.wait(1).await;
@@ -681,20 +694,22 @@ async fn relay_conn(
             };
             match ev {
                 ConnEvent::Data(first) => {
-                    let (credits, next) = relay::gather(
+                    let written = relay::write_queued(
+                        wr,
                         first,
                         || events.try_recv().ok(),
                         |ev| match ev {
                             ConnEvent::Data(c) => Ok(c),
                             other => Err(other),
                         },
+                        down_moved,
                     );
-                    stashed = next;
-                    down_moved.set(down_moved.get() + 1);
-                    let chunks = credits.iter().map(|c| c.bytes().clone()).collect();
-                    if let Err(e) = relay::write_chunks(wr, chunks).await {
-                        failure.replace(Some(format!("write to target: {e}")));
-                        return (Down::Failed, events);
+                    match written.await {
+                        Ok(next) => stashed = next,
+                        Err(e) => {
+                            failure.replace(Some(format!("write to target: {e}")));
+                            return (Down::Failed, events);
+                        }
                     }
                 }
                 ConnEvent::ShutdownWrite => {
@@ -710,11 +725,8 @@ async fn relay_conn(
     let close = match futures::future::select(up, down).await {
         futures::future::Either::Left((clean_eof, down)) => {
             if clean_eof && shared.half_close {
-                let mut eof = packet::data(connect_id, Bytes::new());
-                if let Frame::Data(d) = &mut eof {
-                    d.error = HALF_CLOSE_MARK.to_string();
-                }
-                let _ = shared.out.clone().send(packet::encode(eof)).await;
+                let eof = packet::encode(packet::half_close(connect_id));
+                let _ = shared.out.clone().send(eof).await;
                 // The server's side gets `linger` (idle) to finish too.
                 match relay::linger(linger, down_moved, down).await {
                     Some((ended, _)) => ended != Down::Closed,

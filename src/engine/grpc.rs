@@ -6,7 +6,6 @@
 //! [`FrameDecoder`]; flow-control credit is returned as chunks are consumed.
 
 use std::task::{ready, Context, Poll};
-use std::time::Duration;
 
 use bytes::buf::Chain;
 use bytes::{Buf, Bytes};
@@ -25,6 +24,28 @@ pub const STREAM_WINDOW: u32 = 16 * 1024 * 1024;
 pub const H2_CONNECTION_WINDOW: u32 = 32 * 1024 * 1024;
 pub const MAX_FRAME: u32 = 256 * 1024;
 pub const MAX_SEND_BUFFER: usize = 1024 * 1024;
+
+/// The HTTP/2 settings every gRPC connection of ours accepts with (agent
+/// links, gRPC frontends): `stream_window` per stream, the rest shared.
+pub fn h2_server(stream_window: u32) -> h2::server::Builder {
+    let mut b = h2::server::Builder::new();
+    b.initial_window_size(stream_window)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .max_frame_size(MAX_FRAME)
+        .max_send_buffer_size(MAX_SEND_BUFFER);
+    b
+}
+
+/// The HTTP/2 settings an agent dials its servers with: the same windows
+/// and frame size as [`h2_server`].
+pub fn h2_client(stream_window: u32) -> h2::client::Builder {
+    let mut b = h2::client::Builder::new();
+    b.initial_window_size(stream_window)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .max_frame_size(MAX_FRAME)
+        .max_send_buffer_size(MAX_SEND_BUFFER);
+    b
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum GrpcError {
@@ -195,12 +216,25 @@ pub mod code {
     pub const OK: u32 = 0;
     pub const INVALID_ARGUMENT: u32 = 3;
     pub const NOT_FOUND: u32 = 5;
+    pub const ALREADY_EXISTS: u32 = 6;
     pub const PERMISSION_DENIED: u32 = 7;
     pub const RESOURCE_EXHAUSTED: u32 = 8;
+    pub const FAILED_PRECONDITION: u32 = 9;
     pub const UNIMPLEMENTED: u32 = 12;
     pub const INTERNAL: u32 = 13;
     pub const UNAVAILABLE: u32 = 14;
     pub const UNAUTHENTICATED: u32 = 16;
+
+    /// The codes the server refuses an agent's Connect with, by the names
+    /// grpc-go's `codes.Code.String()` gives them (metric labels).
+    pub const REFUSALS: [(u32, &str); 6] = [
+        (INVALID_ARGUMENT, "InvalidArgument"),
+        (ALREADY_EXISTS, "AlreadyExists"),
+        (PERMISSION_DENIED, "PermissionDenied"),
+        (FAILED_PRECONDITION, "FailedPrecondition"),
+        (UNIMPLEMENTED, "Unimplemented"),
+        (UNAUTHENTICATED, "Unauthenticated"),
+    ];
 }
 
 /// Response head of a gRPC call with extra metadata.
@@ -277,30 +311,4 @@ pub fn chain(head: Bytes, payload: Bytes) -> SendBuf {
 /// Remaining bytes of a send buffer (for metrics).
 pub fn remaining(b: &SendBuf) -> usize {
     b.remaining()
-}
-
-/// Why a connection's keepalive gave up.
-#[derive(Debug, thiserror::Error)]
-pub enum KeepaliveError {
-    #[error("keepalive ping failed: {0}")]
-    Ping(#[from] h2::Error),
-    #[error("keepalive ping not answered within {0:?}")]
-    Timeout(Duration),
-}
-
-/// Sends an HTTP/2 PING every `every` and fails when one is not answered
-/// within twice that (a peer or path that went away without a FIN). Never
-/// returns `Ok`; without a `PingPong` (already taken) it waits forever.
-pub async fn keep_alive(ping: Option<h2::PingPong>, every: Duration) -> KeepaliveError {
-    let Some(mut p) = ping else {
-        return futures::future::pending().await;
-    };
-    loop {
-        monoio::time::sleep(every).await;
-        match monoio::time::timeout(every * 2, p.ping(h2::Ping::opaque())).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return e.into(),
-            Err(_) => return KeepaliveError::Timeout(every * 2),
-        }
-    }
 }

@@ -1,7 +1,7 @@
 //! The data-plane engine: runtime glue between the sans-I/O protocol and the
 //! kernel. Workers (one monoio runtime per core), SO_REUSEPORT listeners
 //! and the accept loop they all run,
-//! TLS and HTTP/2 adapters, the socket relay and cross-core socket handoff.
+//! TLS and HTTP/2 adapters (and HTTP/2 keepalive), the socket relay and cross-core socket handoff.
 //!
 //! Nothing here blocks a core: file and Kubernetes work belongs to the
 //! control thread, never to these tasks.
@@ -12,6 +12,7 @@ pub mod admission;
 pub mod budget;
 pub mod cert_reload;
 pub mod grpc;
+pub mod h2_keepalive;
 pub mod h2_server_io;
 pub mod head_reader;
 pub mod listener;

@@ -14,6 +14,7 @@ use std::sync::{Arc, OnceLock};
 use bytes::{Buf, Bytes, BytesMut};
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 
+use super::budget::Credit;
 use super::window::ConnWindow;
 
 /// Largest buffer reads are carved from.
@@ -278,6 +279,27 @@ pub fn gather<E, T>(
         }
     }
     (batch, None)
+}
+
+/// The receive half of a tunneled connection, one step: `first` and the
+/// payload already queued behind it (see [`gather`]) go to the socket in one
+/// vectored write, and their credits (budget, flow-control window, see
+/// [`crate::engine::budget`]) are returned once the bytes are written.
+/// `moved` counts the writes (for [`linger`]). `Ok` holds the first queued
+/// event that was not payload, to handle next.
+pub async fn write_queued<E, W: AsyncWriteRent>(
+    wr: &mut W,
+    first: Credit,
+    try_next: impl FnMut() -> Option<E>,
+    data: impl Fn(E) -> Result<Credit, E>,
+    moved: &std::cell::Cell<u64>,
+) -> io::Result<Option<E>> {
+    let (credits, next) = gather(first, try_next, data);
+    moved.set(moved.get() + 1);
+    let chunks = credits.iter().map(|c| c.bytes().clone()).collect();
+    write_chunks(wr, chunks).await?;
+    drop(credits);
+    Ok(next)
 }
 
 /// Writes every chunk fully.

@@ -52,6 +52,7 @@ pub struct AgentMetrics {
     servers_connected: Gauge,
     dials: [Counter; 5],
     dials_pending: Gauge,
+    keepalive_timeouts: Counter,
 }
 
 static METRICS: LazyLock<AgentMetrics> = LazyLock::new(AgentMetrics::new);
@@ -126,6 +127,13 @@ impl AgentMetrics {
             "edgetunnel_agent_dials_pending".into(),
             "Dials to local endpoints in progress.",
         );
+        let kt = Family::<Label1, Counter>::default();
+        let keepalive_timeouts = kt.get_or_create_owned(&[("peer", "server")]);
+        x.add(
+            "edgetunnel_keepalive_timeouts",
+            "Server connections dropped because an HTTP/2 keepalive PING (--keepalive-secs) was not answered.",
+            kt,
+        );
         let mut registry = Registry::default();
         registry.register_collector(Box::new(x));
         AgentMetrics {
@@ -140,7 +148,14 @@ impl AgentMetrics {
             servers_connected,
             dials,
             dials_pending,
+            keepalive_timeouts,
         }
+    }
+
+    /// A server connection dropped by its keepalive (the server went
+    /// silent).
+    pub fn keepalive_timeout(&self) {
+        self.keepalive_timeouts.inc();
     }
 
     /// Held while a server connection is up.
@@ -239,6 +254,7 @@ mod tests {
         m.server_failure(Direction::FromServer, "Unknown", "Unknown");
         m.packet(Segment::ToAgent, 0);
         m.packet(Segment::FromAgent, 1);
+        m.keepalive_timeout();
         let t = m.render();
         let p = ANP_AGENT;
         for s in [
@@ -260,6 +276,7 @@ mod tests {
             "edgetunnel_agent_dials_total{result=\"refused\"} 1\n".to_string(),
             "edgetunnel_agent_dials_total{result=\"cancelled\"} 1\n".to_string(),
             "edgetunnel_agent_dials_pending 1\n".to_string(),
+            "edgetunnel_keepalive_timeouts_total{peer=\"server\"} 1\n".to_string(),
             format!("# HELP {p}open_server_connections Current number of open server connections.\n"),
         ] {
             assert!(t.contains(&s), "{s} missing in\n{t}");

@@ -11,7 +11,6 @@ use std::collections::HashMap;
 use bytes::Bytes;
 
 use super::packet::{self, Frame};
-use super::server_tunnel::HALF_CLOSE_MARK;
 
 /// What the runtime must do after a server packet.
 #[derive(Debug, PartialEq)]
@@ -115,7 +114,7 @@ impl<C: Clone> AgentTunnel<C> {
                     };
                 }
                 match self.open.get(&d.connect_id) {
-                    Some(c) if d.data.is_empty() && d.error == HALF_CLOSE_MARK => {
+                    Some(c) if packet::is_half_close(&d) => {
                         AgentAction::ShutdownWrite { conn: c.clone() }
                     }
                     Some(c) => AgentAction::Write {

@@ -248,10 +248,46 @@ pub fn window_grant(d: &Data) -> Option<u64> {
     d.error.strip_prefix(WINDOW_MARK)?.parse().ok()
 }
 
+/// Extension (negotiated, see [`crate::protocol::FEATURES_HEADER`]): a DATA
+/// packet with no payload and this error text means "no more data in this
+/// direction" (TCP half-close). Go peers never see it.
+pub const HALF_CLOSE_MARK: &str = "EOF";
+
+/// The half-close mark for one connection: no more data this way.
+pub fn half_close(connect_id: i64) -> Frame {
+    Frame::Data(Data {
+        connect_id,
+        error: HALF_CLOSE_MARK.to_string(),
+        data: Bytes::new(),
+    })
+}
+
+/// Whether `d` is a half-close mark.
+pub fn is_half_close(d: &Data) -> bool {
+    d.data.is_empty() && d.error == HALF_CLOSE_MARK
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::protocol::grpc_frame::FrameDecoder;
+
+    #[test]
+    fn half_close_mark_is_an_empty_data_packet_with_its_text() {
+        let Frame::Data(d) = half_close(4) else {
+            panic!("a DATA packet")
+        };
+        assert_eq!((d.connect_id, d.error.as_str()), (4, HALF_CLOSE_MARK));
+        assert!(is_half_close(&d));
+        let Frame::Data(with_payload) = data(4, Bytes::from_static(b"x")) else {
+            panic!("a DATA packet")
+        };
+        assert!(!is_half_close(&with_payload));
+        let Frame::Data(update) = window_update(4, 1) else {
+            panic!("a DATA packet")
+        };
+        assert!(!is_half_close(&update));
+    }
 
     #[test]
     fn window_updates_round_trip_and_nothing_else_is_one() {

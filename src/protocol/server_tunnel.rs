@@ -11,11 +11,6 @@ use bytes::Bytes;
 
 use super::packet::{self, Frame};
 
-/// Extension (negotiated, see [`crate::protocol::FEATURES_HEADER`]): a DATA
-/// packet with no payload and this error text means "no more data in this
-/// direction" (TCP half-close). Go peers never see it.
-pub const HALF_CLOSE_MARK: &str = "EOF";
-
 /// What the runtime must do after an agent packet.
 #[derive(Debug, PartialEq)]
 pub enum ServerAction<F> {
@@ -186,11 +181,9 @@ impl<F: Clone> ServerTunnel<F> {
                     };
                 }
                 match self.open.get(&d.connect_id) {
-                    Some(f) if d.data.is_empty() && d.error == HALF_CLOSE_MARK => {
-                        ServerAction::PeerFinished {
-                            frontend: f.clone(),
-                        }
-                    }
+                    Some(f) if packet::is_half_close(&d) => ServerAction::PeerFinished {
+                        frontend: f.clone(),
+                    },
                     Some(f) => ServerAction::Data {
                         frontend: f.clone(),
                         payload: d.data,
@@ -362,12 +355,8 @@ mod tests {
         let mut t: ServerTunnel<u8> = ServerTunnel::default();
         t.begin_dial(1, "a:1", 1).unwrap();
         t.on_agent_frame(packet::dial_response(1, 5, ""));
-        let mut eof = packet::data(5, Bytes::new());
-        if let Frame::Data(d) = &mut eof {
-            d.error = HALF_CLOSE_MARK.into();
-        }
         assert_eq!(
-            t.on_agent_frame(eof),
+            t.on_agent_frame(packet::half_close(5)),
             ServerAction::PeerFinished { frontend: 1 }
         );
         assert_eq!(

@@ -18,13 +18,14 @@ use crate::engine::accept;
 use crate::engine::admission::Permit;
 use crate::engine::budget::Budget;
 use crate::engine::grpc::{self, code, PacketReceiver, PacketSender, SendBuf};
+use crate::engine::h2_keepalive::{self, KeepaliveError};
 use crate::engine::window::ConnWindow;
-use crate::metrics::{self, DialFailure, DialResult, Segment};
+use crate::metrics::{self, DialFailure, DialResult, KeepalivePeer, Segment};
 use crate::protocol::agent_identity::{self, CertNames, IdentityError};
 use crate::protocol::agent_links::{self, LinkRequest};
 use crate::protocol::identifiers::Identifiers;
 use crate::protocol::packet::{self, Frame};
-use crate::protocol::server_tunnel::{ServerAction, ServerTunnel, HALF_CLOSE_MARK};
+use crate::protocol::server_tunnel::{ServerAction, ServerTunnel};
 use crate::protocol::{self as proto};
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
@@ -223,11 +224,7 @@ async fn serve(
             .peer_certificates()
             .and_then(|c| c.first())
             .map(|c| c.as_ref().to_vec());
-        let mut conn = h2::server::Builder::new()
-            .initial_window_size(grpc::STREAM_WINDOW)
-            .initial_connection_window_size(grpc::H2_CONNECTION_WINDOW)
-            .max_frame_size(grpc::MAX_FRAME)
-            .max_send_buffer_size(grpc::MAX_SEND_BUFFER)
+        let mut conn = grpc::h2_server(grpc::STREAM_WINDOW)
             .max_concurrent_streams(16)
             .handshake::<_, SendBuf>(crate::engine::h2_server_io::wrap(tls))
             .await?;
@@ -287,7 +284,8 @@ async fn serve(
             h
         }
         Err((c, m)) => {
-            if c == 6 {
+            shared.metrics.agent_refused(c);
+            if c == code::ALREADY_EXISTS {
                 // A secondary link on a worker already linked: the agent
                 // tries again; not worth a warning.
                 tracing::debug!(%peer, reason = %m, "agent link refused");
@@ -351,7 +349,7 @@ async fn serve(
     // (ANP's agents log an unknown packet at V(5) and ignore it) while
     // this one carries the tunnels still open.
     let (ctl_tx, ctl_rx) = mpsc::unbounded();
-    let mut ping = conn.ping_pong();
+    let ping = conn.ping_pong();
     let drain_ctl = ctl_tx.clone();
     let drain_shared = shared.clone();
     let driver = async move {
@@ -404,18 +402,11 @@ async fn serve(
     );
     let writer = write_loop(state.clone(), PacketSender::new(send), cmd_rx, ctl_rx);
     let keepalive = async {
-        let Some(p) = ping.as_mut() else {
-            return futures::future::pending::<Result<(), BoxError>>().await;
-        };
-        loop {
-            monoio::time::sleep(shared.cfg.keepalive).await;
-            match monoio::time::timeout(shared.cfg.keepalive * 2, p.ping(h2::Ping::opaque())).await
-            {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err::<(), BoxError>(e.into()),
-                Err(_) => return Err("keepalive ping timed out".into()),
-            }
+        let e = h2_keepalive::keep_alive(ping, shared.cfg.keepalive).await;
+        if let KeepaliveError::Timeout(_) = e {
+            shared.metrics.keepalive_timeout(KeepalivePeer::Agent);
         }
+        Err::<(), BoxError>(e.into())
     };
     let result: Result<(), BoxError> = monoio::select! {
         r = driver => r,
@@ -569,6 +560,7 @@ async fn read_loop(
             }
             ServerAction::Drain => {
                 tracing::info!("agent is draining: no new dials go to it");
+                state.shared.metrics.agent_drains.inc();
                 state
                     .shared
                     .registry
@@ -685,11 +677,7 @@ async fn handle_cmd(state: &AgentState, cmd: AgentCmd) -> Option<packet::Encoded
             if !state.tunnel.borrow().is_open(connect_id) {
                 return None;
             }
-            let mut f = packet::data(connect_id, bytes::Bytes::new());
-            if let Frame::Data(d) = &mut f {
-                d.error = HALF_CLOSE_MARK.to_string();
-            }
-            f
+            packet::half_close(connect_id)
         }
         AgentCmd::Close { connect_id } => state.tunnel.borrow_mut().close(connect_id)?,
         AgentCmd::CancelDial { random } => {

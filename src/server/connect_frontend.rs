@@ -520,21 +520,19 @@ where
             };
             match ev {
                 FrontendEvent::Data(first) => {
-                    // Everything already queued goes out in one writev; the
-                    // credits go back once the bytes are in the socket.
-                    let (credits, next) = relay::gather(
+                    let written = relay::write_queued(
+                        &mut wr,
                         first,
                         || events.try_recv().ok().map(|(_, ev)| ev),
                         |ev| match ev {
                             FrontendEvent::Data(c) => Ok(c),
                             other => Err(other),
                         },
+                        &down_moved,
                     );
-                    stashed = next;
-                    down_moved.set(down_moved.get() + 1);
-                    let chunks = credits.iter().map(|c| c.bytes().clone()).collect();
-                    if relay::write_chunks(&mut wr, chunks).await.is_err() {
-                        return false;
+                    match written.await {
+                        Ok(next) => stashed = next,
+                        Err(_) => return false,
                     }
                 }
                 FrontendEvent::Finished => {

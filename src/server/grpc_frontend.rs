@@ -21,8 +21,9 @@ use super::Shared;
 use crate::engine::accept;
 use crate::engine::budget::Credit;
 use crate::engine::grpc::{self, code, GrpcError, PacketReceiver, PacketSender, SendBuf};
+use crate::engine::h2_keepalive::{self, KeepaliveError};
 use crate::engine::window::{self, ConnWindow};
-use crate::metrics::{self, DialResult, Segment};
+use crate::metrics::{self, DialResult, KeepalivePeer, Segment};
 use crate::protocol::packet::{self, Frame};
 use crate::protocol::proxy_stream::{Abandoned, AgentEvent, ProxyStream, StreamAction};
 use crate::protocol::{PROXY_PATH, ROUTE_ATTEMPTS};
@@ -31,6 +32,8 @@ use crate::BoxError;
 
 /// How long a TLS caller may take to finish its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// HTTP/2 window of one caller's stream (a stream carries one tunnel).
+const FRONTEND_STREAM_WINDOW: u32 = 4 * 1024 * 1024;
 
 /// The TCP listener; with `tls`, callers speak TLS (ALPN h2).
 pub(super) async fn accept_tcp(
@@ -134,11 +137,7 @@ where
     let idle_for = shared.cfg.frontend_idle;
     let idle = Idle::new(Instant::now());
     // The handshake ends when the client's preface has come.
-    let handshake = h2::server::Builder::new()
-        .initial_window_size(4 * 1024 * 1024)
-        .initial_connection_window_size(grpc::H2_CONNECTION_WINDOW)
-        .max_frame_size(grpc::MAX_FRAME)
-        .max_send_buffer_size(grpc::MAX_SEND_BUFFER)
+    let handshake = grpc::h2_server(FRONTEND_STREAM_WINDOW)
         .handshake::<_, SendBuf>(crate::engine::h2_server_io::wrap(io));
     let mut conn = match monoio::time::timeout(idle_for, handshake).await {
         Ok(Ok(c)) => c,
@@ -154,7 +153,7 @@ where
     // PINGs toward callers that stay connected (ANP's
     // --frontend-keepalive-time): a caller gone without a FIN is noticed
     // and its streams end.
-    let keepalive = grpc::keep_alive(conn.ping_pong(), shared.cfg.frontend_keepalive);
+    let keepalive = h2_keepalive::keep_alive(conn.ping_pong(), shared.cfg.frontend_keepalive);
     let mut keepalive = std::pin::pin!(keepalive);
     // A draining server sends GOAWAY (grpc-go's GracefulStop): the caller
     // opens new streams elsewhere, the open ones finish here.
@@ -163,7 +162,7 @@ where
     loop {
         enum Next<T> {
             Stream(T),
-            Lost(grpc::KeepaliveError),
+            Lost(KeepaliveError),
             Drain,
             Tick,
         }
@@ -187,6 +186,9 @@ where
         let next = match next {
             Next::Stream(n) => n,
             Next::Lost(e) => {
+                if let KeepaliveError::Timeout(_) = e {
+                    shared.metrics.keepalive_timeout(KeepalivePeer::Frontend);
+                }
                 tracing::info!(%peer, error = %e, "gRPC frontend caller lost");
                 return;
             }

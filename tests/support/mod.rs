@@ -328,31 +328,48 @@ impl Server {
 
     /// The value of an unlabelled or labelled sample in /metrics.
     pub fn metric(&self, sample: &str) -> f64 {
-        let text = self.metrics();
-        text.lines()
-            .find_map(|l| l.strip_prefix(sample).and_then(|r| r.strip_prefix(' ')))
-            .unwrap_or_else(|| panic!("metric {sample} missing in:\n{text}"))
-            .trim()
-            .parse()
-            .unwrap()
+        metric_at(self.admin, sample)
     }
 
     /// Waits until `sample` equals `want`.
     pub fn wait_metric(&self, sample: &str, want: f64) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let v = self.metric(sample);
-            if v == want {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{sample} stayed {v}, wanted {want}\n{}",
-                self.proc.log_text()
-            );
-            thread::sleep(Duration::from_millis(25));
-        }
+        wait_metric_at(self.admin, sample, &self.proc, |v| v == want)
     }
+}
+
+/// The value of an unlabelled or labelled sample in the /metrics of the
+/// admin listener at `admin` (a server's or an agent's).
+pub fn metric_at(admin: SocketAddr, sample: &str) -> f64 {
+    let text = http_get(admin, "/metrics").1;
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample).and_then(|r| r.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("metric {sample} missing in:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Waits until `sample` at `admin` is as wanted (`proc`'s log on failure).
+pub fn wait_metric_at(admin: SocketAddr, sample: &str, proc: &Proc, ok: impl Fn(f64) -> bool) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let v = metric_at(admin, sample);
+        if ok(v) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{sample} stayed {v}, not as wanted\n{}",
+            proc.log_text()
+        );
+        thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// The address a process announced in its `LISTEN <what> <addr>` line.
+pub fn listen_addr(p: &Proc, what: &str) -> SocketAddr {
+    let l = p.wait_line(&format!("LISTEN {what} "));
+    l.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
@@ -407,6 +424,23 @@ impl Agent {
         let a = Self::spawn(env, server, id, identifiers, extra);
         a.proc.wait_line("CONNECTED");
         a
+    }
+
+    /// [`Agent::start`] with an admin listener (`--admin-bind`): its
+    /// /metrics address.
+    pub fn start_with_admin(
+        env: &Env,
+        server: SocketAddr,
+        id: &str,
+        identifiers: &str,
+        extra: &[&str],
+    ) -> (Agent, SocketAddr) {
+        let mut args = vec!["--admin-bind", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        let a = Self::spawn(env, server, id, identifiers, &args);
+        let admin = listen_addr(&a.proc, "admin");
+        a.proc.wait_line("CONNECTED");
+        (a, admin)
     }
 
     pub fn spawn(
