@@ -17,18 +17,6 @@
 //!   configured by [`cli`]; [`compat`] translates the Go binaries' command
 //!   lines (ANP, yurt-tunnel) into the roles' own flags.
 
-/// Prints a readiness line (`LISTEN ...`, `READY`, `CONNECTED ...`) on
-/// stdout, where supervisors and tests wait for it. A closed stdout is
-/// ignored: `println!` would panic the thread that announces.
-pub fn announce(line: std::fmt::Arguments<'_>) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = out
-        .write_fmt(line)
-        .and_then(|()| out.write_all(b"\n"))
-        .and_then(|()| out.flush());
-}
-
 /// The error type of runtime glue that only reports (never matches) errors.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -42,4 +30,5 @@ pub mod engine;
 pub mod metrics;
 pub mod protocol;
 pub mod proxy;
+pub mod readiness;
 pub mod server;

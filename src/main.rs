@@ -1,5 +1,6 @@
 use clap::Parser;
 use edgetunnel::cli::{CertsCommand, Cli, Command, IptablesCommand};
+use edgetunnel::readiness::Announce;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -40,9 +41,15 @@ fn main() {
         _ => "edgetunnel",
     };
     let result: Result<(), Box<dyn std::error::Error + Send + Sync>> = match cli.command {
-        Command::Server(args) => (*args).into_config().and_then(edgetunnel::server::run),
-        Command::Agent(args) => (*args).into_config().and_then(edgetunnel::agent::run),
-        Command::Proxy(args) => edgetunnel::proxy::run(*args),
+        Command::Server(args) => (*args).into_config().and_then(|mut cfg| {
+            cfg.announce = stdout_announce();
+            edgetunnel::server::run(cfg)
+        }),
+        Command::Agent(args) => (*args).into_config().and_then(|mut cfg| {
+            cfg.announce = stdout_announce();
+            edgetunnel::agent::run(cfg)
+        }),
+        Command::Proxy(args) => edgetunnel::proxy::run(*args, stdout_announce()),
         Command::Iptables(cmd) => iptables(cmd),
         Command::Certs(CertsCommand::Init {
             dir,
@@ -103,4 +110,14 @@ fn iptables(cmd: IptablesCommand) -> Result<(), Box<dyn std::error::Error + Send
             Ok(())
         }
     }
+}
+
+/// Readiness lines on stdout, where supervisors and tests wait for them. A
+/// closed stdout is ignored (`println!` would panic the reporting thread).
+fn stdout_announce() -> Announce {
+    Announce::new(|ready| {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{ready}").and_then(|()| out.flush());
+    })
 }

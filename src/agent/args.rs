@@ -193,6 +193,7 @@ impl AgentArgs {
             None
         };
         Ok(AgentConfig {
+            announce: Default::default(),
             lease_count,
             kube,
             csr,

@@ -29,6 +29,7 @@ use crate::protocol::agent_tunnel::{AgentAction, AgentTunnel, DialOutcome};
 use crate::protocol::dest_policy::{self, Policy};
 use crate::protocol::packet::{self, Encoded, Frame};
 use crate::protocol::{self as proto};
+use crate::readiness::Ready;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 const OUT_QUEUE: usize = 1024;
@@ -196,15 +197,19 @@ pub(crate) async fn run(
                 answer.link,
             );
             tracing::info!(server = %addr, %server_id, server_count, half_close, window, ?link, %instance, "connected to server");
-            crate::announce(format_args!("CONNECTED {addr} {server_id}"));
+            cfg.announce.send(Ready::Connected {
+                server: addr.to_string(),
+                server_id: server_id.clone(),
+            });
         }
         Role::Secondary => {
             let worker = answer.link.map(|(_, w)| w);
             tracing::info!(server = %addr, %server_id, ?worker, "secondary link up");
-            crate::announce(format_args!(
-                "LINKED {addr} {server_id} {}",
-                worker.map(|w| w.to_string()).unwrap_or_default()
-            ));
+            cfg.announce.send(Ready::Linked {
+                server: addr.to_string(),
+                server_id: server_id.clone(),
+                worker,
+            });
         }
     }
     slot.mark_established();

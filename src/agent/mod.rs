@@ -25,6 +25,8 @@ use crate::protocol::identifiers::Identifiers;
 /// Everything `edgetunnel agent` is told at start.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
+    /// Where readiness is reported (listeners bound, links up).
+    pub announce: crate::readiness::Announce,
     pub servers: Vec<String>,
     pub server_name: Option<String>,
     pub tls: tls::TlsFiles,
@@ -111,8 +113,10 @@ pub fn run(cfg: AgentConfig) -> Result<(), BoxError> {
         let l = crate::engine::listener::bind_tcp(addr, 1)
             .map_err(|e| format!("{what} listener: {e}"))?
             .remove(0);
-        // Machine-readable line for scripts and tests.
-        crate::announce(format_args!("LISTEN {what} {}", l.local_addr()?));
+        cfg.announce.send(crate::readiness::Ready::Listen {
+            what: what.to_string(),
+            addr: l.local_addr()?.to_string(),
+        });
         admin_l.push(l);
     }
     let cfg = Arc::new(cfg);

@@ -149,7 +149,8 @@ fn clear_socket_path(path: &std::path::Path) {
 }
 
 /// Runs `edgetunnel proxy` until killed.
-pub fn run(args: ProxyArgs) -> Result<(), BoxError> {
+/// Readiness (`Starting to serve on ...`) goes to `announce`.
+pub fn run(args: ProxyArgs, announce: crate::readiness::Announce) -> Result<(), BoxError> {
     args.validate()?;
     let shared = Arc::new(shared_from(&args)?);
     let workers = args.workers.unwrap_or_else(runtime::default_workers).max(1);
@@ -181,7 +182,7 @@ pub fn run(args: ProxyArgs) -> Result<(), BoxError> {
         None => None,
     };
     tracing::info!(driver = args.driver().name(), workers, "proxy data plane");
-    crate::announce(format_args!("Starting to serve on {shown}"));
+    announce.send(crate::readiness::Ready::Serving { on: shown.clone() });
     let _ = std::io::stdout().flush();
 
     let per_core = std::sync::Mutex::new(match bound {

@@ -519,6 +519,7 @@ impl ServerArgs {
             );
         }
         Ok(ServerConfig {
+            announce: Default::default(),
             frontend_tls,
             tls_policy,
             control: crate::control::manager::ControlSpec {

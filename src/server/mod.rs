@@ -29,12 +29,15 @@ use crate::engine::runtime::{self, Driver};
 use crate::engine::{listener, relay::MovedSocket, signals, tls};
 use crate::metrics::Metrics;
 use crate::protocol::routing::{Registry, Strategy};
+use crate::readiness::{Announce, Ready};
 
 pub use session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
 
 /// Everything `edgetunnel server` is told at start.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
+    /// Where readiness is reported (listeners bound, serving).
+    pub announce: Announce,
     pub agent_bind: SocketAddr,
     pub connect_bind: Option<SocketAddr>,
     pub connect_uds: Option<PathBuf>,
@@ -342,8 +345,10 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
             .and_then(|v| v.first())
             .and_then(|l| l.local_addr().ok())
         {
-            // Machine-readable line for scripts and tests.
-            crate::announce(format_args!("LISTEN {what} {a}"));
+            cfg.announce.send(Ready::Listen {
+                what: what.to_string(),
+                addr: a.to_string(),
+            });
         }
     };
     print_addr("agent", &agent_l);
@@ -418,7 +423,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
         server_id = %cfg.server_id,
         "edgetunnel server starting"
     );
-    crate::announce(format_args!("READY"));
+    cfg.announce.send(Ready::Ready);
 
     let per_worker = Arc::new(per_worker);
     let inbox_rx = Arc::new(inbox_rx);
