@@ -488,6 +488,11 @@ pub async fn resolve(args: &ProxyArgs) -> Result<Upstream, UpstreamError> {
         // (client-go's `GetCert` callback).
         if let Some(d) = auth.dynamic().filter(|d| d.is_exec()) {
             tls.client_auth_cert_resolver = Arc::new(PluginCert(d.clone()));
+            // A resumed TLS session keeps the identity of the certificate
+            // of its first handshake: after a rotation the server would
+            // still see the old one. Go's client (client-go sets no
+            // ClientSessionCache) never resumes either.
+            tls.resumption = rustls::client::Resumption::disabled();
         }
         tls.alpn_protocols = vec![b"http/1.1".to_vec()];
         let h2 = args.upstream_http2.then(|| {
