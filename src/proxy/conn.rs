@@ -15,6 +15,7 @@ use bytes::{Buf, BytesMut};
 use monoio::io::IntoPollIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::credentials::Used;
 use super::filter::Filter;
 use super::forward::{self, ClientBody};
 use super::gourl::{html_escape, RequestUrl};
@@ -129,8 +130,9 @@ pub struct Shared {
 pub struct Core {
     pub shared: Arc<Shared>,
     pool: RefCell<Vec<(UpConn, Instant)>>,
-    /// This core's HTTP/2 connection to the upstream, once negotiated.
-    h2: RefCell<Option<h2::client::SendRequest<bytes::Bytes>>>,
+    /// This core's HTTP/2 connection to the upstream, once negotiated,
+    /// with the client-certificate generation it was made under.
+    h2: RefCell<Option<(h2::client::SendRequest<bytes::Bytes>, u64)>>,
     /// Whether the upstream accepted HTTP/2 (None: not asked yet).
     h2_ok: std::cell::Cell<Option<bool>>,
     /// One HTTP/2 dial at a time per core; the others wait and share it.
@@ -155,7 +157,8 @@ impl Core {
         if self.shared.upstream.tls_h2.is_none() || self.h2_ok.get() == Some(false) {
             return None;
         }
-        let live = self.h2.borrow().clone();
+        self.drop_h2_if_rotated();
+        let live = self.h2.borrow().clone().map(|(s, _)| s);
         if let Some(send) = live {
             match send.ready().await {
                 Ok(s) => return Some(s),
@@ -169,7 +172,8 @@ impl Core {
         if self.h2_ok.get() == Some(false) {
             return None;
         }
-        let live = self.h2.borrow().clone();
+        self.drop_h2_if_rotated();
+        let live = self.h2.borrow().clone().map(|(s, _)| s);
         if let Some(send) = live {
             if let Ok(s) = send.ready().await {
                 return Some(s);
@@ -182,9 +186,10 @@ impl Core {
             self.checkin(conn);
             return None;
         }
+        let generation = conn.cert_generation;
         match super::h2_upstream::handshake(conn.io).await {
             Ok(send) => {
-                *self.h2.borrow_mut() = Some(send.clone());
+                *self.h2.borrow_mut() = Some((send.clone(), generation));
                 send.ready().await.ok()
             }
             Err(e) => {
@@ -194,10 +199,35 @@ impl Core {
         }
     }
 
+    /// The generation of the exec plugin's client certificate (0 when
+    /// there is none): connections made under another one presented an
+    /// older certificate and are not used for new requests.
+    fn cert_generation(&self) -> u64 {
+        self.shared
+            .upstream
+            .auth
+            .dynamic()
+            .map_or(0, |d| d.cert_generation())
+    }
+
+    /// Forgets the HTTP/2 connection when the client certificate changed
+    /// since it was made (streams on it run to their end).
+    fn drop_h2_if_rotated(&self) {
+        let now = self.cert_generation();
+        let mut h2 = self.h2.borrow_mut();
+        if h2.as_ref().is_some_and(|(_, g)| *g != now) {
+            tracing::debug!(
+                "upstream http2 connection made with an older client certificate: dropped"
+            );
+            *h2 = None;
+        }
+    }
+
     fn checkout(&self) -> Option<UpConn> {
+        let generation = self.cert_generation();
         let mut pool = self.pool.borrow_mut();
         while let Some((mut c, at)) = pool.pop() {
-            if at.elapsed() < POOL_IDLE && c.is_quiet() {
+            if at.elapsed() < POOL_IDLE && c.cert_generation == generation && c.is_quiet() {
                 return Some(c);
             }
         }
@@ -208,8 +238,10 @@ impl Core {
     /// left unread: bytes the upstream sent past the answer would otherwise
     /// be taken for the next client's answer.
     fn checkin(&self, mut c: UpConn) {
+        let generation = self.cert_generation();
         let mut pool = self.pool.borrow_mut();
-        if pool.len() < self.shared.idle_per_core && c.is_quiet() {
+        if pool.len() < self.shared.idle_per_core && c.cert_generation == generation && c.is_quiet()
+        {
             c.reused = true;
             pool.push((c, Instant::now()));
         }
@@ -223,6 +255,12 @@ impl Core {
     async fn dial_with(&self, offer_h2: bool) -> Result<UpConn, String> {
         let s = &self.shared;
         s.metrics.upstream_dials.fetch_add(1, Ordering::Relaxed);
+        // The exec plugin's certificate, current before the handshake asks
+        // for it (awaits the credential thread when it must run).
+        if let (Some(_), Some(d)) = (&s.upstream.tls, s.upstream.auth.dynamic()) {
+            d.ready_for_handshake().await?;
+        }
+        let cert_generation = self.cert_generation();
         let mut last = String::from("no address");
         for addr in &s.dial_addrs {
             match monoio::net::TcpStream::connect_addr(*addr).await {
@@ -292,6 +330,7 @@ impl Core {
                         io,
                         buf: BytesMut::with_capacity(READ_CHUNK),
                         reused: false,
+                        cert_generation,
                     });
                 }
                 Err(e) => last = format!("dial tcp {addr}: connect: {}", go_error_text(&e)),
@@ -306,6 +345,8 @@ pub struct UpConn {
     io: UpstreamIo,
     buf: BytesMut,
     reused: bool,
+    /// The client-certificate generation it was made under.
+    cert_generation: u64,
 }
 
 impl UpConn {
@@ -710,18 +751,19 @@ async fn proxy_error(client: &mut Client, core: &Core, text: &str) -> Next {
     .await
 }
 
-/// Makes a refreshed token (exec plugin, token file) current before a head
-/// is built; awaits only when it must be fetched, never blocking the core.
-/// Returns the value that will be sent (for [`note_refused`]); nothing when
-/// the client brought its own `Authorization` (client-go leaves it alone).
-async fn fresh_auth(head: &RequestHead, shared: &Shared) -> Result<Option<Arc<str>>, String> {
+/// Makes refreshed credentials (exec plugin, token file) current before a
+/// head is built and a connection chosen; awaits only when they must be
+/// fetched, never blocking the core. Returns what the request uses (for
+/// [`note_refused`]); nothing when the client brought its own
+/// `Authorization` (client-go's exec round tripper leaves it alone).
+async fn fresh_auth(head: &RequestHead, shared: &Shared) -> Result<Option<Used>, String> {
     let Some(d) = shared.upstream.auth.dynamic() else {
         return Ok(None);
     };
     if http1::get(&head.headers, "authorization").is_some_and(|v| !v.is_empty()) {
         return Ok(None);
     }
-    d.ready().await
+    d.ready().await.map(Some)
 }
 
 /// client-go's -v6 line for one round trip (URL as sent upstream).
@@ -749,8 +791,8 @@ fn log_round_trip(
     }
 }
 
-/// A 401 to a request that carried our refreshed token: fetch it again.
-async fn note_refused(shared: &Shared, used: &Option<Arc<str>>, status: u16) {
+/// A 401 to a request that used our refreshed credentials: fetch them again.
+async fn note_refused(shared: &Shared, used: &Option<Used>, status: u16) {
     if status == 401 {
         if let (Some(d), Some(used)) = (shared.upstream.auth.dynamic(), used) {
             d.refused(used).await;
@@ -846,14 +888,16 @@ async fn forward_request(
     core: &Rc<Core>,
 ) -> Next {
     let shared = &core.shared;
-    if let Some(send) = core.h2_sender().await {
-        return forward_h2(client, head, target, framing, keep, core, send).await;
-    }
     let started = Instant::now();
+    // First: a rotated client certificate retires pooled connections
+    // before one is chosen.
     let used = match fresh_auth(head, shared).await {
         Ok(u) => u,
         Err(e) => return proxy_error(client, core, &e).await,
     };
+    if let Some(send) = core.h2_sender().await {
+        return forward_h2(client, head, target, framing, keep, core, send, used).await;
+    }
     let gzip = forward::wants_gzip(head, false, shared.disable_compression);
     let upstream_head = forward::request_head(
         head,
@@ -1206,6 +1250,7 @@ impl Gunzip {
 }
 
 /// Forwards one request over this core's HTTP/2 upstream connection.
+#[allow(clippy::too_many_arguments)]
 async fn forward_h2(
     client: &mut Client,
     head: &RequestHead,
@@ -1214,6 +1259,7 @@ async fn forward_h2(
     keep: bool,
     core: &Rc<Core>,
     mut sender: h2::client::SendRequest<bytes::Bytes>,
+    used: Option<Used>,
 ) -> Next {
     use super::h2_upstream;
     let shared = &core.shared;
@@ -1222,10 +1268,6 @@ async fn forward_h2(
         .upstream_reused
         .fetch_add(1, Ordering::Relaxed);
     let started = Instant::now();
-    let used = match fresh_auth(head, shared).await {
-        Ok(u) => u,
-        Err(e) => return proxy_error(client, core, &e).await,
-    };
     let gzip = forward::wants_gzip(head, false, shared.disable_compression);
     let headers =
         forward::upstream_headers(head, framing, client.peer, &shared.upstream, false, gzip);

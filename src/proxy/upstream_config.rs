@@ -1,8 +1,9 @@
 //! The upstream (API server) a proxy forwards to, from the kubeconfig (read
 //! with the `kube` crate), the in-cluster service account when there is no
 //! kubeconfig, and kubectl's override flags, resolved once at start on the
-//! calling thread, off the data-plane cores. Changing tokens (exec plugins,
-//! token files) are kept current by [`super::credentials`].
+//! calling thread, off the data-plane cores. Changing credentials (exec
+//! plugins' tokens and client certificates, token files) are kept current
+//! by [`super::credentials`].
 //!
 //! As client-go (tools/clientcmd/client_config.go, `ClientConfig`: user
 //! credentials are merged only `if restclient.IsConfigTransportTLS(...)`,
@@ -18,7 +19,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use rustls::ClientConfig;
 use secrecy::ExposeSecret;
 
-use super::credentials::{DynamicToken, ExecPlugin, TokenSource};
+use super::credentials::{DynamicToken, ExecPlugin, PluginCert, TokenSource};
 use super::flags::ProxyArgs;
 use crate::protocol::impersonation::Impersonation;
 use crate::protocol::upstream_proxy::{parse_kubeconfig_proxy, EnvProxy, ProxyScheme, ProxyUrl};
@@ -379,10 +380,15 @@ fn credentials(args: &ProxyArgs, config: &kube::Config, user: &str) -> Result<Au
             password: password.unwrap_or_default(),
         });
     }
-    let has_cert = ai.client_certificate.is_some() || ai.client_certificate_data.is_some();
+    // transport.Config.HasCertAuth: a certificate and a key, each from a
+    // file or inline data.
+    let has_cert = (ai.client_certificate.is_some() || ai.client_certificate_data.is_some())
+        && (ai.client_key.is_some() || ai.client_key_data.is_some());
     if let Some(exec) = &ai.exec {
         let plugin = ExecPlugin::from_config(exec, user).map_err(UpstreamError::Kubeconfig)?;
-        // client-go skips the plugin when a client certificate is set.
+        // client-go's exec `UpdateTransportConfig` leaves the transport
+        // alone (no plugin run, no error) when a static client certificate
+        // is configured: the static one is used.
         if !has_cert {
             return start(TokenSource::Exec(Box::new(plugin)));
         }
@@ -478,6 +484,16 @@ pub async fn resolve(args: &ProxyArgs) -> Result<Upstream, UpstreamError> {
         let mut tls = tls_config
             .rustls_client_config()
             .map_err(|e| UpstreamError::Tls(e.to_string()))?;
+        // An exec plugin's certificate, current at each handshake
+        // (client-go's `GetCert` callback).
+        if let Some(d) = auth.dynamic().filter(|d| d.is_exec()) {
+            tls.client_auth_cert_resolver = Arc::new(PluginCert(d.clone()));
+            // A resumed TLS session keeps the identity of the certificate
+            // of its first handshake: after a rotation the server would
+            // still see the old one. Go's client (client-go sets no
+            // ClientSessionCache) never resumes either.
+            tls.resumption = rustls::client::Resumption::disabled();
+        }
         tls.alpn_protocols = vec![b"http/1.1".to_vec()];
         let h2 = args.upstream_http2.then(|| {
             let mut c = tls.clone();

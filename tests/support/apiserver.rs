@@ -96,12 +96,24 @@ type Head = (String, String, Vec<(String, String)>);
 /// A served connection: TLS or plain.
 trait Conn: Read + Write {
     fn client_cert(&self) -> bool;
+    /// The common name of the client certificate presented, if any.
+    fn client_cn(&self) -> Option<String>;
     fn close_notify(&mut self);
+}
+
+/// The subject common name of a DER certificate.
+fn common_name(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let cn = cert.subject().iter_common_name().next()?;
+    cn.as_str().ok().map(str::to_string)
 }
 
 impl Conn for Tls {
     fn client_cert(&self) -> bool {
         self.conn.peer_certificates().is_some_and(|c| !c.is_empty())
+    }
+    fn client_cn(&self) -> Option<String> {
+        common_name(self.conn.peer_certificates()?.first()?)
     }
     fn close_notify(&mut self) {
         self.conn.send_close_notify();
@@ -112,6 +124,9 @@ impl Conn for Tls {
 impl Conn for TcpStream {
     fn client_cert(&self) -> bool {
         false
+    }
+    fn client_cn(&self) -> Option<String> {
+        None
     }
     fn close_notify(&mut self) {}
 }
@@ -231,8 +246,9 @@ fn json_str(s: &str) -> String {
 }
 
 /// What the upstream saw, as JSON: method, target, sorted headers, body
-/// length and hash, whether a client certificate was presented.
-fn echo_json(req: &Req, client_cert: bool) -> String {
+/// length and hash, whether a client certificate was presented and its
+/// common name (`client_cn`, null without one).
+fn echo_json(req: &Req, client_cert: bool, client_cn: Option<&str>) -> String {
     let mut headers = req.headers.clone();
     headers.sort();
     let hs: Vec<String> = headers
@@ -240,13 +256,14 @@ fn echo_json(req: &Req, client_cert: bool) -> String {
         .map(|(n, v)| format!("[{},{}]", json_str(n), json_str(v)))
         .collect();
     format!(
-        "{{\"method\":{},\"target\":{},\"headers\":[{}],\"body_len\":{},\"body_fnv\":{},\"client_cert\":{}}}",
+        "{{\"method\":{},\"target\":{},\"headers\":[{}],\"body_len\":{},\"body_fnv\":{},\"client_cert\":{},\"client_cn\":{}}}",
         json_str(&req.method),
         json_str(&req.target),
         hs.join(","),
         req.body.len(),
         fnv(&req.body),
-        client_cert
+        client_cert,
+        client_cn.map_or_else(|| "null".to_string(), json_str)
     )
 }
 
@@ -261,6 +278,7 @@ fn serve_conn<S: Conn>(conn: S, requests: &AtomicUsize, gate: &AtomicBool) {
         };
         requests.fetch_add(1, Ordering::SeqCst);
         let client_cert = r.get_ref().client_cert();
+        let client_cn = r.get_ref().client_cn();
         let req = Req {
             method,
             target,
@@ -388,7 +406,7 @@ fn serve_conn<S: Conn>(conn: S, requests: &AtomicUsize, gate: &AtomicBool) {
             w.close_notify();
             return;
         }
-        let b = echo_json(&req, client_cert);
+        let b = echo_json(&req, client_cert, client_cn.as_deref());
         let body = if req.method == "HEAD" { "" } else { b.as_str() };
         let _ = write!(
             w,
@@ -425,11 +443,20 @@ pub fn kubeconfig(path: &Path, server: &str, certs: &Path, token: Option<&str>, 
 
 /// Starts an HTTP/2-only (ALPN h2) variant: the same echo JSON, gzip when
 /// asked, the `:authority` reported as `host`. Runs on its own thread with a
-/// tokio runtime and the h2 crate.
+/// tokio runtime and the h2 crate. Asks for (does not require) a client
+/// certificate signed by `certs/ca.crt`, as [`start`].
 pub fn start_h2(certs: &Path) -> FakeApiServer {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in load_certs(&certs.join("ca.crt")) {
+        roots.add(c).expect("root");
+    }
+    let verifier = WebPkiClientVerifier::builder(Arc::new(roots))
+        .allow_unauthenticated()
+        .build()
+        .expect("verifier");
     let mut cfg = rustls::ServerConfig::builder()
-        .with_no_client_auth()
+        .with_client_cert_verifier(verifier)
         .with_single_cert(
             load_certs(&certs.join("server.crt")),
             load_key(&certs.join("server.key")),
@@ -459,12 +486,19 @@ pub fn start_h2(certs: &Path) -> FakeApiServer {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
                     };
+                    let cn: Option<Arc<str>> = tls
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                        .and_then(|c| common_name(c))
+                        .map(Arc::from);
                     let Ok(mut conn) = h2::server::handshake(tls).await else {
                         return;
                     };
                     while let Some(Ok((req, respond))) = conn.accept().await {
                         r.fetch_add(1, Ordering::SeqCst);
-                        tokio::spawn(h2_answer(req, respond));
+                        tokio::spawn(h2_answer(req, respond, cn.clone()));
                     }
                 });
             }
@@ -480,6 +514,7 @@ pub fn start_h2(certs: &Path) -> FakeApiServer {
 async fn h2_answer(
     req: http::Request<h2::RecvStream>,
     mut respond: h2::server::SendResponse<bytes::Bytes>,
+    client_cn: Option<Arc<str>>,
 ) {
     let (parts, mut body) = req.into_parts();
     let mut data = Vec::new();
@@ -527,10 +562,24 @@ async fn h2_answer(
             headers,
             body: data,
         };
-        (echo_json(&req, false).into_bytes(), false)
+        (
+            echo_json(&req, client_cn.is_some(), client_cn.as_deref()).into_bytes(),
+            false,
+        )
+    };
+    // `/status/<code>`: that status, as the HTTP/1.1 server answers it.
+    let status = parts
+        .uri
+        .path()
+        .strip_prefix("/status/")
+        .map_or(200, |c| c.parse().unwrap_or(500));
+    let body = if status == 200 {
+        body
+    } else {
+        format!("{{\"status\":{status}}}").into_bytes()
     };
     let mut resp = http::Response::builder()
-        .status(200)
+        .status(status)
         .header("content-type", "application/json");
     if gz {
         resp = resp.header("content-encoding", "gzip");
