@@ -13,6 +13,9 @@
 //! a token file is read again when its copy is older than 50 s (client-go's
 //! `NewCachedFileTokenSource`: period one minute, leeway 10 s) or after a
 //! 401 (`ResetTokenOlderThan`), keeping the last good token when a read fails.
+//! An `oidc` auth-provider ([`super::oidc`]) is asked again when its
+//! id-token's `exp` (less 10 s) has passed, and not after a 401: client-go's
+//! oidc round tripper refreshes only by expiry.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -23,6 +26,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::channel::oneshot;
 use kube::config::{ExecConfig, ExecInteractiveMode};
 
+use super::oidc::OidcProvider;
 use crate::protocol::exec_credential;
 
 /// How long a token file's copy is used before it is read again.
@@ -32,6 +36,14 @@ const FILE_TOKEN_TTL: Duration = Duration::from_secs(50);
 pub enum TokenSource {
     Exec(Box<ExecPlugin>),
     File(PathBuf),
+    Oidc(Box<OidcProvider>),
+}
+
+impl TokenSource {
+    /// Whether a 401 makes the token be fetched again.
+    fn refetch_on_401(&self) -> bool {
+        !matches!(self, TokenSource::Oidc(_))
+    }
 }
 
 /// A `user.exec` entry, checked.
@@ -171,15 +183,17 @@ enum Msg {
 pub struct DynamicToken {
     cached: Mutex<Cached>,
     tx: Mutex<mpsc::Sender<Msg>>,
+    refetch_on_401: bool,
 }
 
 impl DynamicToken {
     /// Starts the control thread for `source`.
-    pub fn start(source: TokenSource) -> std::io::Result<Arc<DynamicToken>> {
+    pub fn start(mut source: TokenSource) -> std::io::Result<Arc<DynamicToken>> {
         let (tx, rx) = mpsc::channel();
         let me = Arc::new(DynamicToken {
             cached: Mutex::new(Cached::default()),
             tx: Mutex::new(tx),
+            refetch_on_401: source.refetch_on_401(),
         });
         let weak = Arc::downgrade(&me);
         std::thread::Builder::new()
@@ -187,7 +201,7 @@ impl DynamicToken {
             .spawn(move || {
                 for msg in rx {
                     let Some(me) = weak.upgrade() else { return };
-                    me.handle(&source, msg);
+                    me.handle(&mut source, msg);
                 }
             })?;
         Ok(me)
@@ -232,6 +246,9 @@ impl DynamicToken {
     /// (once, however many requests were refused with the same value) and,
     /// as client-go, before the 401 goes back to the client.
     pub async fn refused(&self, used: &Arc<str>) {
+        if !self.refetch_on_401 {
+            return;
+        }
         let rx = {
             let mut c = self.lock();
             if c.header.as_ref() != Some(used) || c.stale {
@@ -246,7 +263,7 @@ impl DynamicToken {
         let _ = rx.await;
     }
 
-    fn handle(&self, source: &TokenSource, msg: Msg) {
+    fn handle(&self, source: &mut TokenSource, msg: Msg) {
         match msg {
             Msg::Get(reply) => {
                 let r = {
@@ -274,7 +291,7 @@ impl DynamicToken {
         }
     }
 
-    fn fetch(&self, source: &TokenSource) -> Result<Option<Arc<str>>, String> {
+    fn fetch(&self, source: &mut TokenSource) -> Result<Option<Arc<str>>, String> {
         self.lock().fetches += 1;
         match source {
             TokenSource::Exec(p) => {
@@ -292,7 +309,7 @@ impl DynamicToken {
                 Ok(header)
             }
             TokenSource::File(path) => {
-                let read = std::fs::read_to_string(path);
+                let read = std::fs::read_to_string(&*path);
                 let mut c = self.lock();
                 match read {
                     Ok(t) => {
@@ -310,6 +327,19 @@ impl DynamicToken {
                     }
                     Err(e) => Err(format!("reading {}: {e}", path.display())),
                 }
+            }
+            TokenSource::Oidc(p) => {
+                let (token, exp) = p.id_token()?;
+                let header: Arc<str> = Arc::from(format!("Bearer {token}").as_str());
+                let mut c = self.lock();
+                c.header = Some(header.clone());
+                // Valid while now + 10 s < exp; asked again from then on.
+                c.expires = Some(
+                    exp.map_or(0.0, |e| e as f64 - crate::protocol::oidc::EXPIRY_DELTA_SECS)
+                        - 0.001,
+                );
+                c.stale = false;
+                Ok(Some(header))
             }
         }
     }

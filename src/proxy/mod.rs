@@ -16,6 +16,7 @@ mod h2_upstream;
 mod io;
 pub mod klog;
 mod kubeconfig_names;
+pub mod oidc;
 pub mod mux;
 mod proxy_dial;
 pub mod server_version;
