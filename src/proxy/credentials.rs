@@ -184,6 +184,7 @@ pub struct DynamicToken {
     cached: Mutex<Cached>,
     tx: Mutex<mpsc::Sender<Msg>>,
     refetch_on_401: bool,
+    fetch_at_start: bool,
 }
 
 impl DynamicToken {
@@ -194,6 +195,7 @@ impl DynamicToken {
             cached: Mutex::new(Cached::default()),
             tx: Mutex::new(tx),
             refetch_on_401: source.refetch_on_401(),
+            fetch_at_start: matches!(source, TokenSource::Oidc(_)),
         });
         let weak = Arc::downgrade(&me);
         std::thread::Builder::new()
@@ -219,6 +221,12 @@ impl DynamicToken {
     /// The `Authorization` value last fetched (never blocks).
     pub fn current(&self) -> Option<String> {
         self.lock().header.as_ref().map(|h| h.to_string())
+    }
+
+    /// Whether the token is fetched before the proxy serves (the oidc
+    /// provider: kubectl's start-up request refreshes it).
+    pub fn fetch_at_start(&self) -> bool {
+        self.fetch_at_start
     }
 
     /// How many times the plugin ran or the file was read.
