@@ -177,9 +177,14 @@ fn jwt(exp: i64, sub: &str) -> String {
     format!(
         "{}.{}.c2ln",
         b("{\"alg\":\"RS256\",\"typ\":\"JWT\"}"),
-        b(&format!("{{\"iss\":\"idp\",\"sub\":\"{sub}\",\"exp\":{exp}}}"))
+        b(&format!(
+            "{{\"iss\":\"idp\",\"sub\":\"{sub}\",\"exp\":{exp}}}"
+        ))
     )
 }
+
+/// An oidc config map, in the order written.
+type Config<'a> = Vec<(&'a str, String)>;
 
 /// A kubeconfig whose user has this oidc config (YAML lines under
 /// `config:`).
@@ -354,7 +359,7 @@ fn expired_id_token_refreshed_and_persisted_as_kubectl() {
         )
     };
     let ca_data = base64::engine::general_purpose::STANDARD.encode(std::fs::read(&ca).unwrap());
-    let cases: Vec<(&str, TokenAnswer, Vec<(&str, String)>)> = vec![
+    let cases: Vec<(&str, TokenAnswer, Config)> = vec![
         (
             "basic-new-refresh-token",
             TokenAnswer {
@@ -425,7 +430,10 @@ fn expired_id_token_refreshed_and_persisted_as_kubectl() {
             ours.steps
         );
         // kubectl's start-up request refreshes before it serves; ours too.
-        assert!(!ours.steps[0].1.is_empty(), "{name}: the IdP was asked at start");
+        assert!(
+            !ours.steps[0].1.is_empty(),
+            "{name}: the IdP was asked at start"
+        );
         assert!(
             ours.steps[1].1.is_empty() && ours.steps[2].1.is_empty(),
             "{name}: cached: {:?}",

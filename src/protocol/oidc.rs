@@ -100,8 +100,8 @@ pub fn id_token_valid(id_token: &str, now: f64) -> Result<bool, OidcError> {
         return Err(OidcError::IdToken("ID Token is not a valid JWT".into()));
     }
     let payload = raw_url_base64_decode(parts[1]).map_err(OidcError::IdToken)?;
-    let exp = claims_exp(&payload)
-        .map_err(|e| OidcError::IdToken(format!("parsing claims: {e}")))?;
+    let exp =
+        claims_exp(&payload).map_err(|e| OidcError::IdToken(format!("parsing claims: {e}")))?;
     // A missing `exp` is Go's zero time: long expired.
     Ok(exp.is_some_and(|exp| now + EXPIRY_DELTA_SECS < exp as f64))
 }
@@ -249,9 +249,9 @@ pub fn parse_discovery(code: u16, status: &str, body: &[u8]) -> Result<String, O
                 serde_json::Value::Null => {}
                 other => {
                     return Err(decode(format!(
-                        "json: cannot unmarshal {} into Go struct field .token_endpoint of type string",
-                        json_kind(&other)
-                    )))
+                    "json: cannot unmarshal {} into Go struct field .token_endpoint of type string",
+                    json_kind(&other)
+                )))
                 }
             }
         }
@@ -479,7 +479,9 @@ fn token_json(body: &[u8]) -> Result<TokenJson, String> {
                 ));
             }
         }
-        if key_matches(k, "token_type") && !matches!(v, serde_json::Value::String(_) | serde_json::Value::Null) {
+        if key_matches(k, "token_type")
+            && !matches!(v, serde_json::Value::String(_) | serde_json::Value::Null)
+        {
             first_err.get_or_insert(format!(
                 "json: cannot unmarshal {} into Go struct field tokenJSON.token_type of type string",
                 json_kind(v)
@@ -581,14 +583,14 @@ fn query_unescape(s: &str) -> Result<String, String> {
         match b[i] {
             b'%' => {
                 let hex = |c: u8| (c as char).to_digit(16);
-                match (b.get(i + 1).and_then(|&c| hex(c)), b.get(i + 2).and_then(|&c| hex(c))) {
+                match (
+                    b.get(i + 1).and_then(|&c| hex(c)),
+                    b.get(i + 2).and_then(|&c| hex(c)),
+                ) {
                     (Some(h), Some(l)) => out.push((h * 16 + l) as u8),
                     _ => {
                         let end = (i + 3).min(b.len());
-                        return Err(format!(
-                            "invalid URL escape {}",
-                            go_quote_bytes(&b[i..end])
-                        ));
+                        return Err(format!("invalid URL escape {}", go_quote_bytes(&b[i..end])));
                     }
                 }
                 i += 3;
@@ -820,7 +822,11 @@ mod tests {
             assert_eq!(id_token_valid(t, 0.0).unwrap_err().to_string(), want, "{t}");
         }
         let e = id_token_valid(&jwt("{\"exp\":true}"), 0.0).unwrap_err();
-        assert!(e.to_string().starts_with("parsing claims: json: cannot unmarshal bool"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("parsing claims: json: cannot unmarshal bool"),
+            "{e}"
+        );
         let e = id_token_valid(&jwt("{\"exp\":null}"), 0.0).unwrap_err();
         assert!(e.to_string().contains("parsing \"\""), "{e}");
         assert!(id_token_valid(&jwt("[1]"), 0.0).is_err());
@@ -837,12 +843,18 @@ mod tests {
             "https://i/.well-known/openid-configuration"
         );
         assert_eq!(
-            parse_discovery(200, "200 OK", br#"{"issuer":"i","token_endpoint":"https://t/tok"}"#)
-                .unwrap(),
+            parse_discovery(
+                200,
+                "200 OK",
+                br#"{"issuer":"i","token_endpoint":"https://t/tok"}"#
+            )
+            .unwrap(),
             "https://t/tok"
         );
         assert_eq!(
-            parse_discovery(200, "200 OK", b"{}").unwrap_err().to_string(),
+            parse_discovery(200, "200 OK", b"{}")
+                .unwrap_err()
+                .to_string(),
             "oidc: discovery object doesn't contain a token_endpoint"
         );
         let long = "x".repeat(100);
@@ -873,7 +885,10 @@ mod tests {
             Some("Basic bXkrY2xpZW50OnMlMjZj")
         );
         let r = refresh_request("id", "", "rt", AuthStyle::Params);
-        assert_eq!(r.body, "client_id=id&grant_type=refresh_token&refresh_token=rt");
+        assert_eq!(
+            r.body,
+            "client_id=id&grant_type=refresh_token&refresh_token=rt"
+        );
         assert_eq!(r.authorization, None);
         let r = refresh_request("id", "sec", "rt", AuthStyle::Params);
         assert_eq!(
@@ -884,13 +899,18 @@ mod tests {
 
     #[test]
     fn token_answers() {
-        let ok = |ct: Option<&str>, body: &str| parse_token_response(200, "200 OK", ct, body.as_bytes(), "old");
+        let ok = |ct: Option<&str>, body: &str| {
+            parse_token_response(200, "200 OK", ct, body.as_bytes(), "old")
+        };
         let r = ok(
             Some("application/json"),
             r#"{"access_token":"a","id_token":"new","refresh_token":"r2","expires_in":"3600"}"#,
         )
         .unwrap();
-        assert_eq!((r.id_token.as_str(), r.refresh_token.as_str()), ("new", "r2"));
+        assert_eq!(
+            (r.id_token.as_str(), r.refresh_token.as_str()),
+            ("new", "r2")
+        );
         let r = ok(None, r#"{"access_token":"a","id_token":"new"}"#).unwrap();
         assert_eq!(r.refresh_token, "old");
         let r = ok(
@@ -898,18 +918,36 @@ mod tests {
             "access_token=a&id_token=n+1&refresh_token=r%2F2",
         )
         .unwrap();
-        assert_eq!((r.id_token.as_str(), r.refresh_token.as_str()), ("n 1", "r/2"));
+        assert_eq!(
+            (r.id_token.as_str(), r.refresh_token.as_str()),
+            ("n 1", "r/2")
+        );
         assert_eq!(
             ok(None, r#"{"id_token":"x"}"#).unwrap_err().to_string(),
             "failed to refresh token: oauth2: server response missing access_token"
         );
-        assert_eq!(ok(None, r#"{"access_token":"a"}"#).unwrap_err(), OidcError::NoIdToken);
-        assert_eq!(ok(None, r#"{"access_token":"a","id_token":5}"#).unwrap_err(), OidcError::NoIdToken);
-        assert_eq!(ok(Some("text/plain"), "access_token=a&id_token=12").unwrap_err(), OidcError::NoIdToken);
         assert_eq!(
-            parse_token_response(400, "400 Bad Request", Some("application/json"), br#"{"error":"invalid_grant","error_description":"expired"}"#, "o")
-                .unwrap_err()
-                .to_string(),
+            ok(None, r#"{"access_token":"a"}"#).unwrap_err(),
+            OidcError::NoIdToken
+        );
+        assert_eq!(
+            ok(None, r#"{"access_token":"a","id_token":5}"#).unwrap_err(),
+            OidcError::NoIdToken
+        );
+        assert_eq!(
+            ok(Some("text/plain"), "access_token=a&id_token=12").unwrap_err(),
+            OidcError::NoIdToken
+        );
+        assert_eq!(
+            parse_token_response(
+                400,
+                "400 Bad Request",
+                Some("application/json"),
+                br#"{"error":"invalid_grant","error_description":"expired"}"#,
+                "o"
+            )
+            .unwrap_err()
+            .to_string(),
             "failed to refresh token: oauth2: \"invalid_grant\" \"expired\""
         );
         assert_eq!(
@@ -921,13 +959,24 @@ mod tests {
         // An error code in a 200 answer fails too.
         assert!(ok(None, r#"{"access_token":"a","id_token":"i","error":"x"}"#).is_err());
         let e = ok(None, "nope").unwrap_err().to_string();
-        assert!(e.starts_with("failed to refresh token: oauth2: cannot parse json: "), "{e}");
+        assert!(
+            e.starts_with("failed to refresh token: oauth2: cannot parse json: "),
+            "{e}"
+        );
         let e = ok(None, r#"{"access_token":1}"#).unwrap_err().to_string();
         assert!(e.contains("cannot unmarshal number"), "{e}");
-        let e = ok(None, r#"{"access_token":"a","id_token":"i","expires_in":1.5}"#).unwrap_err().to_string();
+        let e = ok(
+            None,
+            r#"{"access_token":"a","id_token":"i","expires_in":1.5}"#,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("ParseInt"), "{e}");
         let e = ok(Some("text/plain"), "a=%zz").unwrap_err().to_string();
-        assert_eq!(e, "failed to refresh token: oauth2: cannot parse response: invalid URL escape \"%zz\"");
+        assert_eq!(
+            e,
+            "failed to refresh token: oauth2: cannot parse response: invalid URL escape \"%zz\""
+        );
     }
 
     #[test]
@@ -940,7 +989,10 @@ mod tests {
                 refresh_token: "r1".into(),
             },
         );
-        assert_eq!(same, map(&[(ID_TOKEN, "i2"), (REFRESH_TOKEN, "r1"), (CLIENT_ID, "c")]));
+        assert_eq!(
+            same,
+            map(&[(ID_TOKEN, "i2"), (REFRESH_TOKEN, "r1"), (CLIENT_ID, "c")])
+        );
         let new = persisted_config(
             &old,
             &Refreshed {
@@ -972,6 +1024,9 @@ mod tests {
 
     #[test]
     fn go_quote() {
-        assert_eq!(go_quote_bytes(b"a\"b\\\n\x01\xff\xc3\xa9"), "\"a\\\"b\\\\\\n\\x01\\xff\u{e9}\"");
+        assert_eq!(
+            go_quote_bytes(b"a\"b\\\n\x01\xff\xc3\xa9"),
+            "\"a\\\"b\\\\\\n\\x01\\xff\u{e9}\""
+        );
     }
 }

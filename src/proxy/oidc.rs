@@ -60,10 +60,7 @@ impl OidcProvider {
         tls: Arc<rustls::ClientConfig>,
         persister: Option<Persister>,
     ) -> OidcProvider {
-        if cfg
-            .get(policy::EXTRA_SCOPES)
-            .is_some_and(|s| !s.is_empty())
-        {
+        if cfg.get(policy::EXTRA_SCOPES).is_some_and(|s| !s.is_empty()) {
             tracing::debug!(
                 "{} auth provider field depricated, refresh request don't send scopes",
                 policy::EXTRA_SCOPES
@@ -224,7 +221,9 @@ fn request(
         None => host.to_string(),
     };
     // The headers Go's client sends, less Accept-Encoding (no gzip here).
-    let mut head = format!("{method} {target} HTTP/1.1\r\nHost: {host_header}\r\nUser-Agent: Go-http-client/1.1\r\n");
+    let mut head = format!(
+        "{method} {target} HTTP/1.1\r\nHost: {host_header}\r\nUser-Agent: Go-http-client/1.1\r\n"
+    );
     if method == "POST" {
         head.push_str(&format!("Content-Length: {}\r\n", body.len()));
     }
@@ -410,7 +409,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let first = dir.path().join("a.yaml");
         let second = dir.path().join("b.yaml");
-        std::fs::write(&first, "apiVersion: v1\nkind: Config\nusers:\n- name: other\n  user: {token: t}\n").unwrap();
+        std::fs::write(
+            &first,
+            "apiVersion: v1\nkind: Config\nusers:\n- name: other\n  user: {token: t}\n",
+        )
+        .unwrap();
         std::fs::write(
             &second,
             "apiVersion: v1\nkind: Config\n# a comment\nusers:\n- name: me\n  user:\n    auth-provider:\n      name: oidc\n      config:\n        id-token: old\n        client-id: \"0123\"\n",

@@ -23,8 +23,8 @@ use secrecy::ExposeSecret;
 use super::credentials::{DynamicToken, ExecPlugin, TokenSource};
 use super::flags::ProxyArgs;
 use super::oidc::{OidcProvider, Persister};
-use crate::protocol::oidc as oidc_policy;
 use crate::protocol::impersonation::Impersonation;
+use crate::protocol::oidc as oidc_policy;
 use crate::protocol::upstream_proxy::{parse_kubeconfig_proxy, EnvProxy, ProxyScheme, ProxyUrl};
 
 /// Where the service account token and CA are mounted in a pod.
@@ -388,7 +388,9 @@ fn kubeconfig_precedence(args: &ProxyArgs) -> Vec<PathBuf> {
         }
         return out;
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
     vec![home.join(".kube").join("config")]
 }
 
