@@ -35,7 +35,18 @@ fn get_full(ep: &Endpoint, path: &str) -> (Seen, String) {
         "GET {path} HTTP/1.1\r\nHost: localhost:{}\r\nUser-Agent: difftest/1\r\n\r\n",
         ep.port()
     );
-    let r = exchange(ep, raw.as_bytes(), "GET").expect("exchange");
+    let r = match exchange(ep, raw.as_bytes(), "GET") {
+        Ok(r) => r,
+        // Status 0: the proxy closed without an answer.
+        Err(e) => {
+            let seen = Seen {
+                status: 0,
+                cn: None,
+                authorization: None,
+            };
+            return (seen, e.to_string());
+        }
+    };
     let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or(serde_json::Value::Null);
     let authorization = v["headers"].as_array().and_then(|a| {
         a.iter()
@@ -201,24 +212,40 @@ fn rotate_on_401(env: &Env, server: &str, name: &str, with_token: bool) -> Vec<S
         .collect()
 }
 
-fn expect_rotation(steps: &Steps, with_token: bool) {
+/// Checks the steps of [`rotate_on_401`]. kubectl closes every connection
+/// when the certificate changes (client-go's `connTracker.CloseAll` in
+/// exec.go's `refreshCredsLocked`), which races with its own answers: now
+/// and then the 401 itself is cut (the client sees the connection close,
+/// status 0 here) or, over HTTP/2, the next request fails with 500. With
+/// `racy` (kubectl) those two outcomes are accepted at those two steps;
+/// ours must show the answers kubectl gives when the race goes well.
+fn expect_rotation(steps: &Steps, with_token: bool, racy: bool) {
     let tok = |t: &str| with_token.then(|| format!("Bearer {t}"));
+    let mut first_after = true;
     for (label, seen, runs) in steps {
         let want = match *label {
             "first" => (200, Some("plugin-one".to_string()), tok("tok-1"), 1),
             "401" => (401, None, None, 2),
             _ => (200, Some("plugin-two".to_string()), tok("tok-2"), 2),
         };
-        assert_eq!(
-            (
-                seen.status,
-                seen.cn.clone(),
-                seen.authorization.clone(),
-                *runs
-            ),
-            want,
-            "{label}: {steps:?}"
+        let got = (
+            seen.status,
+            seen.cn.clone(),
+            seen.authorization.clone(),
+            *runs,
         );
+        let raced = racy
+            && match *label {
+                "401" => got == (0, None, None, 2),
+                "after" => first_after && got == (500, None, None, 2),
+                _ => false,
+            };
+        if *label == "after" {
+            first_after = false;
+        }
+        if !raced {
+            assert_eq!(got, want, "{label}: {steps:?}");
+        }
     }
 }
 
@@ -228,8 +255,8 @@ fn plugin_certificate_presented_cached_and_rotated_after_401_as_kubectl() {
     let api = apiserver::start(&env.certs());
     let server = format!("https://127.0.0.1:{}", api.addr.port());
     let r = rotate_on_401(&env, &server, "h1", false);
-    expect_rotation(&r[0], false);
-    assert_eq!(r[0], r[1], "kubectl / ours");
+    expect_rotation(&r[0], false, true);
+    expect_rotation(&r[1], false, false);
 }
 
 #[test]
@@ -238,8 +265,8 @@ fn plugin_certificate_and_token_over_http2_rotated_after_401_as_kubectl() {
     let api = apiserver::start_h2(&env.certs());
     let server = format!("https://127.0.0.1:{}", api.addr.port());
     let r = rotate_on_401(&env, &server, "h2", true);
-    expect_rotation(&r[0], true);
-    assert_eq!(r[0], r[1], "kubectl / ours");
+    expect_rotation(&r[0], true, true);
+    expect_rotation(&r[1], true, false);
 }
 
 #[test]

@@ -17,6 +17,7 @@ pub mod http1;
 pub mod http_connect;
 pub mod identifiers;
 pub mod impersonation;
+pub mod oidc;
 pub mod packet;
 pub mod proxy_client;
 pub mod proxy_stream;

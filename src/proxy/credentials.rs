@@ -20,6 +20,9 @@
 //! certificate, [`DynamicToken::cert_generation`] moves on so that pooled
 //! connections made with the old one are not used again (client-go closes
 //! them all through its `connTracker` on rotation).
+//! An `oidc` auth-provider ([`super::oidc`]) is asked again when its
+//! id-token's `exp` (less 10 s) has passed, and not after a 401: client-go's
+//! oidc round tripper refreshes only by expiry.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -33,6 +36,7 @@ use kube::config::{ExecConfig, ExecInteractiveMode};
 use rustls::client::ResolvesClientCert;
 use rustls::sign::CertifiedKey;
 
+use super::oidc::OidcProvider;
 use crate::protocol::exec_credential;
 
 /// How long a token file's copy is used before it is read again.
@@ -42,6 +46,14 @@ const FILE_TOKEN_TTL: Duration = Duration::from_secs(50);
 pub enum TokenSource {
     Exec(Box<ExecPlugin>),
     File(PathBuf),
+    Oidc(Box<OidcProvider>),
+}
+
+impl TokenSource {
+    /// Whether a 401 makes the token be fetched again.
+    fn refetch_on_401(&self) -> bool {
+        !matches!(self, TokenSource::Oidc(_))
+    }
 }
 
 /// A `user.exec` entry, checked.
@@ -207,17 +219,21 @@ pub struct DynamicToken {
     cert_generation: AtomicU64,
     /// An exec plugin (which may return a certificate), not a token file.
     exec: bool,
+    refetch_on_401: bool,
+    fetch_at_start: bool,
 }
 
 impl DynamicToken {
     /// Starts the control thread for `source`.
-    pub fn start(source: TokenSource) -> std::io::Result<Arc<DynamicToken>> {
+    pub fn start(mut source: TokenSource) -> std::io::Result<Arc<DynamicToken>> {
         let (tx, rx) = mpsc::channel();
         let me = Arc::new(DynamicToken {
             cached: Mutex::new(Cached::default()),
             tx: Mutex::new(tx),
             cert_generation: AtomicU64::new(0),
             exec: matches!(source, TokenSource::Exec(_)),
+            refetch_on_401: source.refetch_on_401(),
+            fetch_at_start: matches!(source, TokenSource::Oidc(_)),
         });
         let weak = Arc::downgrade(&me);
         std::thread::Builder::new()
@@ -225,7 +241,7 @@ impl DynamicToken {
             .spawn(move || {
                 for msg in rx {
                     let Some(me) = weak.upgrade() else { return };
-                    me.handle(&source, msg);
+                    me.handle(&mut source, msg);
                 }
             })?;
         Ok(me)
@@ -243,6 +259,12 @@ impl DynamicToken {
     /// The `Authorization` value last fetched (never blocks).
     pub fn current(&self) -> Option<String> {
         self.lock().header.as_ref().map(|h| h.to_string())
+    }
+
+    /// Whether the token is fetched before the proxy serves (the oidc
+    /// provider: kubectl's start-up request refreshes it).
+    pub fn fetch_at_start(&self) -> bool {
+        self.fetch_at_start
     }
 
     /// How many times the plugin ran or the file was read.
@@ -305,6 +327,9 @@ impl DynamicToken {
     /// again (once, however many requests were refused with the same
     /// credential) and, as client-go, before the 401 goes back to the client.
     pub async fn refused(&self, used: &Used) {
+        if !self.refetch_on_401 {
+            return;
+        }
         let rx = {
             let mut c = self.lock();
             if c.serial != used.serial || c.stale {
@@ -319,7 +344,7 @@ impl DynamicToken {
         let _ = rx.await;
     }
 
-    fn handle(&self, source: &TokenSource, msg: Msg) {
+    fn handle(&self, source: &mut TokenSource, msg: Msg) {
         match msg {
             Msg::Get(reply) => {
                 let r = {
@@ -347,7 +372,7 @@ impl DynamicToken {
         }
     }
 
-    fn fetch(&self, source: &TokenSource) -> Result<Used, String> {
+    fn fetch(&self, source: &mut TokenSource) -> Result<Used, String> {
         self.lock().fetches += 1;
         match source {
             TokenSource::Exec(p) => {
@@ -381,7 +406,7 @@ impl DynamicToken {
                 Ok(c.used())
             }
             TokenSource::File(path) => {
-                let read = std::fs::read_to_string(path);
+                let read = std::fs::read_to_string(&*path);
                 let mut c = self.lock();
                 match read {
                     Ok(t) => {
@@ -401,6 +426,20 @@ impl DynamicToken {
                     }
                     Err(e) => Err(format!("reading {}: {e}", path.display())),
                 }
+            }
+            TokenSource::Oidc(p) => {
+                let (token, exp) = p.id_token()?;
+                let header: Arc<str> = Arc::from(format!("Bearer {token}").as_str());
+                let mut c = self.lock();
+                c.header = Some(header);
+                // Valid while now + 10 s < exp; asked again from then on.
+                c.expires = Some(
+                    exp.map_or(0.0, |e| e as f64 - crate::protocol::oidc::EXPIRY_DELTA_SECS)
+                        - 0.001,
+                );
+                c.stale = false;
+                c.serial += 1;
+                Ok(c.used())
             }
         }
     }

@@ -17,6 +17,7 @@ mod io;
 pub mod klog;
 mod kubeconfig_names;
 pub mod mux;
+pub mod oidc;
 mod proxy_dial;
 pub mod server_version;
 pub mod static_files;
@@ -96,6 +97,15 @@ fn shared_from(args: &ProxyArgs) -> Result<conn::Shared, BoxError> {
             }
         },
     };
+    // kubectl makes a request through its transport at start, before it
+    // serves (what the fake API server sees as its first request): an
+    // oidc provider refreshes an expired id-token then, and a failure is
+    // not reported. Do the same on the control thread.
+    if let Some(d) = upstream.auth.dynamic().filter(|d| d.fetch_at_start()) {
+        if let Err(e) = rt.block_on(d.ready()) {
+            tracing::debug!("credentials at start: {e}");
+        }
+    }
     if args.match_server_version {
         let auth = match upstream.auth.dynamic() {
             Some(d) => {

@@ -2,8 +2,8 @@
 //! with the `kube` crate), the in-cluster service account when there is no
 //! kubeconfig, and kubectl's override flags, resolved once at start on the
 //! calling thread, off the data-plane cores. Changing credentials (exec
-//! plugins' tokens and client certificates, token files) are kept current
-//! by [`super::credentials`].
+//! plugins' tokens and client certificates, token files, the `oidc`
+//! auth-provider) are kept current by [`super::credentials`].
 //!
 //! As client-go (tools/clientcmd/client_config.go, `ClientConfig`: user
 //! credentials are merged only `if restclient.IsConfigTransportTLS(...)`,
@@ -11,6 +11,7 @@
 //! plugin or client certificate is used toward an `http://` server;
 //! impersonation headers are set before that check and are still sent.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -21,7 +22,9 @@ use secrecy::ExposeSecret;
 
 use super::credentials::{DynamicToken, ExecPlugin, PluginCert, TokenSource};
 use super::flags::ProxyArgs;
+use super::oidc::{OidcProvider, Persister};
 use crate::protocol::impersonation::Impersonation;
+use crate::protocol::oidc as oidc_policy;
 use crate::protocol::upstream_proxy::{parse_kubeconfig_proxy, EnvProxy, ProxyScheme, ProxyUrl};
 
 /// Where the service account token and CA are mounted in a pod.
@@ -315,29 +318,80 @@ fn impersonation(args: &ProxyArgs, ai: &kube::config::AuthInfo) -> Impersonation
     imp
 }
 
-/// client-go's `GetAuthProvider` in kubectl 1.32: only `oidc` is built in;
-/// `gcp` and `azure` fail with their removal notices
-/// (plugin/pkg/client/auth/{gcp,azure}), anything else is unknown. Texts
-/// copied from what kubectl v1.32 prints.
-fn auth_provider(p: &kube::config::AuthProviderConfig) -> Result<(), UpstreamError> {
+/// client-go's `GetAuthProvider` in kubectl 1.32: only `oidc` is built in
+/// (plugin/pkg/client/auth/oidc/oidc.go, its checks made at start as
+/// `newOIDCAuthProvider` does); `gcp` and `azure` fail with their removal
+/// notices (plugin/pkg/client/auth/{gcp,azure}), anything else is unknown.
+/// Texts copied from what kubectl v1.32 prints.
+fn auth_provider(
+    p: &kube::config::AuthProviderConfig,
+    args: &ProxyArgs,
+    user: &str,
+) -> Result<TokenSource, UpstreamError> {
     let err = |s: String| Err(UpstreamError::Kubeconfig(s));
     match p.name.as_str() {
         "gcp" => err("The gcp auth plugin has been removed.\nPlease use the \"gke-gcloud-auth-plugin\" kubectl/client-go credential plugin instead.\nSee https://cloud.google.com/blog/products/containers-kubernetes/kubectl-auth-changes-in-gke for further details".into()),
         "azure" => err("The azure auth plugin has been removed.\nPlease use the https://github.com/Azure/kubelogin kubectl/client-go credential plugin instead.\nSee https://kubernetes.io/docs/reference/access-authn-authz/authentication/#client-go-credential-plugins for further details".into()),
         "oidc" => {
-            // oidc.go newOIDCAuthProvider's checks; the provider itself
-            // (id-token use and refresh) is not built yet.
-            let cfg = &p.config;
-            for key in ["idp-issuer-url", "client-id"] {
-                if cfg.get(key).is_none_or(|v| v.is_empty()) {
-                    return err(format!("Must provide {key}"));
-                }
-            }
-            tracing::warn!("auth-provider oidc is not supported by edgetunnel proxy yet; use an exec plugin (e.g. kubelogin) instead");
-            Ok(())
+            let cfg: BTreeMap<String, String> =
+                p.config.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            let checked = oidc_policy::ProviderConfig::from_map(&cfg)
+                .map_err(|e| UpstreamError::Kubeconfig(e.to_string()))?;
+            let tls = idp_tls(&checked)?;
+            let persister = Persister {
+                files: kubeconfig_precedence(args),
+                user: user.to_string(),
+            };
+            Ok(TokenSource::Oidc(Box::new(OidcProvider::new(
+                cfg,
+                checked,
+                tls,
+                Some(persister),
+            ))))
         }
         other => err(format!("no Auth Provider found for name {other:?}")),
     }
+}
+
+/// TLS toward the IdP: `idp-certificate-authority-data` (it wins) or
+/// `idp-certificate-authority`, else the system roots (client-go builds the
+/// IdP's transport from only these two through `restclient.TransportFor`).
+fn idp_tls(c: &oidc_policy::ProviderConfig) -> Result<Arc<ClientConfig>, UpstreamError> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let roots = match (&c.ca_data, &c.ca_file) {
+        (Some(pem), _) => Some(pem_certs(pem, oidc_policy::CA_DATA)?),
+        (None, Some(f)) => Some(pem_certs(&read(f)?, f)?),
+        (None, None) => None,
+    };
+    let mut config = kube::Config::new(http::Uri::from_static("https://idp.invalid"));
+    config.root_cert = roots;
+    let mut tls = config
+        .rustls_client_config()
+        .map_err(|e| UpstreamError::Tls(e.to_string()))?;
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(tls))
+}
+
+/// The kubeconfig files in clientcmd's loading precedence: the flag's file,
+/// else `$KUBECONFIG`'s list (duplicates dropped), else `~/.kube/config`.
+fn kubeconfig_precedence(args: &ProxyArgs) -> Vec<PathBuf> {
+    if !args.kubeconfig.is_empty() {
+        return vec![PathBuf::from(&args.kubeconfig)];
+    }
+    let env = std::env::var_os("KUBECONFIG").unwrap_or_default();
+    if !env.is_empty() {
+        let mut out: Vec<PathBuf> = Vec::new();
+        for p in std::env::split_paths(&env) {
+            if !out.contains(&p) {
+                out.push(p);
+            }
+        }
+        return out;
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    vec![home.join(".kube").join("config")]
 }
 
 /// The credentials for an https upstream, in client-go's precedence.
@@ -358,8 +412,14 @@ fn credentials(args: &ProxyArgs, config: &kube::Config, user: &str) -> Result<Au
             "more than one authentication method found for {user}; found [token basicAuth], only one is allowed"
         )));
     }
-    if let Some(p) = &ai.auth_provider {
-        auth_provider(p)?;
+    let provider = match &ai.auth_provider {
+        Some(p) => Some(auth_provider(p, args, user)?),
+        None => None,
+    };
+    if provider.is_some() && ai.exec.is_some() {
+        return Err(UpstreamError::Kubeconfig(
+            "execProvider and authProvider cannot be used in combination".into(),
+        ));
     }
     let start = |source| {
         DynamicToken::start(source)
@@ -379,6 +439,11 @@ fn credentials(args: &ProxyArgs, config: &kube::Config, user: &str) -> Result<Au
             user: username.unwrap_or_default(),
             password: password.unwrap_or_default(),
         });
+    }
+    // Inside the token and basic-auth round trippers: used only when
+    // neither set Authorization.
+    if let Some(p) = provider {
+        return start(p);
     }
     // transport.Config.HasCertAuth: a certificate and a key, each from a
     // file or inline data.

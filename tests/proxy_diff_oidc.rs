@@ -1,0 +1,519 @@
+//! The `oidc` auth-provider, `edgetunnel proxy` against the real `kubectl
+//! proxy` (v1.32): a fake IdP (discovery and token endpoint, HTTPS with the
+//! test CA, every request recorded) and the fake API server (which echoes
+//! the `Authorization` it got). Each case runs both proxies on fresh copies
+//! of the same kubeconfig and compares what the API server saw, what the
+//! IdP was asked (method, path, headers, form body), the answer to the
+//! client when it fails, and the auth-provider config written back.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use support::apiserver;
+use support::http_raw::{exchange, Endpoint};
+use support::proxy_proc::{kubectl, kubectl_cmd, ours_cmd, start};
+use support::Env;
+
+/// One request the IdP got: method, target, headers (lower-case names,
+/// sorted), body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    method: String,
+    target: String,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+/// How the token endpoint answers.
+#[derive(Clone)]
+struct TokenAnswer {
+    /// Refuse a client given in a Basic header (401 invalid_client), so
+    /// that oauth2 tries again with the client in the form.
+    refuse_basic: bool,
+    status: u16,
+    body: String,
+}
+
+struct FakeIdp {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    answer: Arc<Mutex<TokenAnswer>>,
+}
+
+impl FakeIdp {
+    fn issuer(&self) -> String {
+        format!("https://127.0.0.1:{}", self.addr.port())
+    }
+    fn take(&self) -> Vec<Seen> {
+        std::mem::take(&mut *self.seen.lock().unwrap())
+    }
+    fn answer(&self, a: TokenAnswer) {
+        *self.answer.lock().unwrap() = a;
+    }
+}
+
+fn read_request(r: &mut impl BufRead) -> Option<Seen> {
+    let mut line = String::new();
+    if r.read_line(&mut line).ok()? == 0 {
+        return None;
+    }
+    let mut parts = line.split_whitespace();
+    let method = parts.next()?.to_string();
+    let target = parts.next()?.to_string();
+    let mut headers = Vec::new();
+    let mut len = 0;
+    loop {
+        let mut h = String::new();
+        if r.read_line(&mut h).ok()? == 0 {
+            return None;
+        }
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        let (n, v) = h.split_once(':')?;
+        let n = n.trim().to_ascii_lowercase();
+        if n == "content-length" {
+            len = v.trim().parse().ok()?;
+        }
+        headers.push((n, v.trim().to_string()));
+    }
+    headers.sort();
+    let mut body = vec![0; len];
+    r.read_exact(&mut body).ok()?;
+    Some(Seen {
+        method,
+        target,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    })
+}
+
+fn start_idp(certs: &Path) -> FakeIdp {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let pem = |f: &str| std::fs::read(certs.join(f)).unwrap();
+    let chain: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut &pem("server.crt")[..])
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let key: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut &pem("server.key")[..])
+        .unwrap()
+        .unwrap();
+    let cfg = Arc::new(
+        rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap(),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let answer = Arc::new(Mutex::new(TokenAnswer {
+        refuse_basic: false,
+        status: 200,
+        body: String::new(),
+    }));
+    let (s2, a2) = (seen.clone(), answer.clone());
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            let (cfg, seen, answer) = (cfg.clone(), s2.clone(), a2.clone());
+            std::thread::spawn(move || {
+                let Ok(tls) = rustls::ServerConnection::new(cfg) else {
+                    return;
+                };
+                let mut r = BufReader::new(rustls::StreamOwned::new(tls, conn));
+                while let Some(req) = read_request(&mut r) {
+                    seen.lock().unwrap().push(req.clone());
+                    let (status, body) = if req.target == "/.well-known/openid-configuration" {
+                        (
+                            200,
+                            format!(
+                                "{{\"issuer\":\"https://127.0.0.1:{p}\",\"token_endpoint\":\"https://127.0.0.1:{p}/token\"}}",
+                                p = addr.port()
+                            ),
+                        )
+                    } else if req.target == "/token" && req.method == "POST" {
+                        let a = answer.lock().unwrap().clone();
+                        let basic = req.headers.iter().any(|(n, _)| n == "authorization");
+                        if a.refuse_basic && basic {
+                            (401, "{\"error\":\"invalid_client\"}".to_string())
+                        } else {
+                            (a.status, a.body)
+                        }
+                    } else {
+                        (404, "not found".to_string())
+                    };
+                    let w = r.get_mut();
+                    let _ = write!(
+                        w,
+                        "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = w.flush();
+                }
+            });
+        }
+    });
+    FakeIdp { addr, seen, answer }
+}
+
+fn now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+/// An unsigned JWT with this `exp` and `sub`.
+fn jwt(exp: i64, sub: &str) -> String {
+    let b = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+    format!(
+        "{}.{}.c2ln",
+        b("{\"alg\":\"RS256\",\"typ\":\"JWT\"}"),
+        b(&format!(
+            "{{\"iss\":\"idp\",\"sub\":\"{sub}\",\"exp\":{exp}}}"
+        ))
+    )
+}
+
+/// An oidc config map, in the order written.
+type Config<'a> = Vec<(&'a str, String)>;
+
+/// A kubeconfig whose user has this oidc config (YAML lines under
+/// `config:`).
+fn kubeconfig(path: &Path, server: &str, certs: &Path, config: &[(&str, String)]) {
+    let mut lines = String::new();
+    for (k, v) in config {
+        lines.push_str(&format!("        {k}: {v:?}\n"));
+    }
+    std::fs::write(
+        path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server}\n    certificate-authority: {}\nusers:\n- name: test\n  user:\n    auth-provider:\n      name: oidc\n      config:\n{lines}contexts:\n- name: test\n  context:\n    cluster: test\n    user: test\ncurrent-context: test\n",
+            certs.join("ca.crt").display()
+        ),
+    )
+    .unwrap();
+}
+
+/// The user's auth-provider config as written in `path`.
+fn provider_config(path: &Path) -> serde_json::Value {
+    let doc: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    doc["users"][0]["user"]["auth-provider"]["config"].clone()
+}
+
+/// GET through a proxy: status, the Authorization the API server saw (or
+/// the body when the proxy answered itself).
+fn get(ep: &Endpoint, path: &str) -> (u16, String) {
+    let raw = format!(
+        "GET {path} HTTP/1.1\r\nHost: localhost:{}\r\nUser-Agent: difftest/1\r\n\r\n",
+        ep.port()
+    );
+    let r = exchange(ep, raw.as_bytes(), "GET").expect("exchange");
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or(serde_json::Value::Null);
+    let auth = v["headers"].as_array().and_then(|hs| {
+        hs.iter()
+            .find(|h| h[0] == "authorization")
+            .and_then(|h| h[1].as_str())
+            .map(str::to_string)
+    });
+    (
+        r.status,
+        auth.unwrap_or_else(|| String::from_utf8_lossy(&r.body).trim().to_string()),
+    )
+}
+
+/// What one proxy did in a scenario.
+#[derive(Debug)]
+struct Run {
+    /// Per step: (status, Authorization seen or body), IdP requests made.
+    steps: Vec<((u16, String), Vec<Seen>)>,
+    written: serde_json::Value,
+}
+
+/// Runs `paths` through kubectl and through ours, each on its own copy of
+/// the kubeconfig `config` describes.
+fn both(
+    env: &Env,
+    name: &str,
+    idp: &FakeIdp,
+    server: &str,
+    config: &[(&str, String)],
+    paths: &[&str],
+) -> (Run, Run) {
+    let kubectl = kubectl();
+    let mut runs = Vec::new();
+    for who in ["kubectl", "ours"] {
+        let dir = env.path(&format!("{name}-{who}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let kc = dir.join("kubeconfig");
+        kubeconfig(&kc, server, &env.certs(), config);
+        let flags = vec!["--port=0".to_string()];
+        let cmd = if who == "kubectl" {
+            kubectl_cmd(&kubectl, &kc, &flags)
+        } else {
+            ours_cmd(&kc, &flags)
+        };
+        idp.take();
+        let p = start(cmd, dir.join("proxy.log"));
+        // Start-up requests (kubectl asks nothing of the IdP at start).
+        let mut steps = vec![((0, "start".to_string()), idp.take())];
+        for path in paths {
+            let r = get(&p.ep, path);
+            steps.push((r, idp.take()));
+        }
+        drop(p);
+        runs.push(Run {
+            steps,
+            written: provider_config(&kc),
+        });
+    }
+    let ours = runs.pop().unwrap();
+    (runs.pop().unwrap(), ours)
+}
+
+/// The IdP-seen requests without what Go's transport adds for itself
+/// (`Accept-Encoding: gzip`; we ask for no compression).
+fn comparable(steps: &[((u16, String), Vec<Seen>)]) -> Vec<((u16, String), Vec<Seen>)> {
+    steps
+        .iter()
+        .map(|(r, seen)| {
+            let seen = seen
+                .iter()
+                .map(|s| Seen {
+                    headers: s
+                        .headers
+                        .iter()
+                        .filter(|(n, _)| n != "accept-encoding")
+                        .cloned()
+                        .collect(),
+                    ..s.clone()
+                })
+                .collect();
+            (r.clone(), seen)
+        })
+        .collect()
+}
+
+fn setup() -> (Env, apiserver::FakeApiServer, FakeIdp, String, PathBuf) {
+    let env = Env::new();
+    let certs = env.certs();
+    let api = apiserver::start(&certs);
+    let idp = start_idp(&certs);
+    let server = format!("https://127.0.0.1:{}", api.addr.port());
+    let ca = certs.join("ca.crt");
+    (env, api, idp, server, ca)
+}
+
+#[test]
+fn valid_id_token_is_the_bearer_and_a_401_refreshes_nothing() {
+    let (env, _api, idp, server, ca) = setup();
+    let token = jwt(now() + 3600, "alice");
+    let config = [
+        ("idp-issuer-url", idp.issuer()),
+        ("client-id", "kube".to_string()),
+        ("client-secret", "secret".to_string()),
+        ("idp-certificate-authority", ca.display().to_string()),
+        ("id-token", token.clone()),
+        ("refresh-token", "rt-1".to_string()),
+    ];
+    let (go, ours) = both(
+        &env,
+        "valid",
+        &idp,
+        &server,
+        &config,
+        &["/api/v1/pods", "/status/401", "/api/v1/pods"],
+    );
+    let want = format!("Bearer {token}");
+    assert_eq!(ours.steps[1].0, (200, want.clone()), "{:?}", ours.steps);
+    assert_eq!(ours.steps[3].0, (200, want), "token kept after a 401");
+    assert!(
+        ours.steps.iter().all(|(_, s)| s.is_empty()),
+        "no IdP request: {:?}",
+        ours.steps
+    );
+    assert_eq!(comparable(&go.steps), comparable(&ours.steps));
+    assert_eq!(go.written, ours.written);
+    assert_eq!(ours.written["id-token"], token.as_str(), "file untouched");
+}
+
+#[test]
+fn expired_id_token_refreshed_and_persisted_as_kubectl() {
+    let (env, _api, idp, server, ca) = setup();
+    let fresh = jwt(4_102_444_800, "alice-refreshed");
+    let answer = |refresh: Option<&str>| {
+        let rt = refresh
+            .map(|r| format!(",\"refresh_token\":\"{r}\""))
+            .unwrap_or_default();
+        format!(
+            "{{\"access_token\":\"at\",\"token_type\":\"Bearer\",\"expires_in\":3600,\"id_token\":\"{fresh}\"{rt}}}"
+        )
+    };
+    let ca_data = base64::engine::general_purpose::STANDARD.encode(std::fs::read(&ca).unwrap());
+    let cases: Vec<(&str, TokenAnswer, Config)> = vec![
+        (
+            "basic-new-refresh-token",
+            TokenAnswer {
+                refuse_basic: false,
+                status: 200,
+                body: answer(Some("rt-2")),
+            },
+            vec![
+                ("idp-issuer-url", idp.issuer()),
+                ("client-id", "kube cli".to_string()),
+                ("client-secret", "s&c+t/=".to_string()),
+                ("idp-certificate-authority", ca.display().to_string()),
+                ("id-token", jwt(now() - 100, "alice")),
+                ("refresh-token", "rt 1/+".to_string()),
+                ("extra-scopes", "groups,email".to_string()),
+            ],
+        ),
+        (
+            // The IdP refuses the client in a header: oauth2 asks again
+            // with it in the form. No refresh_token in the answer: the
+            // file keeps the old one. Issuer with a trailing slash, CA as
+            // data, expired within the 10 s leeway.
+            "params-same-refresh-token",
+            TokenAnswer {
+                refuse_basic: true,
+                status: 200,
+                body: answer(None),
+            },
+            vec![
+                ("idp-issuer-url", format!("{}/", idp.issuer())),
+                ("client-id", "kube".to_string()),
+                ("client-secret", "sec".to_string()),
+                ("idp-certificate-authority-data", ca_data.clone()),
+                ("id-token", jwt(now() + 5, "alice")),
+                ("refresh-token", "rt-1".to_string()),
+            ],
+        ),
+        (
+            // No id-token at all, no client secret.
+            "no-id-token",
+            TokenAnswer {
+                refuse_basic: true,
+                status: 200,
+                body: answer(Some("rt-3")),
+            },
+            vec![
+                ("idp-issuer-url", idp.issuer()),
+                ("client-id", "kube".to_string()),
+                ("idp-certificate-authority-data", ca_data),
+                ("refresh-token", "rt-1".to_string()),
+            ],
+        ),
+    ];
+    for (name, token_answer, config) in cases {
+        idp.answer(token_answer);
+        let (go, ours) = both(
+            &env,
+            name,
+            &idp,
+            &server,
+            &config,
+            &["/api/v1/pods", "/api/v1/pods"],
+        );
+        assert_eq!(
+            ours.steps[1].0,
+            (200, format!("Bearer {fresh}")),
+            "{name}: {:?}",
+            ours.steps
+        );
+        // kubectl's start-up request refreshes before it serves; ours too.
+        assert!(
+            !ours.steps[0].1.is_empty(),
+            "{name}: the IdP was asked at start"
+        );
+        assert!(
+            ours.steps[1].1.is_empty() && ours.steps[2].1.is_empty(),
+            "{name}: cached: {:?}",
+            ours.steps
+        );
+        assert_eq!(
+            comparable(&go.steps),
+            comparable(&ours.steps),
+            "{name}: kubectl vs ours"
+        );
+        assert_eq!(go.written, ours.written, "{name}: persisted config");
+        assert_eq!(ours.written["id-token"], fresh.as_str(), "{name}");
+    }
+}
+
+#[test]
+fn unusable_tokens_fail_as_kubectl() {
+    let (env, _api, idp, server, ca) = setup();
+    let base = |id: Option<String>, rt: Option<&str>| {
+        let mut c = vec![
+            ("idp-issuer-url", idp.issuer()),
+            ("client-id", "kube".to_string()),
+            ("idp-certificate-authority", ca.display().to_string()),
+        ];
+        if let Some(id) = id {
+            c.push(("id-token", id));
+        }
+        if let Some(rt) = rt {
+            c.push(("refresh-token", rt.to_string()));
+        }
+        c
+    };
+    let cases = [
+        (
+            "expired-no-refresh-token",
+            base(Some(jwt(now() - 100, "a")), None),
+            None,
+            "No valid id-token, and cannot refresh without refresh-token",
+        ),
+        (
+            "not-a-jwt",
+            base(Some("abc.def".to_string()), Some("rt")),
+            None,
+            "ID Token is not a valid JWT",
+        ),
+        (
+            "refused-refresh",
+            base(Some(jwt(now() - 100, "a")), Some("rt")),
+            Some(TokenAnswer {
+                refuse_basic: false,
+                status: 400,
+                body: "{\"error\":\"invalid_grant\",\"error_description\":\"token expired\"}"
+                    .to_string(),
+            }),
+            "failed to refresh token: oauth2: \"invalid_grant\" \"token expired\"",
+        ),
+        (
+            "answer-without-id-token",
+            base(Some(jwt(now() - 100, "a")), Some("rt")),
+            Some(TokenAnswer {
+                refuse_basic: false,
+                status: 200,
+                body: "{\"access_token\":\"at\"}".to_string(),
+            }),
+            "token response did not contain an id_token",
+        ),
+    ];
+    for (name, config, token_answer, want) in cases {
+        if let Some(a) = token_answer {
+            idp.answer(a);
+        }
+        let (go, ours) = both(&env, name, &idp, &server, &config, &["/api/v1/pods"]);
+        let (status, body) = &ours.steps[1].0;
+        assert_ne!(*status, 200, "{name}: {body}");
+        assert!(body.contains(want), "{name}: want {want:?} in {body}");
+        assert_eq!(
+            comparable(&go.steps),
+            comparable(&ours.steps),
+            "{name}: kubectl vs ours"
+        );
+        assert_eq!(go.written, ours.written, "{name}: file untouched by both");
+    }
+}
