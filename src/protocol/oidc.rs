@@ -7,6 +7,8 @@
 //! token endpoint's answer, and the config map to persist after a refresh.
 //! Error texts are client-go's and oauth2's.
 
+pub mod redirect;
+
 use std::collections::BTreeMap;
 
 /// Config keys (oidc.go `cfg*` constants).
