@@ -17,9 +17,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use base64::Engine;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use support::apiserver;
+use support::fwd_proxy::{self, RecProxy};
 use support::http_raw::{exchange, Endpoint};
 use support::proxy_proc::{kubectl, kubectl_cmd, ours_cmd, start};
-use support::Env;
+use support::{outward_ip, Env};
 
 /// One request the IdP got: method, target, headers (lower-case names,
 /// sorted), body.
@@ -41,15 +42,27 @@ struct TokenAnswer {
     body: String,
 }
 
+/// Redirects the IdP answers with (path, status, Location), and the
+/// discovery document's `token_endpoint` (None: `<issuer>/token`).
+#[derive(Clone, Default)]
+struct Routes {
+    redirects: Vec<(String, u16, String)>,
+    token_endpoint: Option<String>,
+}
+
 struct FakeIdp {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
     answer: Arc<Mutex<TokenAnswer>>,
+    routes: Arc<Mutex<Routes>>,
 }
 
 impl FakeIdp {
     fn issuer(&self) -> String {
-        format!("https://127.0.0.1:{}", self.addr.port())
+        format!("https://{}", self.addr)
+    }
+    fn route(&self, r: Routes) {
+        *self.routes.lock().unwrap() = r;
     }
     fn take(&self) -> Vec<Seen> {
         std::mem::take(&mut *self.seen.lock().unwrap())
@@ -97,21 +110,31 @@ fn read_request(r: &mut impl BufRead) -> Option<Seen> {
 }
 
 fn start_idp(certs: &Path) -> FakeIdp {
+    start_idp_on(
+        &certs.join("server.crt"),
+        &certs.join("server.key"),
+        "127.0.0.1:0",
+    )
+}
+
+/// The fake IdP on `bind`, serving this certificate.
+fn start_idp_on(crt: &Path, key: &Path, bind: &str) -> FakeIdp {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let pem = |f: &str| std::fs::read(certs.join(f)).unwrap();
-    let chain: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut &pem("server.crt")[..])
-        .collect::<Result<_, _>>()
-        .unwrap();
-    let key: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut &pem("server.key")[..])
-        .unwrap()
-        .unwrap();
+    let chain: Vec<CertificateDer<'static>> =
+        rustls_pemfile::certs(&mut &std::fs::read(crt).unwrap()[..])
+            .collect::<Result<_, _>>()
+            .unwrap();
+    let key: PrivateKeyDer<'static> =
+        rustls_pemfile::private_key(&mut &std::fs::read(key).unwrap()[..])
+            .unwrap()
+            .unwrap();
     let cfg = Arc::new(
         rustls::ServerConfig::builder()
             .with_no_client_auth()
             .with_single_cert(chain, key)
             .unwrap(),
     );
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let listener = TcpListener::bind(bind).unwrap();
     let addr = listener.local_addr().unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let answer = Arc::new(Mutex::new(TokenAnswer {
@@ -119,11 +142,12 @@ fn start_idp(certs: &Path) -> FakeIdp {
         status: 200,
         body: String::new(),
     }));
-    let (s2, a2) = (seen.clone(), answer.clone());
+    let routes = Arc::new(Mutex::new(Routes::default()));
+    let (s2, a2, r2) = (seen.clone(), answer.clone(), routes.clone());
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(conn) = conn else { continue };
-            let (cfg, seen, answer) = (cfg.clone(), s2.clone(), a2.clone());
+            let (cfg, seen, answer, routes) = (cfg.clone(), s2.clone(), a2.clone(), r2.clone());
             std::thread::spawn(move || {
                 let Ok(tls) = rustls::ServerConnection::new(cfg) else {
                     return;
@@ -131,12 +155,21 @@ fn start_idp(certs: &Path) -> FakeIdp {
                 let mut r = BufReader::new(rustls::StreamOwned::new(tls, conn));
                 while let Some(req) = read_request(&mut r) {
                     seen.lock().unwrap().push(req.clone());
-                    let (status, body) = if req.target == "/.well-known/openid-configuration" {
+                    let rs = routes.lock().unwrap().clone();
+                    let mut location = String::new();
+                    let (status, body) = if let Some((_, code, to)) =
+                        rs.redirects.iter().find(|(p, _, _)| *p == req.target)
+                    {
+                        location = format!("Location: {to}\r\n");
+                        (*code, String::new())
+                    } else if req.target == "/.well-known/openid-configuration" {
+                        let token = rs
+                            .token_endpoint
+                            .unwrap_or_else(|| format!("https://{addr}/token"));
                         (
                             200,
                             format!(
-                                "{{\"issuer\":\"https://127.0.0.1:{p}\",\"token_endpoint\":\"https://127.0.0.1:{p}/token\"}}",
-                                p = addr.port()
+                                "{{\"issuer\":\"https://{addr}\",\"token_endpoint\":\"{token}\"}}"
                             ),
                         )
                     } else if req.target == "/token" && req.method == "POST" {
@@ -153,7 +186,7 @@ fn start_idp(certs: &Path) -> FakeIdp {
                     let w = r.get_mut();
                     let _ = write!(
                         w,
-                        "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                        "HTTP/1.1 {status} X\r\n{location}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
                         body.len()
                     );
                     let _ = w.flush();
@@ -161,7 +194,12 @@ fn start_idp(certs: &Path) -> FakeIdp {
             });
         }
     });
-    FakeIdp { addr, seen, answer }
+    FakeIdp {
+        addr,
+        seen,
+        answer,
+        routes,
+    }
 }
 
 fn now() -> i64 {
@@ -237,6 +275,8 @@ struct Run {
     /// Per step: (status, Authorization seen or body), IdP requests made.
     steps: Vec<((u16, String), Vec<Seen>)>,
     written: serde_json::Value,
+    /// What the forward proxy recorded during the run.
+    proxied: Vec<String>,
 }
 
 /// Runs `paths` through kubectl and through ours, each on its own copy of
@@ -249,6 +289,30 @@ fn both(
     config: &[(&str, String)],
     paths: &[&str],
 ) -> (Run, Run) {
+    both_env(env, name, idp, server, config, paths, &[], None)
+}
+
+const PROXY_VARS: &[&str] = &[
+    "HTTP_PROXY",
+    "http_proxy",
+    "HTTPS_PROXY",
+    "https_proxy",
+    "NO_PROXY",
+    "no_proxy",
+];
+
+/// [`both`] with these proxy variables (and no others) in the
+/// environment of both proxies.
+fn both_env(
+    env: &Env,
+    name: &str,
+    idp: &FakeIdp,
+    server: &str,
+    config: &[(&str, String)],
+    paths: &[&str],
+    vars: &[(&str, String)],
+    rec: Option<&RecProxy>,
+) -> (Run, Run) {
     let kubectl = kubectl();
     let mut runs = Vec::new();
     for who in ["kubectl", "ours"] {
@@ -257,12 +321,19 @@ fn both(
         let kc = dir.join("kubeconfig");
         kubeconfig(&kc, server, &env.certs(), config);
         let flags = vec!["--port=0".to_string()];
-        let cmd = if who == "kubectl" {
+        let mut cmd = if who == "kubectl" {
             kubectl_cmd(&kubectl, &kc, &flags)
         } else {
             ours_cmd(&kc, &flags)
         };
+        for v in PROXY_VARS {
+            cmd.env_remove(v);
+        }
+        cmd.envs(vars.iter().map(|(k, v)| (k, v)));
         idp.take();
+        if let Some(r) = rec {
+            r.clear();
+        }
         let p = start(cmd, dir.join("proxy.log"));
         // Start-up requests (kubectl asks nothing of the IdP at start).
         let mut steps = vec![((0, "start".to_string()), idp.take())];
@@ -274,6 +345,7 @@ fn both(
         runs.push(Run {
             steps,
             written: provider_config(&kc),
+            proxied: rec.map(|r| r.lines()).unwrap_or_default(),
         });
     }
     let ours = runs.pop().unwrap();
@@ -515,5 +587,227 @@ fn unusable_tokens_fail_as_kubectl() {
             "{name}: kubectl vs ours"
         );
         assert_eq!(go.written, ours.written, "{name}: file untouched by both");
+    }
+}
+
+/// A config whose id-token is expired: the first request refreshes.
+fn expired(issuer: String, ca: &Path) -> Config<'static> {
+    vec![
+        ("idp-issuer-url", issuer),
+        ("client-id", "kube".to_string()),
+        ("client-secret", "secret".to_string()),
+        ("idp-certificate-authority", ca.display().to_string()),
+        ("id-token", jwt(now() - 100, "alice")),
+        ("refresh-token", "rt-1".to_string()),
+    ]
+}
+
+/// The token endpoint's answer with this id-token and a new refresh token.
+fn fresh_answer(id_token: &str) -> TokenAnswer {
+    TokenAnswer {
+        refuse_basic: false,
+        status: 200,
+        body: format!(
+            "{{\"access_token\":\"at\",\"token_type\":\"Bearer\",\"id_token\":\"{id_token}\",\"refresh_token\":\"rt-2\"}}"
+        ),
+    }
+}
+
+#[test]
+fn idp_through_the_environment_proxy_as_kubectl() {
+    let Some(ip) = outward_ip() else {
+        eprintln!("skipped: no non-loopback address on this machine");
+        return;
+    };
+    // The API server on loopback (never proxied), the IdP on the outward
+    // address with a certificate for it.
+    let (env, _api, _unused, server, ca) = setup();
+    let (crt, key) = env.issue(
+        "idp",
+        "idp",
+        &[&ip.to_string()],
+        &[rcgen::ExtendedKeyUsagePurpose::ServerAuth],
+    );
+    let idp = start_idp_on(Path::new(&crt), Path::new(&key), &format!("{ip}:0"));
+    let fresh = jwt(4_102_444_800, "alice-refreshed");
+    idp.answer(fresh_answer(&fresh));
+    let proxy = fwd_proxy::start_http("127.0.0.1:0");
+    let p = format!("http://{}", proxy.addr);
+    let connect = format!("CONNECT {} auth=-", idp.addr);
+    let cases = [
+        ("idp-https-proxy", vec![("HTTPS_PROXY", p.clone())], true),
+        (
+            "idp-https-proxy-lower",
+            vec![("https_proxy", p.clone())],
+            true,
+        ),
+        (
+            "idp-no-proxy",
+            vec![("HTTPS_PROXY", p.clone()), ("NO_PROXY", ip.to_string())],
+            false,
+        ),
+        // An https IdP ignores HTTP_PROXY.
+        (
+            "idp-http-proxy-only",
+            vec![("HTTP_PROXY", p.clone())],
+            false,
+        ),
+    ];
+    for (name, vars, proxied) in cases {
+        let (go, ours) = both_env(
+            &env,
+            name,
+            &idp,
+            &server,
+            &expired(idp.issuer(), &ca),
+            &["/api/v1/pods"],
+            &vars,
+            Some(&proxy),
+        );
+        assert_eq!(
+            ours.steps[1].0,
+            (200, format!("Bearer {fresh}")),
+            "{name}: {:?}",
+            ours.steps
+        );
+        assert_eq!(comparable(&go.steps), comparable(&ours.steps), "{name}");
+        assert_eq!(go.written, ours.written, "{name}: persisted config");
+        // kubectl keeps its tunnel for the token POST after discovery; we
+        // open one per request: the same CONNECT, maybe more than once.
+        for (who, run) in [("kubectl", &go), ("ours", &ours)] {
+            assert_eq!(
+                !run.proxied.is_empty(),
+                proxied,
+                "{name}: {who}: {:?}",
+                run.proxied
+            );
+            assert!(
+                run.proxied.iter().all(|l| *l == connect),
+                "{name}: {who}: {:?}",
+                run.proxied
+            );
+        }
+    }
+}
+
+#[test]
+fn idp_redirects_followed_as_kubectl() {
+    let (env, _api, idp, server, ca) = setup();
+    let fresh = jwt(4_102_444_800, "alice-refreshed");
+    let port = idp.addr.port();
+    let base = idp.issuer();
+    // Another name of the same server: not the first request's host.
+    let other = format!("https://localhost:{port}");
+    let r = |p: &str, code: u16, to: &str| (p.to_string(), code, to.to_string());
+    let discovery = "/.well-known/openid-configuration";
+    // (name, issuer path, routes, refreshed)
+    let cases: Vec<(&str, &str, Routes, bool)> = vec![
+        (
+            "discovery-302-relative",
+            "/r302",
+            Routes {
+                redirects: vec![r(&format!("/r302{discovery}"), 302, discovery)],
+                token_endpoint: None,
+            },
+            true,
+        ),
+        (
+            "discovery-307-other-host",
+            "/r307",
+            Routes {
+                redirects: vec![r(
+                    &format!("/r307{discovery}"),
+                    307,
+                    &format!("{other}{discovery}"),
+                )],
+                token_endpoint: None,
+            },
+            true,
+        ),
+        (
+            // The POST repeated with its body; the Basic header dropped.
+            "token-307-other-host",
+            "",
+            Routes {
+                redirects: vec![r("/t307", 307, &format!("{other}/token"))],
+                token_endpoint: Some(format!("{base}/t307")),
+            },
+            true,
+        ),
+        (
+            "token-308-same-host",
+            "",
+            Routes {
+                redirects: vec![r("/t308", 308, "token")],
+                token_endpoint: Some(format!("{base}/t308")),
+            },
+            true,
+        ),
+        (
+            // The POST becomes a GET without body: the IdP refuses it.
+            "token-302-get",
+            "",
+            Routes {
+                redirects: vec![r("/t302", 302, "/token")],
+                token_endpoint: Some(format!("{base}/t302")),
+            },
+            false,
+        ),
+        (
+            "token-303-then-307",
+            "",
+            Routes {
+                redirects: vec![r("/t303", 303, "/t307b"), r("/t307b", 307, "/token")],
+                token_endpoint: Some(format!("{base}/t303")),
+            },
+            false,
+        ),
+        (
+            "discovery-loop",
+            "/loop",
+            Routes {
+                redirects: vec![r(
+                    &format!("/loop{discovery}"),
+                    302,
+                    &format!("/loop{discovery}"),
+                )],
+                token_endpoint: None,
+            },
+            false,
+        ),
+    ];
+    for (name, issuer_path, routes, refreshed) in cases {
+        idp.route(routes);
+        idp.answer(fresh_answer(&fresh));
+        let (go, ours) = both(
+            &env,
+            name,
+            &idp,
+            &server,
+            &expired(format!("{base}{issuer_path}"), &ca),
+            &["/api/v1/pods"],
+        );
+        let (status, body) = &ours.steps[1].0;
+        if refreshed {
+            assert_eq!(
+                (*status, body.as_str()),
+                (200, format!("Bearer {fresh}").as_str()),
+                "{name}"
+            );
+        } else {
+            assert_ne!(*status, 200, "{name}: {body}");
+        }
+        let redirected = ours
+            .steps
+            .iter()
+            .flat_map(|(_, seen)| seen)
+            .any(|s| s.headers.iter().any(|(n, _)| n == "referer"));
+        assert!(redirected, "{name}: no redirect followed: {:?}", ours.steps);
+        assert_eq!(
+            comparable(&go.steps),
+            comparable(&ours.steps),
+            "{name}: kubectl vs ours"
+        );
+        assert_eq!(go.written, ours.written, "{name}: persisted config");
     }
 }

@@ -17,7 +17,7 @@ use support::apiserver;
 use support::fwd_proxy::{self, RecProxy};
 use support::http_raw::{exchange, upgrade_echo, Endpoint};
 use support::proxy_proc::{self, kubectl, kubectl_cmd, ours_cmd, start, Running};
-use support::Env;
+use support::{outward_ip, Env};
 
 const PROXY_VARS: &[&str] = &[
     "HTTP_PROXY",
@@ -123,15 +123,6 @@ fn each<T>(
     let ours = out.pop().expect("two runs");
     let go = out.pop().expect("two runs");
     [go, ours]
-}
-
-/// This machine's address toward the outside (no packet is sent), if any
-/// that is not loopback.
-fn outward_ip() -> Option<std::net::IpAddr> {
-    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
-    s.connect("192.0.2.200:9").ok()?;
-    let ip = s.local_addr().ok()?.ip();
-    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
 }
 
 const PATHS: &[&str] = &["/api/v1/namespaces/a/pods", "/apis/x/v1/things?w=1"];

@@ -1,11 +1,13 @@
 //! The `oidc` auth-provider's parsers (protocol::oidc): no panic on any
 //! input, and deterministic answers. The id-token check, the discovery
-//! document and the token endpoint's answer each get the input.
+//! document and the token endpoint's answer each get the input, and so
+//! does the redirect logic as a `Location` (protocol::oidc::redirect).
 //!
 //! Input: 1 byte choosing the status (even: 200, odd: 400) and whether a
 //! form Content-Type is claimed (bit 1), then the bytes.
 #![no_main]
 
+use edgetunnel::protocol::oidc::redirect::{resolve, Chain, Step};
 use edgetunnel::protocol::oidc::{
     id_token_exp, id_token_valid, parse_discovery, parse_token_response,
 };
@@ -39,4 +41,21 @@ fuzz_target!(|data: &[u8]| {
         assert!(!r.refresh_token.is_empty());
     }
     assert_eq!(t, parse_token_response(code, status, ct, body, "sent"));
+    // The input as a Location: resolved onto an absolute URL it stays
+    // absolute; a chain follows it or says why not, deterministically.
+    let base = "https://idp.example:8443/a/b?x=1";
+    if let Ok(u) = resolve(base, &text) {
+        assert!(u.contains("://"), "{u}");
+    }
+    let step = |status| Chain::new("POST", base).next("POST", base, status, Some(&text));
+    let s = step(302);
+    assert_eq!(s, step(302));
+    if let Step::Follow(h) = &s {
+        assert_eq!(h.method, "GET");
+        assert!(!h.body);
+    }
+    if let Step::Follow(h) = step(307) {
+        assert_eq!(h.method, "POST");
+        assert!(h.body);
+    }
 });

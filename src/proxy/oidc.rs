@@ -16,8 +16,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rustls::pki_types::ServerName;
 
+use super::proxy_dial::through_proxy_blocking;
 use crate::protocol::http1::{self, ChunkedDecoder, Framing, HeadLimit};
-use crate::protocol::oidc::{self as policy, AuthStyle, ProviderConfig};
+use crate::protocol::oidc::{self as policy, redirect, AuthStyle, ProviderConfig};
+use crate::protocol::upstream_proxy::{EnvProxy, ProxyScheme};
 
 /// Go's default dialer timeout in client-go's transports.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -41,6 +43,8 @@ pub struct OidcProvider {
     cfg: BTreeMap<String, String>,
     checked: ProviderConfig,
     tls: Arc<rustls::ClientConfig>,
+    /// HTTPS_PROXY/HTTP_PROXY/NO_PROXY, read once (Go caches them too).
+    env: EnvProxy,
     persister: Option<Persister>,
 }
 
@@ -70,6 +74,7 @@ impl OidcProvider {
             cfg,
             checked,
             tls,
+            env: EnvProxy::from_lookup(|k| std::env::var(k).ok()),
             persister,
         }
     }
@@ -101,7 +106,15 @@ impl OidcProvider {
 
     fn token_endpoint(&self) -> Result<String, String> {
         let url = policy::discovery_url(&self.checked.issuer);
-        let a = request(&self.tls, "GET", &url, None, b"", DISCOVERY_LIMIT)?;
+        let a = request(
+            &self.tls,
+            &self.env,
+            "GET",
+            &url,
+            None,
+            b"",
+            DISCOVERY_LIMIT,
+        )?;
         policy::parse_discovery(a.code, &a.status, &a.body).map_err(|e| e.to_string())
     }
 
@@ -118,6 +131,7 @@ impl OidcProvider {
             );
             let answer = request(
                 &self.tls,
+                &self.env,
                 "POST",
                 token_url,
                 r.authorization.as_deref(),
@@ -152,93 +166,174 @@ struct Answer {
     /// Go's `resp.Status`: "200 OK".
     status: String,
     content_type: Option<String>,
+    location: Option<String>,
     body: Vec<u8>,
 }
 
 trait Stream: Read + Write {}
 impl<T: Read + Write> Stream for T {}
 
-/// One HTTP/1.1 request on a new connection (blocking; control thread).
+/// One request as Go's `http.Client.Do` makes it: sent, and its redirects
+/// followed ([`redirect::Chain`]); the first request's headers go along
+/// (`Authorization` only while the chain stays on its host), with a
+/// `Referer`.
 fn request(
     tls: &Arc<rustls::ClientConfig>,
+    env: &EnvProxy,
     method: &str,
     url: &str,
     authorization: Option<&str>,
     body: &[u8],
     limit: usize,
 ) -> Result<Answer, String> {
-    let fail = |e: &dyn std::fmt::Display| {
-        let verb = if method == "GET" { "Get" } else { "Post" };
-        format!("{verb} {url:?}: {e}")
+    let mut chain = redirect::Chain::new(method, url);
+    // The first request has a body (and Content-Type) when it is a POST.
+    let has_body = method == "POST";
+    let content_type = has_body.then_some("application/x-www-form-urlencoded");
+    let mut hop = redirect::Hop {
+        method: method.to_string(),
+        url: url.to_string(),
+        body: true,
+        authorization: true,
+        referer: None,
     };
-    let uri: http::Uri = url.parse().map_err(|e| fail(&e))?;
+    loop {
+        let req = Hop {
+            method: &hop.method,
+            url: &hop.url,
+            authorization: authorization.filter(|_| hop.authorization),
+            content_type,
+            referer: hop.referer.as_deref(),
+            body: (has_body && hop.body).then_some(body),
+        };
+        let a = send(tls, env, &req, limit)
+            .map_err(|e| format!("{} {:?}: {e}", chain.op(), hop.url))?;
+        match chain.next(&hop.method, &hop.url, a.code, a.location.as_deref()) {
+            redirect::Step::Done => return Ok(a),
+            redirect::Step::Follow(next) => {
+                tracing::debug!(status = a.code, to = %next.url, "IdP redirect followed");
+                hop = next;
+            }
+            redirect::Step::Fail { url, error } => {
+                return Err(format!("{} {url:?}: {error}", chain.op()))
+            }
+        }
+    }
+}
+
+/// One request of a chain.
+struct Hop<'a> {
+    method: &'a str,
+    url: &'a str,
+    authorization: Option<&'a str>,
+    content_type: Option<&'a str>,
+    referer: Option<&'a str>,
+    /// None: no body, no Content-Length.
+    body: Option<&'a [u8]>,
+}
+
+/// Connects to `host:port` (any of its addresses).
+fn dial(host: &str, port: u16) -> Result<TcpStream, String> {
+    let addrs: Vec<_> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| e.to_string())?
+        .collect();
+    let mut last = None;
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, DIAL_TIMEOUT) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.map_or_else(|| "no address".to_string(), |e| e.to_string()))
+}
+
+/// One HTTP/1.1 request on a new connection (blocking; control thread),
+/// through the environment's proxy for the URL if it has one (Go's
+/// `ProxyFromEnvironment`, as client-go's `TransportFor` sets it).
+fn send(
+    tls: &Arc<rustls::ClientConfig>,
+    env: &EnvProxy,
+    req: &Hop<'_>,
+    limit: usize,
+) -> Result<Answer, String> {
+    let uri: http::Uri = req
+        .url
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| e.to_string())?;
     let https = match uri.scheme_str() {
         Some("https") => true,
         Some("http") => false,
         other => {
-            return Err(fail(&format!(
+            return Err(format!(
                 "unsupported protocol scheme {:?}",
                 other.unwrap_or("")
-            )))
+            ))
         }
     };
-    let host = uri.host().ok_or_else(|| fail(&"no Host in request URL"))?;
+    let host = uri.host().ok_or("no Host in request URL")?;
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-    let addrs: Vec<_> = (bare, port)
-        .to_socket_addrs()
-        .map_err(|e| fail(&e))?
-        .collect();
-    let mut last = None;
-    let mut tcp = None;
-    for a in addrs {
-        match TcpStream::connect_timeout(&a, DIAL_TIMEOUT) {
-            Ok(s) => {
-                tcp = Some(s);
-                break;
-            }
-            Err(e) => last = Some(e),
+    let proxy = env.proxy_for(https, bare, port);
+    let tcp = match &proxy {
+        Some(p) => {
+            tracing::debug!(proxy = %p.addr(), "IdP through a proxy");
+            let mut tcp = dial(&p.host, p.port).map_err(|e| format!("proxyconnect tcp: {e}"))?;
+            through_proxy_blocking(&mut tcp, p, bare, port, https)?;
+            tcp
         }
-    }
-    let tcp = match (tcp, last) {
-        (Some(s), _) => s,
-        (None, Some(e)) => return Err(fail(&e)),
-        (None, None) => return Err(fail(&"no address")),
+        None => dial(bare, port)?,
     };
     let _ = tcp.set_read_timeout(Some(IO_TIMEOUT));
     let _ = tcp.set_write_timeout(Some(IO_TIMEOUT));
     let _ = tcp.set_nodelay(true);
     let mut stream: Box<dyn Stream> = if https {
-        let name = ServerName::try_from(bare.to_string()).map_err(|e| fail(&e))?;
-        let conn = rustls::ClientConnection::new(tls.clone(), name).map_err(|e| fail(&e))?;
+        let name = ServerName::try_from(bare.to_string()).map_err(|e| e.to_string())?;
+        let conn = rustls::ClientConnection::new(tls.clone(), name).map_err(|e| e.to_string())?;
         Box::new(rustls::StreamOwned::new(conn, tcp))
     } else {
         Box::new(tcp)
     };
-    let target = uri.path_and_query().map_or("/", |p| p.as_str());
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
     let host_header = match uri.port_u16() {
         Some(p) => format!("{host}:{p}"),
         None => host.to_string(),
     };
+    // A plain-http URL through an HTTP proxy: absolute form, the proxy's
+    // credentials in Proxy-Authorization.
+    let forward = proxy
+        .as_ref()
+        .filter(|p| !https && p.scheme != ProxyScheme::Socks5);
+    let target = match forward {
+        Some(_) => format!("http://{host_header}{path}"),
+        None => path.to_string(),
+    };
     // The headers Go's client sends, less Accept-Encoding (no gzip here).
     let mut head = format!(
-        "{method} {target} HTTP/1.1\r\nHost: {host_header}\r\nUser-Agent: Go-http-client/1.1\r\n"
+        "{} {target} HTTP/1.1\r\nHost: {host_header}\r\nUser-Agent: Go-http-client/1.1\r\n",
+        req.method
     );
-    if method == "POST" {
-        head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    if let Some(b) = req.body {
+        head.push_str(&format!("Content-Length: {}\r\n", b.len()));
     }
-    if let Some(a) = authorization {
+    if let Some(a) = req.authorization {
         head.push_str(&format!("Authorization: {a}\r\n"));
     }
-    if method == "POST" {
-        head.push_str("Content-Type: application/x-www-form-urlencoded\r\n");
+    if let Some(t) = req.content_type {
+        head.push_str(&format!("Content-Type: {t}\r\n"));
+    }
+    if let Some(a) = forward.and_then(|p| p.basic_auth()) {
+        head.push_str(&format!("Proxy-Authorization: {a}\r\n"));
+    }
+    if let Some(r) = req.referer {
+        head.push_str(&format!("Referer: {r}\r\n"));
     }
     head.push_str("\r\n");
     let mut out = head.into_bytes();
-    out.extend_from_slice(body);
-    stream.write_all(&out).map_err(|e| fail(&e))?;
-    stream.flush().map_err(|e| fail(&e))?;
-    read_answer(&mut *stream, method, limit).map_err(|e| fail(&e))
+    out.extend_from_slice(req.body.unwrap_or_default());
+    stream.write_all(&out).map_err(|e| e.to_string())?;
+    stream.flush().map_err(|e| e.to_string())?;
+    read_answer(&mut *stream, req.method, limit)
 }
 
 fn read_answer(s: &mut dyn Stream, method: &str, limit: usize) -> Result<Answer, String> {
@@ -322,6 +417,7 @@ fn read_answer(s: &mut dyn Stream, method: &str, limit: usize) -> Result<Answer,
         code: head.status,
         status: format!("{} {reason}", head.status),
         content_type: http1::get(&head.headers, "content-type").map(str::to_string),
+        location: http1::get(&head.headers, "location").map(str::to_string),
         body,
     })
 }

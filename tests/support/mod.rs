@@ -400,6 +400,15 @@ impl Default for Binds {
     }
 }
 
+/// This machine's address toward the outside (no packet is sent), if any
+/// that is not loopback.
+pub fn outward_ip() -> Option<std::net::IpAddr> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect("192.0.2.200:9").ok()?;
+    let ip = s.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
 /// A loopback port free at the moment of the call.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

@@ -208,7 +208,10 @@ pub enum Step {
     Done,
     Follow(Hop),
     /// Go's `url.Error`: `{op} {url:?}: {error}`.
-    Fail { url: String, error: String },
+    Fail {
+        url: String,
+        error: String,
+    },
 }
 
 /// One request and its redirects (`Client.do`).
@@ -327,8 +330,12 @@ mod tests {
         for (r, want) in cases {
             assert_eq!(resolve(b, r).as_deref(), Ok(want), "{r:?}");
         }
-        assert!(resolve(b, ":x").unwrap_err().contains("missing protocol scheme"));
-        assert!(resolve(b, "/a\u{1}").unwrap_err().contains("control character"));
+        assert!(resolve(b, ":x")
+            .unwrap_err()
+            .contains("missing protocol scheme"));
+        assert!(resolve(b, "/a\u{1}")
+            .unwrap_err()
+            .contains("control character"));
     }
 
     fn hop(c: &mut Chain, m: &str, u: &str, s: u16, l: &str) -> Hop {
@@ -355,7 +362,10 @@ mod tests {
         );
         let mut c = Chain::new("POST", u);
         let h = hop(&mut c, "POST", u, 307, "https://idp:443/t3");
-        assert_eq!((h.method.as_str(), h.body, h.authorization), ("POST", true, true));
+        assert_eq!(
+            (h.method.as_str(), h.body, h.authorization),
+            ("POST", true, true)
+        );
         assert_eq!(c.op(), "Post");
     }
 
@@ -370,7 +380,16 @@ mod tests {
         assert!(!hop(&mut c, "GET", u, 302, "https://badexample.com/p").authorization);
         assert!(!hop(&mut c, "GET", u, 302, "https://example.com:1/p").authorization);
         let mut c = Chain::new("GET", "https://127.0.0.1:9/");
-        assert!(!hop(&mut c, "GET", "https://127.0.0.1:9/", 307, "https://localhost:9/").authorization);
+        assert!(
+            !hop(
+                &mut c,
+                "GET",
+                "https://127.0.0.1:9/",
+                307,
+                "https://localhost:9/"
+            )
+            .authorization
+        );
         let mut c = Chain::new("GET", "https://[::1]:9/");
         assert!(hop(&mut c, "GET", "https://[::1]:9/", 307, "https://[::1]:8/").authorization);
     }
