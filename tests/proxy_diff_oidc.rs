@@ -289,7 +289,7 @@ fn both(
     config: &[(&str, String)],
     paths: &[&str],
 ) -> (Run, Run) {
-    both_env(env, name, idp, server, config, paths, &[], None)
+    both_env(env, name, idp, server, config, paths, Net::default())
 }
 
 const PROXY_VARS: &[&str] = &[
@@ -301,6 +301,14 @@ const PROXY_VARS: &[&str] = &[
     "no_proxy",
 ];
 
+/// The proxy variables both proxies get (no others), and the forward proxy
+/// whose record each run keeps.
+#[derive(Clone, Copy, Default)]
+struct Net<'a> {
+    vars: &'a [(&'a str, String)],
+    rec: Option<&'a RecProxy>,
+}
+
 /// [`both`] with these proxy variables (and no others) in the
 /// environment of both proxies.
 fn both_env(
@@ -310,9 +318,9 @@ fn both_env(
     server: &str,
     config: &[(&str, String)],
     paths: &[&str],
-    vars: &[(&str, String)],
-    rec: Option<&RecProxy>,
+    net: Net<'_>,
 ) -> (Run, Run) {
+    let Net { vars, rec } = net;
     let kubectl = kubectl();
     let mut runs = Vec::new();
     for who in ["kubectl", "ours"] {
@@ -661,8 +669,10 @@ fn idp_through_the_environment_proxy_as_kubectl() {
             &server,
             &expired(idp.issuer(), &ca),
             &["/api/v1/pods"],
-            &vars,
-            Some(&proxy),
+            Net {
+                vars: &vars,
+                rec: Some(&proxy),
+            },
         );
         assert_eq!(
             ours.steps[1].0,
