@@ -2,7 +2,8 @@
 //! (never on a data-plane core): it keeps the provider's config map, hands
 //! out the id-token while it is valid and, once it is not, asks the IdP for
 //! a new one with the refresh token (discovery, then the token endpoint,
-//! with blocking HTTP/1.1 over rustls) and writes the new tokens back into
+//! with blocking HTTP/1.1 over rustls, through the environment's proxy,
+//! redirects followed) and writes the new tokens back into
 //! the kubeconfig file the user entry came from, as client-go's
 //! plugin/pkg/client/auth/oidc/oidc.go (`idToken`) and clientcmd's
 //! `persister` do. What is decided lives in [`crate::protocol::oidc`].

@@ -7,7 +7,10 @@
 //! hop leaves the first request's host for one that is neither it nor a
 //! subdomain of it, it is dropped for the rest of the chain:
 //! `shouldCopyHeaderOnRedirect`), the `Referer` sent, and the stop after 10
-//! requests (`defaultCheckRedirect`). Strings in, decisions out.
+//! requests (`defaultCheckRedirect`). As in Go 1.23, whether the body goes
+//! along is decided per hop: a 307 after a 303 sends the first POST's body
+//! with the GET again (kubectl does; tests/proxy_diff_oidc.rs checks it).
+//! Strings in, decisions out.
 
 /// `defaultCheckRedirect`: a redirect is refused once this many requests
 /// were sent.
