@@ -110,8 +110,8 @@ impl ProxyMetrics {
     }
 }
 
-/// What every core shares (read-only).
-pub struct Shared {
+/// The proxy's settings, shared read-only by every core.
+pub struct ProxySettings {
     pub mux: Mux,
     pub filter: Option<Filter>,
     pub upstream: Upstream,
@@ -128,7 +128,7 @@ pub struct Shared {
 
 /// One core's state: the shared settings and this core's upstream pool.
 pub struct Core {
-    pub shared: Arc<Shared>,
+    pub shared: Arc<ProxySettings>,
     pool: RefCell<Vec<(UpConn, Instant)>>,
     /// This core's HTTP/2 connection to the upstream, once negotiated,
     /// with the client-certificate generation it was made under.
@@ -140,7 +140,7 @@ pub struct Core {
 }
 
 impl Core {
-    pub fn new(shared: Arc<Shared>) -> Rc<Core> {
+    pub fn new(shared: Arc<ProxySettings>) -> Rc<Core> {
         Rc::new(Core {
             shared,
             pool: RefCell::new(Vec::new()),
@@ -647,7 +647,7 @@ async fn answer_locally(
     head: &RequestHead,
     url: &RequestUrl,
     route: Route,
-    shared: &Shared,
+    shared: &ProxySettings,
     keep: bool,
 ) -> Next {
     match route {
@@ -756,7 +756,7 @@ async fn proxy_error(client: &mut Client, core: &Core, text: &str) -> Next {
 /// fetched, never blocking the core. Returns what the request uses (for
 /// [`note_refused`]); nothing when the client brought its own
 /// `Authorization` (client-go's exec round tripper leaves it alone).
-async fn fresh_auth(head: &RequestHead, shared: &Shared) -> Result<Option<Used>, String> {
+async fn fresh_auth(head: &RequestHead, shared: &ProxySettings) -> Result<Option<Used>, String> {
     let Some(d) = shared.upstream.auth.dynamic() else {
         return Ok(None);
     };
@@ -768,7 +768,7 @@ async fn fresh_auth(head: &RequestHead, shared: &Shared) -> Result<Option<Used>,
 
 /// client-go's -v6 line for one round trip (URL as sent upstream).
 fn log_round_trip(
-    shared: &Shared,
+    shared: &ProxySettings,
     method: &str,
     target: &str,
     status: u16,
@@ -792,7 +792,7 @@ fn log_round_trip(
 }
 
 /// A 401 to a request that used our refreshed credentials: fetch them again.
-async fn note_refused(shared: &Shared, used: &Option<Used>, status: u16) {
+async fn note_refused(shared: &ProxySettings, used: &Option<Used>, status: u16) {
     if status == 401 {
         if let (Some(d), Some(used)) = (shared.upstream.auth.dynamic(), used) {
             d.refused(used).await;

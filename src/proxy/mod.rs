@@ -41,7 +41,7 @@ enum Bound {
     Unix(Vec<std::os::unix::net::UnixListener>),
 }
 
-struct MetricsView(Arc<conn::Shared>);
+struct MetricsView(Arc<conn::ProxySettings>);
 
 impl crate::admin::AdminState for MetricsView {
     fn metrics(&self) -> String {
@@ -54,7 +54,7 @@ impl crate::admin::AdminState for MetricsView {
 
 /// Builds the shared state from the flags (kubeconfig read on a
 /// current-thread tokio runtime, before any data-plane core starts).
-fn shared_from(args: &ProxyArgs) -> Result<conn::Shared, BoxError> {
+fn shared_from(args: &ProxyArgs) -> Result<conn::ProxySettings, BoxError> {
     let filter = if args.disable_filter {
         if args.unix_socket.is_empty() {
             tracing::warn!("Request filter disabled, your proxy is vulnerable to XSRF attacks, please be cautious");
@@ -122,7 +122,7 @@ fn shared_from(args: &ProxyArgs) -> Result<conn::Shared, BoxError> {
         static_prefix: www.as_ref().map(|_| flags::with_slash(&args.www_prefix)),
     };
     tracing::debug!(?upstream, "proxy upstream");
-    Ok(conn::Shared {
+    Ok(conn::ProxySettings {
         mux,
         filter,
         upstream,
