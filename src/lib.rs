@@ -40,6 +40,11 @@ pub mod compat;
 pub mod control;
 pub mod engine;
 pub mod metrics;
-pub mod protocol;
 pub mod proxy;
+
+/// The sans-I/O protocol layer, a crate of its own (`crates/protocol`), so
+/// that it can use nothing of this one nor its runtime, TLS or Kubernetes
+/// dependencies. Re-exported here so `crate::protocol::...` paths read as
+/// before.
+pub use edgetunnel_protocol as protocol;
 pub mod server;
