@@ -10,7 +10,15 @@ use std::process::Command;
 
 /// Crate names (exact, or as the prefix of a `name-...` family) the
 /// protocol crate must not pull in.
-const FORBIDDEN: &[&str] = &["monoio", "tokio", "rustls", "h2", "hyper", "kube", "k8s-openapi"];
+const FORBIDDEN: &[&str] = &[
+    "monoio",
+    "tokio",
+    "rustls",
+    "h2",
+    "hyper",
+    "kube",
+    "k8s-openapi",
+];
 
 fn forbidden(name: &str) -> bool {
     name.contains("rustls")
@@ -64,10 +72,24 @@ fn protocol_crate_depends_on_no_runtime_tls_or_kube() {
 
 #[test]
 fn the_forbidden_names_match_as_meant() {
-    for n in ["tokio", "tokio-rustls", "rustls-pemfile", "h2", "kube-client", "k8s-openapi"] {
+    for n in [
+        "tokio",
+        "tokio-rustls",
+        "rustls-pemfile",
+        "h2",
+        "kube-client",
+        "k8s-openapi",
+    ] {
         assert!(forbidden(n), "{n}");
     }
-    for n in ["http", "httparse", "bytes", "h2o", "kubelet-ish", "tokenizer"] {
+    for n in [
+        "http",
+        "httparse",
+        "bytes",
+        "h2o",
+        "kubelet-ish",
+        "tokenizer",
+    ] {
         assert!(!forbidden(n), "{n}");
     }
 }
