@@ -107,7 +107,8 @@
 
 pub mod anp_agent;
 pub mod anp_server;
-pub mod goflag;
+/// Go command lines (pflag), sans-I/O, in the protocol crate.
+pub use crate::protocol::goflag;
 pub mod klog;
 pub mod yurt_agent;
 pub mod yurt_server;
