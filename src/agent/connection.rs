@@ -66,7 +66,9 @@ enum ConnEvent {
     Abort,
 }
 
-struct Shared {
+/// One server link's state, shared by its tasks on this core: the tunnel
+/// table, the packet senders, the policy and budgets.
+struct LinkState {
     tunnel: RefCell<AgentTunnel<ConnHandle>>,
     ctl: mpsc::UnboundedSender<Frame>,
     out: mpsc::Sender<Encoded>,
@@ -307,7 +309,7 @@ async fn serve(
     let (ctl_tx, ctl_rx) = mpsc::unbounded();
     let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE);
     let (drain_tx, mut drain_rx) = mpsc::unbounded();
-    let shared = Rc::new(Shared {
+    let shared = Rc::new(LinkState {
         tunnel: RefCell::new(AgentTunnel::default()),
         ctl: ctl_tx,
         out: out_tx,
@@ -408,7 +410,7 @@ async fn write_loop(
     }
 }
 
-async fn read_loop(shared: Rc<Shared>, mut rx: PacketReceiver) -> Result<(), BoxError> {
+async fn read_loop(shared: Rc<LinkState>, mut rx: PacketReceiver) -> Result<(), BoxError> {
     loop {
         let frame = match rx.next().await {
             Ok(Some(f)) => f,
@@ -537,7 +539,7 @@ struct Dial {
     cancelled: oneshot::Receiver<()>,
 }
 
-async fn dial(shared: Rc<Shared>, d: Dial) {
+async fn dial(shared: Rc<LinkState>, d: Dial) {
     let Dial {
         random,
         connect_id,
@@ -646,7 +648,7 @@ enum Down {
 }
 
 async fn relay_conn(
-    shared: Rc<Shared>,
+    shared: Rc<LinkState>,
     connect_id: i64,
     stream: monoio::net::TcpStream,
     mut events: mpsc::UnboundedReceiver<ConnEvent>,

@@ -17,7 +17,7 @@ use futures::StreamExt;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 
 use super::session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
-use super::{Handoff, Shared};
+use super::{Handoff, ServerState};
 use crate::engine::abort;
 use crate::engine::accept;
 use crate::engine::relay::{self, ChunkReader, LocalSocket, MovedSocket};
@@ -53,7 +53,7 @@ pub use crate::protocol::NO_TUNNEL;
 /// The TCP listener; with `tls`, callers speak TLS (see [`tls_front`]).
 pub(super) async fn accept_tcp(
     core: usize,
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     l: monoio::net::TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
@@ -78,7 +78,7 @@ pub(super) async fn accept_tcp(
 /// callers. The TLS records stay on this core.
 async fn tls_front(
     core: usize,
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     sock: monoio::net::TcpStream,
     peer: std::net::SocketAddr,
     tls: tokio_rustls::TlsAcceptor,
@@ -177,7 +177,11 @@ pub(super) fn socket_pair() -> std::io::Result<(monoio::net::UnixStream, monoio:
     ))
 }
 
-pub(super) async fn accept_unix(core: usize, shared: Arc<Shared>, l: monoio::net::UnixListener) {
+pub(super) async fn accept_unix(
+    core: usize,
+    shared: Arc<ServerState>,
+    l: monoio::net::UnixListener,
+) {
     accept::serve(l, accept::Options::named("connect-uds"), move |c| {
         front(core, shared.clone(), c.stream, MovedSocket::from_unix)
     })
@@ -185,7 +189,7 @@ pub(super) async fn accept_unix(core: usize, shared: Arc<Shared>, l: monoio::net
 }
 
 /// Reads the head; answers errors; otherwise runs or hands off the tunnel.
-async fn front<S>(core: usize, shared: Arc<Shared>, sock: S, moved: fn(S) -> MovedSocket)
+async fn front<S>(core: usize, shared: Arc<ServerState>, sock: S, moved: fn(S) -> MovedSocket)
 where
     S: relay::Duplex,
 {
@@ -259,7 +263,7 @@ impl Pending {
 
 /// Answers that no agent can take the dial (the status is configurable:
 /// ANP's 500 or 503).
-async fn no_agent<S: relay::Duplex>(shared: &Shared, sock: &mut S, mode: Mode, address: &str) {
+async fn no_agent<S: relay::Duplex>(shared: &ServerState, sock: &mut S, mode: Mode, address: &str) {
     shared
         .metrics
         .dial_done(DialResult::NoAgent, Duration::ZERO);
@@ -273,7 +277,7 @@ async fn no_agent<S: relay::Duplex>(shared: &Shared, sock: &mut S, mode: Mode, a
 /// [`ROUTE_ATTEMPTS`] in all.
 pub(super) async fn run_on_agent_core<S>(
     core: usize,
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     mut sock: S,
     moved: fn(S) -> MovedSocket,
     mut dial: Pending,
@@ -307,7 +311,7 @@ pub(super) async fn run_on_agent_core<S>(
     }
 }
 
-fn hand_off(shared: &Shared, socket: MovedSocket, dial: Pending) {
+fn hand_off(shared: &ServerState, socket: MovedSocket, dial: Pending) {
     let target = dial.agent.core;
     let inboxes = shared
         .inboxes
@@ -320,7 +324,7 @@ fn hand_off(shared: &Shared, socket: MovedSocket, dial: Pending) {
 }
 
 /// Runs a handed-off dial on this (the agent's) core.
-pub(super) async fn adopt(core: usize, shared: Arc<Shared>, h: Handoff) {
+pub(super) async fn adopt(core: usize, shared: Arc<ServerState>, h: Handoff) {
     match h.socket.adopt() {
         Ok(LocalSocket::Tcp(s)) => {
             run_on_agent_core(core, shared, s, MovedSocket::from_tcp, h.dial).await
@@ -388,7 +392,7 @@ async fn refuse<S: relay::Duplex>(sock: &mut S, mode: Mode, status: u16, body: &
 /// Dials through the chosen agent, answers the client, relays until either
 /// side ends. Gives the socket and the dial back, untouched, when the agent
 /// connection ended before answering.
-async fn tunnel<S>(shared: &Arc<Shared>, mut sock: S, dial: Pending) -> Option<(S, Pending)>
+async fn tunnel<S>(shared: &Arc<ServerState>, mut sock: S, dial: Pending) -> Option<(S, Pending)>
 where
     S: relay::Duplex,
 {
@@ -416,7 +420,7 @@ type Events = mpsc::UnboundedReceiver<(u64, FrontendEvent)>;
 
 /// Sends the dial to the agent and waits for its answer; answers the
 /// client when it failed.
-async fn dial_agent<S>(shared: &Arc<Shared>, sock: &mut S, dial: &Pending) -> Dialed
+async fn dial_agent<S>(shared: &Arc<ServerState>, sock: &mut S, dial: &Pending) -> Dialed
 where
     S: relay::Duplex,
 {
@@ -481,7 +485,7 @@ where
 
 /// Answers the client, relays until either side ends.
 async fn relay_tunnel<S>(
-    shared: &Arc<Shared>,
+    shared: &Arc<ServerState>,
     mut sock: S,
     dial: Pending,
     connect_id: i64,
