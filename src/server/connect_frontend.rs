@@ -29,7 +29,7 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How a tunneled client socket is answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+pub(super) enum Mode {
     /// HTTP CONNECT: `200 Connection Established` after the dial, HTTP
     /// errors otherwise.
     Connect,
@@ -48,7 +48,7 @@ impl Mode {
     }
 }
 
-pub use crate::protocol::NO_TUNNEL;
+pub(super) use crate::protocol::NO_TUNNEL;
 
 /// The TCP listener; with `tls`, callers speak TLS (see [`tls_front`]).
 pub(super) async fn accept_tcp(

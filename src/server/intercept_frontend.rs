@@ -35,7 +35,7 @@ pub(super) async fn accept_tcp(core: usize, shared: Arc<ServerState>, l: monoio:
 }
 
 /// The destination before DNAT, when the connection was redirected.
-pub fn original_dst(fd: &impl AsRawFd) -> Option<SocketAddr> {
+pub(super) fn original_dst(fd: &impl AsRawFd) -> Option<SocketAddr> {
     crate::engine::sys::original_dst(fd)
 }
 
@@ -205,7 +205,7 @@ mod tests {
 
 /// TLS material of the TLS interception listener (yurt-tunnel's 10263).
 #[derive(Clone)]
-pub struct InterceptTls {
+pub(super) struct InterceptTls {
     /// Terminates the caller's TLS (the API server's kubelet client).
     pub acceptor: tokio_rustls::TlsAcceptor,
     /// Speaks TLS to the kubelet through the tunnel.
