@@ -12,7 +12,6 @@ pub mod forward;
 pub mod goargs;
 pub mod goregex;
 pub mod gourl;
-mod h2_upstream;
 mod io;
 pub mod klog;
 mod kubeconfig_names;
