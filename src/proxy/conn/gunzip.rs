@@ -7,12 +7,10 @@ use std::sync::atomic::Ordering;
 
 use tokio::io::AsyncWriteExt;
 
-use super::body::write_piece;
+use super::body::{write_piece, BodyReader};
 use super::core::UpConn;
-use super::{read_more, Client, ProxyMetrics, READ_CHUNK};
-use bytes::Buf;
-
-use crate::protocol::http1::{ChunkedDecoder, Framing};
+use super::{Client, ProxyMetrics, READ_CHUNK};
+use crate::protocol::http1::Framing;
 
 /// Decompresses a gzip body we asked for, streaming it to the client in
 /// chunks (or raw to an HTTP/1.0 client). Input goes in small steps so a
@@ -25,41 +23,11 @@ pub(super) async fn relay_gunzip(
     metrics: &ProxyMetrics,
 ) -> io::Result<()> {
     let mut gz = Gunzip::new(chunked);
-    let mut left = match framing {
-        Framing::Length(n) => n,
-        _ => u64::MAX,
-    };
-    let mut dec = ChunkedDecoder::new();
-    let mut finished = false;
-    while !finished {
-        if left == 0 {
-            break;
+    let mut body = BodyReader::response(framing);
+    while let Some(piece) = body.next(&mut up.io, &mut up.buf).await? {
+        for compressed in piece.data() {
+            gz.feed(client, &compressed, metrics).await?;
         }
-        if up.buf.is_empty() && read_more(&mut up.io, &mut up.buf).await? == 0 {
-            if framing == Framing::UntilClose {
-                break;
-            }
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        // The compressed payload in what we have.
-        let (ranges, consumed) = match framing {
-            Framing::Chunked => {
-                let p = dec
-                    .advance(&up.buf)
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-                finished = p.done;
-                (p.data, p.consumed)
-            }
-            _ => {
-                let take = (left.min(up.buf.len() as u64)) as usize;
-                left -= take as u64;
-                (std::iter::once(0..take).collect::<Vec<_>>(), take)
-            }
-        };
-        for r in ranges {
-            gz.feed(client, &up.buf[r], metrics).await?;
-        }
-        up.buf.advance(consumed);
     }
     gz.finish(client).await
 }

@@ -1,19 +1,18 @@
 //! Forwarding one request over this core's HTTP/2 upstream connection:
 //! the request body onto a stream, the answer back as HTTP/1.1.
 
-use std::io;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use tokio::io::AsyncWriteExt;
 
-use super::body::write_piece;
+use super::body::{write_piece, BodyError, BodyReader};
 use super::gunzip::Gunzip;
 use super::local::proxy_error;
 use super::round_trip::{log_round_trip, note_refused};
-use super::{continue_if_expected, read_more, send, Client, Core, Next, ProxyMetrics};
-use crate::protocol::http1::{self, ChunkedDecoder, Framing, RequestHead};
+use super::{continue_if_expected, send, Client, Core, Next, ProxyMetrics};
+use crate::protocol::http1::{self, Framing, RequestHead};
 use crate::proxy::credentials::Used;
 use crate::proxy::forward::{self, ClientBody};
 
@@ -165,44 +164,20 @@ pub(super) async fn h2_request_body(
     metrics: &ProxyMetrics,
 ) -> Result<(), String> {
     use super::h2_upstream::send_data;
-    let fill = |r: io::Result<usize>| match r {
-        Ok(0) => Err("client closed during the request body".to_string()),
-        Ok(_) => Ok(()),
-        Err(e) => Err(e.to_string()),
-    };
-    match framing {
-        Framing::Length(mut left) => {
-            while left > 0 {
-                if client.buf.is_empty() {
-                    fill(read_more(&mut client.io, &mut client.buf).await)?;
-                }
-                let take = (left as usize).min(client.buf.len());
-                let piece = client.buf.split_to(take).freeze();
-                left -= take as u64;
-                metrics.bytes_up.fetch_add(take as u64, Ordering::Relaxed);
-                send_data(tx, piece).await?;
-            }
+    let mut body = BodyReader::request(framing);
+    loop {
+        let piece = match body.next(&mut client.io, &mut client.buf).await {
+            Ok(Some(piece)) => piece,
+            Ok(None) => break,
+            Err(BodyError::Eof) => return Err("client closed during the request body".into()),
+            Err(e) => return Err(e.to_string()),
+        };
+        for data in piece.data() {
+            metrics
+                .bytes_up
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            send_data(tx, data).await?;
         }
-        Framing::Chunked => {
-            let mut dec = ChunkedDecoder::new();
-            loop {
-                if client.buf.is_empty() {
-                    fill(read_more(&mut client.io, &mut client.buf).await)?;
-                }
-                let p = dec.advance(&client.buf).map_err(|e| e.to_string())?;
-                let consumed = client.buf.split_to(p.consumed).freeze();
-                for r in p.data {
-                    metrics
-                        .bytes_up
-                        .fetch_add(r.len() as u64, Ordering::Relaxed);
-                    send_data(tx, consumed.slice(r)).await?;
-                }
-                if p.done {
-                    break;
-                }
-            }
-        }
-        Framing::None | Framing::UntilClose => {}
     }
     tx.send_data(bytes::Bytes::new(), true)
         .map_err(|e| e.to_string())

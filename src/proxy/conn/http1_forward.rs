@@ -10,15 +10,15 @@ use std::time::Instant;
 use bytes::Buf;
 use tokio::io::AsyncWriteExt;
 
-use crate::proxy::forward::{self, ClientBody};
-
+use super::body::BodyReader;
 use super::core::UpConn;
 use super::gunzip::relay_gunzip;
 use super::h2_forward::forward_h2;
 use super::local::proxy_error;
 use super::round_trip::{fresh_auth, log_round_trip, note_refused};
 use super::{continue_if_expected, read_more, Client, Core, Next, ProxyMetrics};
-use crate::protocol::http1::{self, ChunkedDecoder, Framing, RequestHead};
+use crate::protocol::http1::{self, Framing, RequestHead};
+use crate::proxy::forward::{self, ClientBody};
 
 /// Request bodies up to this size are read before the upstream is picked,
 /// so a stale pooled connection can be retried.
@@ -41,41 +41,15 @@ pub(super) async fn stream_body(
     framing: Framing,
     metrics: &ProxyMetrics,
 ) -> io::Result<()> {
-    match framing {
-        Framing::None | Framing::UntilClose => Ok(()),
-        Framing::Length(mut left) => {
-            while left > 0 {
-                if client.buf.is_empty() && read_more(&mut client.io, &mut client.buf).await? == 0 {
-                    return Err(io::ErrorKind::UnexpectedEof.into());
-                }
-                let take = (left as usize).min(client.buf.len());
-                up.io.write_all(&client.buf[..take]).await?;
-                client.buf.advance(take);
-                left -= take as u64;
-                metrics.bytes_up.fetch_add(take as u64, Ordering::Relaxed);
-            }
-            Ok(())
-        }
-        Framing::Chunked => {
-            let mut dec = ChunkedDecoder::new();
-            loop {
-                if client.buf.is_empty() && read_more(&mut client.io, &mut client.buf).await? == 0 {
-                    return Err(io::ErrorKind::UnexpectedEof.into());
-                }
-                let p = dec
-                    .advance(&client.buf)
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-                up.io.write_all(&client.buf[..p.consumed]).await?;
-                client.buf.advance(p.consumed);
-                metrics
-                    .bytes_up
-                    .fetch_add(p.consumed as u64, Ordering::Relaxed);
-                if p.done {
-                    return Ok(());
-                }
-            }
-        }
+    // As it came: chunk framing is relayed, not redone.
+    let mut body = BodyReader::request(framing);
+    while let Some(piece) = body.next(&mut client.io, &mut client.buf).await? {
+        up.io.write_all(piece.raw()).await?;
+        metrics
+            .bytes_up
+            .fetch_add(piece.raw().len() as u64, Ordering::Relaxed);
     }
+    Ok(())
 }
 
 pub(super) async fn read_response_head(up: &mut UpConn) -> io::Result<http1::ResponseHead> {
@@ -320,58 +294,27 @@ pub(super) async fn relay_response(
     client: &mut Client,
     up: &mut UpConn,
     framing: Framing,
-    body: ClientBody,
+    mode: ClientBody,
     metrics: &ProxyMetrics,
 ) -> io::Result<()> {
+    if mode == ClientBody::None {
+        return Ok(());
+    }
     let count = |n: usize| {
         metrics.bytes_down.fetch_add(n as u64, Ordering::Relaxed);
     };
-    match (framing, body) {
-        (Framing::None, _) | (_, ClientBody::None) => Ok(()),
-        (Framing::Length(mut left), _) => {
-            while left > 0 {
-                if up.buf.is_empty() && read_more(&mut up.io, &mut up.buf).await? == 0 {
-                    return Err(io::ErrorKind::UnexpectedEof.into());
-                }
-                let take = (left as usize).min(up.buf.len());
-                client.io.write_all(&up.buf[..take]).await?;
-                up.buf.advance(take);
-                left -= take as u64;
-                count(take);
+    let mut body = BodyReader::response(framing);
+    while let Some(piece) = body.next(&mut up.io, &mut up.buf).await? {
+        if mode == ClientBody::Dechunk {
+            // Payload only, to an HTTP/1.0 client.
+            for data in piece.data() {
+                client.io.write_all(&data).await?;
+                count(data.len());
             }
-            Ok(())
+        } else {
+            client.io.write_all(piece.raw()).await?;
+            count(piece.raw().len());
         }
-        (Framing::Chunked, mode) => {
-            let mut dec = ChunkedDecoder::new();
-            loop {
-                if up.buf.is_empty() && read_more(&mut up.io, &mut up.buf).await? == 0 {
-                    return Err(io::ErrorKind::UnexpectedEof.into());
-                }
-                let p = dec
-                    .advance(&up.buf)
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-                if mode == ClientBody::Dechunk {
-                    for r in &p.data {
-                        client.io.write_all(&up.buf[r.clone()]).await?;
-                        count(r.len());
-                    }
-                } else {
-                    client.io.write_all(&up.buf[..p.consumed]).await?;
-                    count(p.consumed);
-                }
-                up.buf.advance(p.consumed);
-                if p.done {
-                    return Ok(());
-                }
-            }
-        }
-        (Framing::UntilClose, _) => loop {
-            if up.buf.is_empty() && read_more(&mut up.io, &mut up.buf).await? == 0 {
-                return Ok(());
-            }
-            client.io.write_all(&up.buf).await?;
-            count(up.buf.len());
-            up.buf.clear();
-        },
     }
+    Ok(())
 }

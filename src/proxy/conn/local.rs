@@ -4,7 +4,6 @@
 
 use std::sync::atomic::Ordering;
 
-use bytes::Buf;
 use tokio::io::AsyncWriteExt;
 
 use crate::proxy::forward;
@@ -12,8 +11,9 @@ use crate::proxy::gourl::{html_escape, RequestUrl};
 use crate::proxy::mux::{redirect_location, Route};
 use crate::proxy::static_files::{self, StaticReply};
 
-use super::{read_more, send, Client, Core, Next, ProxySettings};
-use crate::protocol::http1::{ChunkedDecoder, Framing, RequestHead};
+use super::body::BodyReader;
+use super::{send, Client, Core, Next, ProxySettings};
+use crate::protocol::http1::{Framing, RequestHead};
 
 /// Unread request bodies up to this size are drained to keep the client
 /// connection (as Go's server does); larger ones close it.
@@ -31,44 +31,24 @@ pub(super) fn bad_request(status: u16, text: &str) -> Vec<u8> {
 /// Reads and throws away a request body we do not forward.
 pub(super) async fn discard_body(client: &mut Client, framing: Framing) -> bool {
     match framing {
-        Framing::None => true,
-        Framing::Length(n) if n <= DRAIN_LIMIT => {
-            let mut left = n;
-            while left > 0 {
-                if client.buf.is_empty()
-                    && !matches!(read_more(&mut client.io, &mut client.buf).await, Ok(n) if n > 0)
-                {
-                    return false;
-                }
-                let take = (left as usize).min(client.buf.len());
-                client.buf.advance(take);
-                left -= take as u64;
-            }
-            true
+        Framing::Length(n) if n > DRAIN_LIMIT => return false,
+        Framing::UntilClose => return false,
+        _ => {}
+    }
+    let mut body = BodyReader::request(framing);
+    let mut drained = 0u64;
+    loop {
+        match body.next(&mut client.io, &mut client.buf).await {
+            Ok(Some(piece)) => drained += piece.raw().len() as u64,
+            Ok(None) => return true,
+            Err(_) => return false,
         }
-        Framing::Chunked => {
-            let mut dec = ChunkedDecoder::new();
-            let mut total = 0usize;
-            loop {
-                if client.buf.is_empty()
-                    && !matches!(read_more(&mut client.io, &mut client.buf).await, Ok(n) if n > 0)
-                {
-                    return false;
-                }
-                let Ok(p) = dec.advance(&client.buf) else {
-                    return false;
-                };
-                client.buf.advance(p.consumed);
-                total += p.consumed;
-                if p.done {
-                    return true;
-                }
-                if total as u64 > DRAIN_LIMIT {
-                    return false;
-                }
-            }
+        if body.is_done() {
+            return true;
         }
-        _ => false,
+        if drained > DRAIN_LIMIT {
+            return false;
+        }
     }
 }
 
