@@ -8,7 +8,6 @@ mod conn;
 pub mod credentials;
 pub mod exec_cert;
 pub mod flags;
-mod h2_upstream;
 mod io;
 pub mod klog;
 mod kubeconfig_names;
