@@ -23,7 +23,7 @@ const POOL_IDLE: Duration = Duration::from_secs(60);
 
 /// Counters for `/metrics`.
 #[derive(Default)]
-pub struct ProxyMetrics {
+pub(crate) struct ProxyMetrics {
     pub requests: AtomicU64,
     pub forwarded: AtomicU64,
     pub rejected: AtomicU64,
@@ -36,7 +36,7 @@ pub struct ProxyMetrics {
 }
 
 impl ProxyMetrics {
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let mut s = String::new();
         for (name, help, v) in [
@@ -95,7 +95,7 @@ impl ProxyMetrics {
 }
 
 /// The proxy's settings, shared read-only by every core.
-pub struct ProxySettings {
+pub(crate) struct ProxySettings {
     pub mux: Mux,
     pub filter: Option<Filter>,
     pub upstream: Upstream,
@@ -111,7 +111,7 @@ pub struct ProxySettings {
 }
 
 /// One core's state: the shared settings and this core's upstream pool.
-pub struct Core {
+pub(crate) struct Core {
     pub shared: Arc<ProxySettings>,
     pool: RefCell<Vec<(UpConn, Instant)>>,
     /// This core's HTTP/2 connection to the upstream, once negotiated,
@@ -124,7 +124,7 @@ pub struct Core {
 }
 
 impl Core {
-    pub fn new(shared: Arc<ProxySettings>) -> Rc<Core> {
+    pub(crate) fn new(shared: Arc<ProxySettings>) -> Rc<Core> {
         Rc::new(Core {
             shared,
             pool: RefCell::new(Vec::new()),
@@ -325,7 +325,7 @@ impl Core {
 }
 
 /// An upstream connection and what was read from it beyond the last message.
-pub struct UpConn {
+pub(super) struct UpConn {
     pub(super) io: UpstreamIo,
     pub(super) buf: BytesMut,
     pub(super) reused: bool,

@@ -39,7 +39,7 @@ mod local;
 mod round_trip;
 mod upgrade;
 
-pub use self::core::{Core, ProxyMetrics, ProxySettings};
+pub(super) use self::core::{Core, ProxyMetrics, ProxySettings};
 use http1_forward::forward_request;
 use local::{answer_locally, bad_request, discard_body};
 use upgrade::upgrade;
@@ -80,7 +80,7 @@ async fn read_more<R: tokio::io::AsyncRead + Unpin>(
 }
 
 /// Serves one client connection until it closes.
-pub async fn serve(io: ClientIo, peer: Option<IpAddr>, core: Rc<Core>) {
+pub(super) async fn serve(io: ClientIo, peer: Option<IpAddr>, core: Rc<Core>) {
     let mut client = Client {
         io,
         buf: BytesMut::with_capacity(8192),
