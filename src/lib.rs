@@ -4,8 +4,12 @@
 //!
 //! Layering (each layer uses only the ones above it):
 //! - [`protocol`]: sans-I/O codecs, parsers, state machines and policies
-//!   (Packets, HTTP CONNECT, HTTP/1 heads, routing, identities). No I/O,
-//!   no runtime; every parser has a fuzz target.
+//!   (Packets, HTTP CONNECT, HTTP/1 heads, routing, identities, Go flag
+//!   syntax, kubectl proxy's Go rules). No I/O, no runtime; every parser
+//!   has a fuzz target. It is a crate of its own (`crates/protocol`,
+//!   `edgetunnel-protocol`), so it cannot reach into this one, and it may
+//!   depend only on pure libraries: no monoio, tokio, rustls, h2 or kube
+//!   (`tests/protocol_deps.rs`). The fuzz targets build against it alone.
 //! - [`engine`]: data-plane runtime glue: one monoio runtime per core,
 //!   SO_REUSEPORT listeners and the accept loop, TLS, HTTP/2 adapters,
 //!   relays and cross-core socket handoff. `engine::sys` holds the crate's
@@ -28,7 +32,12 @@ pub mod compat;
 pub mod control;
 pub mod engine;
 pub mod metrics;
-pub mod protocol;
 pub mod proxy;
 pub mod readiness;
+
+/// The sans-I/O protocol layer, a crate of its own (`crates/protocol`), so
+/// that it can use nothing of this one nor its runtime, TLS or Kubernetes
+/// dependencies. Re-exported here so `crate::protocol::...` paths read as
+/// before.
+pub use edgetunnel_protocol as protocol;
 pub mod server;

@@ -2,6 +2,9 @@ use clap::Parser;
 use edgetunnel::cli::{CertsCommand, Cli, Command, IptablesCommand};
 use edgetunnel::readiness::Announce;
 
+// `--features system-alloc` keeps the system allocator, for heap profilers
+// that see only malloc (heaptrack, valgrind massif).
+#[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -16,7 +16,7 @@ use tokio::net::{TcpSocket, TcpStream};
 use crate::model::Entry;
 
 /// A tunneled (or direct) byte stream.
-pub enum Conn {
+pub(crate) enum Conn {
     Tcp(TcpStream),
     Grpc(Box<GrpcConn>),
 }
@@ -24,7 +24,7 @@ pub enum Conn {
 /// Opens a connection through `entry`; `source` picks the client's loopback
 /// address (many source addresses lift the ephemeral-port limit when
 /// 100,000 connections go to one listener).
-pub async fn open(entry: &Entry, source: Option<IpAddr>) -> io::Result<Conn> {
+pub(crate) async fn open(entry: &Entry, source: Option<IpAddr>) -> io::Result<Conn> {
     match entry {
         Entry::Tcp(addr) => Ok(Conn::Tcp(tcp(*addr, source).await?)),
         Entry::Connect { proxy, target } => {
@@ -79,7 +79,7 @@ async fn connect_handshake(s: &mut TcpStream, target: SocketAddr) -> io::Result<
 
 /// One konnectivity-client style tunnel: its own HTTP/2 connection, one
 /// `/ProxyService/Proxy` stream, DIAL_REQ then DATA packets both ways.
-pub struct GrpcConn {
+pub(crate) struct GrpcConn {
     send: h2::SendStream<Bytes>,
     recv: h2::RecvStream,
     decoder: grpc_frame::FrameDecoder,

@@ -15,7 +15,7 @@
 
 /// Clock ticks from one `/proc/PID/stat`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StatTicks {
+pub(crate) struct StatTicks {
     /// `utime + stime` (fields 14 and 15): the process's own threads.
     pub own: u64,
     /// `cutime + cstime` (fields 16 and 17): children it has waited for.
@@ -24,7 +24,7 @@ pub struct StatTicks {
 
 impl StatTicks {
     /// Own and reaped children's ticks together.
-    pub fn total(self) -> u64 {
+    pub(crate) fn total(self) -> u64 {
         self.own.saturating_add(self.children)
     }
 }
@@ -32,7 +32,7 @@ impl StatTicks {
 /// Parses the text of `/proc/PID/stat`: "pid (comm) state ppid ...". The
 /// command name may hold spaces and parentheses, so fields are counted
 /// from the last ')'. None when the text is not a stat line.
-pub fn parse_stat(stat: &str) -> Option<StatTicks> {
+pub(crate) fn parse_stat(stat: &str) -> Option<StatTicks> {
     let rest = stat.get(stat.rfind(')')? + 1..)?;
     // After ')': field 3 (state) is index 0, so field N is index N - 3.
     let fields: Vec<&str> = rest.split_whitespace().take(15).collect();
@@ -45,7 +45,7 @@ pub fn parse_stat(stat: &str) -> Option<StatTicks> {
 
 /// Clock ticks per second (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
 #[allow(unsafe_code)]
-pub fn clock_ticks() -> u64 {
+pub(crate) fn clock_ticks() -> u64 {
     // SAFETY: sysconf has no memory effects.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if t > 0 {
@@ -56,13 +56,13 @@ pub fn clock_ticks() -> u64 {
 }
 
 /// Seconds of CPU of `ticks` at `per_second` ticks a second.
-pub fn ticks_to_seconds(ticks: u64, per_second: u64) -> f64 {
+pub(crate) fn ticks_to_seconds(ticks: u64, per_second: u64) -> f64 {
     ticks as f64 / per_second.max(1) as f64
 }
 
 /// CPU seconds (user + system) of the processes `pids` and of their reaped
 /// children; a pid that is gone counts 0.
-pub fn cpu_seconds(pids: &[u32]) -> f64 {
+pub(crate) fn cpu_seconds(pids: &[u32]) -> f64 {
     let ticks: u64 = pids
         .iter()
         .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
@@ -74,15 +74,15 @@ pub fn cpu_seconds(pids: &[u32]) -> f64 {
 
 /// Fewest clock ticks a CPU figure is reported from: below this, one tick
 /// is more than 5% of it (quick runs move a few MiB and measure 0-2 ticks).
-pub const MIN_TICKS: f64 = 20.0;
+pub(crate) const MIN_TICKS: f64 = 20.0;
 
 /// Whether `cpu_seconds` spans enough clock ticks to be worth reporting.
-pub fn measurable(cpu_seconds: f64) -> bool {
+pub(crate) fn measurable(cpu_seconds: f64) -> bool {
     cpu_seconds * clock_ticks() as f64 >= MIN_TICKS
 }
 
 /// CPU seconds per GB (10^9 bytes) moved; NaN when nothing moved.
-pub fn seconds_per_gb(cpu_seconds: f64, bytes: u64) -> f64 {
+pub(crate) fn seconds_per_gb(cpu_seconds: f64, bytes: u64) -> f64 {
     if bytes == 0 {
         f64::NAN
     } else {

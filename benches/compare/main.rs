@@ -28,14 +28,18 @@ use model::{Sample, SystemKind};
 use systems::{Running, StartOptions};
 
 const USAGE: &str = "\
-usage: benches/run [--quick] [--reps N] [--systems a,b,..] [--scenarios a,b,..] [--out DIR] [--strict]
+usage: benches/run [--quick] [--reps N] [--systems a,b,..] [--scenarios a,b,..] [--out DIR] [--strict] [--base-bin PATH] [--memory-sizes N,..]
   --quick       seconds-long pass proving every part works (CI); output in target/compare-quick/
   --reps N      repetitions per case (default 3; quick: 1)
   --systems     subset of: direct,socat,haproxy,rathole,ssh-R,edgetunnel-connect,edgetunnel-grpc
   --scenarios   subset of: bulk,latency,dial,hol,memory,scaling
   --out DIR     where to write compare.json, compare.md and the SVG plots
                 (default benches/results/compare/; quick: target/compare-quick/)
-  --strict      fail when a system is missing or a measurement fails (quick implies it)";
+  --strict      fail when a system is missing or a measurement fails (quick implies it)
+  --base-bin    another edgetunnel binary (e.g. main's, built elsewhere): the memory
+                scenario runs its edgetunnel systems with it too, labelled `... base`,
+                side by side with this build's
+  --memory-sizes  idle connections per memory case (default 1000,10000,100000; quick: 100,1000)";
 
 /// Metric of the bulk rows: payload throughput.
 const GBPS: &str = "Gbit/s";
@@ -52,6 +56,8 @@ struct Args {
     scenarios: Vec<String>,
     out: PathBuf,
     strict: bool,
+    base_bin: Option<PathBuf>,
+    memory_sizes: Option<Vec<usize>>,
 }
 
 /// Sizes and durations of one mode.
@@ -103,6 +109,8 @@ fn parse_args() -> Result<Option<Args>, String> {
     let mut scenarios: Vec<String> = SCENARIOS.iter().map(|s| s.to_string()).collect();
     let mut out = None;
     let mut strict = false;
+    let mut base_bin = None;
+    let mut memory_sizes = None;
     while let Some(a) = argv.next() {
         let mut value = || argv.next().ok_or(format!("{a} needs a value"));
         match a.as_str() {
@@ -123,6 +131,18 @@ fn parse_args() -> Result<Option<Args>, String> {
                 }
             }
             "--out" => out = Some(PathBuf::from(value()?)),
+            "--base-bin" => base_bin = Some(PathBuf::from(value()?)),
+            "--memory-sizes" => {
+                memory_sizes = Some(
+                    value()?
+                        .split(',')
+                        .map(|n| {
+                            n.parse::<usize>()
+                                .map_err(|e| format!("--memory-sizes {n}: {e}"))
+                        })
+                        .collect::<Result<_, _>>()?,
+                )
+            }
             "-h" | "--help" => return Err(USAGE.to_string()),
             // cargo passes filters and its own flags through; ignore them.
             _ => {}
@@ -145,6 +165,8 @@ fn parse_args() -> Result<Option<Args>, String> {
         quick,
         systems,
         scenarios,
+        base_bin,
+        memory_sizes,
     }))
 }
 
@@ -165,7 +187,10 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let plan = Plan::new(args.quick);
+    let mut plan = Plan::new(args.quick);
+    if let Some(sizes) = &args.memory_sizes {
+        plan.memory_sizes = sizes.clone();
+    }
     let started = Instant::now();
     let mut h = Harness::new(&args);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -236,6 +261,8 @@ struct Harness {
     samples: Vec<Sample>,
     notes: Vec<String>,
     failures: usize,
+    /// `--base-bin`: edgetunnel build to compare against in the memory rows.
+    base_bin: Option<PathBuf>,
     _ports: Option<PortRange>,
 }
 
@@ -249,6 +276,7 @@ impl Harness {
             samples: Vec::new(),
             notes: Vec::new(),
             failures: 0,
+            base_bin: args.base_bin.clone(),
             _ports: PortRange::widen(),
         }
     }
@@ -567,7 +595,14 @@ impl Harness {
         plan: &Plan,
     ) {
         println!("== memory: RSS with idle tunneled connections");
-        let kinds: Vec<SystemKind> = self.systems_for_memory();
+        // Each system, plus each edgetunnel system again with `--base-bin`.
+        let mut kinds: Vec<(SystemKind, Option<PathBuf>)> = Vec::new();
+        for k in self.systems_for_memory() {
+            kinds.push((k, None));
+            if let (true, Some(base)) = (k.is_edgetunnel(), &self.base_bin) {
+                kinds.push((k, Some(base.clone())));
+            }
+        }
         for &n in &plan.memory_sizes {
             let case = format!("{n} idle");
             let limit = nofile_limit();
@@ -578,7 +613,8 @@ impl Harness {
             // The largest size is slow for some systems: one repetition.
             let reps = if n >= 100_000 { 1 } else { self.reps };
             for rep in 0..reps {
-                for &k in &kinds {
+                for (k, base) in &kinds {
+                    let k = *k;
                     if n > memory_cap(k) {
                         if rep == 0 {
                             self.note(format!(
@@ -590,9 +626,17 @@ impl Harness {
                         }
                         continue;
                     }
-                    let opts = self.opts(None, n + 64);
+                    let mut opts = self.opts(None, n + 64);
+                    if let Some(b) = base {
+                        opts.edgetunnel_bin = b.clone();
+                    }
                     let r = match systems::start(k, targets, &opts) {
-                        Ok(r) => r,
+                        Ok(mut r) => {
+                            if base.is_some() {
+                                r.label = format!("{} base", r.label);
+                            }
+                            r
+                        }
                         Err(e) if !self.strict => {
                             if rep == 0 {
                                 self.note(format!("memory {case}: {} not run: {e}", k.name()));

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 
 /// A system a user could pick to carry cloud-to-edge TCP connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum SystemKind {
+pub(crate) enum SystemKind {
     /// Client connects straight to the target: the limit.
     Direct,
     /// `socat TCP-LISTEN:..,fork TCP:target`: one plain relay hop, a process per connection.
@@ -25,7 +25,7 @@ pub enum SystemKind {
 }
 
 impl SystemKind {
-    pub const ALL: [SystemKind; 7] = [
+    pub(crate) const ALL: [SystemKind; 7] = [
         SystemKind::Direct,
         SystemKind::Socat,
         SystemKind::Haproxy,
@@ -36,7 +36,7 @@ impl SystemKind {
     ];
 
     /// Short stable name used in JSON, tables, plots and `--systems`.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             SystemKind::Direct => "direct",
             SystemKind::Socat => "socat",
@@ -48,11 +48,11 @@ impl SystemKind {
         }
     }
 
-    pub fn from_name(s: &str) -> Option<SystemKind> {
+    pub(crate) fn from_name(s: &str) -> Option<SystemKind> {
         SystemKind::ALL.into_iter().find(|k| k.name() == s)
     }
 
-    pub fn is_edgetunnel(self) -> bool {
+    pub(crate) fn is_edgetunnel(self) -> bool {
         matches!(
             self,
             SystemKind::EdgetunnelConnect | SystemKind::EdgetunnelGrpc
@@ -62,7 +62,7 @@ impl SystemKind {
 
 /// How a client opens a connection that ends at one target.
 #[derive(Clone, Debug)]
-pub enum Entry {
+pub(crate) enum Entry {
     /// Connect here; the bytes reach the target (direct, relays, reverse tunnels).
     Tcp(SocketAddr),
     /// Connect to `proxy`, send `CONNECT target`, expect 200, then raw bytes.
@@ -80,7 +80,7 @@ pub enum Entry {
 
 /// One measured value. Every repetition of every case is one sample.
 #[derive(Clone, Debug)]
-pub struct Sample {
+pub(crate) struct Sample {
     /// "bulk", "latency", "dial", "memory", "scaling", "hol".
     pub scenario: String,
     /// What was measured within the scenario, e.g. "1 stream upload",

@@ -19,7 +19,7 @@ use super::model::{Sample, SystemKind};
 use super::report::{direction, fmt3, is_edgetunnel, system_label, unique, Agg, Table, LATENCY};
 
 /// Errors of a drawing, as text (plotters' error types borrow the backend).
-pub type DrawResult<T> = Result<T, String>;
+pub(crate) type DrawResult<T> = Result<T, String>;
 
 fn err(e: impl std::fmt::Display) -> String {
     format!("drawing a plot: {e}")
@@ -29,7 +29,7 @@ fn err(e: impl std::fmt::Display) -> String {
 
 /// How one system is drawn, the same in every plot.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Style {
+pub(crate) struct Style {
     color: RGBColor,
     /// edgetunnel systems: strong colour, thicker lines, drawn on top.
     strong: bool,
@@ -65,7 +65,7 @@ fn muted(hex: u32) -> Style {
 
 /// The style of every system: fixed colours for the systems the model
 /// names, then the extra palettes in order of first appearance.
-pub fn palette<'a>(systems: &[&'a str]) -> HashMap<&'a str, Style> {
+pub(crate) fn palette<'a>(systems: &[&'a str]) -> HashMap<&'a str, Style> {
     let (mut n_strong, mut n_muted) = (0, 0);
     let mut next = |strong_pick: bool| {
         if strong_pick {
@@ -259,7 +259,7 @@ fn esc(s: &str) -> String {
 /// A value axis, linear or log10; plotters draws on the transformed
 /// values (log10 of the value on a log axis) with these ticks.
 #[derive(Clone, Debug)]
-pub struct Scale {
+pub(crate) struct Scale {
     pub lo: f64,
     pub hi: f64,
     pub log: bool,
@@ -289,7 +289,7 @@ fn nice_step(raw: f64) -> f64 {
 impl Scale {
     /// A linear scale over [lo, hi] widened to include 0 and rounded to
     /// nice ticks, at most about `max_ticks` of them.
-    pub fn linear(lo: f64, hi: f64, max_ticks: usize) -> Scale {
+    pub(crate) fn linear(lo: f64, hi: f64, max_ticks: usize) -> Scale {
         let (mut lo, mut hi) = (lo.min(0.0), hi.max(0.0));
         if !(lo.is_finite() && hi.is_finite()) || hi - lo <= 0.0 {
             (lo, hi) = (0.0, 1.0);
@@ -304,7 +304,7 @@ impl Scale {
     }
 
     /// A log10 scale over [lo, hi] (both > 0) widened to whole decades.
-    pub fn log(lo: f64, hi: f64) -> Scale {
+    pub(crate) fn log(lo: f64, hi: f64) -> Scale {
         let (lo, hi) = if lo > 0.0 && hi >= lo && hi.is_finite() {
             (lo, hi)
         } else {
@@ -322,7 +322,7 @@ impl Scale {
 
     /// A value on the drawn (transformed) axis, clamped to the domain;
     /// NaN maps to the start.
-    pub fn t(&self, v: f64) -> f64 {
+    pub(crate) fn t(&self, v: f64) -> f64 {
         let v = if v.is_nan() {
             self.lo
         } else {
@@ -354,7 +354,7 @@ impl Scale {
     }
 
     /// Tick values, thinned so labels of `label_width` pixels fit `pixels`.
-    pub fn ticks(&self, pixels: f64, label_width: f64) -> Vec<f64> {
+    pub(crate) fn ticks(&self, pixels: f64, label_width: f64) -> Vec<f64> {
         let room = (pixels.abs() / (label_width + 14.0)).floor() as usize + 1;
         if self.log {
             log_ticks(self.lo, self.hi, room.max(2))
@@ -512,7 +512,7 @@ fn panel_height(t: &Table, header: bool) -> i32 {
 
 /// Horizontal grouped bars: per panel (metric), per case a header and one
 /// bar per system with a min–max whisker and the median printed.
-pub fn bars_svg(
+pub(crate) fn bars_svg(
     title: &str,
     panels: &[Table],
     styles: &HashMap<&str, Style>,
@@ -686,14 +686,14 @@ fn bar(chart: &mut BarChart, a: &Agg, scale: &Scale, style: Style, mid: f64) -> 
 
 /// One small-multiple panel of the latency plot: a case and, per system,
 /// the (percentile, ms) points of its median repetition.
-pub struct CdfPanel<'a> {
+pub(crate) struct CdfPanel<'a> {
     case: &'a str,
     lines: Vec<(&'a str, Vec<(f64, f64)>)>,
 }
 
 /// The panels of the latency CDF plot, cases and systems in order of first
 /// appearance.
-pub fn cdf_panels<'a>(samples: &'a [Sample], order: &[&'a str]) -> Vec<CdfPanel<'a>> {
+pub(crate) fn cdf_panels<'a>(samples: &'a [Sample], order: &[&'a str]) -> Vec<CdfPanel<'a>> {
     let lat: Vec<&Sample> = samples.iter().filter(|s| s.scenario == LATENCY).collect();
     unique(lat.iter().map(|s| s.case.as_str()))
         .into_iter()
@@ -821,7 +821,7 @@ const CDF_CELL_H: i32 = 250;
 
 /// Small multiples of latency CDFs: a grid of panels (two columns), one line
 /// per system, shared legend and percentile axis.
-pub fn cdf_svg(
+pub(crate) fn cdf_svg(
     title: &str,
     panels: &[CdfPanel],
     styles: &HashMap<&str, Style>,

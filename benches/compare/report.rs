@@ -16,7 +16,7 @@ use super::plot;
 
 /// Facts about the run, printed at the top of the report and kept in the JSON.
 #[derive(Clone, Debug, Default)]
-pub struct Meta {
+pub(crate) struct Meta {
     /// When the run happened: the only time stamp in the output.
     pub date: String,
     /// Free text: cores, RAM, kernel, CPU model.
@@ -37,7 +37,11 @@ pub(super) const LATENCY: &str = "latency";
 /// Writes into out_dir: compare.json (meta + every sample, including cdf
 /// points), compare.md (the Markdown report), and SVG plots; returns the
 /// paths written.
-pub fn write_all(samples: &[Sample], meta: &Meta, out_dir: &Path) -> io::Result<Vec<PathBuf>> {
+pub(crate) fn write_all(
+    samples: &[Sample],
+    meta: &Meta,
+    out_dir: &Path,
+) -> io::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(out_dir)?;
     let json =
         serde_json::to_string_pretty(&report_json(samples, meta)).map_err(io::Error::other)?;
@@ -57,7 +61,7 @@ pub fn write_all(samples: &[Sample], meta: &Meta, out_dir: &Path) -> io::Result<
 
 /// The Markdown report: meta header, then per scenario its plot and one
 /// table per metric (cases × systems) followed by edgetunnel ratios.
-pub fn markdown(samples: &[Sample], meta: &Meta) -> String {
+pub(crate) fn markdown(samples: &[Sample], meta: &Meta) -> String {
     let aggs = aggregate(samples);
     let order = unique(samples.iter().map(|s| s.system.as_str()));
     let plots = plan_plots(samples);
@@ -73,7 +77,7 @@ pub fn markdown(samples: &[Sample], meta: &Meta) -> String {
 
 /// One-line progress summary of a group of reps (median, min, max, unit)
 /// for the terminal.
-pub fn summary_line(samples: &[Sample]) -> String {
+pub(crate) fn summary_line(samples: &[Sample]) -> String {
     let aggs = aggregate(samples);
     if aggs.is_empty() {
         return "no samples".to_string();
@@ -103,7 +107,7 @@ fn summary_of(a: &Agg) -> String {
 /// ratio of each of `metrics` (> 1 = edgetunnel better; "-" when the peer
 /// has no such figure, e.g. CPU of direct), e.g.
 /// "edgetunnel-connect vs haproxy: Gbit/s 0.82x, CPU s/GB 1.10x".
-pub fn ratio_lines(samples: &[Sample], metrics: &[&str]) -> Vec<String> {
+pub(crate) fn ratio_lines(samples: &[Sample], metrics: &[&str]) -> Vec<String> {
     let aggs = aggregate(samples);
     let order = unique(samples.iter().map(|s| s.system.as_str()));
     let ets: Vec<&str> = order.iter().copied().filter(|s| is_edgetunnel(s)).collect();

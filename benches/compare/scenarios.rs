@@ -17,14 +17,14 @@ use crate::target::CHUNK;
 type Result<T> = std::io::Result<T>;
 
 /// Size of a request and of its response in the latency and dial scenarios.
-pub const MESSAGE: usize = 1024;
+pub(crate) const MESSAGE: usize = 1024;
 
 fn entry(entries: &[Entry], i: usize) -> &Entry {
     &entries[i % entries.len()]
 }
 
 /// What one bulk transfer measured.
-pub struct Bulk {
+pub(crate) struct Bulk {
     /// Payload bytes moved (all streams, one direction).
     pub bytes: u64,
     /// Gbit/s of `bytes`, from the first byte to the last.
@@ -38,7 +38,7 @@ pub struct Bulk {
 /// (`upload`) or back, timed from the first byte to the last; `cpu` (the
 /// system's CPU seconds so far) is sampled right before the first byte and
 /// right after the last.
-pub async fn bulk(
+pub(crate) async fn bulk(
     entries: &[Entry],
     streams: usize,
     upload: bool,
@@ -101,7 +101,7 @@ async fn transfer(mut c: Conn, upload: bool, len: u64) -> Result<()> {
 }
 
 /// Latency figures of one run, milliseconds.
-pub struct Latency {
+pub(crate) struct Latency {
     pub p50: f64,
     pub p99: f64,
     pub p999: f64,
@@ -119,7 +119,7 @@ const CDF_POINTS: [f64; 14] = [
 /// for `dur`: open loop at `rate` requests per second in all (latency is
 /// counted from each request's scheduled time, so a stall is not hidden),
 /// or closed loop (saturation) when `rate` is None.
-pub async fn latency(
+pub(crate) async fn latency(
     entries: &[Entry],
     conns: usize,
     rate: Option<f64>,
@@ -195,7 +195,11 @@ pub async fn latency(
 
 /// New connections per second (open, one 1 KiB round trip, close) by
 /// `concurrency` clients for `dur`, and the p99 of one such cycle in ms.
-pub async fn dial(entries: &[Entry], concurrency: usize, dur: Duration) -> Result<(f64, f64, u64)> {
+pub(crate) async fn dial(
+    entries: &[Entry],
+    concurrency: usize,
+    dur: Duration,
+) -> Result<(f64, f64, u64)> {
     let deadline = Instant::now() + dur;
     let errors = Arc::new(AtomicU64::new(0));
     let tasks: Vec<_> = (0..concurrency)
@@ -254,7 +258,7 @@ async fn cycle(e: &Entry) -> Result<()> {
 /// target's `k`), `parallel` at a time; the caller holds them while it
 /// measures memory. Client sockets spread over several loopback source
 /// addresses so that 100,000 of them fit in the ephemeral port range.
-pub async fn hold_idle(entries: &[Entry], n: usize, parallel: usize) -> Result<Vec<Conn>> {
+pub(crate) async fn hold_idle(entries: &[Entry], n: usize, parallel: usize) -> Result<Vec<Conn>> {
     let opens = futures::stream::iter(0..n)
         .map(|i| {
             let e = entry(entries, i).clone();
@@ -281,7 +285,7 @@ pub async fn hold_idle(entries: &[Entry], n: usize, parallel: usize) -> Result<V
 /// Head-of-line isolation: two connections through the same system, both
 /// downloading; then the first one's reader stops. Returns the second one's
 /// Gbit/s before and during the stall.
-pub async fn hol(entries: &[Entry], phase: Duration) -> Result<(f64, f64)> {
+pub(crate) async fn hol(entries: &[Entry], phase: Duration) -> Result<(f64, f64)> {
     let mut stalled = client::open(entry(entries, 0), None).await?;
     let mut healthy = client::open(entry(entries, 1), None).await?;
     stalled.write_all(b"S").await?;

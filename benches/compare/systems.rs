@@ -47,7 +47,7 @@ const LOG_TAIL: u64 = 2000;
 
 /// What `start` needs besides the system and its targets.
 #[derive(Clone, Debug)]
-pub struct StartOptions {
+pub(crate) struct StartOptions {
     /// Path of the edgetunnel binary (main passes env!("CARGO_BIN_EXE_edgetunnel")).
     pub edgetunnel_bin: PathBuf,
     /// edgetunnel `--workers` (server and agent); None = its default
@@ -70,7 +70,7 @@ struct Proc {
 /// A started system. Owns its processes (killed with all their
 /// descendants on drop) and its scratch directory (configs, keys, logs;
 /// removed on drop).
-pub struct Running {
+pub(crate) struct Running {
     pub kind: SystemKind,
     /// `kind.name()`, plus ` --workers N` for edgetunnel when set.
     pub label: String,
@@ -102,7 +102,7 @@ impl Running {
     /// shared by N processes counts 1/N in each, so socat's children do not
     /// count the binary and libc they share once each. For a single
     /// process Pss is its RSS. Direct = 0.
-    pub fn rss_bytes(&self) -> u64 {
+    pub(crate) fn rss_bytes(&self) -> u64 {
         self.pids().into_iter().map(pss_of).sum()
     }
 
@@ -110,7 +110,7 @@ impl Running {
     /// far: its roots and all their live descendants, each with the
     /// children it has reaped (see `cpu`). None when the system has no
     /// process of its own (direct).
-    pub fn cpu_seconds(&self) -> Option<f64> {
+    pub(crate) fn cpu_seconds(&self) -> Option<f64> {
         if self.procs.is_empty() {
             return None;
         }
@@ -119,7 +119,7 @@ impl Running {
 
     /// Pids whose memory counts (for perf profiling too): the processes
     /// `start` spawned and all their live descendants.
-    pub fn pids(&self) -> Vec<u32> {
+    pub(crate) fn pids(&self) -> Vec<u32> {
         let roots: Vec<u32> = self.procs.iter().map(|p| p.child.id()).collect();
         let mut pids: Vec<u32> = roots
             .iter()
@@ -295,7 +295,7 @@ impl Drop for Running {
 }
 
 /// Ok if the tool is installed (for a clear skip message otherwise).
-pub fn available(kind: SystemKind, opts: &StartOptions) -> Result<(), String> {
+pub(crate) fn available(kind: SystemKind, opts: &StartOptions) -> Result<(), String> {
     match kind {
         SystemKind::Direct => Ok(()),
         SystemKind::Socat => find_tool("socat").map(drop),
@@ -328,7 +328,7 @@ pub fn available(kind: SystemKind, opts: &StartOptions) -> Result<(), String> {
 }
 
 /// Starts `kind` so that entries[i] leads to targets[i]; returns only when it is ready to carry connections.
-pub fn start(
+pub(crate) fn start(
     kind: SystemKind,
     targets: &[SocketAddr],
     opts: &StartOptions,

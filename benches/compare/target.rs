@@ -13,11 +13,11 @@ use std::net::SocketAddr;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-pub const CHUNK: usize = 256 * 1024;
+pub(crate) const CHUNK: usize = 256 * 1024;
 
 /// Binds `ports` listeners on 127.0.0.1 and serves them on the current
 /// tokio runtime; returns their addresses.
-pub async fn start(ports: usize) -> std::io::Result<Vec<SocketAddr>> {
+pub(crate) async fn start(ports: usize) -> std::io::Result<Vec<SocketAddr>> {
     let mut addrs = Vec::with_capacity(ports);
     for _ in 0..ports {
         let sock = tokio::net::TcpSocket::new_v4()?;

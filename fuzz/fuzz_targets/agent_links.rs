@@ -9,11 +9,11 @@
 //! header) then one byte per link attempt (its worker, mod 8).
 #![no_main]
 
-use edgetunnel::protocol::agent_links::{
+use edgetunnel_protocol::agent_links::{
     admit, parse_answer, parse_request, secondaries_wanted, LinkError, MAX_INSTANCE_LEN,
 };
-use edgetunnel::protocol::identifiers::Identifiers;
-use edgetunnel::protocol::routing::Registry;
+use edgetunnel_protocol::identifiers::Identifiers;
+use edgetunnel_protocol::routing::Registry;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

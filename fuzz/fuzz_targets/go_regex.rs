@@ -4,8 +4,8 @@
 //! bytes never panics and agrees between the byte and string entry points.
 #![no_main]
 
-use edgetunnel::proxy::goargs;
-use edgetunnel::proxy::goregex::{go_runes, parse, to_rust, GoRegex};
+use edgetunnel_protocol::kubectl::go_args;
+use edgetunnel_protocol::kubectl::go_regex::{go_runes, parse, to_rust, GoRegex};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -25,5 +25,5 @@ fuzz_target!(|data: &[u8]| {
     }
     // The same text as a command line.
     let args: Vec<String> = pat.split(' ').map(str::to_string).collect();
-    let _ = goargs::canonical(&args);
+    let _ = go_args::canonical(&args);
 });

@@ -9,7 +9,7 @@
 //! Input: `n` (1 byte), then `n % 16` chunk-size bytes, then the stream.
 #![no_main]
 
-use edgetunnel::protocol::h2_authority::{AuthorityFilter, Error};
+use edgetunnel_protocol::h2_authority::{AuthorityFilter, Error};
 use libfuzzer_sys::fuzz_target;
 
 fn whole(stream: &[u8]) -> (Vec<u8>, Result<(), Error>, AuthorityFilter) {

@@ -3,10 +3,10 @@
 //! stream is split into reads.
 #![no_main]
 
-use edgetunnel::protocol::http1::trace::Tracker;
+use edgetunnel_protocol::http1::trace::Tracker;
 use libfuzzer_sys::fuzz_target;
 
-fn run(requests: bool, data: &[u8], step: usize) -> Vec<edgetunnel::protocol::http1::trace::Event> {
+fn run(requests: bool, data: &[u8], step: usize) -> Vec<edgetunnel_protocol::http1::trace::Event> {
     let mut t = if requests { Tracker::requests() } else { Tracker::responses() };
     let mut methods = ["GET", "HEAD", "POST"].iter().cycle().map(|m| m.to_string());
     let mut out = Vec::new();

@@ -7,8 +7,8 @@
 //! form Content-Type is claimed (bit 1), then the bytes.
 #![no_main]
 
-use edgetunnel::protocol::oidc::redirect::{resolve, Chain, Step};
-use edgetunnel::protocol::oidc::{
+use edgetunnel_protocol::oidc::redirect::{resolve, Chain, Step};
+use edgetunnel_protocol::oidc::{
     id_token_exp, id_token_valid, parse_discovery, parse_token_response,
 };
 use libfuzzer_sys::fuzz_target;

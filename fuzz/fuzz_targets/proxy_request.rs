@@ -3,18 +3,19 @@
 //! bounded heads, and routing results that respect Go's invariants.
 #![no_main]
 
-use edgetunnel::proxy::filter::{
+use edgetunnel_protocol::kubectl::filter::{
     Filter, DEFAULT_ACCEPT_HOSTS, DEFAULT_ACCEPT_PATHS, DEFAULT_REJECT_METHODS,
     DEFAULT_REJECT_PATHS,
 };
-use edgetunnel::proxy::forward;
-use edgetunnel::proxy::gourl::{clean_path, RequestUrl};
-use edgetunnel::protocol::http1::{self, HeadLimit};
+use edgetunnel_protocol::kubectl::forward;
+use edgetunnel_protocol::kubectl::go_url::{clean_path, RequestUrl};
+use edgetunnel_protocol::http1::{self, HeadLimit};
 
 const LIMIT: HeadLimit = HeadLimit::GO_SERVER;
 const MAX_HEAD: usize = LIMIT.bytes;
-use edgetunnel::proxy::mux::{redirect_location, Mux, Route};
-use edgetunnel::proxy::upstream_config::{Auth, Upstream};
+use edgetunnel_protocol::kubectl::mux::{redirect_location, Mux, Route};
+use edgetunnel_protocol::impersonation::Impersonation;
+use edgetunnel_protocol::kubectl::forward::UpstreamHead;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -30,7 +31,7 @@ fuzz_target!(|data: &[u8]| {
     let escaped = url.escaped_path();
     if url.path != "*" {
         assert_eq!(
-            edgetunnel::proxy::gourl::unescape_path(&escaped).as_deref(),
+            edgetunnel_protocol::kubectl::go_url::unescape_path(&escaped).as_deref(),
             Ok(url.path.as_str())
         );
     }
@@ -47,18 +48,14 @@ fuzz_target!(|data: &[u8]| {
                 assert!(loc.starts_with('/'), "{loc:?}");
             }
             Route::Proxy(u) => {
-                let up = Upstream {
-                    dial: "127.0.0.1:1".into(),
-                    host_header: "127.0.0.1:1".into(),
-                    tls: None,
-                    tls_h2: None,
-                    server_name: "x".into(),
-                    base_path: "/base".into(),
-                    auth: Auth::Bearer("t".into()),
-                    impersonation: Default::default(),
-                    proxy: None,
+                let imp = Impersonation::default();
+                let up = UpstreamHead {
+                    host: "127.0.0.1:1",
+                    authorization: Some("Bearer t".into()),
+                    impersonation: &imp,
+                    forward_proxy: None,
                 };
-                let target = forward::upstream_target(&u, &up, true);
+                let target = forward::upstream_target(&u, "/base", true);
                 assert!(target.starts_with('/') || target == "*", "{target:?}");
                 if let Ok(f) = framing {
                     let out = forward::request_head(&head, &target, f, None, &up, false, true);

@@ -3,8 +3,8 @@
 //! and payload however the input is split.
 #![no_main]
 
-use edgetunnel::proxy::forward;
-use edgetunnel::protocol::http1::{self, ChunkedDecoder, Framing};
+use edgetunnel_protocol::kubectl::forward;
+use edgetunnel_protocol::http1::{self, ChunkedDecoder, Framing};
 use libfuzzer_sys::fuzz_target;
 
 fn decode(input: &[u8], step: usize) -> Option<(Vec<u8>, usize, bool)> {

@@ -5,7 +5,7 @@
 //! layout's length is the length of its bytes.
 #![no_main]
 
-use edgetunnel::proxy::static_files::{cond, httpdate, mime, ranges, sniff};
+use edgetunnel_protocol::kubectl::static_files::{cond, httpdate, mime, ranges, sniff};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

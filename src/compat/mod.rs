@@ -107,7 +107,8 @@
 
 pub mod anp_agent;
 pub mod anp_server;
-pub mod goflag;
+/// Go command lines (pflag), sans-I/O, in the protocol crate.
+pub use crate::protocol::goflag;
 pub mod klog;
 pub mod yurt_agent;
 pub mod yurt_server;
@@ -615,18 +616,18 @@ pub(crate) mod testing {
     use super::*;
 
     #[derive(Default)]
-    pub struct FakeHost {
+    pub(crate) struct FakeHost {
         pub env: HashMap<String, String>,
         pub files: HashMap<PathBuf, Vec<u8>>,
     }
 
     impl FakeHost {
-        pub fn with_env(mut self, k: &str, v: &str) -> Self {
+        pub(crate) fn with_env(mut self, k: &str, v: &str) -> Self {
             self.env.insert(k.into(), v.into());
             self
         }
 
-        pub fn with_file(mut self, p: &str, contents: &[u8]) -> Self {
+        pub(crate) fn with_file(mut self, p: &str, contents: &[u8]) -> Self {
             self.files.insert(p.into(), contents.to_vec());
             self
         }
@@ -653,14 +654,18 @@ pub(crate) mod testing {
         }
     }
 
-    pub fn run(b: Binary, args: &[&str], host: &FakeHost) -> Result<Translation, CompatError> {
+    pub(crate) fn run(
+        b: Binary,
+        args: &[&str],
+        host: &FakeHost,
+    ) -> Result<Translation, CompatError> {
         let v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         translate(b, &v, host)
     }
 
     /// The translated argv as `--flag value` strings (switches alone),
     /// after `edgetunnel ROLE`.
-    pub fn pairs(t: &Translation) -> Vec<String> {
+    pub(crate) fn pairs(t: &Translation) -> Vec<String> {
         let mut out = Vec::new();
         let mut it = t.argv[2..].iter().peekable();
         while let Some(a) = it.next() {
@@ -677,14 +682,14 @@ pub(crate) mod testing {
 
     /// What one flag changed relative to a baseline: pairs added, pairs
     /// gone, warn notes, info notes.
-    pub struct Delta {
+    pub(crate) struct Delta {
         pub added: Vec<String>,
         pub removed: Vec<String>,
         pub warns: Vec<String>,
         pub infos: Vec<String>,
     }
 
-    pub fn delta(base: &Translation, t: &Translation) -> Delta {
+    pub(crate) fn delta(base: &Translation, t: &Translation) -> Delta {
         let (b, n) = (pairs(base), pairs(t));
         let notes = |t: &Translation, warn: bool| -> Vec<String> {
             t.notes
@@ -711,7 +716,7 @@ pub(crate) mod testing {
     }
 
     /// What a table test expects of one flag.
-    pub enum Expect {
+    pub(crate) enum Expect {
         /// These pairs appear (replacing whatever they replace), no warning.
         Maps(&'static [&'static str]),
         /// These pairs appear, with a warning containing the text.
@@ -727,7 +732,7 @@ pub(crate) mod testing {
     /// Runs `cases` (one argument list each, on top of `base_args`) and
     /// checks each against `Expect`; also checks that every flag of the
     /// binary has a case, and that clap takes every translated argv.
-    pub fn check_table(
+    pub(crate) fn check_table(
         b: Binary,
         base_args: &[&str],
         host: &FakeHost,
@@ -837,7 +842,7 @@ pub(crate) mod testing {
     }
 
     /// edgetunnel's own parser takes the translated command line.
-    pub fn assert_clap_accepts(t: &Translation) {
+    pub(crate) fn assert_clap_accepts(t: &Translation) {
         use clap::Parser as _;
         if let Err(e) = crate::cli::Cli::try_parse_from(&t.argv) {
             panic!("clap refuses {:?}: {e}", t.argv);

@@ -377,7 +377,10 @@ pub async fn linger<F: std::future::Future>(
     let mut rest = std::pin::pin!(rest);
     loop {
         let before = moved.get();
-        match monoio::time::timeout(linger, rest.as_mut()).await {
+        // The timer is boxed: a monoio `Sleep` is 640 bytes, and every
+        // tunnel's task would otherwise reserve room for it (a task's
+        // allocation is its largest state) though few ever linger.
+        match Box::pin(monoio::time::timeout(linger, rest.as_mut())).await {
             Ok(out) => return Some(out),
             Err(_) if moved.get() == before => return None,
             Err(_) => {}

@@ -382,7 +382,7 @@ impl DynamicToken {
                 // before caching).
                 let cert = match &cred.client_cert {
                     Some((c, k)) => Some(Arc::new(
-                        exec_credential::client_key(c, k)
+                        super::exec_cert::client_key(c, k)
                             .map_err(|e| format!("getting credentials: {e}"))?,
                     )),
                     None => None,

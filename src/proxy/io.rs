@@ -12,12 +12,12 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::engine::read_ahead::ReadAhead;
 
-pub enum ClientIo {
+pub(super) enum ClientIo {
     Tcp(TcpStreamPoll),
     Unix(UnixStreamPoll),
 }
 
-pub enum UpstreamIo {
+pub(super) enum UpstreamIo {
     Plain(TcpStreamPoll),
     Tls(Box<tokio_rustls::client::TlsStream<ReadAhead<TcpStreamPoll>>>),
     /// TLS to the API server inside TLS to an `https://` proxy.
@@ -26,7 +26,7 @@ pub enum UpstreamIo {
 
 impl UpstreamIo {
     /// The ALPN protocol the API server chose (None without TLS to it).
-    pub fn alpn(&self) -> Option<&[u8]> {
+    pub(super) fn alpn(&self) -> Option<&[u8]> {
         match self {
             UpstreamIo::Plain(_) => None,
             UpstreamIo::Tls(t) => t.get_ref().1.alpn_protocol(),
@@ -78,7 +78,7 @@ delegate!(ClientIo, Tcp, Unix);
 delegate!(UpstreamIo, Plain, Tls, Nested);
 
 /// Go's wording for a socket error (`connection refused`, ...).
-pub fn go_error_text(e: &io::Error) -> String {
+pub(super) fn go_error_text(e: &io::Error) -> String {
     match e.raw_os_error() {
         Some(code) => {
             // std writes strerror's text followed by " (os error N)".

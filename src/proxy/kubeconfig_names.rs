@@ -9,14 +9,14 @@ use kube::config::Kubeconfig;
 
 /// The names a kubeconfig defines.
 #[derive(Debug, Default)]
-pub struct Names {
+pub(super) struct Names {
     pub users: Vec<String>,
     pub contexts: Vec<String>,
     pub clusters: Vec<String>,
 }
 
 impl Names {
-    pub fn of(kc: &Kubeconfig) -> Names {
+    pub(super) fn of(kc: &Kubeconfig) -> Names {
         Names {
             users: kc.auth_infos.iter().map(|a| a.name.clone()).collect(),
             contexts: kc.contexts.iter().map(|c| c.name.clone()).collect(),
@@ -27,7 +27,7 @@ impl Names {
 
 /// The error kubectl gives for the flags' names against `names` (an empty
 /// flag is not checked).
-pub fn check(names: &Names, user: &str, context: &str, cluster: &str) -> Result<(), String> {
+pub(super) fn check(names: &Names, user: &str, context: &str, cluster: &str) -> Result<(), String> {
     let missing = |name: &str, have: &[String]| !name.is_empty() && !have.iter().any(|h| h == name);
     if missing(user, &names.users) {
         return Err(format!("auth info {user:?} does not exist"));
@@ -45,7 +45,7 @@ pub fn check(names: &Names, user: &str, context: &str, cluster: &str) -> Result<
 /// `KUBECONFIG`, else `~/.kube/config`) and checks the flags' names. An
 /// unreadable `--kubeconfig` is left for the upstream resolution to report;
 /// no kubeconfig at all defines no names.
-pub fn check_args(
+pub(super) fn check_args(
     kubeconfig: &str,
     user: &str,
     context: &str,

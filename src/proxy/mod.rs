@@ -6,22 +6,99 @@
 
 mod conn;
 pub mod credentials;
-pub mod filter;
+pub mod exec_cert;
 pub mod flags;
-pub mod forward;
-pub mod goargs;
-pub mod goregex;
-pub mod gourl;
-mod h2_upstream;
 mod io;
 pub mod klog;
 mod kubeconfig_names;
-pub mod mux;
 pub mod oidc;
 mod proxy_dial;
 pub mod server_version;
 pub mod static_files;
 pub mod upstream_config;
+
+// kubectl's Go behaviour, sans-I/O, lives in the protocol crate
+// (`protocol::kubectl`); the old paths stay.
+pub use crate::protocol::kubectl::{filter, go_regex as goregex, go_url as gourl, mux};
+
+/// kubectl's command line ([`crate::protocol::kubectl::go_args`]), and
+/// reading this process's.
+pub mod goargs {
+    pub use crate::protocol::kubectl::go_args::*;
+
+    /// For `main`: when the command line runs `edgetunnel [--log X] proxy
+    /// ARGS`, the whole argument vector for clap with ARGS made canonical;
+    /// `None` for every other subcommand. A command line kubectl would refuse
+    /// ends the process with pflag's message, as kubectl does.
+    pub fn from_process_args() -> Option<Vec<String>> {
+        let args: Vec<String> = std::env::args_os()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let at = subcommand_index(&args)?;
+        if args[at] != "proxy" {
+            return None;
+        }
+        let mut argv = args[..=at].to_vec();
+        match canonical(&args[at + 1..]) {
+            Ok(Outcome::Args(a)) => argv.extend(a),
+            Ok(Outcome::Help) => argv.push("--help".into()),
+            Err(e) => {
+                eprintln!("Error: {e}");
+                eprintln!("See '{} proxy --help' for usage.", args[0]);
+                std::process::exit(1);
+            }
+        }
+        Some(argv)
+    }
+}
+
+/// The head rewrite ([`crate::protocol::kubectl::forward`]), here taking
+/// the upstream as [`upstream_config::Upstream`] holds it.
+pub mod forward {
+    use std::net::IpAddr;
+
+    use super::gourl::RequestUrl;
+    use super::upstream_config::Upstream;
+    use crate::protocol::http1::{Framing, Header, RequestHead};
+    use crate::protocol::kubectl::forward as pure;
+    pub use crate::protocol::kubectl::forward::*;
+
+    /// [`pure::upstream_target`] with the upstream's base path.
+    pub fn upstream_target(
+        url: &RequestUrl,
+        upstream: &Upstream,
+        append_server_path: bool,
+    ) -> String {
+        pure::upstream_target(url, &upstream.base_path, append_server_path)
+    }
+
+    /// [`pure::request_head`] toward `upstream`.
+    pub fn request_head(
+        head: &RequestHead,
+        target: &str,
+        framing: Framing,
+        client: Option<IpAddr>,
+        upstream: &Upstream,
+        upgrade: bool,
+        gzip: bool,
+    ) -> Vec<u8> {
+        let up = upstream.head();
+        pure::request_head(head, target, framing, client, &up, upgrade, gzip)
+    }
+
+    /// [`pure::upstream_headers`] toward `upstream`.
+    pub fn upstream_headers(
+        head: &RequestHead,
+        framing: Framing,
+        client: Option<IpAddr>,
+        upstream: &Upstream,
+        upgrade: bool,
+        gzip: bool,
+    ) -> Vec<Header> {
+        let up = upstream.head();
+        pure::upstream_headers(head, framing, client, &up, upgrade, gzip)
+    }
+}
 
 use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -41,7 +118,7 @@ enum Bound {
     Unix(Vec<std::os::unix::net::UnixListener>),
 }
 
-struct MetricsView(Arc<conn::Shared>);
+struct MetricsView(Arc<conn::ProxySettings>);
 
 impl crate::admin::AdminState for MetricsView {
     fn metrics(&self) -> String {
@@ -54,7 +131,7 @@ impl crate::admin::AdminState for MetricsView {
 
 /// Builds the shared state from the flags (kubeconfig read on a
 /// current-thread tokio runtime, before any data-plane core starts).
-fn shared_from(args: &ProxyArgs) -> Result<conn::Shared, BoxError> {
+fn shared_from(args: &ProxyArgs) -> Result<conn::ProxySettings, BoxError> {
     let filter = if args.disable_filter {
         if args.unix_socket.is_empty() {
             tracing::warn!("Request filter disabled, your proxy is vulnerable to XSRF attacks, please be cautious");
@@ -122,7 +199,7 @@ fn shared_from(args: &ProxyArgs) -> Result<conn::Shared, BoxError> {
         static_prefix: www.as_ref().map(|_| flags::with_slash(&args.www_prefix)),
     };
     tracing::debug!(?upstream, "proxy upstream");
-    Ok(conn::Shared {
+    Ok(conn::ProxySettings {
         mux,
         filter,
         upstream,

@@ -24,7 +24,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 /// gets none. `tls`: the upstream's TLS settings, also used toward an
 /// `https://` proxy as Go's transport does (`addTLS` with
 /// `TLSClientConfig`).
-pub async fn through_proxy(
+pub(super) async fn through_proxy(
     tcp: TcpStreamPoll,
     proxy: &ProxyUrl,
     host: &str,
@@ -117,7 +117,7 @@ async fn socks5<S: AsyncRead + AsyncWrite + Unpin>(
 /// The same handshakes on a blocking socket, for the start-up
 /// `--match-server-version` check (run before any core starts). An
 /// `https://` proxy is not supported there.
-pub fn through_proxy_blocking(
+pub(super) fn through_proxy_blocking(
     tcp: &mut std::net::TcpStream,
     proxy: &ProxyUrl,
     host: &str,

@@ -24,6 +24,7 @@ use super::credentials::{DynamicToken, ExecPlugin, PluginCert, TokenSource};
 use super::flags::ProxyArgs;
 use super::oidc::{OidcProvider, Persister};
 use crate::protocol::impersonation::Impersonation;
+use crate::protocol::kubectl::forward::{ForwardProxy, UpstreamHead};
 use crate::protocol::oidc as oidc_policy;
 use crate::protocol::upstream_proxy::{parse_kubeconfig_proxy, EnvProxy, ProxyScheme, ProxyUrl};
 
@@ -132,6 +133,19 @@ impl Upstream {
         self.proxy
             .as_ref()
             .filter(|p| self.tls.is_none() && p.scheme != ProxyScheme::Socks5)
+    }
+
+    /// What the head rewrite needs of this upstream, for one request (the
+    /// token current now, the forward proxy's credentials).
+    pub fn head(&self) -> UpstreamHead<'_> {
+        UpstreamHead {
+            host: &self.host_header,
+            authorization: self.auth.header(),
+            impersonation: &self.impersonation,
+            forward_proxy: self.forward_proxy().map(|p| ForwardProxy {
+                authorization: p.basic_auth(),
+            }),
+        }
     }
 }
 
@@ -611,5 +625,36 @@ mod tests {
             password: "p".into(),
         };
         assert_eq!(a.header().unwrap(), "Basic dTpw");
+    }
+
+    #[test]
+    fn head_data_for_the_rewrite() {
+        let mut up = Upstream {
+            dial: "10.0.0.1:6443".into(),
+            host_header: "api:6443".into(),
+            tls: None,
+            tls_h2: None,
+            server_name: "api".into(),
+            base_path: "/base".into(),
+            auth: Auth::Bearer("tok".into()),
+            impersonation: Impersonation {
+                user: "me".into(),
+                ..Default::default()
+            },
+            proxy: Some(parse_kubeconfig_proxy("http://u:p@proxy:3128").unwrap()),
+        };
+        let h = up.head();
+        assert_eq!(h.host, "api:6443");
+        assert_eq!(h.authorization.as_deref(), Some("Bearer tok"));
+        assert_eq!(h.impersonation.user, "me");
+        let fp = h.forward_proxy.expect("plain http through an HTTP proxy");
+        assert_eq!(fp.authorization.as_deref(), Some("Basic dTpw"));
+        // SOCKS5 and TLS upstreams are tunnelled, never written in absolute form.
+        up.proxy = Some(parse_kubeconfig_proxy("socks5://proxy:1080").unwrap());
+        assert!(up.head().forward_proxy.is_none());
+        up.proxy = Some(parse_kubeconfig_proxy("http://proxy:3128").unwrap());
+        assert!(up.head().forward_proxy.unwrap().authorization.is_none());
+        up.auth = Auth::None;
+        assert!(up.head().authorization.is_none());
     }
 }

@@ -13,7 +13,7 @@ use monoio::io::IntoPollIo;
 use tokio_rustls::TlsAcceptor;
 
 use super::session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
-use super::Shared;
+use super::ServerState;
 use crate::engine::accept;
 use crate::engine::admission::Permit;
 use crate::engine::budget::Budget;
@@ -35,7 +35,7 @@ const FRONTEND_BUDGET: usize = 64 * 1024 * 1024;
 
 pub(super) async fn accept_loop(
     core: usize,
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     l: monoio::net::TcpListener,
     tls: Arc<rustls::ServerConfig>,
 ) {
@@ -70,7 +70,10 @@ struct AgentHello {
 }
 
 /// Checks the Connect request: method, token, agentID, identifiers.
-fn validate(shared: &Shared, head: &http::request::Parts) -> Result<AgentHello, (u32, String)> {
+fn validate(
+    shared: &ServerState,
+    head: &http::request::Parts,
+) -> Result<AgentHello, (u32, String)> {
     if head.uri.path() != proto::AGENT_CONNECT_PATH {
         return Err((
             code::UNIMPLEMENTED,
@@ -120,7 +123,7 @@ fn validate(shared: &Shared, head: &http::request::Parts) -> Result<AgentHello, 
 
 /// An agent ID held by a certificate's key while a connection lives.
 struct Claim {
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     agent_id: String,
     spki: Vec<u8>,
 }
@@ -140,7 +143,7 @@ impl Drop for Claim {
 /// held by another certificate. Token-authenticated agents without a
 /// certificate are not bound (a ServiceAccount token names no node).
 fn bind_identity(
-    shared: &Arc<Shared>,
+    shared: &Arc<ServerState>,
     leaf: Option<&[u8]>,
     hello: &AgentHello,
 ) -> Result<Option<Claim>, (u32, String)> {
@@ -175,7 +178,10 @@ const REVIEW_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// With agent authentication on, the Connect request's ServiceAccount token
 /// must pass a TokenReview (see [`crate::control::token_review`]).
-async fn authenticate(shared: &Shared, head: &http::request::Parts) -> Result<(), (u32, String)> {
+async fn authenticate(
+    shared: &ServerState,
+    head: &http::request::Parts,
+) -> Result<(), (u32, String)> {
     let Some(reviewer) = &shared.reviewer else {
         return Ok(());
     };
@@ -206,7 +212,7 @@ async fn authenticate(shared: &Shared, head: &http::request::Parts) -> Result<()
 
 async fn serve(
     core: usize,
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     acceptor: TlsAcceptor,
     stream: monoio::net::TcpStream,
     permit: Option<Permit>,
@@ -430,7 +436,7 @@ async fn serve(
 }
 
 /// Removes a link from the registry; the agent is gone with its last link.
-fn unregister(shared: &Shared, key: u64, worker: &metrics::WorkerMetrics) {
+fn unregister(shared: &ServerState, key: u64, worker: &metrics::WorkerMetrics) {
     let (removed, registered) = {
         let mut r = shared.registry.lock().expect("registry lock");
         let removed = r.remove_link(key);
@@ -446,7 +452,7 @@ fn unregister(shared: &Shared, key: u64, worker: &metrics::WorkerMetrics) {
 struct AgentState {
     /// This link's worker counters.
     worker: metrics::WorkerMetrics,
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     key: u64,
     tunnel: RefCell<ServerTunnel<FrontendSink>>,
     dial_started: RefCell<std::collections::HashMap<i64, Instant>>,

@@ -17,7 +17,7 @@ use futures::StreamExt;
 use monoio::io::IntoPollIo;
 
 use super::session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
-use super::Shared;
+use super::ServerState;
 use crate::engine::accept;
 use crate::engine::budget::Credit;
 use crate::engine::grpc::{self, code, GrpcError, PacketReceiver, PacketSender, SendBuf};
@@ -37,7 +37,7 @@ const FRONTEND_STREAM_WINDOW: u32 = 4 * 1024 * 1024;
 
 /// The TCP listener; with `tls`, callers speak TLS (ALPN h2).
 pub(super) async fn accept_tcp(
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     l: monoio::net::TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
@@ -72,7 +72,7 @@ pub(super) async fn accept_tcp(
     .await
 }
 
-pub(super) async fn accept_unix(shared: Arc<Shared>, l: monoio::net::UnixListener) {
+pub(super) async fn accept_unix(shared: Arc<ServerState>, l: monoio::net::UnixListener) {
     accept::serve(l, accept::Options::named("grpc-uds"), move |c| {
         let shared = shared.clone();
         async move {
@@ -130,7 +130,7 @@ impl Drop for OpenStream {
     }
 }
 
-async fn serve_conn<T>(shared: Arc<Shared>, io: T, peer: String)
+async fn serve_conn<T>(shared: Arc<ServerState>, io: T, peer: String)
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
 {
@@ -357,7 +357,7 @@ fn tell_agent(route: &Route, cmd: AgentCmd) {
 }
 
 /// Carries out an action that needs no waiting.
-fn carry_out(shared: &Shared, to_client: &ToClient, parked: &mut Option<Parked>, a: Action) {
+fn carry_out(shared: &ServerState, to_client: &ToClient, parked: &mut Option<Parked>, a: Action) {
     match a {
         // Only the stream loop routes dials; the end of a stream makes none.
         StreamAction::Dial { token, .. } => tracing::error!(token, "dial outside the stream loop"),
@@ -402,7 +402,7 @@ fn carry_out(shared: &Shared, to_client: &ToClient, parked: &mut Option<Parked>,
 
 /// Routes dial `token` and reports the outcome to the machine.
 async fn route_dial(
-    shared: &Shared,
+    shared: &ServerState,
     machine: &mut Machine,
     events: &mpsc::UnboundedSender<(u64, FrontendEvent)>,
     (token, address, agent_random, avoid): (u64, String, i64, Option<Rc<Route>>),
@@ -433,7 +433,7 @@ async fn route_dial(
 /// Picks an agent for `address` (not `gone`, whose connection just ended)
 /// and sends it the dial; tries again while sends find the agent gone.
 async fn dial_agent(
-    shared: &Shared,
+    shared: &ServerState,
     address: &str,
     random: i64,
     reply: FrontendSink,
@@ -481,7 +481,7 @@ enum Next {
 /// keeps its own CLOSE_REQ, its disconnect or anybody's close from being
 /// handled.
 async fn proxy_stream(
-    shared: &Shared,
+    shared: &ServerState,
     mut rx: PacketReceiver,
     tx: &mut PacketSender,
 ) -> Result<(), BoxError> {

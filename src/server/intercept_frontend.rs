@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::connect_frontend::{run_on_agent_core, socket_pair, Mode, Pending, NO_TUNNEL};
-use super::Shared;
+use super::ServerState;
 use crate::engine::head_reader::read_request_head;
 use crate::engine::relay::MovedSocket;
 use crate::engine::{abort, accept};
@@ -26,7 +26,7 @@ use crate::protocol::http_connect;
 
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub(super) async fn accept_tcp(core: usize, shared: Arc<Shared>, l: monoio::net::TcpListener) {
+pub(super) async fn accept_tcp(core: usize, shared: Arc<ServerState>, l: monoio::net::TcpListener) {
     let local = l.local_addr().ok();
     accept::serve(l, accept::Options::named("interception"), move |c| {
         front(core, shared.clone(), c.stream, c.peer, local)
@@ -35,13 +35,13 @@ pub(super) async fn accept_tcp(core: usize, shared: Arc<Shared>, l: monoio::net:
 }
 
 /// The destination before DNAT, when the connection was redirected.
-pub fn original_dst(fd: &impl AsRawFd) -> Option<SocketAddr> {
+pub(super) fn original_dst(fd: &impl AsRawFd) -> Option<SocketAddr> {
     crate::engine::sys::original_dst(fd)
 }
 
 /// Where to route and what to dial for node `host` and `port`:
 /// (routing address, dial address).
-fn targets(shared: &Shared, host: &str, port: u16) -> (String, String) {
+fn targets(shared: &ServerState, host: &str, port: u16) -> (String, String) {
     let node = match host.parse::<IpAddr>() {
         Ok(ip) => ip.to_string(),
         // A node name: dial the address its agent announced.
@@ -71,7 +71,7 @@ fn targets(shared: &Shared, host: &str, port: u16) -> (String, String) {
 
 async fn front(
     core: usize,
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     mut sock: monoio::net::TcpStream,
     peer: SocketAddr,
     local: Option<SocketAddr>,
@@ -205,7 +205,7 @@ mod tests {
 
 /// TLS material of the TLS interception listener (yurt-tunnel's 10263).
 #[derive(Clone)]
-pub struct InterceptTls {
+pub(super) struct InterceptTls {
     /// Terminates the caller's TLS (the API server's kubelet client).
     pub acceptor: tokio_rustls::TlsAcceptor,
     /// Speaks TLS to the kubelet through the tunnel.
@@ -214,7 +214,7 @@ pub struct InterceptTls {
 
 pub(super) async fn accept_tls(
     core: usize,
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     l: monoio::net::TcpListener,
     tls: InterceptTls,
 ) {
@@ -231,7 +231,7 @@ pub(super) async fn accept_tls(
 /// the plaintext both ways, logging the first request of the connection.
 async fn tls_front(
     core: usize,
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     sock: monoio::net::TcpStream,
     peer: SocketAddr,
     local: Option<SocketAddr>,

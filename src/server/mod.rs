@@ -134,8 +134,9 @@ pub(crate) struct Handoff {
     dial: connect_frontend::Pending,
 }
 
-/// State shared by every core.
-pub(crate) struct Shared {
+/// The server's state, shared by every core: configuration, agent
+/// registry, metrics, the handoff inboxes.
+pub(crate) struct ServerState {
     cfg: ServerConfig,
     registry: Mutex<Registry<AgentHandle>>,
     inboxes: OnceLock<Vec<mpsc::UnboundedSender<Handoff>>>,
@@ -156,7 +157,7 @@ thread_local! {
     static WORKER: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
 }
 
-impl Shared {
+impl ServerState {
     /// An agent for `address`; of an agent with several links, the one on
     /// the calling worker when there is one.
     fn pick(&self, address: &str) -> Option<AgentHandle> {
@@ -193,14 +194,14 @@ impl Shared {
 
 /// Runs `task` (an accept loop) until the server drains; dropping it closes
 /// its listener, so new callers are refused and go elsewhere.
-async fn until_drain(shared: Arc<Shared>, task: impl std::future::Future<Output = ()>) {
+async fn until_drain(shared: Arc<ServerState>, task: impl std::future::Future<Output = ()>) {
     monoio::select! {
         _ = task => {}
         _ = shared.draining() => {}
     }
 }
 
-struct AdminView(Arc<Shared>);
+struct AdminView(Arc<ServerState>);
 
 impl crate::admin::AdminState for AdminView {
     fn metrics(&self) -> String {
@@ -379,7 +380,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
     let metrics = Arc::new(Metrics::new(&cfg.strategies));
     let handshakes =
         crate::engine::admission::Admission::new(cfg.handshake_limits, metrics.handshakes.clone());
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(ServerState {
         cfg: cfg.clone(),
         registry: Mutex::new(Registry::default()),
         inboxes: OnceLock::new(),
@@ -452,7 +453,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
 
 async fn worker(
     core: usize,
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     tls: WorkerTls,
     l: WorkerListeners,
     mut inbox: mpsc::UnboundedReceiver<Handoff>,
@@ -527,9 +528,9 @@ async fn worker(
 
 /// The graceful part of a shutdown (ANP's `--graceful-shutdown-timeout`):
 /// listeners are closed and agents and gRPC callers told (each connection
-/// does that itself on [`Shared::draining`]); this waits until no caller is
+/// does that itself on [`ServerState::draining`]); this waits until no caller is
 /// served any more, the timeout passes, or a second signal comes.
-async fn drain(core: usize, shared: &Shared) {
+async fn drain(core: usize, shared: &ServerState) {
     let grace = shared.cfg.graceful_shutdown;
     if grace.is_zero() {
         return;

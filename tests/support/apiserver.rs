@@ -16,7 +16,7 @@ use std::time::Duration;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 
-pub struct FakeApiServer {
+pub(crate) struct FakeApiServer {
     pub addr: SocketAddr,
     pub requests: Arc<AtomicUsize>,
     /// Set while a watch stream has sent its first event and waits.
@@ -39,12 +39,12 @@ fn load_key(p: &Path) -> PrivateKeyDer<'static> {
 
 /// Starts the server with `certs/server.crt` and `server.key`, asking for
 /// (not requiring) a client certificate signed by `certs/ca.crt`.
-pub fn start(certs: &Path) -> FakeApiServer {
+pub(crate) fn start(certs: &Path) -> FakeApiServer {
     start_at(certs, "127.0.0.1:0")
 }
 
 /// [`start`] listening on `bind` (e.g. a non-loopback address).
-pub fn start_at(certs: &Path, bind: &str) -> FakeApiServer {
+pub(crate) fn start_at(certs: &Path, bind: &str) -> FakeApiServer {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut roots = rustls::RootCertStore::empty();
     for c in load_certs(&certs.join("ca.crt")) {
@@ -132,12 +132,12 @@ impl Conn for TcpStream {
 }
 
 /// Starts the same server without TLS (for `http://` upstreams).
-pub fn start_plain() -> FakeApiServer {
+pub(crate) fn start_plain() -> FakeApiServer {
     start_plain_at("127.0.0.1:0")
 }
 
 /// [`start_plain`] listening on `bind`.
-pub fn start_plain_at(bind: &str) -> FakeApiServer {
+pub(crate) fn start_plain_at(bind: &str) -> FakeApiServer {
     let listener = TcpListener::bind(bind).expect("bind");
     let addr = listener.local_addr().unwrap();
     let requests = Arc::new(AtomicUsize::new(0));
@@ -225,7 +225,7 @@ fn read_body<S: Conn>(r: &mut BufReader<S>, headers: &[(String, String)]) -> Opt
 }
 
 /// FNV-1a, enough to compare bodies.
-pub fn fnv(data: &[u8]) -> u64 {
+pub(crate) fn fnv(data: &[u8]) -> u64 {
     data.iter().fold(0xcbf29ce484222325u64, |h, &b| {
         (h ^ b as u64).wrapping_mul(0x100000001b3)
     })
@@ -419,7 +419,13 @@ fn serve_conn<S: Conn>(conn: S, requests: &AtomicUsize, gate: &AtomicBool) {
 
 /// Writes a kubeconfig for `server` with the test CA, and the given
 /// credentials (token and/or the agent client certificate).
-pub fn kubeconfig(path: &Path, server: &str, certs: &Path, token: Option<&str>, client_cert: bool) {
+pub(crate) fn kubeconfig(
+    path: &Path,
+    server: &str,
+    certs: &Path,
+    token: Option<&str>,
+    client_cert: bool,
+) {
     let mut user = String::new();
     if let Some(t) = token {
         user.push_str(&format!("    token: {t}\n"));
@@ -445,7 +451,7 @@ pub fn kubeconfig(path: &Path, server: &str, certs: &Path, token: Option<&str>, 
 /// asked, the `:authority` reported as `host`. Runs on its own thread with a
 /// tokio runtime and the h2 crate. Asks for (does not require) a client
 /// certificate signed by `certs/ca.crt`, as [`start`].
-pub fn start_h2(certs: &Path) -> FakeApiServer {
+pub(crate) fn start_h2(certs: &Path) -> FakeApiServer {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut roots = rustls::RootCertStore::empty();
     for c in load_certs(&certs.join("ca.crt")) {

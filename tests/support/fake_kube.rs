@@ -28,13 +28,13 @@ struct State {
 }
 
 #[derive(Clone)]
-pub struct FakeKube {
+pub(crate) struct FakeKube {
     pub addr: SocketAddr,
     state: Arc<(Mutex<State>, Condvar)>,
 }
 
 /// A node object: `edge` sets yurt-tunnel's edge label.
-pub fn node(name: &str, ip: &str, ready: bool, edge: bool) -> Value {
+pub(crate) fn node(name: &str, ip: &str, ready: bool, edge: bool) -> Value {
     let mut labels = json!({"kubernetes.io/hostname": name});
     if edge {
         labels["openyurt.io/is-edge-worker"] = json!("true");
@@ -70,7 +70,7 @@ fn bind(netns: Option<&str>) -> TcpListener {
 }
 
 impl FakeKube {
-    pub fn start(netns: Option<&str>) -> FakeKube {
+    pub(crate) fn start(netns: Option<&str>) -> FakeKube {
         let l = bind(netns);
         let addr = l.local_addr().unwrap();
         let fk = FakeKube {
@@ -95,7 +95,7 @@ impl FakeKube {
         r
     }
 
-    pub fn put_node(&self, mut n: Value) {
+    pub(crate) fn put_node(&self, mut n: Value) {
         self.change(|st| {
             st.version += 1;
             n["metadata"]["resourceVersion"] = json!(st.version.to_string());
@@ -110,7 +110,7 @@ impl FakeKube {
         })
     }
 
-    pub fn delete_node(&self, name: &str) {
+    pub(crate) fn delete_node(&self, name: &str) {
         self.change(|st| {
             if let Some(mut n) = st.nodes.remove(name) {
                 st.version += 1;
@@ -120,7 +120,7 @@ impl FakeKube {
         })
     }
 
-    pub fn put_configmap(&self, ns: &str, name: &str, data: Value) {
+    pub(crate) fn put_configmap(&self, ns: &str, name: &str, data: Value) {
         let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data});
         self.store("configmaps", ns, name, cm);
     }
@@ -140,7 +140,7 @@ impl FakeKube {
         })
     }
 
-    pub fn object(&self, resource: &str, ns: &str, name: &str) -> Option<Value> {
+    pub(crate) fn object(&self, resource: &str, ns: &str, name: &str) -> Option<Value> {
         self.state
             .0
             .lock()
@@ -150,7 +150,7 @@ impl FakeKube {
             .cloned()
     }
 
-    pub fn configmap(&self, ns: &str, name: &str) -> Option<Value> {
+    pub(crate) fn configmap(&self, ns: &str, name: &str) -> Option<Value> {
         self.object("configmaps", ns, name)
     }
 
@@ -212,13 +212,13 @@ impl FakeKube {
 
     /// Stores `obj` as it is given (a new resourceVersion): e.g. a lease
     /// written by another program.
-    pub fn put_object(&self, resource: &str, ns: &str, name: &str, obj: Value) -> Value {
+    pub(crate) fn put_object(&self, resource: &str, ns: &str, name: &str, obj: Value) -> Value {
         self.store(resource, ns, name, obj)
     }
 
     /// The `resource` objects of `ns` whose labels have every `k=v` of
     /// `selector` (equality requirements only), as a List.
-    pub fn list(&self, resource: &str, ns: &str, selector: Option<&str>) -> Value {
+    pub(crate) fn list(&self, resource: &str, ns: &str, selector: Option<&str>) -> Value {
         let want: Vec<(&str, &str)> = selector
             .unwrap_or("")
             .split(',')
@@ -242,7 +242,7 @@ impl FakeKube {
     }
 
     /// Removes an object; returns whether it was there.
-    pub fn remove_object(&self, resource: &str, ns: &str, name: &str) -> bool {
+    pub(crate) fn remove_object(&self, resource: &str, ns: &str, name: &str) -> bool {
         self.change(|st| {
             st.objects
                 .remove(&(resource.to_string(), ns.to_string(), name.to_string()))
@@ -285,7 +285,7 @@ impl FakeKube {
     }
 
     /// Stores a Service with a cluster IP and a load-balancer ingress IP.
-    pub fn put_service(&self, ns: &str, name: &str, cluster_ip: &str, lb_ip: &str) {
+    pub(crate) fn put_service(&self, ns: &str, name: &str, cluster_ip: &str, lb_ip: &str) {
         let svc = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
             "spec": {"clusterIP": cluster_ip, "ports": [{"port": 10262}]},
             "status": {"loadBalancer": {"ingress": [{"ip": lb_ip}]}}});
@@ -293,7 +293,7 @@ impl FakeKube {
     }
 
     /// CertificateSigningRequests, oldest first.
-    pub fn csrs(&self) -> Vec<Value> {
+    pub(crate) fn csrs(&self) -> Vec<Value> {
         self.state
             .0
             .lock()
@@ -307,7 +307,7 @@ impl FakeKube {
 
     /// Approves and signs every pending request with the CA in `certs`
     /// (ca.crt, ca.key), valid for `secs` seconds; returns how many.
-    pub fn sign_pending(&self, certs: &std::path::Path, secs: u64) -> usize {
+    pub(crate) fn sign_pending(&self, certs: &std::path::Path, secs: u64) -> usize {
         use base64::Engine as _;
         let b64 = base64::engine::general_purpose::STANDARD;
         let ca_pem = std::fs::read_to_string(certs.join("ca.crt")).unwrap();
@@ -347,7 +347,7 @@ impl FakeKube {
 
     /// Registers `token` for the TokenReview endpoint: it authenticates as
     /// `username` for any of `audiences`.
-    pub fn put_token(&self, token: &str, username: &str, audiences: &[&str]) {
+    pub(crate) fn put_token(&self, token: &str, username: &str, audiences: &[&str]) {
         self.change(|st| {
             st.tokens.insert(
                 token.to_string(),
@@ -360,7 +360,7 @@ impl FakeKube {
     }
 
     /// Every TokenReview body received so far, oldest first.
-    pub fn token_reviews(&self) -> Vec<Value> {
+    pub(crate) fn token_reviews(&self) -> Vec<Value> {
         self.state.0.lock().unwrap().token_reviews.clone()
     }
 
@@ -403,7 +403,7 @@ impl FakeKube {
     }
 
     /// Request lines seen so far.
-    pub fn requests(&self) -> Vec<String> {
+    pub(crate) fn requests(&self) -> Vec<String> {
         self.state.0.lock().unwrap().requests.clone()
     }
 
@@ -585,7 +585,7 @@ fn reply(w: &mut TcpStream, code: u16, v: &Value) -> bool {
 }
 
 /// A kubeconfig pointing at the fake server (no credentials).
-pub fn kubeconfig(path: &std::path::Path, addr: SocketAddr) {
+pub(crate) fn kubeconfig(path: &std::path::Path, addr: SocketAddr) {
     let text = format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{addr}\nusers:\n- name: fake\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\n"
     );

@@ -12,16 +12,16 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::thread;
 
-pub struct RecProxy {
+pub(crate) struct RecProxy {
     pub addr: SocketAddr,
     pub seen: Arc<Mutex<Vec<String>>>,
 }
 
 impl RecProxy {
-    pub fn lines(&self) -> Vec<String> {
+    pub(crate) fn lines(&self) -> Vec<String> {
         self.seen.lock().unwrap().clone()
     }
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         self.seen.lock().unwrap().clear();
     }
 }
@@ -57,7 +57,7 @@ where
 }
 
 /// An HTTP proxy on `bind` (e.g. `127.0.0.1:0`).
-pub fn start_http(bind: &str) -> RecProxy {
+pub(crate) fn start_http(bind: &str) -> RecProxy {
     serve(bind, |c, seen| {
         let mut r = BufReader::new(c.try_clone().unwrap());
         loop {
@@ -161,7 +161,7 @@ pub fn start_http(bind: &str) -> RecProxy {
 }
 
 /// A SOCKS5 proxy on `bind`; with `user`, only that user/password.
-pub fn start_socks5(bind: &str, user: Option<(&str, &str)>) -> RecProxy {
+pub(crate) fn start_socks5(bind: &str, user: Option<(&str, &str)>) -> RecProxy {
     let user = user.map(|(u, p)| (u.to_string(), p.to_string()));
     serve(bind, move |mut c, seen| {
         let mut b = [0u8; 2];

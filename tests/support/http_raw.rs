@@ -9,23 +9,23 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
-pub enum Endpoint {
+pub(crate) enum Endpoint {
     Tcp(SocketAddr),
     Unix(PathBuf),
 }
 
-pub trait Stream: Read + Write + Send {}
+pub(crate) trait Stream: Read + Write + Send {}
 impl<T: Read + Write + Send> Stream for T {}
 
 impl Endpoint {
-    pub fn parse(shown: &str) -> Endpoint {
+    pub(crate) fn parse(shown: &str) -> Endpoint {
         match shown.parse() {
             Ok(a) => Endpoint::Tcp(a),
             Err(_) => Endpoint::Unix(PathBuf::from(shown)),
         }
     }
 
-    pub fn connect(&self) -> Box<dyn Stream> {
+    pub(crate) fn connect(&self) -> Box<dyn Stream> {
         match self {
             Endpoint::Tcp(a) => {
                 let s = TcpStream::connect(a).expect("connect proxy");
@@ -40,7 +40,7 @@ impl Endpoint {
         }
     }
 
-    pub fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         match self {
             Endpoint::Tcp(a) => a.port(),
             Endpoint::Unix(_) => 0,
@@ -49,7 +49,7 @@ impl Endpoint {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Response {
+pub(crate) struct Response {
     pub status: u16,
     /// Lower-case names.
     pub headers: Vec<(String, String)>,
@@ -57,7 +57,7 @@ pub struct Response {
 }
 
 impl Response {
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(n, _)| n == name)
@@ -67,13 +67,13 @@ impl Response {
 
 /// Reads one response from `s` (to a request with `method`). Bytes read
 /// past it are lost: use [`read_response_from`] on a pipelined connection.
-pub fn read_response(s: &mut dyn Stream, method: &str) -> std::io::Result<Response> {
+pub(crate) fn read_response(s: &mut dyn Stream, method: &str) -> std::io::Result<Response> {
     read_response_from(s, &mut Vec::new(), method)
 }
 
 /// Reads one response, starting with the bytes in `carry` and leaving any
 /// bytes of later responses there.
-pub fn read_response_from(
+pub(crate) fn read_response_from(
     s: &mut dyn Stream,
     carry: &mut Vec<u8>,
     method: &str,
@@ -176,7 +176,7 @@ pub fn read_response_from(
 }
 
 /// Sends `raw` on a new connection and reads one response.
-pub fn exchange(ep: &Endpoint, raw: &[u8], method: &str) -> std::io::Result<Response> {
+pub(crate) fn exchange(ep: &Endpoint, raw: &[u8], method: &str) -> std::io::Result<Response> {
     let mut s = ep.connect();
     s.write_all(raw)?;
     read_response(&mut *s, method)
@@ -185,7 +185,7 @@ pub fn exchange(ep: &Endpoint, raw: &[u8], method: &str) -> std::io::Result<Resp
 /// Reads one HTTP/1.1 request from a test server's connection: method,
 /// target and a Content-Length body (no chunked bodies). `None` once the
 /// peer closed or broke off.
-pub fn read_request(r: &mut impl std::io::BufRead) -> Option<(String, String, Vec<u8>)> {
+pub(crate) fn read_request(r: &mut impl std::io::BufRead) -> Option<(String, String, Vec<u8>)> {
     let mut line = String::new();
     if r.read_line(&mut line).unwrap_or(0) == 0 {
         return None;
@@ -218,7 +218,7 @@ pub fn read_request(r: &mut impl std::io::BufRead) -> Option<(String, String, Ve
 /// 101 with `Upgrade: SPDY/3.1` and `size` random bytes then echo back
 /// byte-exact in lock-step (the fake API server echoes upgraded streams);
 /// otherwise what happened instead (the status line, or where it broke).
-pub fn upgrade_echo(ep: &Endpoint, size: usize) -> Result<(), String> {
+pub(crate) fn upgrade_echo(ep: &Endpoint, size: usize) -> Result<(), String> {
     let mut c = ep.connect();
     let req = format!(
         "POST /api/v1/namespaces/d/pods/p/portforward HTTP/1.1\r\nHost: localhost:{}\r\nUser-Agent: t\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: portforward.k8s.io\r\n\r\n",

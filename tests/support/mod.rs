@@ -2,14 +2,14 @@
 //! loopback, real targets, real clients. Every wait is bounded.
 #![allow(dead_code)]
 
-pub mod apiserver;
-pub mod fake_kube;
-pub mod fwd_proxy;
-pub mod http_raw;
-pub mod netns;
-pub mod proxy_proc;
-pub mod raw_h2;
-pub mod tls_client;
+pub(crate) mod apiserver;
+pub(crate) mod fake_kube;
+pub(crate) mod fwd_proxy;
+pub(crate) mod http_raw;
+pub(crate) mod netns;
+pub(crate) mod proxy_proc;
+pub(crate) mod raw_h2;
+pub(crate) mod tls_client;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -21,12 +21,12 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_edgetunnel");
-pub const WAIT: Duration = Duration::from_secs(20);
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_edgetunnel");
+pub(crate) const WAIT: Duration = Duration::from_secs(20);
 
 /// Raises the open-file limit (inherited by the processes we start).
 #[allow(unsafe_code)]
-pub fn raise_nofile() {
+pub(crate) fn raise_nofile() {
     // SAFETY: plain rlimit calls on a local struct.
     unsafe {
         let mut r: libc::rlimit = std::mem::zeroed();
@@ -37,12 +37,12 @@ pub fn raise_nofile() {
 }
 
 /// A temp dir with certificates from `edgetunnel certs init`.
-pub struct Env {
+pub(crate) struct Env {
     pub dir: tempfile::TempDir,
 }
 
 impl Env {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         raise_nofile();
         let mut dir = tempfile::tempdir().expect("tempdir");
         let out = Command::new(BIN)
@@ -58,11 +58,11 @@ impl Env {
         Env { dir }
     }
 
-    pub fn certs(&self) -> PathBuf {
+    pub(crate) fn certs(&self) -> PathBuf {
         self.dir.path().join("certs")
     }
 
-    pub fn path(&self, name: &str) -> PathBuf {
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 
@@ -70,7 +70,7 @@ impl Env {
     /// `<name>.crt` and `<name>.key` next to the certificates directory.
     /// `sans` are DNS names or IP addresses; `usages` its extended key
     /// usages (none: no EKU extension). Returns (cert, key) paths.
-    pub fn issue(
+    pub(crate) fn issue(
         &self,
         name: &str,
         cn: &str,
@@ -105,24 +105,24 @@ impl Env {
 }
 
 /// The agent's `--allow-destinations` from the environment.
-pub const ALLOW_ENV: &str = "EDGETUNNEL_ALLOW_DESTINATIONS";
+pub(crate) const ALLOW_ENV: &str = "EDGETUNNEL_ALLOW_DESTINATIONS";
 /// What every agent the tests start may dial: what the default policy
 /// allows plus loopback, where the test targets listen. Set here, in
 /// [`Proc::spawn`], for every process (agents started through the Go-flag
 /// faces and in network namespaces too), unless the command sets or
 /// removes [`ALLOW_ENV`] itself; an `--allow-destinations` flag wins.
-pub const TEST_ALLOW_DESTINATIONS: &str = "0.0.0.0/0,::/0,127.0.0.0/8,::1";
+pub(crate) const TEST_ALLOW_DESTINATIONS: &str = "0.0.0.0/0,::/0,127.0.0.0/8,::1";
 
 /// A child process killed on drop, with its stdout lines on a channel and
 /// stderr in a log file.
-pub struct Proc {
+pub(crate) struct Proc {
     pub child: Child,
     pub lines: mpsc::Receiver<String>,
     pub log: PathBuf,
 }
 
 impl Proc {
-    pub fn spawn(mut cmd: Command, log: PathBuf) -> Proc {
+    pub(crate) fn spawn(mut cmd: Command, log: PathBuf) -> Proc {
         if !cmd.get_envs().any(|(k, _)| k == ALLOW_ENV) {
             cmd.env(ALLOW_ENV, TEST_ALLOW_DESTINATIONS);
         }
@@ -147,7 +147,7 @@ impl Proc {
     }
 
     /// Waits for a stdout line starting with `prefix`.
-    pub fn wait_line(&self, prefix: &str) -> String {
+    pub(crate) fn wait_line(&self, prefix: &str) -> String {
         let deadline = Instant::now() + WAIT;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -163,7 +163,7 @@ impl Proc {
     }
 
     /// Waits for a stdout line starting with any of `prefixes`.
-    pub fn wait_line_any(&self, prefixes: &[&str], timeout: Duration) -> String {
+    pub(crate) fn wait_line_any(&self, prefixes: &[&str], timeout: Duration) -> String {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -178,18 +178,18 @@ impl Proc {
         }
     }
 
-    pub fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     #[allow(unsafe_code)]
-    pub fn signal(&self, sig: i32) {
+    pub(crate) fn signal(&self, sig: i32) {
         // SAFETY: sending a signal to our own child.
         unsafe { libc::kill(self.child.id() as i32, sig) };
     }
 
     /// Waits for the process to exit; its status code if it did in time.
-    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+    pub(crate) fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Ok(Some(s)) = self.child.try_wait() {
@@ -209,7 +209,7 @@ impl Drop for Proc {
 }
 
 /// A running `edgetunnel server` with every frontend on loopback.
-pub struct Server {
+pub(crate) struct Server {
     pub proc: Proc,
     pub agent: SocketAddr,
     pub connect: SocketAddr,
@@ -222,18 +222,23 @@ pub struct Server {
 }
 
 impl Server {
-    pub fn start(env: &Env, extra: &[&str]) -> Server {
+    pub(crate) fn start(env: &Env, extra: &[&str]) -> Server {
         Self::start_on(env, "127.0.0.1:0", extra)
     }
 
-    pub fn start_on(env: &Env, agent_bind: &str, extra: &[&str]) -> Server {
+    pub(crate) fn start_on(env: &Env, agent_bind: &str, extra: &[&str]) -> Server {
         let certs = env.certs().display().to_string();
         Self::start_with_tls(env, agent_bind, &["--certs-dir", &certs], extra)
     }
 
     /// A server whose TLS files are given by `tls` (e.g. `--cert`/`--key`
     /// only) instead of the test certificates directory.
-    pub fn start_with_tls(env: &Env, agent_bind: &str, tls: &[&str], extra: &[&str]) -> Server {
+    pub(crate) fn start_with_tls(
+        env: &Env,
+        agent_bind: &str,
+        tls: &[&str],
+        extra: &[&str],
+    ) -> Server {
         let binds = Binds {
             agent: agent_bind.to_string(),
             ..Binds::default()
@@ -242,14 +247,14 @@ impl Server {
     }
 
     /// A server on the given addresses and socket paths.
-    pub fn start_at(env: &Env, binds: &Binds, extra: &[&str]) -> Server {
+    pub(crate) fn start_at(env: &Env, binds: &Binds, extra: &[&str]) -> Server {
         let certs = env.certs().display().to_string();
         Self::start_full(env, &["--certs-dir", &certs], binds, extra)
     }
 
     /// The `edgetunnel server` command for `binds` (unix socket paths: new
     /// ones in `env` when not given), its number and socket paths.
-    pub fn command(
+    pub(crate) fn command(
         env: &Env,
         tls: &[&str],
         binds: &Binds,
@@ -286,7 +291,7 @@ impl Server {
 
     /// Runs a command from [`Server::command`] (changed as a test needs)
     /// and waits until it listens.
-    pub fn spawn(
+    pub(crate) fn spawn(
         env: &Env,
         cmd: Command,
         n: usize,
@@ -322,24 +327,24 @@ impl Server {
         }
     }
 
-    pub fn metrics(&self) -> String {
+    pub(crate) fn metrics(&self) -> String {
         http_get(self.admin, "/metrics").1
     }
 
     /// The value of an unlabelled or labelled sample in /metrics.
-    pub fn metric(&self, sample: &str) -> f64 {
+    pub(crate) fn metric(&self, sample: &str) -> f64 {
         metric_at(self.admin, sample)
     }
 
     /// Waits until `sample` equals `want`.
-    pub fn wait_metric(&self, sample: &str, want: f64) {
+    pub(crate) fn wait_metric(&self, sample: &str, want: f64) {
         wait_metric_at(self.admin, sample, &self.proc, |v| v == want)
     }
 }
 
 /// The value of an unlabelled or labelled sample in the /metrics of the
 /// admin listener at `admin` (a server's or an agent's).
-pub fn metric_at(admin: SocketAddr, sample: &str) -> f64 {
+pub(crate) fn metric_at(admin: SocketAddr, sample: &str) -> f64 {
     let text = http_get(admin, "/metrics").1;
     text.lines()
         .find_map(|l| l.strip_prefix(sample).and_then(|r| r.strip_prefix(' ')))
@@ -350,7 +355,12 @@ pub fn metric_at(admin: SocketAddr, sample: &str) -> f64 {
 }
 
 /// Waits until `sample` at `admin` is as wanted (`proc`'s log on failure).
-pub fn wait_metric_at(admin: SocketAddr, sample: &str, proc: &Proc, ok: impl Fn(f64) -> bool) {
+pub(crate) fn wait_metric_at(
+    admin: SocketAddr,
+    sample: &str,
+    proc: &Proc,
+    ok: impl Fn(f64) -> bool,
+) {
     let deadline = Instant::now() + WAIT;
     loop {
         let v = metric_at(admin, sample);
@@ -367,7 +377,7 @@ pub fn wait_metric_at(admin: SocketAddr, sample: &str, proc: &Proc, ok: impl Fn(
 }
 
 /// The address a process announced in its `LISTEN <what> <addr>` line.
-pub fn listen_addr(p: &Proc, what: &str) -> SocketAddr {
+pub(crate) fn listen_addr(p: &Proc, what: &str) -> SocketAddr {
     let l = p.wait_line(&format!("LISTEN {what} "));
     l.rsplit(' ').next().unwrap().parse().unwrap()
 }
@@ -377,7 +387,7 @@ static NEXT: AtomicUsize = AtomicUsize::new(0);
 /// Where a test server listens: addresses as `--*-bind` values, unix
 /// socket paths (None: new ones in the test dir).
 #[derive(Debug, Clone)]
-pub struct Binds {
+pub(crate) struct Binds {
     pub agent: String,
     pub connect: String,
     pub grpc: String,
@@ -402,7 +412,7 @@ impl Default for Binds {
 
 /// This machine's address toward the outside (no packet is sent), if any
 /// that is not loopback.
-pub fn outward_ip() -> Option<std::net::IpAddr> {
+pub(crate) fn outward_ip() -> Option<std::net::IpAddr> {
     let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
     s.connect("192.0.2.200:9").ok()?;
     let ip = s.local_addr().ok()?.ip();
@@ -410,7 +420,7 @@ pub fn outward_ip() -> Option<std::net::IpAddr> {
 }
 
 /// A loopback port free at the moment of the call.
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free port")
@@ -418,12 +428,12 @@ pub fn free_port() -> u16 {
 }
 
 /// A running `edgetunnel agent`.
-pub struct Agent {
+pub(crate) struct Agent {
     pub proc: Proc,
 }
 
 impl Agent {
-    pub fn start(
+    pub(crate) fn start(
         env: &Env,
         server: SocketAddr,
         id: &str,
@@ -437,7 +447,7 @@ impl Agent {
 
     /// [`Agent::start`] with an admin listener (`--admin-bind`): its
     /// /metrics address.
-    pub fn start_with_admin(
+    pub(crate) fn start_with_admin(
         env: &Env,
         server: SocketAddr,
         id: &str,
@@ -452,7 +462,7 @@ impl Agent {
         (a, admin)
     }
 
-    pub fn spawn(
+    pub(crate) fn spawn(
         env: &Env,
         server: SocketAddr,
         id: &str,
@@ -471,7 +481,7 @@ impl Agent {
     }
 
     /// The command line of [`Agent::spawn`].
-    pub fn command(
+    pub(crate) fn command(
         env: &Env,
         server: SocketAddr,
         id: &str,
@@ -493,14 +503,14 @@ impl Agent {
 }
 
 /// A TCP echo server; counts connections that ended.
-pub struct Echo {
+pub(crate) struct Echo {
     pub addr: SocketAddr,
     pub closed: Arc<AtomicUsize>,
 }
 
 /// Accepts on `ip` (any port) and runs `handle` on its own thread for
 /// every connection.
-pub fn serve_each<F>(ip: &str, handle: F) -> SocketAddr
+pub(crate) fn serve_each<F>(ip: &str, handle: F) -> SocketAddr
 where
     F: Fn(TcpStream) + Send + Sync + 'static,
 {
@@ -516,7 +526,7 @@ where
     addr
 }
 
-pub fn echo_server(ip: &str) -> Echo {
+pub(crate) fn echo_server(ip: &str) -> Echo {
     let closed = Arc::new(AtomicUsize::new(0));
     let c = closed.clone();
     let addr = serve_each(ip, move |mut s| {
@@ -529,14 +539,14 @@ pub fn echo_server(ip: &str) -> Echo {
 }
 
 /// A target that answers every connection with `reply` and closes.
-pub fn banner_server(ip: &str, reply: &'static str) -> SocketAddr {
+pub(crate) fn banner_server(ip: &str, reply: &'static str) -> SocketAddr {
     serve_each(ip, move |mut s| {
         let _ = s.write_all(reply.as_bytes());
     })
 }
 
 /// A target that sends endlessly; counts connections that ended.
-pub fn source_server() -> (SocketAddr, Arc<AtomicUsize>) {
+pub(crate) fn source_server() -> (SocketAddr, Arc<AtomicUsize>) {
     let ended = Arc::new(AtomicUsize::new(0));
     let e = ended.clone();
     let addr = serve_each("127.0.0.1", move |mut s| {
@@ -549,7 +559,7 @@ pub fn source_server() -> (SocketAddr, Arc<AtomicUsize>) {
 
 /// An HTTP CONNECT over `stream`: status code, body (on error) and the
 /// stream positioned after the head.
-pub fn connect_over<S: Read + Write>(mut s: S, target: &str) -> (u16, String, S) {
+pub(crate) fn connect_over<S: Read + Write>(mut s: S, target: &str) -> (u16, String, S) {
     let req = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
     s.write_all(req.as_bytes()).unwrap();
     let mut head = Vec::new();
@@ -575,7 +585,11 @@ pub fn connect_over<S: Read + Write>(mut s: S, target: &str) -> (u16, String, S)
 
 /// A CONNECT through `s` to `target` and an echo of `n` bytes; `Err` with
 /// what went wrong when no tunnel was made.
-pub fn connect_and_echo(mut s: impl Read + Write, target: &str, n: usize) -> Result<(), String> {
+pub(crate) fn connect_and_echo(
+    mut s: impl Read + Write,
+    target: &str,
+    n: usize,
+) -> Result<(), String> {
     let req = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
     s.write_all(req.as_bytes())
         .map_err(|e| format!("write: {e}"))?;
@@ -602,20 +616,23 @@ pub fn connect_and_echo(mut s: impl Read + Write, target: &str, n: usize) -> Res
     Ok(())
 }
 
-pub fn connect_tcp(proxy: SocketAddr, target: &str) -> (u16, String, TcpStream) {
+pub(crate) fn connect_tcp(proxy: SocketAddr, target: &str) -> (u16, String, TcpStream) {
     let s = TcpStream::connect(proxy).expect("connect to frontend");
     s.set_read_timeout(Some(WAIT)).unwrap();
     connect_over(s, target)
 }
 
-pub fn connect_unix(path: &Path, target: &str) -> (u16, String, std::os::unix::net::UnixStream) {
+pub(crate) fn connect_unix(
+    path: &Path,
+    target: &str,
+) -> (u16, String, std::os::unix::net::UnixStream) {
     let s = std::os::unix::net::UnixStream::connect(path).expect("connect to unix frontend");
     s.set_read_timeout(Some(WAIT)).unwrap();
     connect_over(s, target)
 }
 
 /// Sends `data` and reads the same amount back concurrently.
-pub fn echo_roundtrip<S>(s: S, data: &[u8]) -> Vec<u8>
+pub(crate) fn echo_roundtrip<S>(s: S, data: &[u8]) -> Vec<u8>
 where
     S: Read + Write + Send + 'static + TryCloneStream,
 {
@@ -631,7 +648,7 @@ where
     got
 }
 
-pub trait TryCloneStream: Sized {
+pub(crate) trait TryCloneStream: Sized {
     fn try_clone_stream(&self) -> Self;
 }
 
@@ -648,7 +665,7 @@ impl TryCloneStream for std::os::unix::net::UnixStream {
 }
 
 /// Deterministic pseudo-random bytes.
-pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+pub(crate) fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
     (0..len)
         .map(|_| {
@@ -661,7 +678,7 @@ pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
 }
 
 /// A plain HTTP/1.1 GET: (status, body).
-pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+pub(crate) fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).expect("connect admin");
     s.set_read_timeout(Some(WAIT)).unwrap();
     let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
@@ -681,14 +698,14 @@ pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
 }
 
 /// The repository root.
-pub fn repo() -> PathBuf {
+pub(crate) fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 /// The interop venv's python (Python grpcio from PyPI), set up once per
 /// test binary by `tests/interop/setup.sh`; `EDGETUNNEL_INTEROP_VENV`
 /// names a venv to reuse.
-pub fn python() -> PathBuf {
+pub(crate) fn python() -> PathBuf {
     static PY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     PY.get_or_init(|| {
         let venv = std::env::var_os("EDGETUNNEL_INTEROP_VENV")
@@ -711,7 +728,7 @@ pub fn python() -> PathBuf {
 }
 
 /// Starts one of the `tests/interop/` Python scripts, logging to `env`.
-pub fn script(env: &Env, name: &str, args: &[String]) -> Proc {
+pub(crate) fn script(env: &Env, name: &str, args: &[String]) -> Proc {
     static N: AtomicUsize = AtomicUsize::new(0);
     let mut cmd = Command::new(python());
     cmd.arg(repo().join("tests/interop").join(name)).args(args);

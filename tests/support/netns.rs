@@ -5,10 +5,10 @@
 use std::process::{Command, Output};
 
 /// A network namespace, deleted on drop.
-pub struct Netns(pub String);
+pub(crate) struct Netns(pub String);
 
 impl Netns {
-    pub fn new(name: &str) -> Netns {
+    pub(crate) fn new(name: &str) -> Netns {
         let _ = Command::new("ip").args(["netns", "del", name]).output();
         let out = Command::new("ip")
             .args(["netns", "add", name])
@@ -22,7 +22,7 @@ impl Netns {
         Netns(name.to_string())
     }
 
-    pub fn cmd(&self, program: &str) -> Command {
+    pub(crate) fn cmd(&self, program: &str) -> Command {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.0, program]);
         c
@@ -35,7 +35,7 @@ impl Drop for Netns {
     }
 }
 
-pub fn check(out: Output, what: &str) -> String {
+pub(crate) fn check(out: Output, what: &str) -> String {
     assert!(
         out.status.success(),
         "{what}: {}",
@@ -44,7 +44,7 @@ pub fn check(out: Output, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-pub fn sh(ns: &str, script: &str) -> String {
+pub(crate) fn sh(ns: &str, script: &str) -> String {
     let out = Command::new("ip")
         .args(["netns", "exec", ns, "sh", "-c", script])
         .output()
@@ -52,7 +52,7 @@ pub fn sh(ns: &str, script: &str) -> String {
     check(out, script)
 }
 
-pub fn save(ns: &Netns) -> String {
+pub(crate) fn save(ns: &Netns) -> String {
     sh(&ns.0, "iptables-save -t nat")
         .lines()
         .filter(|l| !l.starts_with('#'))

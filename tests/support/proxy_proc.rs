@@ -10,7 +10,7 @@ use super::http_raw::Endpoint;
 use super::BIN;
 
 /// The kubectl to compare against (`$KUBECTL` or `kubectl` on PATH).
-pub fn kubectl() -> PathBuf {
+pub(crate) fn kubectl() -> PathBuf {
     let p = std::env::var_os("KUBECTL")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("kubectl"));
@@ -27,7 +27,7 @@ pub fn kubectl() -> PathBuf {
 }
 
 /// A proxy process, killed on drop.
-pub struct Running {
+pub(crate) struct Running {
     pub child: Child,
     pub ep: Endpoint,
     pub log: PathBuf,
@@ -41,13 +41,13 @@ impl Drop for Running {
 }
 
 impl Running {
-    pub fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
 /// Starts a proxy process and waits for `Starting to serve on ADDR`.
-pub fn start(mut cmd: Command, log: PathBuf) -> Running {
+pub(crate) fn start(mut cmd: Command, log: PathBuf) -> Running {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&log).expect("log file"));
@@ -79,7 +79,7 @@ pub fn start(mut cmd: Command, log: PathBuf) -> Running {
 }
 
 /// `edgetunnel proxy --kubeconfig K FLAGS`.
-pub fn ours_cmd(kubeconfig: &Path, flags: &[String]) -> Command {
+pub(crate) fn ours_cmd(kubeconfig: &Path, flags: &[String]) -> Command {
     let mut c = Command::new(BIN);
     c.arg("proxy")
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
@@ -89,7 +89,7 @@ pub fn ours_cmd(kubeconfig: &Path, flags: &[String]) -> Command {
 }
 
 /// `kubectl --kubeconfig K proxy FLAGS`.
-pub fn kubectl_cmd(kubectl: &Path, kubeconfig: &Path, flags: &[String]) -> Command {
+pub(crate) fn kubectl_cmd(kubectl: &Path, kubeconfig: &Path, flags: &[String]) -> Command {
     let mut c = Command::new(kubectl);
     c.arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg("proxy")
@@ -100,7 +100,7 @@ pub fn kubectl_cmd(kubectl: &Path, kubeconfig: &Path, flags: &[String]) -> Comma
 /// Runs a proxy command that is expected to refuse its configuration: one
 /// that does not starts serving and is killed after 10 s. Returns (exited
 /// successfully or kept serving, stderr written to `log`).
-pub fn run_briefly(log: PathBuf, mut c: Command) -> (bool, String) {
+pub(crate) fn run_briefly(log: PathBuf, mut c: Command) -> (bool, String) {
     let mut child = c
         .stdin(Stdio::null())
         .stdout(Stdio::null())

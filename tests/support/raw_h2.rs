@@ -9,28 +9,28 @@ use bytes::Bytes;
 use edgetunnel::protocol::grpc_frame::FrameDecoder;
 use edgetunnel::protocol::packet::{self, Frame};
 
-pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-pub const DATA: u8 = 0x0;
-pub const HEADERS: u8 = 0x1;
-pub const RST_STREAM: u8 = 0x3;
-pub const SETTINGS: u8 = 0x4;
-pub const PING: u8 = 0x6;
-pub const GOAWAY: u8 = 0x7;
-pub const CONTINUATION: u8 = 0x9;
-pub const END_STREAM: u8 = 0x1;
-pub const ACK: u8 = 0x1;
-pub const END_HEADERS: u8 = 0x4;
+pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub(crate) const DATA: u8 = 0x0;
+pub(crate) const HEADERS: u8 = 0x1;
+pub(crate) const RST_STREAM: u8 = 0x3;
+pub(crate) const SETTINGS: u8 = 0x4;
+pub(crate) const PING: u8 = 0x6;
+pub(crate) const GOAWAY: u8 = 0x7;
+pub(crate) const CONTINUATION: u8 = 0x9;
+pub(crate) const END_STREAM: u8 = 0x1;
+pub(crate) const ACK: u8 = 0x1;
+pub(crate) const END_HEADERS: u8 = 0x4;
 
 /// A string literal as HPACK writes it without Huffman coding (lengths
 /// below 127 only).
-pub fn hpack_string(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn hpack_string(out: &mut Vec<u8>, s: &str) {
     assert!(s.len() < 127);
     out.push(s.len() as u8);
     out.extend_from_slice(s.as_bytes());
 }
 
 /// A header block of literals without indexing, new names (0x00).
-pub fn hpack_literals(fields: &[(&str, &str)]) -> Vec<u8> {
+pub(crate) fn hpack_literals(fields: &[(&str, &str)]) -> Vec<u8> {
     let mut b = Vec::new();
     for (n, v) in fields {
         b.push(0x00);
@@ -40,7 +40,7 @@ pub fn hpack_literals(fields: &[(&str, &str)]) -> Vec<u8> {
     b
 }
 
-pub struct RawFrame {
+pub(crate) struct RawFrame {
     pub ty: u8,
     pub flags: u8,
     pub stream: u32,
@@ -48,7 +48,7 @@ pub struct RawFrame {
 }
 
 /// A minimal HTTP/2 client connection over a blocking stream.
-pub struct RawH2<S: Read + Write> {
+pub(crate) struct RawH2<S: Read + Write> {
     pub s: S,
     /// The server's HPACK state (h2 indexes what it sends).
     decoder: loona_hpack::Decoder<'static>,
@@ -57,7 +57,7 @@ pub struct RawH2<S: Read + Write> {
 }
 
 impl<S: Read + Write> RawH2<S> {
-    pub fn start(mut s: S) -> Self {
+    pub(crate) fn start(mut s: S) -> Self {
         s.write_all(PREFACE).unwrap();
         let mut c = RawH2 {
             s,
@@ -68,7 +68,7 @@ impl<S: Read + Write> RawH2<S> {
         c
     }
 
-    pub fn write_frame(&mut self, ty: u8, flags: u8, stream: u32, payload: &[u8]) {
+    pub(crate) fn write_frame(&mut self, ty: u8, flags: u8, stream: u32, payload: &[u8]) {
         let len = payload.len();
         let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, ty, flags];
         f.extend_from_slice(&stream.to_be_bytes());
@@ -77,7 +77,7 @@ impl<S: Read + Write> RawH2<S> {
         self.s.flush().unwrap();
     }
 
-    pub fn read_frame(&mut self) -> RawFrame {
+    pub(crate) fn read_frame(&mut self) -> RawFrame {
         let mut h = [0u8; 9];
         self.s
             .read_exact(&mut h)
@@ -94,11 +94,11 @@ impl<S: Read + Write> RawH2<S> {
     }
 
     /// Opens a gRPC call on `stream` with these request headers.
-    pub fn open(&mut self, stream: u32, fields: &[(&str, &str)]) {
+    pub(crate) fn open(&mut self, stream: u32, fields: &[(&str, &str)]) {
         self.write_frame(HEADERS, END_HEADERS, stream, &hpack_literals(fields));
     }
 
-    pub fn send_packet(&mut self, stream: u32, frame: Frame) {
+    pub(crate) fn send_packet(&mut self, stream: u32, frame: Frame) {
         let msg = packet::encode(frame).to_vec();
         self.write_frame(DATA, 0, stream, &msg);
     }
@@ -106,7 +106,7 @@ impl<S: Read + Write> RawH2<S> {
     /// Reads frames, answering SETTINGS and PING, until `stream` yields a
     /// response header block or a gRPC message; fails on RST_STREAM for it
     /// and on a GOAWAY other than a graceful one that still covers it.
-    pub fn next_event(&mut self, stream: u32) -> Event {
+    pub(crate) fn next_event(&mut self, stream: u32) -> Event {
         loop {
             if let Some(d) = self.grpc.get_mut(&stream) {
                 if let Some(m) = d.next_message().expect("gRPC framing") {
@@ -167,19 +167,19 @@ impl<S: Read + Write> RawH2<S> {
 }
 
 #[derive(Debug)]
-pub enum Event {
+pub(crate) enum Event {
     Headers(Vec<(String, String)>),
     Packet(Frame),
 }
 
-pub fn header<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
+pub(crate) fn header<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
     fields
         .iter()
         .find(|(n, _)| n == name)
         .map(|(_, v)| v.as_str())
 }
 
-pub fn proxy_request(authority: &str) -> Vec<(&str, &str)> {
+pub(crate) fn proxy_request(authority: &str) -> Vec<(&str, &str)> {
     vec![
         (":method", "POST"),
         (":scheme", "http"),

@@ -9,7 +9,7 @@ use rustls::pki_types::ServerName;
 
 /// A client TLS configuration: roots from `ca`, a client certificate when
 /// given, `versions` and `suites` (by IANA name; empty: all of ring's).
-pub fn client_tls(
+pub(crate) fn client_tls(
     ca: &Path,
     cert: Option<(&Path, &Path)>,
     alpn: &[u8],
@@ -41,12 +41,15 @@ pub fn client_tls(
     Arc::new(cfg)
 }
 
-pub type Tls = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+pub(crate) type Tls = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
 
 /// TLS to `addr` (checked as `localhost`); completes the handshake, so a
 /// refused client certificate shows here (TLS 1.3 reports it only with the
 /// server's first record).
-pub fn tls_connect(addr: SocketAddr, cfg: Arc<rustls::ClientConfig>) -> std::io::Result<Tls> {
+pub(crate) fn tls_connect(
+    addr: SocketAddr,
+    cfg: Arc<rustls::ClientConfig>,
+) -> std::io::Result<Tls> {
     let tcp = TcpStream::connect(addr)?;
     tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
     let name = ServerName::try_from("localhost").unwrap();

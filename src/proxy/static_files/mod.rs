@@ -8,12 +8,38 @@
 //! links). All file-system work runs on a small blocking pool ([`pool`]),
 //! never on a data-plane core.
 
-pub mod cond;
-pub mod httpdate;
-pub mod mime;
 pub mod pool;
-pub mod ranges;
-pub mod sniff;
+// The header logic is sans-I/O, in the protocol crate; the old paths stay.
+pub use crate::protocol::kubectl::static_files::{cond, httpdate, ranges, sniff};
+
+/// Extension to MIME type ([`crate::protocol::kubectl::static_files::mime`])
+/// and the process-wide table read from the system files.
+pub mod mime {
+    use std::sync::OnceLock;
+
+    pub use crate::protocol::kubectl::static_files::mime::*;
+
+    /// The process-wide table, read from the system files on first use (call
+    /// it off the data-plane cores: it may read files).
+    pub fn system() -> &'static Table {
+        static TABLE: OnceLock<Table> = OnceLock::new();
+        TABLE.get_or_init(|| {
+            let mut t = Table::builtin();
+            for f in GLOBS_FILES {
+                if let Ok(text) = std::fs::read(f) {
+                    t.add_globs2(&String::from_utf8_lossy(&text));
+                    return t;
+                }
+            }
+            for f in TYPE_FILES {
+                if let Ok(text) = std::fs::read(f) {
+                    t.add_mime_types(&String::from_utf8_lossy(&text));
+                }
+            }
+            t
+        })
+    }
+}
 
 use std::fs::File;
 use std::io;

@@ -227,7 +227,7 @@ pub fn data(connect_id: i64, payload: Bytes) -> Frame {
     })
 }
 
-/// Extension (negotiated, see [`crate::protocol::FEATURE_WINDOW`]): a DATA
+/// Extension (negotiated, see [`crate::FEATURE_WINDOW`]): a DATA
 /// packet with no payload and the error text `WINDOW <n>` acknowledges `n`
 /// payload bytes of that connection. Go peers never see it.
 const WINDOW_MARK: &str = "WINDOW ";
@@ -248,7 +248,7 @@ pub fn window_grant(d: &Data) -> Option<u64> {
     d.error.strip_prefix(WINDOW_MARK)?.parse().ok()
 }
 
-/// Extension (negotiated, see [`crate::protocol::FEATURES_HEADER`]): a DATA
+/// Extension (negotiated, see [`crate::FEATURES_HEADER`]): a DATA
 /// packet with no payload and this error text means "no more data in this
 /// direction" (TCP half-close). Go peers never see it.
 pub const HALF_CLOSE_MARK: &str = "EOF";
@@ -270,7 +270,7 @@ pub fn is_half_close(d: &Data) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::grpc_frame::FrameDecoder;
+    use crate::grpc_frame::FrameDecoder;
 
     #[test]
     fn half_close_mark_is_an_empty_data_packet_with_its_text() {

@@ -4,11 +4,10 @@
 //! so built-ins win), or else every `mime.types` file in Go's list
 //! (these override built-ins). `text/*` types get `charset=utf-8`. Lookup
 //! tries the extension as given, then lower-cased. The table building is
-//! sans-I/O ([`Table::add_globs2`], [`Table::add_mime_types`]); [`system`]
-//! reads the files once.
+//! sans-I/O ([`Table::add_globs2`], [`Table::add_mime_types`]); the main
+//! crate's `proxy::static_files::mime::system` reads the files once.
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
 
 /// Go's `builtinTypesLower`.
 const BUILTIN: &[(&str, &str)] = &[
@@ -137,27 +136,6 @@ impl Table {
 pub fn ext(name: &str) -> &str {
     let last = name.rsplit('/').next().unwrap_or(name);
     last.rfind('.').map(|i| &last[i..]).unwrap_or("")
-}
-
-/// The process-wide table, read from the system files on first use (call
-/// it off the data-plane cores: it may read files).
-pub fn system() -> &'static Table {
-    static TABLE: OnceLock<Table> = OnceLock::new();
-    TABLE.get_or_init(|| {
-        let mut t = Table::builtin();
-        for f in GLOBS_FILES {
-            if let Ok(text) = std::fs::read(f) {
-                t.add_globs2(&String::from_utf8_lossy(&text));
-                return t;
-            }
-        }
-        for f in TYPE_FILES {
-            if let Ok(text) = std::fs::read(f) {
-                t.add_mime_types(&String::from_utf8_lossy(&text));
-            }
-        }
-        t
-    })
 }
 
 #[cfg(test)]

@@ -6,8 +6,8 @@ use bytes::Bytes;
 use h2::client::SendRequest;
 use h2::SendStream;
 
-use super::io::UpstreamIo;
 use crate::protocol::http1::{self, Header, ResponseHead};
+use crate::proxy::io::UpstreamIo;
 
 const STREAM_WINDOW: u32 = 4 << 20;
 const UPSTREAM_H2_CONNECTION_WINDOW: u32 = 16 << 20;
@@ -15,7 +15,7 @@ const MAX_FRAME: u32 = 64 * 1024;
 
 /// Runs the HTTP/2 handshake on a negotiated connection and spawns its
 /// driver on this core.
-pub async fn handshake(io: UpstreamIo) -> Result<SendRequest<Bytes>, String> {
+pub(super) async fn handshake(io: UpstreamIo) -> Result<SendRequest<Bytes>, String> {
     let (send, conn) = h2::client::Builder::new()
         .initial_window_size(STREAM_WINDOW)
         .initial_connection_window_size(UPSTREAM_H2_CONNECTION_WINDOW)
@@ -47,7 +47,7 @@ fn connection_specific(name: &str) -> bool {
 }
 
 /// The HTTP/2 request for a proxied HTTP/1.1 request.
-pub fn request(
+pub(super) fn request(
     method: &str,
     authority: &str,
     target: &str,
@@ -72,7 +72,7 @@ pub fn request(
 
 /// The HTTP/1.1 view of an HTTP/2 response head (names canonicalized, as
 /// Go's transport does).
-pub fn response_head(parts: &http::response::Parts) -> ResponseHead {
+pub(super) fn response_head(parts: &http::response::Parts) -> ResponseHead {
     ResponseHead {
         status: parts.status.as_u16(),
         reason: parts
@@ -93,7 +93,7 @@ pub fn response_head(parts: &http::response::Parts) -> ResponseHead {
 }
 
 /// Sends `data` on `tx`, waiting for flow-control capacity as needed.
-pub async fn send_data(tx: &mut SendStream<Bytes>, mut data: Bytes) -> Result<(), String> {
+pub(super) async fn send_data(tx: &mut SendStream<Bytes>, mut data: Bytes) -> Result<(), String> {
     while !data.is_empty() {
         tx.reserve_capacity(data.len());
         let cap = loop {

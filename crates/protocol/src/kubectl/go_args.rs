@@ -1,8 +1,10 @@
 //! `edgetunnel proxy`'s command line read as kubectl reads it: every flag
 //! `kubectl proxy` accepts (its own and kubectl's global ones), in Go's
-//! pflag syntax, parsed by [`crate::compat::goflag`] and handed on to the
-//! clap parser ([`super::flags::ProxyArgs`]) as canonical `--name=value`
+//! pflag syntax, parsed by [`crate::goflag`] and handed on to the
+//! clap parser (the main crate's `proxy::flags::ProxyArgs`) as canonical `--name=value`
 //! arguments, so clap stays the one place where the configuration is built.
+//! Reading the process's arguments (`proxy::goargs::from_process_args`)
+//! stays in the main crate.
 //!
 //! What this adds over clap alone: Go's value syntax (`--disable-filter=T`,
 //! `--port=0x4651`, `--keepalive=1h30m`), a repeated flag's last value
@@ -11,7 +13,7 @@
 //! `kubectl proxy --help` and `kubectl options` (v1.32), plus `--kuberc`
 //! (kubectl 1.33+) and edgetunnel's own.
 
-use crate::compat::goflag::{self, FlagError, Kind, Spec, Value};
+use crate::goflag::{self, FlagError, Kind, Spec, Value};
 
 const fn short(name: &'static str, c: char, kind: Kind, default: &'static str) -> Spec {
     let mut s = Spec::new(name, kind, default);
@@ -83,7 +85,7 @@ pub enum Outcome {
 }
 
 /// Parses `args` (after `proxy`) as kubectl does and returns them in the
-/// form clap's [`super::ProxyArgs`] reads: one `--name=value` per flag
+/// form clap's `ProxyArgs` reads: one `--name=value` per flag
 /// given (the last occurrence; one per item for `--as-group`), integers in
 /// decimal, booleans `true`/`false`, durations in Go's format.
 pub fn canonical(args: &[String]) -> Result<Outcome, FlagError> {
@@ -119,34 +121,9 @@ pub fn canonical(args: &[String]) -> Result<Outcome, FlagError> {
     Ok(Outcome::Args(out))
 }
 
-/// For `main`: when the command line runs `edgetunnel [--log X] proxy
-/// ARGS`, the whole argument vector for clap with ARGS made canonical;
-/// `None` for every other subcommand. A command line kubectl would refuse
-/// ends the process with pflag's message, as kubectl does.
-pub fn from_process_args() -> Option<Vec<String>> {
-    let args: Vec<String> = std::env::args_os()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
-    let at = subcommand_index(&args)?;
-    if args[at] != "proxy" {
-        return None;
-    }
-    let mut argv = args[..=at].to_vec();
-    match canonical(&args[at + 1..]) {
-        Ok(Outcome::Args(a)) => argv.extend(a),
-        Ok(Outcome::Help) => argv.push("--help".into()),
-        Err(e) => {
-            eprintln!("Error: {e}");
-            eprintln!("See '{} proxy --help' for usage.", args[0]);
-            std::process::exit(1);
-        }
-    }
-    Some(argv)
-}
-
 /// Where the subcommand is: after the program name and any `--log X` /
 /// `--log=X`.
-fn subcommand_index(args: &[String]) -> Option<usize> {
+pub fn subcommand_index(args: &[String]) -> Option<usize> {
     let mut i = 1;
     while i < args.len() {
         match args[i].as_str() {

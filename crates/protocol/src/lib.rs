@@ -1,22 +1,31 @@
 //! The tunnel protocol, sans-I/O: gRPC framing, ANP Packets, the HTTP CONNECT
-//! head, HTTP/1.x heads, bodies and exchanges, agent identifiers and their binding to client certificates, routing and the per-connection state machines.
+//! head, HTTP/1.x heads, bodies and exchanges, agent identifiers and their binding to client certificates, routing and the per-connection state machines;
+//! Go's pflag command-line syntax ([`goflag`]) and kubectl proxy's Go
+//! behaviour ([`kubectl`]).
 //!
-//! Nothing here touches a socket, a runtime or a clock: every type takes
+//! Nothing here touches a socket, a runtime or a file: every type takes
 //! bytes or events in and gives bytes or actions out, so it runs in unit
-//! tests and fuzz targets as is. Nothing here depends on other modules of
-//! this crate.
+//! tests and fuzz targets as is (the one clock read is the `Date` header of
+//! [`kubectl::forward`]). This is its own crate (`edgetunnel-protocol`,
+//! re-exported by `edgetunnel` as `edgetunnel::protocol`) so that the rule
+//! is the compiler's: it cannot use the main crate, and its manifest lists
+//! only pure libraries. No monoio, tokio, rustls, h2, hyper or kube, not
+//! even indirectly (`tests/protocol_deps.rs` in the root package checks
+//! `cargo tree`); the fuzz targets depend on this crate alone.
 
 pub mod agent_identity;
 pub mod agent_links;
 pub mod agent_tunnel;
 pub mod dest_policy;
 pub mod exec_credential;
+pub mod goflag;
 pub mod grpc_frame;
 pub mod h2_authority;
 pub mod http1;
 pub mod http_connect;
 pub mod identifiers;
 pub mod impersonation;
+pub mod kubectl;
 pub mod oidc;
 pub mod packet;
 pub mod proxy_client;

@@ -2,17 +2,44 @@
 //! `UpgradeAwareHandler` (Go's `httputil.ReverseProxy` and HTTP client
 //! underneath) does: hop-by-hop headers dropped, `X-Forwarded-For`
 //! appended, the upstream's Host, credentials added where the request
-//! carries none, the body re-framed.
+//! carries none, the body re-framed. What the rewrite needs of the upstream
+//! comes as plain data ([`UpstreamHead`]); the main crate's `Upstream`
+//! (TLS configurations, token sources) builds it per request. The clock is
+//! read only for `Date` headers ([`now_http_date`]).
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-use super::gourl::RequestUrl;
-use super::upstream_config::Upstream;
-use crate::protocol::http1::{self, Framing, Header, RequestHead, ResponseHead};
+use super::go_url::RequestUrl;
+use crate::http1::{self, Framing, Header, RequestHead, ResponseHead};
+use crate::impersonation::Impersonation;
 
 /// Sent upstream when the client sent no User-Agent.
 pub const DEFAULT_USER_AGENT: &str = concat!("edgetunnel/", env!("CARGO_PKG_VERSION"));
+
+/// What the request head rewrite needs of the upstream, as plain data.
+#[derive(Debug, Clone)]
+pub struct UpstreamHead<'a> {
+    /// The Host header: the server URL's host as written (port kept when
+    /// given).
+    pub host: &'a str,
+    /// The `Authorization` value added to requests that carry none.
+    pub authorization: Option<String>,
+    /// `Impersonate-*` headers to add.
+    pub impersonation: &'a Impersonation,
+    /// Set when the request goes to an HTTP proxy in absolute form (a
+    /// plain-http upstream behind an HTTP(S) proxy: Go's transport sends no
+    /// CONNECT then).
+    pub forward_proxy: Option<ForwardProxy>,
+}
+
+/// The HTTP proxy a plain-http request is written to in absolute form.
+#[derive(Debug, Clone, Default)]
+pub struct ForwardProxy {
+    /// Its `Proxy-Authorization` value (Basic, from the proxy URL's
+    /// userinfo), if any.
+    pub authorization: Option<String>,
+}
 
 /// Go's `singleJoiningSlash` for `--append-server-path`.
 fn join_path(base: &str, path: &str) -> String {
@@ -25,10 +52,11 @@ fn join_path(base: &str, path: &str) -> String {
 
 /// The target written upstream (Go's `joinURLPath` for
 /// `--append-server-path`, which keeps an encoded form such as `%2F`).
-pub fn upstream_target(url: &RequestUrl, upstream: &Upstream, append_server_path: bool) -> String {
-    if append_server_path && !upstream.base_path.is_empty() {
+/// `base_path` is the server URL's path.
+pub fn upstream_target(url: &RequestUrl, base_path: &str, append_server_path: bool) -> String {
+    if append_server_path && !base_path.is_empty() {
         let mut u = url.clone();
-        let base = RequestUrl::parse(&upstream.base_path).unwrap_or_default();
+        let base = RequestUrl::parse(base_path).unwrap_or_default();
         u.path = join_path(&base.path, &url.path);
         u.raw_path = if base.raw_path.is_empty() && url.raw_path.is_empty() {
             String::new()
@@ -84,7 +112,7 @@ pub fn request_head(
     target: &str,
     framing: Framing,
     client: Option<IpAddr>,
-    upstream: &Upstream,
+    upstream: &UpstreamHead<'_>,
     upgrade: bool,
     gzip: bool,
 ) -> Vec<u8> {
@@ -92,24 +120,20 @@ pub fn request_head(
     let mut out = Vec::with_capacity(512);
     // Through an HTTP proxy, a plain-http request goes in absolute form
     // with the proxy's credentials (Go's `Request.write` with usingProxy).
-    let proxy = upstream.forward_proxy();
+    let proxy = upstream.forward_proxy.as_ref();
     let scheme = if proxy.is_some() { "http://" } else { "" };
-    let authority = if proxy.is_some() {
-        upstream.host_header.as_str()
-    } else {
-        ""
-    };
+    let authority = if proxy.is_some() { upstream.host } else { "" };
     let _ = write!(
         out_string(&mut out),
         "{} {scheme}{authority}{} HTTP/1.1\r\nHost: {}\r\n",
         head.method,
         target,
-        upstream.host_header
+        upstream.host
     );
     for h in &headers {
         push(&mut out, &h.name, &h.value);
     }
-    if let Some(auth) = proxy.and_then(|p| p.basic_auth()) {
+    if let Some(auth) = proxy.and_then(|p| p.authorization.as_deref()) {
         push(&mut out, "Proxy-Authorization", auth.as_bytes());
     }
     out.extend_from_slice(b"\r\n");
@@ -124,7 +148,7 @@ pub fn upstream_headers(
     head: &RequestHead,
     framing: Framing,
     client: Option<IpAddr>,
-    upstream: &Upstream,
+    upstream: &UpstreamHead<'_>,
     upgrade: bool,
     gzip: bool,
 ) -> Vec<Header> {
@@ -159,7 +183,7 @@ pub fn upstream_headers(
         out.push(field("User-Agent", DEFAULT_USER_AGENT.as_bytes()));
     }
     if http1::get(&headers, "authorization").is_none_or(str::is_empty) {
-        if let Some(a) = upstream.auth.header() {
+        if let Some(a) = &upstream.authorization {
             headers.retain(|h| !h.name.eq_ignore_ascii_case("authorization"));
             out.push(field("Authorization", a.as_bytes()));
         }
@@ -502,19 +526,20 @@ pub fn reason(status: u16) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxy::upstream_config::Auth;
 
-    fn upstream() -> Upstream {
-        Upstream {
-            dial: "127.0.0.1:6443".into(),
-            host_header: "127.0.0.1:6443".into(),
-            tls: None,
-            tls_h2: None,
-            server_name: "127.0.0.1".into(),
-            base_path: "/base".into(),
-            auth: Auth::Bearer("tok".into()),
-            impersonation: Default::default(),
-            proxy: None,
+    static NO_IMPERSONATION: Impersonation = Impersonation {
+        user: String::new(),
+        uid: String::new(),
+        groups: Vec::new(),
+        extra: std::collections::BTreeMap::new(),
+    };
+
+    fn upstream() -> UpstreamHead<'static> {
+        UpstreamHead {
+            host: "127.0.0.1:6443",
+            authorization: Some("Bearer tok".into()),
+            impersonation: &NO_IMPERSONATION,
+            forward_proxy: None,
         }
     }
 
@@ -573,6 +598,45 @@ mod tests {
     }
 
     #[test]
+    fn through_a_forward_proxy_the_target_is_absolute() {
+        let h = head(b"GET /x?y=1 HTTP/1.1\r\nHost: h:1\r\n\r\n");
+        let mut up = upstream();
+        up.forward_proxy = Some(ForwardProxy {
+            authorization: Some("Basic dTpw".into()),
+        });
+        let s = String::from_utf8(request_head(
+            &h,
+            "/x?y=1",
+            Framing::None,
+            None,
+            &up,
+            false,
+            false,
+        ))
+        .unwrap();
+        assert!(
+            s.starts_with("GET http://127.0.0.1:6443/x?y=1 HTTP/1.1\r\nHost: 127.0.0.1:6443\r\n"),
+            "{s}"
+        );
+        assert!(
+            s.ends_with("Proxy-Authorization: Basic dTpw\r\n\r\n"),
+            "{s}"
+        );
+        up.forward_proxy = Some(ForwardProxy::default());
+        let s = String::from_utf8(request_head(
+            &h,
+            "/x",
+            Framing::None,
+            None,
+            &up,
+            false,
+            false,
+        ))
+        .unwrap();
+        assert!(!s.contains("Proxy-Authorization"), "{s}");
+    }
+
+    #[test]
     fn sniffing_follows_go_server_rules() {
         let resp = |status: u16, hs: &[(&str, &str)]| ResponseHead {
             status,
@@ -619,8 +683,9 @@ mod tests {
     #[test]
     fn append_server_path_joins() {
         let u = RequestUrl::parse("/api?x=1").unwrap();
-        assert_eq!(upstream_target(&u, &upstream(), true), "/base/api?x=1");
-        assert_eq!(upstream_target(&u, &upstream(), false), "/api?x=1");
+        assert_eq!(upstream_target(&u, "/base", true), "/base/api?x=1");
+        assert_eq!(upstream_target(&u, "/base", false), "/api?x=1");
+        assert_eq!(upstream_target(&u, "", true), "/api?x=1");
     }
 
     #[test]

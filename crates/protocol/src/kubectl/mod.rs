@@ -1,0 +1,17 @@
+//! `kubectl proxy`'s Go behaviour, sans-I/O: what `edgetunnel proxy` must
+//! decide exactly as the Go program does. Go's `regexp` ([`go_regex`]),
+//! `net/url` and `path` rules ([`go_url`]), the request filter
+//! ([`filter`]), `http.ServeMux` routing ([`mux`]), kubectl's command line
+//! ([`go_args`]), the head rewrite of `httputil.ReverseProxy` and Go's
+//! server ([`forward`]) and the header logic of `http.FileServer`
+//! ([`static_files`]). The main crate's `proxy` module does the I/O and
+//! re-exports these under their old names (`proxy::goregex`,
+//! `proxy::gourl`, ...).
+
+pub mod filter;
+pub mod forward;
+pub mod go_args;
+pub mod go_regex;
+pub mod go_url;
+pub mod mux;
+pub mod static_files;

@@ -1,0 +1,320 @@
+//! Forwarding one request over HTTP/1.1: a pooled or new upstream
+//! connection, the request head and body, interim and final answers, and
+//! the response body streamed back.
+
+use std::io;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use bytes::Buf;
+use tokio::io::AsyncWriteExt;
+
+use super::body::BodyReader;
+use super::core::UpConn;
+use super::gunzip::relay_gunzip;
+use super::h2_forward::forward_h2;
+use super::local::proxy_error;
+use super::round_trip::{fresh_auth, log_round_trip, note_refused};
+use super::{continue_if_expected, read_more, Client, Core, Next, ProxyMetrics};
+use crate::protocol::http1::{self, Framing, RequestHead};
+use crate::proxy::forward::{self, ClientBody};
+
+/// Request bodies up to this size are read before the upstream is picked,
+/// so a stale pooled connection can be retried.
+pub(super) const BUFFERED_BODY: u64 = 64 * 1024;
+
+/// Reads a request body of known small length completely.
+pub(super) async fn read_small_body(client: &mut Client, n: u64) -> io::Result<bytes::Bytes> {
+    while (client.buf.len() as u64) < n {
+        if read_more(&mut client.io, &mut client.buf).await? == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(client.buf.split_to(n as usize).freeze())
+}
+
+/// Copies a request body from the client to the upstream as it arrives.
+pub(super) async fn stream_body(
+    client: &mut Client,
+    up: &mut UpConn,
+    framing: Framing,
+    metrics: &ProxyMetrics,
+) -> io::Result<()> {
+    // As it came: chunk framing is relayed, not redone.
+    let mut body = BodyReader::request(framing);
+    while let Some(piece) = body.next(&mut client.io, &mut client.buf).await? {
+        up.io.write_all(piece.raw()).await?;
+        metrics
+            .bytes_up
+            .fetch_add(piece.raw().len() as u64, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+pub(super) async fn read_response_head(up: &mut UpConn) -> io::Result<http1::ResponseHead> {
+    loop {
+        if !up.buf.is_empty() {
+            match http1::parse_response(&up.buf, http1::HeadLimit::GO_SERVER) {
+                Ok(Some((head, n))) => {
+                    up.buf.advance(n);
+                    return Ok(head);
+                }
+                Ok(None) => {}
+                Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+            }
+        }
+        if read_more(&mut up.io, &mut up.buf).await? == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                if up.buf.is_empty() {
+                    "EOF"
+                } else {
+                    "unexpected EOF"
+                },
+            ));
+        }
+    }
+}
+
+pub(super) async fn forward_request(
+    client: &mut Client,
+    head: &RequestHead,
+    target: &str,
+    framing: Framing,
+    keep: bool,
+    core: &Rc<Core>,
+) -> Next {
+    let shared = &core.shared;
+    let started = Instant::now();
+    // First: a rotated client certificate retires pooled connections
+    // before one is chosen.
+    let used = match fresh_auth(head, shared).await {
+        Ok(u) => u,
+        Err(e) => return proxy_error(client, core, &e).await,
+    };
+    if let Some(send) = core.h2_sender().await {
+        return forward_h2(client, head, target, framing, keep, core, send, used).await;
+    }
+    let gzip = forward::wants_gzip(head, false, shared.disable_compression);
+    let upstream_head = forward::request_head(
+        head,
+        target,
+        framing,
+        client.peer,
+        &shared.upstream,
+        false,
+        gzip,
+    );
+    if !continue_if_expected(client, head, framing).await {
+        return Next::Close;
+    }
+    // Small bodies are read first so that a stale pooled connection can be
+    // retried with the whole request.
+    let small_body = match framing {
+        Framing::Length(n) if n <= BUFFERED_BODY => match read_small_body(client, n).await {
+            Ok(b) => Some(b),
+            Err(_) => return Next::Close,
+        },
+        Framing::None => Some(bytes::Bytes::new()),
+        _ => None,
+    };
+    let mut attempt = 0;
+    // Interim answers go on to HTTP/1.1 clients only (RFC 9110 15.2: never
+    // a 1xx to an HTTP/1.0 client); once one went out, no retry.
+    let mut relayed = false;
+    let (mut up, resp) = loop {
+        attempt += 1;
+        let mut up = match core.checkout() {
+            Some(c) => c,
+            None => match core.dial().await {
+                Ok(c) => c,
+                Err(e) => return proxy_error(client, core, &e).await,
+            },
+        };
+        let reused = up.reused;
+        if reused {
+            shared
+                .metrics
+                .upstream_reused
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let sent: io::Result<()> = async {
+            match &small_body {
+                Some(body) => {
+                    if body.is_empty() {
+                        up.io.write_all(&upstream_head).await?;
+                    } else {
+                        let mut all = Vec::with_capacity(upstream_head.len() + body.len());
+                        all.extend_from_slice(&upstream_head);
+                        all.extend_from_slice(body);
+                        up.io.write_all(&all).await?;
+                        shared
+                            .metrics
+                            .bytes_up
+                            .fetch_add(body.len() as u64, Ordering::Relaxed);
+                    }
+                }
+                None => {
+                    up.io.write_all(&upstream_head).await?;
+                    stream_body(client, &mut up, framing, &shared.metrics).await?;
+                }
+            }
+            up.io.flush().await
+        }
+        .await;
+        let result = match sent {
+            Ok(()) => read_final_head(&mut up, client, head.minor >= 1, &mut relayed).await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(resp) => break (up, resp),
+            // A pooled connection the upstream closed meanwhile: retry once
+            // on a new one when the whole request is still at hand.
+            Err(_) if reused && small_body.is_some() && attempt == 1 && !relayed => continue,
+            Err(e) => return proxy_error(client, core, &e.to_string()).await,
+        }
+    };
+    if resp.status == 101 {
+        // Not an upgrade request: the connection now speaks something else
+        // and is dropped (Go's ReverseProxy answers with this error).
+        let to = http1::get(&resp.headers, "upgrade").unwrap_or("");
+        let text = format!("backend tried to switch protocol {to:?} when \"\" was requested");
+        return proxy_error(client, core, &text).await;
+    }
+
+    log_round_trip(
+        shared,
+        &head.method,
+        target,
+        resp.status,
+        &resp.reason,
+        started,
+    );
+    note_refused(shared, &used, resp.status).await;
+    let mut rframing = match http1::response_framing(&head.method, &resp) {
+        Ok(f) => f,
+        Err(e) => return proxy_error(client, core, &e.to_string()).await,
+    };
+    let upstream_reusable = resp.minor >= 1
+        && !http1::has_token(&resp.headers, "connection", "close")
+        && rframing != Framing::UntilClose;
+    let gunzip = gzip && forward::is_gzipped(&resp);
+    let mut resp = resp;
+    if forward::sniff_wanted(&head.method, &resp, rframing) {
+        // Go sniffs what its first read of the body gave.
+        if up.buf.is_empty() {
+            if let Err(e) = read_more(&mut up.io, &mut up.buf).await {
+                return proxy_error(client, core, &e.to_string()).await;
+            }
+        }
+        let n = match rframing {
+            Framing::Length(n) => (n as usize).min(up.buf.len()),
+            _ => 0,
+        };
+        forward::add_sniffed_type(&mut resp, &up.buf[..n]);
+    }
+    let (client_head, body, keep) =
+        forward::response_head(&resp, rframing, head.minor, keep, gunzip);
+    // A small answer already read whole goes out in one write with its head.
+    let mut client_head = client_head;
+    if let (ClientBody::Verbatim, Framing::Length(n)) = (body, rframing) {
+        if n <= BUFFERED_BODY && up.buf.len() as u64 >= n {
+            client_head.extend_from_slice(&up.buf[..n as usize]);
+            up.buf.advance(n as usize);
+            shared.metrics.bytes_down.fetch_add(n, Ordering::Relaxed);
+            rframing = Framing::None;
+        }
+    }
+    if client.io.write_all(&client_head).await.is_err() {
+        return Next::Close;
+    }
+    let done = if body == ClientBody::Gunzip {
+        relay_gunzip(client, &mut up, rframing, head.minor >= 1, &shared.metrics).await
+    } else {
+        relay_response(client, &mut up, rframing, body, &shared.metrics).await
+    };
+    match done {
+        Ok(()) => {
+            let _ = client.io.flush().await;
+            if upstream_reusable {
+                core.checkin(up);
+            }
+            if keep {
+                Next::KeepAlive
+            } else {
+                Next::Close
+            }
+        }
+        Err(e) => {
+            tracing::debug!("response relay ended: {e}");
+            Next::Close
+        }
+    }
+}
+
+/// Interim answers Go's transport reads before it gives up.
+pub(super) const MAX_1XX: usize = 5;
+
+/// Reads the final answer to a request: every 1xx but 101 is interim
+/// (RFC 9110 15.2), relayed to the client when `relay` (an HTTP/1.1 client,
+/// as Go's `ReverseProxy` does through `Got1xxResponse`) and skipped
+/// otherwise; more than [`MAX_1XX`] of them is an error, as in Go.
+pub(super) async fn read_final_head(
+    up: &mut UpConn,
+    client: &mut Client,
+    relay: bool,
+    relayed: &mut bool,
+) -> io::Result<http1::ResponseHead> {
+    let mut interim = 0;
+    loop {
+        let r = read_response_head(up).await?;
+        if !(100..200).contains(&r.status) || r.status == 101 {
+            return Ok(r);
+        }
+        interim += 1;
+        if interim > MAX_1XX {
+            return Err(io::Error::other(
+                "net/http: HTTP/1.x transport connection broken: net/http: too many 1xx informational responses",
+            ));
+        }
+        if relay {
+            *relayed = true;
+            client
+                .io
+                .write_all(&forward::informational_head(&r))
+                .await?;
+            client.io.flush().await?;
+        }
+    }
+}
+
+/// Streams the response body to the client as it arrives.
+pub(super) async fn relay_response(
+    client: &mut Client,
+    up: &mut UpConn,
+    framing: Framing,
+    mode: ClientBody,
+    metrics: &ProxyMetrics,
+) -> io::Result<()> {
+    if mode == ClientBody::None {
+        return Ok(());
+    }
+    let count = |n: usize| {
+        metrics.bytes_down.fetch_add(n as u64, Ordering::Relaxed);
+    };
+    let mut body = BodyReader::response(framing);
+    while let Some(piece) = body.next(&mut up.io, &mut up.buf).await? {
+        if mode == ClientBody::Dechunk {
+            // Payload only, to an HTTP/1.0 client.
+            for data in piece.data() {
+                client.io.write_all(&data).await?;
+                count(data.len());
+            }
+        } else {
+            client.io.write_all(piece.raw()).await?;
+            count(piece.raw().len());
+        }
+    }
+    Ok(())
+}
