@@ -471,17 +471,17 @@ fn read_all_status(server: &Server, addr: &str) -> u16 {
 fn draining_agent_gets_no_new_dials_and_exits_when_idle() {
     let env = Env::new();
     let server = Server::start(&env, &[]);
-    let debug = ["--log", "edgetunnel=debug"];
-    let mut a = Agent::start(&env, server.agent, "a", "host=node", &debug);
+    let (mut a, a_admin) = Agent::start_with_admin(&env, server.agent, "a", "host=node", &[]);
     let echo = echo_server("127.0.0.1");
     let target = echo.addr.to_string();
     // The held connection goes through a (the only agent yet).
     let (status, _, mut held) = connect_tcp(server.connect, &target);
     assert_eq!(status, 200);
-    let b = Agent::start(&env, server.agent, "b", "host=node", &debug);
+    let (b, b_admin) = Agent::start_with_admin(&env, server.agent, "b", "host=node", &[]);
     server.wait_metric("edgetunnel_agents_connected", 2.0);
-    let dials = |agent: &Agent| agent.proc.log_text().matches("dialing").count();
-    assert_eq!(dials(&a), 1);
+    // Dials each agent made (its /metrics).
+    let dials = |admin| metric_at(admin, "edgetunnel_agent_dials_total{result=\"success\"}");
+    assert_eq!(dials(a_admin), 1.0);
     a.proc.signal(libc::SIGTERM);
     // The server saw a's DRAIN (one per link).
     wait_metric_at(
@@ -496,8 +496,8 @@ fn draining_agent_gets_no_new_dials_and_exits_when_idle() {
         assert_eq!(status, 200);
         assert_eq!(echo_roundtrip(s, b"x"), b"x");
     }
-    assert_eq!(dials(&a), 1, "a draining agent got a new dial");
-    assert_eq!(dials(&b), 6);
+    assert_eq!(dials(a_admin), 1.0, "a draining agent got a new dial");
+    assert_eq!(dials(b_admin), 6.0);
     held.write_all(b"still").unwrap();
     let mut got = [0u8; 5];
     held.read_exact(&mut got).unwrap();

@@ -17,7 +17,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use support::fake_kube::{self, FakeKube};
-use support::{connect_tcp, echo_roundtrip, echo_server, free_port, Agent, Env, Proc, Server};
+use support::{
+    connect_tcp, echo_roundtrip, echo_server, free_port, listen_addr, wait_metric_at, Agent, Env,
+    Proc, Server,
+};
 
 const NS: &str = "kube-system";
 const LABEL: &str = "k8s-app=konnectivity-server";
@@ -227,8 +230,11 @@ fn agents_count_server_leases_behind_a_load_balancer() {
             "--count-server-leases",
             "--lease-poll-secs",
             "0.3",
+            "--admin-bind",
+            "127.0.0.1:0",
         ],
     );
+    let agent_admin = listen_addr(&agent.proc, "admin");
     // Every server reports only itself (--server-count 1), yet the agent
     // connects to all three: the count came from the leases.
     for s in &servers {
@@ -258,10 +264,11 @@ fn agents_count_server_leases_behind_a_load_balancer() {
         },
         || logs(&servers),
     );
-    wait_for(
-        "the agent counting two servers",
-        || agent.proc.log_text().contains("servers=2"),
-        || agent.proc.log_text(),
+    wait_metric_at(
+        agent_admin,
+        "konnectivity_network_proxy_agent_known_server_count",
+        &agent.proc,
+        |v| v == 2.0,
     );
     for s in &servers {
         assert_eq!(s.metric("edgetunnel_agents_connected"), 1.0);
