@@ -287,7 +287,7 @@ fn secondary_links_pass_the_identity_checks() {
 fn one_link_when_asked() {
     let env = Env::new();
     let server = Server::start(&env, &["--workers", "2"]);
-    let agent = Agent::start(
+    let _agent = Agent::start(
         &env,
         server.agent,
         "node1",

@@ -37,7 +37,8 @@ fn exit_time(server: &mut Server, since: Instant, limit: Duration) -> Duration {
 fn draining_server_finishes_open_tunnels_and_refuses_new_callers() {
     let env = Env::new();
     let mut server = Server::start(&env, &["--graceful-shutdown-timeout-secs", "20"]);
-    let agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    let (agent, agent_admin) =
+        Agent::start_with_admin(&env, server.agent, "node1", "host=node1", &[]);
     let echo = echo_server("127.0.0.1");
     let (status, _, mut tunnel) = connect_tcp(server.connect, &echo.addr.to_string());
     assert_eq!(status, 200);
@@ -68,11 +69,12 @@ fn draining_server_finishes_open_tunnels_and_refuses_new_callers() {
     assert!(body.contains("shutting down"), "{body}");
     assert!(server.metrics().contains("edgetunnel_open_connections 2"));
     // ... the agent heard of it ...
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !agent.proc.log_text().contains("server is draining") {
-        assert!(Instant::now() < deadline, "{}", agent.proc.log_text());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_metric_at(
+        agent_admin,
+        "edgetunnel_agent_server_drains_total",
+        &agent.proc,
+        |v| v >= 1.0,
+    );
     // ... and the open tunnels keep working.
     still_echoes(&mut tunnel, 2);
     still_echoes(&mut uds_tunnel, 3);

@@ -355,6 +355,7 @@ async fn serve(
     // for the tunnels it carries until the server closes it.
     let server_drains = async {
         if drain_rx.next().await.is_some() {
+            agent_metrics().server_drain();
             if role == Role::Primary {
                 tracing::info!(server = %addr, %server_id, "server is draining: connecting again for new dials");
                 slots.replace(slot);

@@ -53,6 +53,7 @@ pub struct AgentMetrics {
     dials: [Counter; 5],
     dials_pending: Gauge,
     keepalive_timeouts: Counter,
+    server_drains: Counter,
 }
 
 static METRICS: LazyLock<AgentMetrics> = LazyLock::new(AgentMetrics::new);
@@ -134,6 +135,13 @@ impl AgentMetrics {
             "Server connections dropped because an HTTP/2 keepalive PING (--keepalive-secs) was not answered.",
             kt,
         );
+        let server_drains = Counter::default();
+        // Registered without "_total": the text encoder adds it to counters.
+        x.add(
+            "edgetunnel_agent_server_drains",
+            "DRAIN notices from servers shutting down (each server connection counts one).",
+            server_drains.clone(),
+        );
         let mut registry = Registry::default();
         registry.register_collector(Box::new(x));
         AgentMetrics {
@@ -149,7 +157,13 @@ impl AgentMetrics {
             dials,
             dials_pending,
             keepalive_timeouts,
+            server_drains,
         }
+    }
+
+    /// A server said it drains (DRAIN): new dials go elsewhere.
+    pub fn server_drain(&self) {
+        self.server_drains.inc();
     }
 
     /// A server connection dropped by its keepalive (the server went
@@ -255,6 +269,7 @@ mod tests {
         m.packet(Segment::ToAgent, 0);
         m.packet(Segment::FromAgent, 1);
         m.keepalive_timeout();
+        m.server_drain();
         let t = m.render();
         let p = ANP_AGENT;
         for s in [
@@ -277,6 +292,7 @@ mod tests {
             "edgetunnel_agent_dials_total{result=\"cancelled\"} 1\n".to_string(),
             "edgetunnel_agent_dials_pending 1\n".to_string(),
             "edgetunnel_keepalive_timeouts_total{peer=\"server\"} 1\n".to_string(),
+            "edgetunnel_agent_server_drains_total 1\n".to_string(),
             format!("# HELP {p}open_server_connections Current number of open server connections.\n"),
         ] {
             assert!(t.contains(&s), "{s} missing in\n{t}");
