@@ -477,7 +477,7 @@ fn draining_agent_gets_no_new_dials_and_exits_when_idle() {
     // The held connection goes through a (the only agent yet).
     let (status, _, mut held) = connect_tcp(server.connect, &target);
     assert_eq!(status, 200);
-    let (b, b_admin) = Agent::start_with_admin(&env, server.agent, "b", "host=node", &[]);
+    let (_b, b_admin) = Agent::start_with_admin(&env, server.agent, "b", "host=node", &[]);
     server.wait_metric("edgetunnel_agents_connected", 2.0);
     // Dials each agent made (its /metrics).
     let dials = |admin| metric_at(admin, "edgetunnel_agent_dials_total{result=\"success\"}");
