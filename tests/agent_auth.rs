@@ -93,25 +93,6 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool, log: impl Fn() -> String) {
     }
 }
 
-/// The agent links the server holds, summed over its workers.
-fn links(server: &Server) -> f64 {
-    server
-        .metrics()
-        .lines()
-        .filter(|l| l.starts_with("edgetunnel_worker_agent_links{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// Waits until the agent holds a link on both server workers.
-fn wait_both_links(server: &Server, agent: &Proc) {
-    wait_for(
-        "a link on each server worker",
-        || links(server) == 2.0,
-        || format!("{}\n{}", server.metrics(), agent.log_text()),
-    );
-}
-
 fn tokens_reviewed(kube: &FakeKube) -> Vec<String> {
     kube.token_reviews()
         .iter()
@@ -154,7 +135,7 @@ fn token_authenticated_agents_connect_and_tokens_are_reread() {
     let agent = spawn_agent(&env, server.agent, "good", Some(&token), &[]);
     agent.wait_line("CONNECTED");
     server.wait_metric("edgetunnel_agents_connected", 1.0);
-    wait_both_links(&server, &agent);
+    server.wait_agent_links(2.0, &agent);
     dial_ok(&server);
     // A review per link connection (at least two: a secondary link that
     // lands on the taken worker is refused and tries again), each with the
@@ -173,7 +154,7 @@ fn token_authenticated_agents_connect_and_tokens_are_reread() {
     let server = start_server(&env, &kc, &port.to_string());
     agent.wait_line("CONNECTED");
     server.wait_metric("edgetunnel_agents_connected", 1.0);
-    wait_both_links(&server, &agent);
+    server.wait_agent_links(2.0, &agent);
     wait_for(
         "the new token reviewed",
         || tokens_reviewed(&kube).last().map(String::as_str) == Some("token-two"),

@@ -113,9 +113,19 @@ fn handshake_flood_leaves_descriptors_for_connect_dials() {
     let per_ip = PER_IP.to_string();
     let server = limited_server(
         &env,
-        &["--max-handshakes", &cap, "--max-handshakes-per-ip", &per_ip],
+        &[
+            "--max-handshakes",
+            &cap,
+            "--max-handshakes-per-ip",
+            &per_ip,
+            "--workers",
+            "2",
+        ],
     );
-    let _agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    let agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    // The agent's second link (one per server worker) done: no handshake
+    // of ours competes with the flood for the cap.
+    server.wait_agent_links(2.0, &agent.proc);
     dial(server.connect, echo.addr, 0).expect("dial before the flood");
 
     // 400 connections, more than the server has descriptors for: 300 from

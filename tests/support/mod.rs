@@ -336,6 +336,30 @@ impl Server {
         metric_at(self.admin, sample)
     }
 
+    /// The agent links this server holds, summed over its workers.
+    pub(crate) fn agent_links(&self) -> f64 {
+        self.metrics()
+            .lines()
+            .filter(|l| l.starts_with("edgetunnel_worker_agent_links{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Waits until an agent holds `n` links here (one per server worker
+    /// for an edgetunnel agent): none is then still in its handshake.
+    pub(crate) fn wait_agent_links(&self, n: f64, agent: &Proc) {
+        let deadline = Instant::now() + WAIT;
+        while self.agent_links() != n {
+            assert!(
+                Instant::now() < deadline,
+                "{n} agent links:\n{}\n{}",
+                self.metrics(),
+                agent.log_text()
+            );
+            thread::sleep(Duration::from_millis(25));
+        }
+    }
+
     /// Waits until `sample` equals `want`.
     pub(crate) fn wait_metric(&self, sample: &str, want: f64) {
         wait_metric_at(self.admin, sample, &self.proc, |v| v == want)
