@@ -11,18 +11,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use support::apiserver;
-use support::http_raw::{exchange, Endpoint};
+use support::http_raw::{get_echo, Endpoint};
 use support::proxy_proc::{kubectl, kubectl_cmd, ours_cmd, run_briefly, start, Running};
 use support::{Env, BIN};
 
 /// GET through a proxy: status and the upstream's echo (if JSON).
 fn get(ep: &Endpoint, path: &str) -> (u16, serde_json::Value) {
-    let raw = format!(
-        "GET {path} HTTP/1.1\r\nHost: localhost:{}\r\nUser-Agent: difftest/1\r\n\r\n",
-        ep.port()
-    );
-    let r = exchange(ep, raw.as_bytes(), "GET").expect("exchange");
-    let v = serde_json::from_slice(&r.body).unwrap_or(serde_json::Value::Null);
+    let (r, v) = get_echo(ep, path).expect("exchange");
     (r.status, v)
 }
 

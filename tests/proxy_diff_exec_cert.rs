@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use support::apiserver;
-use support::http_raw::{exchange, Endpoint};
+use support::http_raw::{echoed_header, get_echo, Endpoint};
 use support::proxy_proc::{kubectl, kubectl_cmd, ours_cmd, start};
 use support::Env;
 
@@ -31,12 +31,8 @@ struct Seen {
 }
 
 fn get_full(ep: &Endpoint, path: &str) -> (Seen, String) {
-    let raw = format!(
-        "GET {path} HTTP/1.1\r\nHost: localhost:{}\r\nUser-Agent: difftest/1\r\n\r\n",
-        ep.port()
-    );
-    let r = match exchange(ep, raw.as_bytes(), "GET") {
-        Ok(r) => r,
+    let (r, v) = match get_echo(ep, path) {
+        Ok(got) => got,
         // Status 0: the proxy closed without an answer.
         Err(e) => {
             let seen = Seen {
@@ -47,16 +43,10 @@ fn get_full(ep: &Endpoint, path: &str) -> (Seen, String) {
             return (seen, e.to_string());
         }
     };
-    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or(serde_json::Value::Null);
-    let authorization = v["headers"].as_array().and_then(|a| {
-        a.iter()
-            .find(|p| p[0] == "authorization")
-            .and_then(|p| p[1].as_str().map(str::to_string))
-    });
     let seen = Seen {
         status: r.status,
         cn: v["client_cn"].as_str().map(str::to_string),
-        authorization,
+        authorization: echoed_header(&v, "authorization"),
     };
     (seen, String::from_utf8_lossy(&r.body).into_owned())
 }

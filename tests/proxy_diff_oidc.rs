@@ -18,7 +18,7 @@ use base64::Engine;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use support::apiserver;
 use support::fwd_proxy::{self, RecProxy};
-use support::http_raw::{exchange, Endpoint};
+use support::http_raw::{echoed_header, get_echo, Endpoint};
 use support::proxy_proc::{kubectl, kubectl_cmd, ours_cmd, start};
 use support::{outward_ip, Env};
 
@@ -251,21 +251,11 @@ fn provider_config(path: &Path) -> serde_json::Value {
 /// GET through a proxy: status, the Authorization the API server saw (or
 /// the body when the proxy answered itself).
 fn get(ep: &Endpoint, path: &str) -> (u16, String) {
-    let raw = format!(
-        "GET {path} HTTP/1.1\r\nHost: localhost:{}\r\nUser-Agent: difftest/1\r\n\r\n",
-        ep.port()
-    );
-    let r = exchange(ep, raw.as_bytes(), "GET").expect("exchange");
-    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or(serde_json::Value::Null);
-    let auth = v["headers"].as_array().and_then(|hs| {
-        hs.iter()
-            .find(|h| h[0] == "authorization")
-            .and_then(|h| h[1].as_str())
-            .map(str::to_string)
-    });
+    let (r, v) = get_echo(ep, path).expect("exchange");
     (
         r.status,
-        auth.unwrap_or_else(|| String::from_utf8_lossy(&r.body).trim().to_string()),
+        echoed_header(&v, "authorization")
+            .unwrap_or_else(|| String::from_utf8_lossy(&r.body).trim().to_string()),
     )
 }
 

@@ -15,7 +15,7 @@ use std::process::Command;
 
 use support::apiserver;
 use support::fwd_proxy::{self, RecProxy};
-use support::http_raw::{exchange, upgrade_echo, Endpoint};
+use support::http_raw::{echoed_header, get_echo, upgrade_echo, Endpoint};
 use support::proxy_proc::{self, kubectl, kubectl_cmd, ours_cmd, start, Running};
 use support::{outward_ip, Env};
 
@@ -33,20 +33,8 @@ const PROXY_VARS: &[&str] = &[
 /// GET through a proxy: status, and the upstream's method, target and
 /// Authorization as echoed.
 fn get(ep: &Endpoint, path: &str) -> (u16, String) {
-    let raw = format!(
-        "GET {path} HTTP/1.1\r\nHost: localhost:{}\r\nUser-Agent: difftest/1\r\n\r\n",
-        ep.port()
-    );
-    let r = exchange(ep, raw.as_bytes(), "GET").expect("exchange");
-    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or(serde_json::Value::Null);
-    let auth = v["headers"]
-        .as_array()
-        .and_then(|a| {
-            a.iter()
-                .find(|p| p[0] == "authorization")
-                .and_then(|p| p[1].as_str().map(str::to_string))
-        })
-        .unwrap_or_default();
+    let (r, v) = get_echo(ep, path).expect("exchange");
+    let auth = echoed_header(&v, "authorization").unwrap_or_default();
     (
         r.status,
         format!("{} {} auth={auth}", v["method"], v["target"]),
@@ -125,6 +113,14 @@ fn each<T>(
     [go, ours]
 }
 
+/// The proxy recorded at least one line, each of them `want`.
+fn assert_all_through(who: &str, lines: &[String], want: &str) {
+    assert!(
+        !lines.is_empty() && lines.iter().all(|l| l == want),
+        "{who} through the proxy: {lines:?}"
+    );
+}
+
 const PATHS: &[&str] = &["/api/v1/namespaces/a/pods", "/apis/x/v1/things?w=1"];
 
 #[test]
@@ -150,16 +146,8 @@ fn proxy_url_http_connect_with_credentials() {
         "CONNECT 127.0.0.1:{} auth=Basic dXM6ZXI6cEB3",
         api.addr.port()
     );
-    assert!(
-        !go.1.is_empty() && go.1.iter().all(|l| *l == want),
-        "kubectl through the proxy: {:?}",
-        go.1
-    );
-    assert!(
-        !ours.1.is_empty() && ours.1.iter().all(|l| *l == want),
-        "ours through the proxy: {:?}",
-        ours.1
-    );
+    assert_all_through("kubectl", &go.1, &want);
+    assert_all_through("ours", &ours.1, &want);
 }
 
 #[test]
@@ -180,16 +168,8 @@ fn proxy_url_socks5_with_password() {
     assert_eq!(go.0, ours.0, "answers");
     assert!(go.0.iter().all(|(s, _)| *s == 200), "{:?}", go.0);
     let want = format!("SOCKS 127.0.0.1:{} user=sockuser", api.addr.port());
-    assert!(
-        !go.1.is_empty() && go.1.iter().all(|l| *l == want),
-        "{:?}",
-        go.1
-    );
-    assert!(
-        !ours.1.is_empty() && ours.1.iter().all(|l| *l == want),
-        "{:?}",
-        ours.1
-    );
+    assert_all_through("kubectl", &go.1, &want);
+    assert_all_through("ours", &ours.1, &want);
 }
 
 #[test]
@@ -238,16 +218,8 @@ fn https_proxy_env_and_no_proxy() {
     assert_eq!(go.0, ours.0);
     assert!(go.0.iter().all(|(s, _)| *s == 200), "{:?}", go.0);
     let want = format!("CONNECT {ip}:{} auth=-", api.addr.port());
-    assert!(
-        !go.1.is_empty() && go.1.iter().all(|l| *l == want),
-        "{:?}",
-        go.1
-    );
-    assert!(
-        !ours.1.is_empty() && ours.1.iter().all(|l| *l == want),
-        "{:?}",
-        ours.1
-    );
+    assert_all_through("kubectl", &go.1, &want);
+    assert_all_through("ours", &ours.1, &want);
 
     // NO_PROXY by CIDR, by IP:port, or `*`: both bypass it.
     let cidr = match ip {

@@ -429,6 +429,17 @@ mod tests {
         assert!(!w.lends_buffer(), "a connection gone quiet lends nothing");
     }
 
+    /// A connected pair of non-blocking unix sockets on the current runtime.
+    fn socket_pair() -> (monoio::net::UnixStream, monoio::net::UnixStream) {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        b.set_nonblocking(true).unwrap();
+        (
+            monoio::net::UnixStream::from_std(a).unwrap(),
+            monoio::net::UnixStream::from_std(b).unwrap(),
+        )
+    }
+
     /// Chatty, idle and bulk phases on one connection, across the switch
     /// between reads that wait for readability and reads lent a buffer:
     /// every byte arrives once, in order, then the end of stream.
@@ -436,11 +447,7 @@ mod tests {
     fn reads_switch_between_readiness_and_lent_buffers_without_loss() {
         for driver in [Driver::Auto, Driver::Legacy] {
             block_on(driver, async {
-                let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
-                a.set_nonblocking(true).unwrap();
-                b.set_nonblocking(true).unwrap();
-                let mut a = monoio::net::UnixStream::from_std(a).unwrap();
-                let b = monoio::net::UnixStream::from_std(b).unwrap();
+                let (mut a, b) = socket_pair();
                 let phases: Vec<Vec<u8>> = vec![
                     b"hello".to_vec(),
                     vec![1; 3000],
@@ -477,11 +484,7 @@ mod tests {
     fn vectored_writes_survive_partial_writes() {
         for driver in [Driver::Auto, Driver::Legacy] {
             block_on(driver, async {
-                let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
-                a.set_nonblocking(true).unwrap();
-                b.set_nonblocking(true).unwrap();
-                let mut a = monoio::net::UnixStream::from_std(a).unwrap();
-                let b = monoio::net::UnixStream::from_std(b).unwrap();
+                let (mut a, b) = socket_pair();
                 let chunks: Vec<Bytes> = (0..MAX_BATCH)
                     .map(|i| Bytes::from(vec![i as u8; 100_003 + i]))
                     .collect();

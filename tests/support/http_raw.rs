@@ -265,3 +265,28 @@ pub(crate) fn upgrade_echo(ep: &Endpoint, size: usize) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// A GET of `path` through `ep` as the kubectl-diff tests send it, and the
+/// fake API server's JSON echo of what reached it (`Null` when the body is
+/// not JSON, e.g. an answer the proxy wrote itself).
+pub(crate) fn get_echo(
+    ep: &Endpoint,
+    path: &str,
+) -> std::io::Result<(Response, serde_json::Value)> {
+    let raw = format!(
+        "GET {path} HTTP/1.1\r\nHost: localhost:{}\r\nUser-Agent: difftest/1\r\n\r\n",
+        ep.port()
+    );
+    let r = exchange(ep, raw.as_bytes(), "GET")?;
+    let v = serde_json::from_slice(&r.body).unwrap_or(serde_json::Value::Null);
+    Ok((r, v))
+}
+
+/// A request header as the fake API server echoed it (lower-case `name`).
+pub(crate) fn echoed_header(echo: &serde_json::Value, name: &str) -> Option<String> {
+    echo["headers"]
+        .as_array()?
+        .iter()
+        .find(|h| h[0] == name)
+        .and_then(|h| h[1].as_str().map(str::to_string))
+}
