@@ -297,7 +297,9 @@ pub async fn write_queued<E, W: AsyncWriteRent>(
     let (credits, next) = gather(first, try_next, data);
     moved.set(moved.get() + 1);
     let chunks = credits.iter().map(|c| c.bytes().clone()).collect();
-    write_chunks(wr, chunks).await?;
+    // Boxed: the write lives only while bytes move, and every tunnel's task
+    // would otherwise reserve room for it (392 bytes) even while idle.
+    Box::pin(write_chunks(wr, chunks)).await?;
     drop(credits);
     Ok(next)
 }
