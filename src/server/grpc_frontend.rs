@@ -56,20 +56,32 @@ pub(super) async fn accept_tcp(
             let Some(tls) = tls else {
                 return serve_conn(shared, io, peer.to_string()).await;
             };
-            match monoio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(io)).await {
-                Ok(Ok(io)) => serve_conn(shared, io, peer.to_string()).await,
-                Ok(Err(e)) => {
-                    shared.metrics.frontend_errors.inc();
-                    tracing::info!(%peer, "gRPC frontend TLS handshake failed: {e}");
-                }
-                Err(_) => {
-                    shared.metrics.frontend_errors.inc();
-                    tracing::info!(%peer, "gRPC frontend TLS handshake timed out");
-                }
-            }
+            // Boxed: a plaintext caller's task does not reserve room for
+            // TLS (the handshake, its timer and the TLS connection state).
+            Box::pin(serve_tls(shared, io, peer, tls)).await
         }
     })
     .await
+}
+
+/// A TLS caller: the handshake, then the connection.
+async fn serve_tls(
+    shared: Arc<ServerState>,
+    io: monoio::net::tcp::stream_poll::TcpStreamPoll,
+    peer: std::net::SocketAddr,
+    tls: tokio_rustls::TlsAcceptor,
+) {
+    match Box::pin(monoio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(io))).await {
+        Ok(Ok(io)) => serve_conn(shared, io, peer.to_string()).await,
+        Ok(Err(e)) => {
+            shared.metrics.frontend_errors.inc();
+            tracing::info!(%peer, "gRPC frontend TLS handshake failed: {e}");
+        }
+        Err(_) => {
+            shared.metrics.frontend_errors.inc();
+            tracing::info!(%peer, "gRPC frontend TLS handshake timed out");
+        }
+    }
 }
 
 pub(super) async fn accept_unix(shared: Arc<ServerState>, l: monoio::net::UnixListener) {
@@ -139,7 +151,7 @@ where
     // The handshake ends when the client's preface has come.
     let handshake = grpc::h2_server(FRONTEND_STREAM_WINDOW)
         .handshake::<_, SendBuf>(crate::engine::h2_server_io::wrap(io));
-    let mut conn = match monoio::time::timeout(idle_for, handshake).await {
+    let mut conn = match Box::pin(monoio::time::timeout(idle_for, handshake)).await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {
             tracing::info!(%peer, error = %e, "gRPC frontend handshake failed");
@@ -181,7 +193,9 @@ where
             next = conn.accept() => Next::Stream(next),
             e = &mut keepalive => Next::Lost(e),
             _ = &mut draining, if !told => Next::Drain,
-            _ = monoio::time::sleep(wait) => Next::Tick,
+            // Boxed: a timer is 640 bytes, and the connection's task is
+            // allocated at its largest state for as long as it lives.
+            _ = Box::pin(monoio::time::sleep(wait)) => Next::Tick,
         };
         let next = match next {
             Next::Stream(n) => n,
@@ -506,7 +520,10 @@ async fn proxy_stream(
                         avoid,
                     } => {
                         let dial = (token, address, agent_random, avoid);
-                        route_dial(shared, &mut machine, &ev_tx, dial).await
+                        // Boxed: a dial's wait (its timer is 640 bytes) is
+                        // over before the tunnel idles, and a task's
+                        // allocation is its largest state.
+                        Box::pin(route_dial(shared, &mut machine, &ev_tx, dial)).await
                     }
                     a => carry_out(shared, &to_client, &mut parked, a),
                 }
@@ -604,11 +621,35 @@ async fn proxy_stream(
     }
     to_client.out.close_channel();
     if writing {
-        match monoio::time::timeout(FLUSH_TIMEOUT, write).await {
+        match Box::pin(monoio::time::timeout(FLUSH_TIMEOUT, write)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::debug!(error = %e, "proxy client stream broke"),
             Err(_) => tracing::debug!("proxy client did not take its last answers in time"),
         }
     }
     result.map_err(Into::into)
+}
+
+#[cfg(test)]
+mod task_size_tests {
+    use super::*;
+
+    fn future_of<A, B, C, R>(_: fn(A, B, C) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    /// A caller's connection and stream tasks are allocated at their
+    /// largest state for as long as they live: the handshake, the idle
+    /// timer, a dial's wait and the last flush are boxed (a monoio timer
+    /// is 640 bytes and 128-byte aligned). The connection keeps h2's state
+    /// (1,704 bytes) and its keepalive. Before, the connection's task was
+    /// 3,712 bytes (7,552 over TCP, which held the TLS path too) and the
+    /// stream's 2,816 (issue 15, memory per idle connection).
+    #[test]
+    fn an_idle_callers_tasks_stay_small() {
+        let conn = future_of(serve_conn::<monoio::net::tcp::stream_poll::TcpStreamPoll>);
+        let stream = future_of(proxy_stream);
+        assert!(conn <= 3_000, "serve_conn's future is {conn} bytes");
+        assert!(stream <= 1_500, "proxy_stream's future is {stream} bytes");
+    }
 }
