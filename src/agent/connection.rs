@@ -683,16 +683,22 @@ enum Down {
 
 /// Relays a dialed target until either side ends.
 ///
-/// An async block, not an `async fn`, with the fields used in place: a
-/// task keeps its future's arguments for its whole life, and an `async fn`
-/// (or moving fields out) would keep a second copy of them.
+/// An async block, not an `async fn`: a task keeps its future's arguments
+/// for its whole life, and an `async fn` would keep a second copy of them.
 #[allow(clippy::manual_async_fn)] // deliberate: see above
 fn relay_conn(shared: Rc<LinkState>, opened: Opened) -> impl Future<Output = ()> {
     async move {
-        let connect_id = opened.connect_id;
-        let fd = opened.fd;
-        let mut events = opened.events;
-        let mut wr = opened.wr;
+        // Every field is taken, the gauge included: an async block captures
+        // only the places it names, and the rest would be dropped at once.
+        let Opened {
+            connect_id,
+            fd,
+            rd,
+            mut wr,
+            mut events,
+            window,
+            _open,
+        } = opened;
         // An abnormal end (server connection gone) resets the target; a target
         // that fails is reported in the CLOSE_RSP's error, so the server can
         // reset its caller.
@@ -705,7 +711,7 @@ fn relay_conn(shared: Rc<LinkState>, opened: Opened) -> impl Future<Output = ()>
         let (up_moved, down_moved) = (&moved.0, &moved.1);
         let linger = shared.half_close_linger;
         let up = async {
-            let mut r = ChunkReader::new(opened.rd).with_flow_control(opened.window);
+            let mut r = ChunkReader::new(rd).with_flow_control(window);
             loop {
                 match r.next().await {
                     Ok(Some(chunk)) => {

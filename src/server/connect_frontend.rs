@@ -568,21 +568,25 @@ impl Relay {
         W: AsyncWriteRent,
     {
         async move {
-            let connect_id = self.connect_id;
-            let agent = &self.dial.agent;
-            let span = tracing::debug_span!("tunnel", address = %self.dial.address, connect_id, agent = %agent.agent_id);
+            // The whole `Relay` is moved in, not just the fields used below
+            // (an async block captures the places it names): the dial's
+            // connection gauge must live as long as the tunnel.
+            let this = &mut self;
+            let connect_id = this.connect_id;
+            let agent = &this.dial.agent;
+            let span = tracing::debug_span!("tunnel", address = %this.dial.address, connect_id, agent = %agent.agent_id);
             // An abnormal end (agent connection or target gone, not a clean
             // close) resets the caller; so does the server stopping under the
             // tunnel.
             let _tracked = abort::track(&fd);
             let aborted = Cell::new(false);
-            let linger = self.shared.cfg.half_close_linger;
-            let events = &mut self.events;
+            let linger = this.shared.cfg.half_close_linger;
+            let events = &mut this.events;
             // Chunks moved each way, so that a half-closed tunnel's linger
             // counts idle time only.
             let (up_moved, down_moved) = (Cell::new(0u64), Cell::new(0u64));
             let up = async {
-                let mut r = ChunkReader::new(rd).with_flow_control(self.window.clone());
+                let mut r = ChunkReader::new(rd).with_flow_control(this.window.clone());
                 // One sender for the whole stream (a clone per chunk would
                 // allocate).
                 let mut cmds = agent.cmds.clone();
