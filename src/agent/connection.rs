@@ -687,18 +687,21 @@ enum Down {
 /// for its whole life, and an `async fn` would keep a second copy of them.
 #[allow(clippy::manual_async_fn)] // deliberate: see above
 fn relay_conn(shared: Rc<LinkState>, opened: Opened) -> impl Future<Output = ()> {
+    // Taken apart out here, so that the block below holds each field once
+    // (moved into it) rather than the struct and a copy of its fields.
+    let Opened {
+        connect_id,
+        fd,
+        rd,
+        mut wr,
+        mut events,
+        window,
+        _open,
+    } = opened;
     async move {
-        // Every field is taken, the gauge included: an async block captures
-        // only the places it names, and the rest would be dropped at once.
-        let Opened {
-            connect_id,
-            fd,
-            rd,
-            mut wr,
-            mut events,
-            window,
-            _open,
-        } = opened;
+        // An async block captures only the places it names: the gauge is
+        // named, so that it lives as long as the connection.
+        let _open = &_open;
         // An abnormal end (server connection gone) resets the target; a target
         // that fails is reported in the CLOSE_RSP's error, so the server can
         // reset its caller.
@@ -709,7 +712,8 @@ fn relay_conn(shared: Rc<LinkState>, opened: Opened) -> impl Future<Output = ()>
         // counts idle time only.
         let moved = (Cell::new(0u64), Cell::new(0u64));
         let (up_moved, down_moved) = (&moved.0, &moved.1);
-        let linger = shared.half_close_linger;
+        // (The linger is read where used: a local would widen every state
+        // of the task.)
         let up = async {
             let mut r = ChunkReader::new(rd).with_flow_control(window);
             loop {
@@ -786,7 +790,7 @@ fn relay_conn(shared: Rc<LinkState>, opened: Opened) -> impl Future<Output = ()>
                         let eof = packet::encode(packet::half_close(connect_id));
                         let _ = shared.out.clone().send(eof).await;
                         // The server's side gets `linger` (idle) to finish too.
-                        match relay::linger(linger, down_moved, down).await {
+                        match relay::linger(shared.half_close_linger, down_moved, down).await {
                             Some((ended, _)) => ended != Down::Closed,
                             None => true,
                         }
@@ -813,7 +817,7 @@ fn relay_conn(shared: Rc<LinkState>, opened: Opened) -> impl Future<Output = ()>
                     futures::pin_mut!(closed);
                     // The target gets `linger` (idle) to finish too.
                     let rest = futures::future::select(up, closed);
-                    match relay::linger(linger, up_moved, rest).await {
+                    match relay::linger(shared.half_close_linger, up_moved, rest).await {
                         Some(futures::future::Either::Left(_)) | None => true,
                         Some(futures::future::Either::Right(_)) => false,
                     }
@@ -853,6 +857,8 @@ mod tests {
     #[test]
     fn an_idle_connections_task_stays_small() {
         let relay = future_of(relay_conn);
-        assert!(relay <= 900, "the relay's future is {relay} bytes");
+        // monoio's task header adds 40 bytes, and 896 is an allocator size
+        // class (897 bytes would take 1,024).
+        assert!(relay <= 856, "the relay's future is {relay} bytes");
     }
 }
