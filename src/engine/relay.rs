@@ -287,19 +287,20 @@ pub fn gather<E, T>(
 /// [`crate::engine::budget`]) are returned once the bytes are written.
 /// `moved` counts the writes (for [`linger`]). `Ok` holds the first queued
 /// event that was not payload, to handle next.
+///
+/// Relays box this future (it lives only while bytes move): inline, every
+/// tunnel's task would reserve room for it (about 550 bytes) even idle.
 pub async fn write_queued<E, W: AsyncWriteRent>(
     wr: &mut W,
     first: Credit,
     try_next: impl FnMut() -> Option<E>,
     data: impl Fn(E) -> Result<Credit, E>,
-    moved: &std::cell::Cell<u64>,
+    moved: &std::cell::Cell<u32>,
 ) -> io::Result<Option<E>> {
     let (credits, next) = gather(first, try_next, data);
-    moved.set(moved.get() + 1);
+    moved.set(moved.get().wrapping_add(1));
     let chunks = credits.iter().map(|c| c.bytes().clone()).collect();
-    // Boxed: the write lives only while bytes move, and every tunnel's task
-    // would otherwise reserve room for it (392 bytes) even while idle.
-    Box::pin(write_chunks(wr, chunks)).await?;
+    write_chunks(wr, chunks).await?;
     drop(credits);
     Ok(next)
 }
@@ -369,11 +370,12 @@ impl<T> Duplex for T where
 
 /// Runs `rest` (what remains of a half-closed tunnel: the other direction
 /// until it finishes) as long as it does not stay idle for `linger`: while
-/// `moved` (bumped on every chunk the remaining direction moves) changes
-/// the tunnel lives on. `None` if the linger ran out.
+/// `moved` (bumped on every chunk the remaining direction moves; it wraps,
+/// and is only compared for a change) changes the tunnel lives on. `None`
+/// if the linger ran out.
 pub async fn linger<F: std::future::Future>(
     linger: std::time::Duration,
-    moved: &std::cell::Cell<u64>,
+    moved: &std::cell::Cell<u32>,
     rest: F,
 ) -> Option<F::Output> {
     let mut rest = std::pin::pin!(rest);
