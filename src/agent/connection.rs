@@ -5,8 +5,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::os::fd::AsRawFd;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -753,7 +752,7 @@ fn relay_conn(shared: Rc<LinkState>, opened: Opened) -> impl Future<Output = ()>
                 };
                 match ev {
                     ConnEvent::Data(first) => {
-                        let written = Box::pin(relay::write_queued(
+                        let written = relay::write_queued(
                             wr,
                             first,
                             || events.try_recv().ok(),
@@ -762,7 +761,8 @@ fn relay_conn(shared: Rc<LinkState>, opened: Opened) -> impl Future<Output = ()>
                                 other => Err(other),
                             },
                             down_moved,
-                        ));
+                        );
+
                         match written.await {
                             Ok(next) => stashed = next,
                             Err(e) => {

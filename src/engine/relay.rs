@@ -288,21 +288,23 @@ pub fn gather<E, T>(
 /// `moved` counts the writes (for [`linger`]). `Ok` holds the first queued
 /// event that was not payload, to handle next.
 ///
-/// Relays box this future (it lives only while bytes move): inline, every
+/// The write is boxed: it lives only while bytes move, and inline every
 /// tunnel's task would reserve room for it (about 550 bytes) even idle.
-pub async fn write_queued<E, W: AsyncWriteRent>(
-    wr: &mut W,
+pub fn write_queued<'a, E: 'a, W: AsyncWriteRent + 'a>(
+    wr: &'a mut W,
     first: Credit,
     try_next: impl FnMut() -> Option<E>,
     data: impl Fn(E) -> Result<Credit, E>,
     moved: &std::cell::Cell<u32>,
-) -> io::Result<Option<E>> {
+) -> std::pin::Pin<Box<impl std::future::Future<Output = io::Result<Option<E>>> + 'a>> {
     let (credits, next) = gather(first, try_next, data);
     moved.set(moved.get().wrapping_add(1));
-    let chunks = credits.iter().map(|c| c.bytes().clone()).collect();
-    write_chunks(wr, chunks).await?;
-    drop(credits);
-    Ok(next)
+    Box::pin(async move {
+        let chunks = credits.iter().map(|c| c.bytes().clone()).collect();
+        write_chunks(wr, chunks).await?;
+        drop(credits);
+        Ok(next)
+    })
 }
 
 /// Writes every chunk fully.

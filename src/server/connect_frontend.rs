@@ -629,7 +629,7 @@ impl Relay {
                     };
                     match ev {
                         FrontendEvent::Data(first) => {
-                            let written = Box::pin(relay::write_queued(
+                            let written = relay::write_queued(
                                 &mut wr,
                                 first,
                                 || events.try_recv().ok().map(|(_, ev)| ev),
@@ -638,7 +638,8 @@ impl Relay {
                                     other => Err(other),
                                 },
                                 &down_moved,
-                            ));
+                            );
+
                             match written.await {
                                 Ok(next) => stashed = next,
                                 Err(_) => return false,
