@@ -9,6 +9,8 @@ use edgetunnel::readiness::Announce;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
+    // Before the runtimes allocate: no huge pages (memory per idle tunnel).
+    let thp = edgetunnel::engine::memory::at_start();
     // `proxy-server`, `yurt-tunnel-agent`, ...: the Go binaries' flags.
     let compat = edgetunnel::compat::from_process_args();
     let cli = match &compat {
@@ -37,6 +39,9 @@ fn main() {
         .init();
     if let Some(t) = &compat {
         t.log_notes();
+    }
+    if let Err(e) = thp {
+        tracing::warn!(error = %e, "transparent huge pages stay on: more memory per idle tunnel");
     }
     // kubectl's wording for the drop-in `proxy`.
     let prefix = match cli.command {

@@ -141,11 +141,13 @@ pub fn run(cfg: AgentConfig) -> Result<(), BoxError> {
         threads.push(
             std::thread::Builder::new()
                 .name(format!("edgetunnel-a{}", i + 1))
-                .spawn(move || runtime::block_on(driver, links::serve_jobs(ctx, links, q)))?,
+                .spawn(move || {
+                    runtime::block_on_worker(driver, links::serve_jobs(ctx, links, q))
+                })?,
         );
     }
     let main_links = links.clone();
-    runtime::block_on(cfg.driver, async move {
+    runtime::block_on_worker(cfg.driver, async move {
         let jobs = monoio::spawn(links::serve_jobs(ctx, main_links, main_queue));
         for l in admin_l {
             match monoio::net::TcpListener::from_std(l) {

@@ -16,6 +16,7 @@ pub mod h2_keepalive;
 pub mod h2_server_io;
 pub mod head_reader;
 pub mod listener;
+pub mod memory;
 pub mod read_ahead;
 pub mod relay;
 pub mod runtime;

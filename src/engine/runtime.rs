@@ -134,6 +134,16 @@ pub fn block_on<F: Future>(driver: Driver, fut: F) -> io::Result<F::Output> {
     })
 }
 
+/// [`block_on`] for a data-plane thread: the thread also hands freed
+/// memory back to the system whenever it goes quiet after work (see
+/// [`super::memory`]).
+pub fn block_on_worker<F: Future>(driver: Driver, fut: F) -> io::Result<F::Output> {
+    block_on(driver, async move {
+        monoio::spawn(super::memory::trim_when_quiet());
+        fut.await
+    })
+}
+
 /// Starts `workers` threads, each running `make(index)` on its own runtime,
 /// and waits for all of them. Returns the first error.
 pub fn run_workers<M, F>(workers: usize, driver: Driver, make: M) -> io::Result<()>
@@ -147,7 +157,7 @@ where
         let make = make.clone();
         let h = std::thread::Builder::new()
             .name(format!("edgetunnel-w{idx}"))
-            .spawn(move || block_on(driver, make(idx)).and_then(|r| r))?;
+            .spawn(move || block_on_worker(driver, make(idx)).and_then(|r| r))?;
         handles.push(h);
     }
     let mut result = Ok(());

@@ -138,6 +138,49 @@ pub fn split_stream<T>(half: &monoio::io::OwnedReadHalf<T>) -> &T {
     unsafe { &*half.0.get() }
 }
 
+/// Turns transparent huge pages off for the whole process (see
+/// [`super::memory`]).
+pub fn disable_transparent_huge_pages() -> io::Result<()> {
+    // SAFETY: PR_SET_THP_DISABLE takes plain integers and touches no memory
+    // of ours.
+    let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// CPU time the calling thread has used.
+pub fn thread_cpu_time() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write to; the clock id is a
+    // constant every Linux supports.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Asks the allocator to return the memory it holds free to the system
+/// (see [`super::memory`]): mimalloc's forced collect of the calling
+/// thread's heap, or glibc's `malloc_trim` in a `system-alloc` build.
+pub fn release_free_memory() {
+    #[cfg(not(feature = "system-alloc"))]
+    // SAFETY: no arguments to uphold; it only frees what is already free.
+    unsafe {
+        libmimalloc_sys::mi_collect(true)
+    };
+    #[cfg(feature = "system-alloc")]
+    // SAFETY: as above.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// One non-blocking `recv(MSG_DONTWAIT)` of up to `want` bytes appended to
 /// `buf` (which must have that much spare capacity, or it is reserved).
 /// Returns the bytes read; 0 is end of stream.
