@@ -21,7 +21,7 @@ use super::ServerState;
 use crate::engine::accept;
 use crate::engine::budget::Credit;
 use crate::engine::grpc::{self, code, GrpcError, PacketReceiver, PacketSender, SendBuf};
-use crate::engine::h2_keepalive::{self, KeepaliveError};
+use crate::engine::h2_keepalive::{KeepaliveError, PingSchedule, PingStep};
 use crate::engine::window::{self, ConnWindow};
 use crate::metrics::{self, DialResult, KeepalivePeer, Segment};
 use crate::protocol::packet::{self, Frame};
@@ -164,9 +164,11 @@ where
     };
     // PINGs toward callers that stay connected (ANP's
     // --frontend-keepalive-time): a caller gone without a FIN is noticed
-    // and its streams end.
-    let keepalive = h2_keepalive::keep_alive(conn.ping_pong(), shared.cfg.frontend_keepalive);
-    let mut keepalive = std::pin::pin!(keepalive);
+    // and its streams end. Driven by the loop's one timer: a timer of its
+    // own (640 bytes, 128-byte aligned) would sit in every connection's
+    // task for its whole life.
+    let mut pinger = conn.ping_pong();
+    let mut keepalive = PingSchedule::new(shared.cfg.frontend_keepalive, Instant::now());
     // A draining server sends GOAWAY (grpc-go's GracefulStop): the caller
     // opens new streams elsewhere, the open ones finish here.
     let mut draining = std::pin::pin!(shared.draining());
@@ -174,7 +176,7 @@ where
     loop {
         enum Next<T> {
             Stream(T),
-            Lost(KeepaliveError),
+            Pong(Result<h2::Pong, h2::Error>),
             Drain,
             Tick,
         }
@@ -185,13 +187,23 @@ where
         } else {
             idle_for
         };
-        // While streams are open, look again every `idle_for`.
-        let wait = idle
+        // While streams are open, look again every `idle_for`; and when
+        // the next PING or PONG is due.
+        let now = Instant::now();
+        let mut wait = idle
             .deadline(limit)
-            .map_or(idle_for, |d| d.saturating_duration_since(Instant::now()));
+            .map_or(idle_for, |d| d.saturating_duration_since(now));
+        if pinger.is_some() {
+            wait = wait.min(keepalive.deadline().saturating_duration_since(now));
+        }
+        let listen_pong = keepalive.awaiting_pong();
+        let pong = futures::future::poll_fn(|cx| match pinger.as_mut() {
+            Some(p) => p.poll_pong(cx),
+            None => std::task::Poll::Pending,
+        });
         let next = monoio::select! {
             next = conn.accept() => Next::Stream(next),
-            e = &mut keepalive => Next::Lost(e),
+            pong = pong, if listen_pong => Next::Pong(pong),
             _ = &mut draining, if !told => Next::Drain,
             // Boxed: a timer is 640 bytes, and the connection's task is
             // allocated at its largest state for as long as it lives.
@@ -199,10 +211,12 @@ where
         };
         let next = match next {
             Next::Stream(n) => n,
-            Next::Lost(e) => {
-                if let KeepaliveError::Timeout(_) = e {
-                    shared.metrics.keepalive_timeout(KeepalivePeer::Frontend);
-                }
+            Next::Pong(Ok(_)) => {
+                keepalive.on_pong(Instant::now());
+                continue;
+            }
+            Next::Pong(Err(e)) => {
+                let e = KeepaliveError::from(e);
                 tracing::info!(%peer, error = %e, "gRPC frontend caller lost");
                 return;
             }
@@ -213,6 +227,20 @@ where
             }
             Next::Tick => {
                 let now = Instant::now();
+                if let Some(p) = pinger.as_mut() {
+                    let lost = match keepalive.on_tick(now) {
+                        PingStep::Wait => None,
+                        PingStep::Ping => p.send_ping(h2::Ping::opaque()).err().map(Into::into),
+                        PingStep::Lost => {
+                            shared.metrics.keepalive_timeout(KeepalivePeer::Frontend);
+                            Some(KeepaliveError::Timeout(keepalive.unanswered_limit()))
+                        }
+                    };
+                    if let Some(e) = lost {
+                        tracing::info!(%peer, error = %e, "gRPC frontend caller lost");
+                        return;
+                    }
+                }
                 if idle.deadline(limit).is_none_or(|d| now < d) {
                     continue;
                 }
@@ -638,18 +666,29 @@ mod task_size_tests {
         std::mem::size_of::<R>()
     }
 
+    fn alignment_of<A, B, C, R>(_: fn(A, B, C) -> R) -> usize {
+        std::mem::align_of::<R>()
+    }
+
     /// A caller's connection and stream tasks are allocated at their
     /// largest state for as long as they live: the handshake, the idle
     /// timer, a dial's wait and the last flush are boxed (a monoio timer
-    /// is 640 bytes and 128-byte aligned). The connection keeps h2's state
-    /// (1,704 bytes) and its keepalive. Before, the connection's task was
-    /// 3,712 bytes (7,552 over TCP, which held the TLS path too) and the
-    /// stream's 2,816 (issue 15, memory per idle connection).
+    /// is 640 bytes and 128-byte aligned), and the keepalive runs on the
+    /// connection's one timer ([`PingSchedule`]) rather than a pinned timer
+    /// of its own. The connection keeps h2's state (1,704 bytes). Before,
+    /// the connection's task was 3,712 bytes (7,552 over TCP, which held
+    /// the TLS path too), then 2,944 with the keepalive's 896-byte timer
+    /// (128-byte aligned: a 3,584-byte task), and the stream's 2,816
+    /// (issue 15, memory per idle connection).
     #[test]
     fn an_idle_callers_tasks_stay_small() {
-        let conn = future_of(serve_conn::<monoio::net::tcp::stream_poll::TcpStreamPoll>);
+        type Tcp = monoio::net::tcp::stream_poll::TcpStreamPoll;
+        let conn = future_of(serve_conn::<Tcp>);
         let stream = future_of(proxy_stream);
-        assert!(conn <= 3_000, "serve_conn's future is {conn} bytes");
+        assert!(conn <= 2_100, "serve_conn's future is {conn} bytes");
+        // No timer inline: an alignment of 128 would pad the task.
+        let align = alignment_of(serve_conn::<Tcp>);
+        assert_eq!(align, 8, "serve_conn's future is {align}-byte aligned");
         assert!(stream <= 1_500, "proxy_stream's future is {stream} bytes");
     }
 }
