@@ -470,8 +470,10 @@ fn read_all_status(server: &Server, addr: &str) -> u16 {
 #[test]
 fn draining_agent_gets_no_new_dials_and_exits_when_idle() {
     let env = Env::new();
-    let server = Server::start(&env, &[]);
+    // Two workers: agent a holds a link to each, and sends a DRAIN on each.
+    let server = Server::start(&env, &["--workers", "2"]);
     let (mut a, a_admin) = Agent::start_with_admin(&env, server.agent, "a", "host=node", &[]);
+    server.wait_agent_links(2.0, &a.proc);
     let echo = echo_server("127.0.0.1");
     let target = echo.addr.to_string();
     // The held connection goes through a (the only agent yet).
@@ -483,12 +485,13 @@ fn draining_agent_gets_no_new_dials_and_exits_when_idle() {
     let dials = |admin| metric_at(admin, "edgetunnel_agent_dials_total{result=\"success\"}");
     assert_eq!(dials(a_admin), 1.0);
     a.proc.signal(libc::SIGTERM);
-    // The server saw a's DRAIN (one per link).
+    // The server saw a's DRAIN on both its links (waiting for the first
+    // alone let a dial reach a's other link before its DRAIN came).
     wait_metric_at(
         server.admin,
         "edgetunnel_agent_drains_total",
         &server.proc,
-        |v| v >= 1.0,
+        |v| v >= 2.0,
     );
     // New dials all go to b; the held one on a still works.
     for _ in 0..6 {
