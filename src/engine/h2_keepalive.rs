@@ -79,6 +79,17 @@ impl PingSchedule {
         self.next_ping = now + self.every;
     }
 
+    /// [`Self::on_tick`] carried out on the connection's `p`: sends the
+    /// PING that is due; `Err` when the peer is lost (its PING went
+    /// unanswered, or the connection failed under a new one).
+    pub fn drive(&mut self, p: &mut h2::PingPong, now: Instant) -> Result<(), KeepaliveError> {
+        match self.on_tick(now) {
+            PingStep::Wait => Ok(()),
+            PingStep::Ping => p.send_ping(h2::Ping::opaque()).map_err(Into::into),
+            PingStep::Lost => Err(KeepaliveError::Timeout(self.unanswered_limit())),
+        }
+    }
+
     /// How long a PING may go unanswered.
     pub fn unanswered_limit(&self) -> Duration {
         self.every * 2
@@ -107,14 +118,8 @@ pub async fn keep_alive(ping: Option<h2::PingPong>, every: Duration) -> Keepaliv
         } else {
             monoio::time::sleep(wait).await;
         }
-        match schedule.on_tick(Instant::now()) {
-            PingStep::Wait => {}
-            PingStep::Ping => {
-                if let Err(e) = p.send_ping(h2::Ping::opaque()) {
-                    return e.into();
-                }
-            }
-            PingStep::Lost => return KeepaliveError::Timeout(schedule.unanswered_limit()),
+        if let Err(e) = schedule.drive(&mut p, Instant::now()) {
+            return e;
         }
     }
 }

@@ -2,8 +2,8 @@
 //!
 //! Measured with 8,000 idle CONNECT tunnels (server and agent RSS per
 //! tunnel, issue 15): 5.0-5.8 KB as the allocator left it, about 3.2 KB
-//! with the two policies below, close to the live heap (about 1.45 KB on
-//! the server and 1.6 KB on the agent, from heaptrack).
+//! with the two policies below, close to the live heap (heaptrack: about
+//! 1.5-1.8 KB on the server and 1.6 KB on the agent).
 //!
 //! - **No transparent huge pages** ([`at_start`]). mimalloc asks for huge
 //!   pages on its arenas (`madvise(MADV_HUGEPAGE)`), so the kernel backs

@@ -23,7 +23,7 @@ use super::ServerState;
 use crate::engine::accept;
 use crate::engine::budget::Credit;
 use crate::engine::grpc::{self, code, GrpcError, PacketReceiver, PacketSender, SendBuf};
-use crate::engine::h2_keepalive::{KeepaliveError, PingSchedule, PingStep};
+use crate::engine::h2_keepalive::{KeepaliveError, PingSchedule};
 use crate::engine::window::{self, ConnWindow};
 use crate::metrics::{self, DialResult, KeepalivePeer, Segment};
 use crate::protocol::packet::{self, Frame};
@@ -243,15 +243,10 @@ where
                 Next::Tick => {
                     let now = Instant::now();
                     if let Some(p) = pinger.as_mut() {
-                        let lost = match keepalive.on_tick(now) {
-                            PingStep::Wait => None,
-                            PingStep::Ping => p.send_ping(h2::Ping::opaque()).err().map(Into::into),
-                            PingStep::Lost => {
+                        if let Err(e) = keepalive.drive(p, now) {
+                            if let KeepaliveError::Timeout(_) = e {
                                 shared.metrics.keepalive_timeout(KeepalivePeer::Frontend);
-                                Some(KeepaliveError::Timeout(keepalive.unanswered_limit()))
                             }
-                        };
-                        if let Some(e) = lost {
                             tracing::info!(%peer, error = %e, "gRPC frontend caller lost");
                             return;
                         }
