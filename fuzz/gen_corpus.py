@@ -249,6 +249,24 @@ write("h2_authority", "rfc7541-huffman", b"\x02\x10\x30" + H2_PREFACE
 write("h2_authority", "data-in-block", b"\x00" + H2_PREFACE
       + h2_frame(1, 0, 1, blk) + h2_frame(0, 0, 1, b"x"))
 
+# h2_server: [n][n chunk sizes][client frames]; the target sends the
+# preface and an empty SETTINGS first.
+write("h2_server", "call", b"\x00"
+      + h2_frame(1, 4, 1, h2_request(H2_PERCENT)) + h2_frame(0, 0, 1, dial)
+      + h2_frame(8, 0, 1, b"\x00\x01\x00\x00") + h2_frame(8, 0, 0, b"\x00\x01\x00\x00")
+      + h2_frame(6, 0, 0, b"\x00" * 8) + h2_frame(0, 1, 1, b""))
+write("h2_server", "two-streams-reset", b"\x02\x09\x40"
+      + h2_frame(1, 4, 1, h2_request("")) + h2_frame(1, 4, 3, hp_idx(3) + hp_idx(6) + hp_idx(63) + hp_idx(62))
+      + h2_frame(0, 0x8, 3, b"\x02" + dial + b"\x00\x00") + h2_frame(3, 0, 1, b"\x00\x00\x00\x08")
+      + h2_frame(1, 5, 3, hp_lit("grpc-status", "0")))
+write("h2_server", "continuation-settings", b"\x01\x05"
+      + h2_frame(1, 1, 1, blk[:6]) + h2_frame(9, 0, 1, blk[6:20]) + h2_frame(9, 4, 1, blk[20:])
+      + h2_frame(4, 0, 0, b"\x00\x04\x00\x10\x00\x00\x00\x05\x00\x00\x80\x00")
+      + h2_frame(7, 0, 0, b"\x00\x00\x00\x01\x00\x00\x00\x00"))
+write("h2_server", "unknown-path", b"\x00"
+      + h2_frame(1, 4, 1, b"".join([hp_idx(3), hp_idx(6), hp_lit(":path", "/x"), hp_lit("content-type", "application/grpc")]))
+      + h2_frame(0, 1, 1, dial) + h2_frame(0xfa, 0, 0, b"ext"))
+
 # cert_names: 2-byte little-endian DER length, the certificate, then
 # "agent-id\nidentifiers". The certificates come from openssl (run once; the
 # seeds are committed, so openssl is needed only to write them again).

@@ -21,6 +21,7 @@ pub mod exec_credential;
 pub mod goflag;
 pub mod grpc_frame;
 pub mod h2_authority;
+pub mod h2_server;
 pub mod http1;
 pub mod http_connect;
 pub mod identifiers;

@@ -1,0 +1,696 @@
+use super::*;
+
+const PROXY: &str = "/ProxyService/Proxy";
+const PERCENT: &str = "%2Fetc%2Fkubernetes%2Fkonnectivity-server%2Fkonnectivity-server.socket";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct F {
+    ty: u8,
+    flags: u8,
+    id: u32,
+    payload: Vec<u8>,
+}
+
+fn frame(ty: u8, flags: u8, id: u32, payload: &[u8]) -> Vec<u8> {
+    let mut v = Vec::new();
+    put_frame_header(&mut v, payload.len(), ty, flags, id);
+    v.extend_from_slice(payload);
+    v
+}
+
+fn parse(mut b: &[u8]) -> Vec<F> {
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let len = usize::from(b[0]) << 16 | usize::from(b[1]) << 8 | usize::from(b[2]);
+        out.push(F {
+            ty: b[3],
+            flags: b[4],
+            id: u32::from_be_bytes([b[5], b[6], b[7], b[8]]),
+            payload: b[9..9 + len].to_vec(),
+        });
+        b = &b[9 + len..];
+    }
+    out
+}
+
+fn fields(list: &[(&str, &str)]) -> Vec<u8> {
+    let mut b = Vec::new();
+    for (n, v) in list {
+        encode_field(&mut b, n.as_bytes(), v.as_bytes());
+    }
+    b
+}
+
+fn request_fields(authority: Option<&str>) -> Vec<u8> {
+    let mut l = vec![(":method", "POST"), (":scheme", "http"), (":path", PROXY)];
+    if let Some(a) = authority {
+        l.push((":authority", a));
+    }
+    l.push(("content-type", "application/grpc"));
+    l.push(("te", "trailers"));
+    fields(&l)
+}
+
+type Conn = ServerConn<()>;
+
+fn cfg() -> Config {
+    Config {
+        stream_window: 1 << 20,
+        conn_window: 2 << 20,
+        max_frame: 16_384,
+        max_streams: 4,
+        max_header_list: 8_192,
+    }
+}
+
+/// Feeds `bytes` (in one piece); what stays unconsumed is returned.
+fn feed(c: &mut Conn, bytes: &[u8]) -> Result<BytesMut, ConnError> {
+    let mut b = BytesMut::from(bytes);
+    c.recv(&mut b)?;
+    Ok(b)
+}
+
+fn events(c: &mut Conn) -> Vec<Event> {
+    std::iter::from_fn(|| c.poll_event()).collect()
+}
+
+/// A connection past the preface and the client's SETTINGS, output taken.
+fn open() -> Conn {
+    let mut c = Conn::new(cfg());
+    let mut start = PREFACE.to_vec();
+    start.extend(frame(SETTINGS, 0, 0, &[]));
+    assert!(feed(&mut c, &start).unwrap().is_empty());
+    c.take_output();
+    c
+}
+
+fn request(c: &mut Conn, id: u32) {
+    feed(c, &frame(HEADERS, END_HEADERS, id, &request_fields(None))).unwrap();
+    match events(c).as_slice() {
+        [Event::Request { stream, .. }] => assert_eq!(*stream, id),
+        e => panic!("{e:?}"),
+    }
+}
+
+fn data_of(c: &mut Conn, id: u32) -> Vec<u8> {
+    let mut v = Vec::new();
+    while let Recv::Data(b) = c.take_data(id) {
+        v.extend_from_slice(&b);
+    }
+    v
+}
+
+#[test]
+fn starts_with_settings_and_the_connection_window() {
+    let mut c = Conn::new(cfg());
+    let f = parse(&c.take_output());
+    assert_eq!(f[0].ty, SETTINGS);
+    assert_eq!(f[0].flags, 0);
+    let mut settings = std::collections::HashMap::new();
+    for s in f[0].payload.chunks(6) {
+        settings.insert(
+            u16::from_be_bytes([s[0], s[1]]),
+            u32::from_be_bytes([s[2], s[3], s[4], s[5]]),
+        );
+    }
+    assert_eq!(settings[&SETTINGS_INITIAL_WINDOW_SIZE], 1 << 20);
+    assert_eq!(settings[&SETTINGS_MAX_FRAME_SIZE], 16_384);
+    assert_eq!(settings[&SETTINGS_MAX_CONCURRENT_STREAMS], 4);
+    assert_eq!(f[1].ty, WINDOW_UPDATE);
+    assert_eq!(f[1].id, 0);
+    let inc = u32::from_be_bytes(f[1].payload[..4].try_into().unwrap());
+    assert_eq!(i64::from(inc), (2 << 20) - DEFAULT_WINDOW);
+}
+
+#[test]
+fn acknowledges_settings_and_answers_pings() {
+    let mut c = Conn::new(cfg());
+    c.take_output();
+    // The preface and SETTINGS arrive a byte at a time.
+    let mut all = PREFACE.to_vec();
+    all.extend(frame(SETTINGS, 0, 0, &[0, 4, 0, 0, 0x10, 0]));
+    all.extend(frame(PING, 0, 0, b"12345678"));
+    let mut buf = BytesMut::new();
+    for b in all {
+        buf.extend_from_slice(&[b]);
+        c.recv(&mut buf).unwrap();
+    }
+    assert!(buf.is_empty());
+    let f = parse(&c.take_output());
+    assert_eq!((f[0].ty, f[0].flags), (SETTINGS, ACK));
+    assert_eq!((f[1].ty, f[1].flags), (PING, ACK));
+    assert_eq!(f[1].payload, b"12345678");
+    // Our PING, and its answer.
+    c.ping();
+    let f = parse(&c.take_output());
+    assert_eq!((f[0].ty, f[0].flags), (PING, 0));
+    feed(&mut c, &frame(PING, ACK, 0, &f[0].payload)).unwrap();
+    assert_eq!(events(&mut c), vec![Event::Pong]);
+    // An answer to nothing is not a PONG.
+    feed(&mut c, &frame(PING, ACK, 0, &f[0].payload)).unwrap();
+    assert_eq!(events(&mut c), vec![]);
+}
+
+#[test]
+fn a_bad_preface_or_a_first_frame_other_than_settings_is_a_connection_error() {
+    let mut c = Conn::new(cfg());
+    c.take_output();
+    let e = feed(&mut c, b"GET / HTTP/1.1\r\n\r\n").unwrap_err();
+    assert_eq!(e.code, reason::PROTOCOL_ERROR);
+    let f = parse(&c.take_output());
+    assert_eq!(f.last().unwrap().ty, GOAWAY);
+    assert!(c.error().is_some());
+
+    let mut c = Conn::new(cfg());
+    let mut b = PREFACE.to_vec();
+    b.extend(frame(PING, 0, 0, b"12345678"));
+    assert!(feed(&mut c, &b).is_err());
+}
+
+#[test]
+fn any_authority_is_accepted_and_the_head_is_read() {
+    for authority in [Some(PERCENT), Some("/tmp/x.sock"), Some(""), None] {
+        let mut c = open();
+        feed(
+            &mut c,
+            &frame(HEADERS, END_HEADERS, 1, &request_fields(authority)),
+        )
+        .unwrap();
+        let e = events(&mut c);
+        let Event::Request {
+            stream,
+            head,
+            end_stream,
+        } = &e[0]
+        else {
+            panic!("{e:?}");
+        };
+        assert_eq!((*stream, *end_stream), (1, false));
+        assert_eq!(head.method, "POST");
+        assert_eq!(head.path, PROXY);
+        assert_eq!(head.content_type.as_deref(), Some("application/grpc"));
+        assert_eq!(head.authority.as_deref(), authority);
+        assert!(c.take_output().is_empty(), "no RST for {authority:?}");
+    }
+}
+
+#[test]
+fn huffman_and_the_dynamic_table_are_decoded_across_blocks() {
+    let mut c = open();
+    let mut enc = loona_hpack::Encoder::new();
+    let head: Vec<(&[u8], &[u8])> = vec![
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":path", PROXY.as_bytes()),
+        (b":authority", PERCENT.as_bytes()),
+        (b"content-type", b"application/grpc"),
+        (b"user-agent", b"grpc-go/1.60.1"),
+    ];
+    for id in [1, 3] {
+        let block = enc.encode(head.iter().copied());
+        feed(&mut c, &frame(HEADERS, END_HEADERS, id, &block)).unwrap();
+        match events(&mut c).as_slice() {
+            [Event::Request { head, .. }] => {
+                assert_eq!(head.path, PROXY);
+                assert_eq!(head.authority.as_deref(), Some(PERCENT));
+            }
+            e => panic!("{e:?}"),
+        }
+    }
+}
+
+#[test]
+fn continuation_frames_padding_and_priority() {
+    let mut c = open();
+    let block = request_fields(Some("a"));
+    let (a, b) = block.split_at(7);
+    // HEADERS with padding and priority, the rest in a CONTINUATION.
+    let mut p = vec![3u8];
+    p.extend([0, 0, 0, 0, 16]);
+    p.extend_from_slice(a);
+    p.extend([0, 0, 0]);
+    let mut bytes = frame(HEADERS, PADDED | PRIORITY_FLAG, 1, &p);
+    bytes.extend(frame(CONTINUATION, END_HEADERS, 1, b));
+    feed(&mut c, &bytes).unwrap();
+    assert!(matches!(
+        events(&mut c).as_slice(),
+        [Event::Request { stream: 1, .. }]
+    ));
+
+    // Another frame inside a block is a connection error.
+    let mut c = open();
+    let mut bytes = frame(HEADERS, 0, 1, a);
+    bytes.extend(frame(PING, 0, 0, b"12345678"));
+    assert_eq!(
+        feed(&mut c, &bytes).unwrap_err().code,
+        reason::PROTOCOL_ERROR
+    );
+    // So is a CONTINUATION out of a block.
+    let mut c = open();
+    assert!(feed(&mut c, &frame(CONTINUATION, END_HEADERS, 1, b)).is_err());
+}
+
+#[test]
+fn an_endless_header_block_is_refused_before_it_grows_past_the_limit() {
+    let mut c = open();
+    feed(&mut c, &frame(HEADERS, 0, 1, &[0; 100])).unwrap();
+    let mut err = None;
+    for _ in 0..100 {
+        if let Err(e) = feed(&mut c, &frame(CONTINUATION, 0, 1, &[0; 1000])) {
+            err = Some(e);
+            break;
+        }
+        assert!(c.buffered_capacity() <= 2 * 8_192 + 4_096);
+    }
+    assert_eq!(err.unwrap().code, reason::ENHANCE_YOUR_CALM);
+}
+
+#[test]
+fn malformed_requests_are_reset_and_the_connection_lives_on() {
+    let cases: [&[(&str, &str)]; 4] = [
+        &[(":method", "POST"), (":path", PROXY)],
+        &[
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", PROXY),
+            ("Content-Type", "application/grpc"),
+        ],
+        &[
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", PROXY),
+            ("connection", "close"),
+        ],
+        &[
+            (":method", "POST"),
+            ("x", "y"),
+            (":scheme", "http"),
+            (":path", PROXY),
+        ],
+    ];
+    let mut c = open();
+    let mut id = 1;
+    for f in cases {
+        feed(&mut c, &frame(HEADERS, END_HEADERS, id, &fields(f))).unwrap();
+        assert_eq!(events(&mut c), vec![]);
+        let out = parse(&c.take_output());
+        assert_eq!(out.len(), 1);
+        assert_eq!((out[0].ty, out[0].id), (RST_STREAM, id));
+        assert_eq!(out[0].payload, reason::PROTOCOL_ERROR.to_be_bytes());
+        id += 2;
+    }
+    request(&mut c, id);
+}
+
+#[test]
+fn data_arrives_as_it_comes_without_waiting_for_whole_frames() {
+    let mut c = open();
+    request(&mut c, 1);
+    let payload: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+    let bytes = frame(DATA, END_STREAM, 1, &payload);
+    // Half the frame: the half of the payload there is passed on.
+    let mut buf = BytesMut::from(&bytes[..5_000]);
+    c.recv(&mut buf).unwrap();
+    assert!(buf.is_empty());
+    assert_eq!(events(&mut c), vec![Event::Wake(1)]);
+    let got = data_of(&mut c, 1);
+    assert_eq!(got, payload[..5_000 - 9]);
+    assert_eq!(c.take_data(1), Recv::Pending);
+    buf.extend_from_slice(&bytes[5_000..]);
+    c.recv(&mut buf).unwrap();
+    let mut got2 = data_of(&mut c, 1);
+    assert_eq!(c.take_data(1), Recv::End);
+    let mut all = got;
+    all.append(&mut got2);
+    assert_eq!(all, payload);
+}
+
+#[test]
+fn padded_data_loses_its_padding_and_gives_it_back() {
+    let mut c = open();
+    request(&mut c, 1);
+    let mut p = vec![4u8];
+    p.extend_from_slice(b"hello");
+    p.extend([0; 4]);
+    let bytes = frame(DATA, PADDED | END_STREAM, 1, &p);
+    let mut buf = BytesMut::new();
+    for b in bytes {
+        buf.extend_from_slice(&[b]);
+        c.recv(&mut buf).unwrap();
+    }
+    assert_eq!(data_of(&mut c, 1), b"hello");
+    assert_eq!(c.take_data(1), Recv::End);
+    // A padding length past the frame is a connection error.
+    let mut c = open();
+    request(&mut c, 1);
+    assert!(feed(&mut c, &frame(DATA, PADDED, 1, &[9, 1, 2])).is_err());
+}
+
+#[test]
+fn taking_data_gives_window_back_once_half_is_owed() {
+    let mut c = open();
+    request(&mut c, 1);
+    let chunk = vec![7u8; 16_384];
+    let mut sent = 0;
+    // Half the stream window (512 KiB) arrives and is taken.
+    while sent < (1 << 20) / 2 {
+        feed(&mut c, &frame(DATA, 0, 1, &chunk)).unwrap();
+        sent += chunk.len();
+        assert_eq!(data_of(&mut c, 1).len(), chunk.len());
+    }
+    let f = parse(&c.take_output());
+    let updates: Vec<_> = f.iter().filter(|f| f.ty == WINDOW_UPDATE).collect();
+    assert_eq!(updates.len(), 1, "{f:?}");
+    assert_eq!(updates[0].id, 1);
+    assert_eq!(updates[0].payload, (sent as u32).to_be_bytes());
+    // Data not taken is not given back: past the stream's window the
+    // stream is reset, the connection lives.
+    let mut c = open();
+    request(&mut c, 1);
+    request(&mut c, 3);
+    for _ in 0..64 {
+        feed(&mut c, &frame(DATA, 0, 1, &chunk)).unwrap();
+    }
+    assert!(c.take_output().is_empty());
+    feed(&mut c, &frame(DATA, 0, 1, &chunk)).unwrap();
+    let f = parse(&c.take_output());
+    let rst = f.iter().find(|f| f.ty == RST_STREAM).expect("RST_STREAM");
+    assert_eq!(rst.id, 1);
+    assert_eq!(rst.payload, reason::FLOW_CONTROL_ERROR.to_be_bytes());
+    assert_eq!(c.take_data(1), Recv::Reset(reason::FLOW_CONTROL_ERROR));
+    // The stream's unread megabyte went back to the connection window.
+    let update = f
+        .iter()
+        .find(|f| f.ty == WINDOW_UPDATE)
+        .expect("WINDOW_UPDATE");
+    assert_eq!(update.id, 0);
+    assert_eq!(update.payload, (65u32 * 16_384).to_be_bytes());
+    for _ in 0..64 {
+        feed(&mut c, &frame(DATA, 0, 3, &chunk)).unwrap();
+    }
+    assert!(c.error().is_none());
+}
+
+#[test]
+fn data_past_the_connection_window_is_a_connection_error() {
+    let mut c = Conn::new(Config {
+        stream_window: 1 << 20,
+        conn_window: 65_535,
+        ..cfg()
+    });
+    let mut start = PREFACE.to_vec();
+    start.extend(frame(SETTINGS, 0, 0, &[]));
+    feed(&mut c, &start).unwrap();
+    request(&mut c, 1);
+    let chunk = vec![0u8; 16_384];
+    for _ in 0..3 {
+        feed(&mut c, &frame(DATA, 0, 1, &chunk)).unwrap();
+    }
+    let e = feed(&mut c, &frame(DATA, 0, 1, &chunk)).unwrap_err();
+    assert_eq!(e.code, reason::FLOW_CONTROL_ERROR);
+}
+
+fn response_frames(c: &mut Conn) -> Vec<F> {
+    parse(&c.take_output())
+}
+
+fn decode(d: &mut loona_hpack::Decoder<'static>, block: &[u8]) -> Vec<(String, String)> {
+    d.decode(block)
+        .unwrap()
+        .into_iter()
+        .map(|(n, v)| (String::from_utf8(n).unwrap(), String::from_utf8(v).unwrap()))
+        .collect()
+}
+
+#[test]
+fn a_response_waits_for_the_clients_windows_and_ends_with_trailers() {
+    let mut c = open();
+    request(&mut c, 1);
+    c.send_head(1, &[("content-type", "application/grpc")], false)
+        .unwrap();
+    let body: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    c.send_data(1, Bytes::from(body[..60].to_vec())).unwrap();
+    c.send_data(1, Bytes::from(body[60..].to_vec())).unwrap();
+    c.send_trailers(1, &[("grpc-status", "0")]).unwrap();
+    // The default window: 65,535 bytes go, in frames of 16 KiB at most.
+    let f = response_frames(&mut c);
+    let mut d = loona_hpack::Decoder::new();
+    assert_eq!((f[0].ty, f[0].flags), (HEADERS, END_HEADERS));
+    assert_eq!(
+        decode(&mut d, &f[0].payload),
+        vec![
+            (":status".into(), "200".into()),
+            ("content-type".into(), "application/grpc".into())
+        ]
+    );
+    let data: Vec<_> = f[1..].iter().filter(|f| f.ty == DATA).collect();
+    assert!(data.iter().all(|f| f.payload.len() <= 16_384));
+    let sent: Vec<u8> = data.iter().flat_map(|f| f.payload.clone()).collect();
+    assert_eq!(sent.len(), 65_535);
+    assert_eq!(c.send_pending(1).unwrap(), 100_000 - 65_535);
+    // Window from the stream alone is not enough: the connection's too.
+    feed(
+        &mut c,
+        &frame(WINDOW_UPDATE, 0, 1, &100_000u32.to_be_bytes()),
+    )
+    .unwrap();
+    assert!(response_frames(&mut c).is_empty());
+    feed(
+        &mut c,
+        &frame(WINDOW_UPDATE, 0, 0, &100_000u32.to_be_bytes()),
+    )
+    .unwrap();
+    assert_eq!(events(&mut c), vec![Event::Wake(1)]);
+    let f = response_frames(&mut c);
+    let rest: Vec<u8> = f
+        .iter()
+        .filter(|f| f.ty == DATA)
+        .flat_map(|f| f.payload.clone())
+        .collect();
+    let mut all = sent;
+    all.extend(rest);
+    assert_eq!(all, body);
+    let last = f.last().unwrap();
+    assert_eq!((last.ty, last.flags), (HEADERS, END_HEADERS | END_STREAM));
+    assert_eq!(
+        decode(&mut d, &last.payload),
+        vec![("grpc-status".into(), "0".into())]
+    );
+    assert_eq!(c.send_pending(1).unwrap(), 0);
+}
+
+#[test]
+fn a_larger_initial_window_from_the_client_lets_more_out() {
+    let mut c = open();
+    request(&mut c, 1);
+    c.send_head(1, &[], false).unwrap();
+    c.send_data(1, Bytes::from(vec![1u8; 70_000])).unwrap();
+    let f = response_frames(&mut c);
+    let n: usize = f
+        .iter()
+        .filter(|f| f.ty == DATA)
+        .map(|f| f.payload.len())
+        .sum();
+    assert_eq!(n, 65_535);
+    // SETTINGS: a larger initial window (the connection's grows too).
+    let mut s = vec![0, 4];
+    s.extend(200_000u32.to_be_bytes());
+    let mut bytes = frame(SETTINGS, 0, 0, &s);
+    bytes.extend(frame(WINDOW_UPDATE, 0, 0, &100_000u32.to_be_bytes()));
+    feed(&mut c, &bytes).unwrap();
+    let f = response_frames(&mut c);
+    assert_eq!((f[0].ty, f[0].flags), (SETTINGS, ACK));
+    let n: usize = f
+        .iter()
+        .filter(|f| f.ty == DATA)
+        .map(|f| f.payload.len())
+        .sum();
+    assert_eq!(n, 70_000 - 65_535);
+    // A larger MAX_FRAME_SIZE makes larger frames.
+    let mut s = vec![0, 5];
+    s.extend(100_000u32.to_be_bytes());
+    feed(&mut c, &frame(SETTINGS, 0, 0, &s)).unwrap();
+    c.take_output();
+    c.send_data(1, Bytes::from(vec![1u8; 40_000])).unwrap();
+    let f = response_frames(&mut c);
+    assert_eq!(f.iter().filter(|f| f.ty == DATA).count(), 1);
+    // Out-of-range settings are connection errors.
+    let mut s = vec![0, 5];
+    s.extend(100u32.to_be_bytes());
+    assert!(feed(&mut c, &frame(SETTINGS, 0, 0, &s)).is_err());
+}
+
+#[test]
+fn output_stops_growing_past_the_high_mark_until_written() {
+    let mut c = open();
+    request(&mut c, 1);
+    feed(
+        &mut c,
+        &frame(WINDOW_UPDATE, 0, 0, &1_000_000u32.to_be_bytes()),
+    )
+    .unwrap();
+    feed(
+        &mut c,
+        &frame(WINDOW_UPDATE, 0, 1, &1_000_000u32.to_be_bytes()),
+    )
+    .unwrap();
+    c.send_head(1, &[], false).unwrap();
+    c.send_data(1, Bytes::from(vec![1u8; 500_000])).unwrap();
+    assert!(c.output_len() < OUT_HIGH + 16_384 + 64);
+    assert!(c.send_pending(1).unwrap() > 0);
+    events(&mut c);
+    let mut total = 0;
+    while c.output_len() > 0 {
+        let n = c.output_len().min(10_000);
+        total += n;
+        c.wrote(n);
+    }
+    assert_eq!(c.send_pending(1).unwrap(), 0);
+    assert_eq!(events(&mut c), vec![Event::Wake(1)]);
+    assert!(total > 500_000);
+}
+
+#[test]
+fn a_reset_from_the_client_reaches_both_halves() {
+    let mut c = open();
+    request(&mut c, 1);
+    c.send_head(1, &[], false).unwrap();
+    feed(&mut c, &frame(DATA, 0, 1, b"unread")).unwrap();
+    feed(
+        &mut c,
+        &frame(RST_STREAM, 0, 1, &reason::CANCEL.to_be_bytes()),
+    )
+    .unwrap();
+    assert!(events(&mut c).contains(&Event::Wake(1)));
+    assert_eq!(c.take_data(1), Recv::Reset(reason::CANCEL));
+    assert_eq!(
+        c.send_data(1, Bytes::from_static(b"x")),
+        Err(SendError::Reset(reason::CANCEL))
+    );
+    assert_eq!(c.reset_reason(1), Some(reason::CANCEL));
+    c.release(1);
+    // No RST of our own for a stream the client reset.
+    assert!(!response_frames(&mut c).iter().any(|f| f.ty == RST_STREAM));
+    assert_eq!(c.stream_count(), 0);
+    // DATA still in flight for it is ignored.
+    feed(&mut c, &frame(DATA, 0, 1, b"late")).unwrap();
+    assert!(c.error().is_none());
+    // RST_STREAM on a stream never opened is a connection error.
+    assert!(feed(&mut c, &frame(RST_STREAM, 0, 9, &[0, 0, 0, 8])).is_err());
+}
+
+#[test]
+fn releasing_a_stream_ends_it_at_the_client() {
+    let mut c = open();
+    request(&mut c, 1);
+    request(&mut c, 3);
+    c.send_head(1, &[], false).unwrap();
+    c.release(1);
+    c.send_head(3, &[("grpc-status", "12")], true).unwrap();
+    c.release(3);
+    let f = response_frames(&mut c);
+    let rst: Vec<_> = f.iter().filter(|f| f.ty == RST_STREAM).collect();
+    assert_eq!(rst.len(), 2);
+    assert_eq!(
+        (rst[0].id, rst[0].payload.as_slice()),
+        (1, &reason::CANCEL.to_be_bytes()[..])
+    );
+    assert_eq!(
+        (rst[1].id, rst[1].payload.as_slice()),
+        (3, &reason::NO_ERROR.to_be_bytes()[..])
+    );
+}
+
+#[test]
+fn streams_past_the_limit_or_after_goaway_are_refused() {
+    let mut c = open();
+    for id in [1, 3, 5, 7] {
+        request(&mut c, id);
+    }
+    feed(
+        &mut c,
+        &frame(HEADERS, END_HEADERS, 9, &request_fields(None)),
+    )
+    .unwrap();
+    assert_eq!(events(&mut c), vec![]);
+    let f = response_frames(&mut c);
+    assert_eq!((f[0].ty, f[0].id), (RST_STREAM, 9));
+    assert_eq!(f[0].payload, reason::REFUSED_STREAM.to_be_bytes());
+    c.release(1);
+    request(&mut c, 11);
+    c.go_away();
+    let f = response_frames(&mut c);
+    let g = f.iter().find(|f| f.ty == GOAWAY).unwrap();
+    assert_eq!(g.payload[..4], 11u32.to_be_bytes());
+    assert_eq!(g.payload[4..], reason::NO_ERROR.to_be_bytes());
+    feed(
+        &mut c,
+        &frame(HEADERS, END_HEADERS, 13, &request_fields(None)),
+    )
+    .unwrap();
+    assert_eq!(events(&mut c), vec![]);
+    // Streams open before the GOAWAY go on.
+    feed(&mut c, &frame(DATA, 0, 11, b"still")).unwrap();
+    assert_eq!(data_of(&mut c, 11), b"still");
+}
+
+#[test]
+fn the_clients_goaway_is_reported() {
+    let mut c = open();
+    let mut p = 0u32.to_be_bytes().to_vec();
+    p.extend(reason::NO_ERROR.to_be_bytes());
+    feed(&mut c, &frame(GOAWAY, 0, 0, &p)).unwrap();
+    assert_eq!(
+        events(&mut c),
+        vec![Event::GoAway {
+            last_stream: 0,
+            code: 0
+        }]
+    );
+    assert!(c.going_away());
+}
+
+#[test]
+fn protocol_violations_are_connection_errors() {
+    let cases: Vec<Vec<u8>> = vec![
+        frame(PUSH_PROMISE, END_HEADERS, 1, &[0, 0, 0, 2]),
+        frame(DATA, 0, 0, b"x"),
+        frame(DATA, 0, 5, b"x"),
+        frame(HEADERS, END_HEADERS, 2, &request_fields(None)),
+        frame(WINDOW_UPDATE, 0, 0, &[0, 0, 0, 0]),
+        frame(WINDOW_UPDATE, 0, 0, &0x7fff_ffffu32.to_be_bytes()),
+        frame(PING, 0, 0, b"short"),
+        frame(SETTINGS, 0, 1, &[]),
+        frame(SETTINGS, 0, 0, &[0, 2, 0, 0, 0, 2]),
+        frame(SETTINGS, ACK, 0, &[0, 2, 0, 0, 0, 0]),
+        frame(HEADERS, END_HEADERS, 1, &[0xff, 0xff, 0xff, 0xff]),
+        frame(PRIORITY, 0, 0, &[0; 5]),
+        // Larger than the 16 KiB we advertised.
+        frame(DATA, 0, 1, &vec![0; 16_385]),
+    ];
+    for bytes in cases {
+        let mut c = open();
+        assert!(feed(&mut c, &bytes).is_err(), "{:?}", &bytes[..9]);
+        let f = response_frames(&mut c);
+        assert_eq!(f.last().unwrap().ty, GOAWAY);
+        // Nothing more is read.
+        assert!(feed(&mut c, &frame(PING, 0, 0, b"12345678")).is_err());
+    }
+}
+
+#[test]
+fn an_idle_connection_holds_no_buffers() {
+    let mut c = open();
+    assert_eq!(c.buffered_capacity(), 0);
+    request(&mut c, 1);
+    c.send_head(1, &[], false).unwrap();
+    feed(&mut c, &frame(DATA, END_STREAM, 1, b"payload")).unwrap();
+    events(&mut c);
+    assert_eq!(data_of(&mut c, 1), b"payload");
+    c.send_data(1, Bytes::from_static(b"answer")).unwrap();
+    c.send_trailers(1, &[("grpc-status", "0")]).unwrap();
+    c.take_output();
+    c.release(1);
+    events(&mut c);
+    assert_eq!(c.buffered_capacity(), 0);
+}
