@@ -12,6 +12,7 @@ use bytes::{Buf, Bytes};
 use h2::{RecvStream, SendStream};
 use http::{HeaderMap, HeaderValue};
 
+use crate::engine::h2_conn;
 use crate::protocol::grpc_frame::{FrameDecoder, FrameError};
 use crate::protocol::packet::{self, Encoded, Frame, PacketError};
 
@@ -59,6 +60,10 @@ pub enum GrpcError {
     Status { code: u32, message: String },
     #[error("stream closed by peer")]
     Closed,
+    #[error("HTTP/2: {0}")]
+    Recv(#[from] crate::engine::h2_conn::RecvError),
+    #[error("HTTP/2: {0}")]
+    Send(#[from] crate::protocol::h2_server::SendError),
 }
 
 /// The sending half of a Packet stream.
@@ -113,16 +118,56 @@ impl PacketSender {
     }
 }
 
+/// A body of gRPC messages: an h2 stream's, or a frontend stream's
+/// ([`h2_conn::StreamRecv`]).
+pub trait Body {
+    /// The next chunk; its flow-control credit is given back.
+    fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, GrpcError>>>;
+    /// After the last chunk: a non-OK `grpc-status` in the trailers.
+    fn poll_status(&mut self, cx: &mut Context<'_>) -> Poll<Option<GrpcError>>;
+}
+
+impl Body for RecvStream {
+    fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, GrpcError>>> {
+        Poll::Ready(match ready!(self.poll_data(cx)) {
+            Some(Ok(chunk)) => {
+                let _ = self.flow_control().release_capacity(chunk.len());
+                Some(Ok(chunk))
+            }
+            Some(Err(e)) => Some(Err(e.into())),
+            None => None,
+        })
+    }
+
+    fn poll_status(&mut self, cx: &mut Context<'_>) -> Poll<Option<GrpcError>> {
+        Poll::Ready(match ready!(self.poll_trailers(cx)) {
+            Ok(Some(trailers)) => status_error(&trailers),
+            _ => None,
+        })
+    }
+}
+
+impl Body for h2_conn::StreamRecv {
+    fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, GrpcError>>> {
+        self.poll_data(cx).map(|c| c.map(|r| r.map_err(Into::into)))
+    }
+
+    /// A caller's request trailers carry no status.
+    fn poll_status(&mut self, _: &mut Context<'_>) -> Poll<Option<GrpcError>> {
+        Poll::Ready(None)
+    }
+}
+
 /// The receiving half of a Packet stream.
-pub struct PacketReceiver {
-    body: RecvStream,
+pub struct PacketReceiver<B = RecvStream> {
+    body: B,
     decoder: FrameDecoder,
     /// The body ended; only trailers remain.
     body_done: bool,
 }
 
-impl PacketReceiver {
-    pub fn new(body: RecvStream, max_message: usize) -> Self {
+impl<B: Body> PacketReceiver<B> {
+    pub fn new(body: B, max_message: usize) -> Self {
         Self {
             body,
             decoder: FrameDecoder::new(max_message),
@@ -151,28 +196,94 @@ impl PacketReceiver {
                 }
             }
             if !self.body_done {
-                match ready!(self.body.poll_data(cx)) {
+                match ready!(self.body.poll_chunk(cx)) {
                     Some(Ok(chunk)) => {
-                        let n = chunk.len();
                         self.decoder.push(chunk);
-                        let _ = self.body.flow_control().release_capacity(n);
                         continue;
                     }
-                    Some(Err(e)) => return Poll::Ready(Err(e.into())),
+                    Some(Err(e)) => return Poll::Ready(Err(e)),
                     None => {
                         self.decoder.finish()?;
                         self.body_done = true;
                     }
                 }
             }
-            if let Ok(Some(trailers)) = ready!(self.body.poll_trailers(cx)) {
-                if let Some(err) = status_error(&trailers) {
-                    return Poll::Ready(Err(err));
-                }
+            if let Some(err) = ready!(self.body.poll_status(cx)) {
+                return Poll::Ready(Err(err));
             }
             return Poll::Ready(Ok(None));
         }
     }
+}
+
+/// The sending half of a frontend stream ([`h2_conn::StreamSend`]): the
+/// response head, Packets, and the status that ends it.
+pub struct StreamSender {
+    stream: h2_conn::StreamSend,
+}
+
+impl StreamSender {
+    /// Sends the response head (`content-type: application/grpc`).
+    pub fn start(mut stream: h2_conn::StreamSend) -> Result<Self, GrpcError> {
+        stream.send_head(&[("content-type", "application/grpc")], false)?;
+        Ok(StreamSender { stream })
+    }
+
+    /// A trailers-only error answer (the call is over).
+    pub fn refuse(stream: &mut h2_conn::StreamSend, code: u32, message: &str) {
+        let code = code.to_string();
+        let message = encode_message(message);
+        let mut fields = vec![
+            ("content-type", "application/grpc"),
+            ("grpc-status", code.as_str()),
+        ];
+        if !message.is_empty() {
+            fields.push(("grpc-message", message.as_str()));
+        }
+        let _ = stream.send_head(&fields, true);
+    }
+
+    /// Sends one encoded message once the one before went out.
+    pub async fn send(&mut self, msg: Encoded) -> Result<(), GrpcError> {
+        futures::future::poll_fn(|cx| self.stream.poll_ready(cx)).await?;
+        self.stream.send_data([msg.head, msg.payload])?;
+        Ok(())
+    }
+
+    pub async fn send_frame(&mut self, frame: Frame) -> Result<(), GrpcError> {
+        self.send(packet::encode(frame)).await
+    }
+
+    /// Ends the stream with gRPC trailers.
+    pub fn finish_with_status(&mut self, code: u32, message: &str) -> Result<(), GrpcError> {
+        let code = code.to_string();
+        let message = encode_message(message);
+        let mut fields = vec![("grpc-status", code.as_str())];
+        if !message.is_empty() {
+            fields.push(("grpc-message", message.as_str()));
+        }
+        self.stream.send_trailers(&fields)?;
+        Ok(())
+    }
+
+    /// Ready when the caller resets the stream (or the connection ends).
+    pub fn poll_reset(&mut self, cx: &mut Context<'_>) -> Poll<Result<u32, GrpcError>> {
+        self.stream.poll_reset(cx).map_err(Into::into)
+    }
+}
+
+/// `grpc-message` as gRPC percent-encodes it: printable ASCII but `%`
+/// stays, every other byte is `%XX`.
+fn encode_message(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    for b in message.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// `grpc-status` and `grpc-message` trailers.
@@ -180,17 +291,7 @@ pub fn status_trailers(code: u32, message: &str) -> HeaderMap {
     let mut h = HeaderMap::new();
     h.insert("grpc-status", HeaderValue::from(code));
     if !message.is_empty() {
-        let encoded: String = message
-            .bytes()
-            .map(|b| {
-                if (0x20..0x7f).contains(&b) && b != b'%' {
-                    (b as char).to_string()
-                } else {
-                    format!("%{b:02X}")
-                }
-            })
-            .collect();
-        if let Ok(v) = HeaderValue::from_str(&encoded) {
+        if let Ok(v) = HeaderValue::from_str(&encode_message(message)) {
             h.insert("grpc-message", v);
         }
     }

@@ -79,13 +79,17 @@ impl PingSchedule {
         self.next_ping = now + self.every;
     }
 
-    /// [`Self::on_tick`] carried out on the connection's `p`: sends the
-    /// PING that is due; `Err` when the peer is lost (its PING went
+    /// [`Self::on_tick`] carried out with the connection's `send_ping`:
+    /// sends the PING that is due; `Err` when the peer is lost (its PING went
     /// unanswered, or the connection failed under a new one).
-    pub fn drive(&mut self, p: &mut h2::PingPong, now: Instant) -> Result<(), KeepaliveError> {
+    pub fn drive(
+        &mut self,
+        send_ping: impl FnOnce() -> Result<(), KeepaliveError>,
+        now: Instant,
+    ) -> Result<(), KeepaliveError> {
         match self.on_tick(now) {
             PingStep::Wait => Ok(()),
-            PingStep::Ping => p.send_ping(h2::Ping::opaque()).map_err(Into::into),
+            PingStep::Ping => send_ping(),
             PingStep::Lost => Err(KeepaliveError::Timeout(self.unanswered_limit())),
         }
     }
@@ -118,7 +122,8 @@ pub async fn keep_alive(ping: Option<h2::PingPong>, every: Duration) -> Keepaliv
         } else {
             monoio::time::sleep(wait).await;
         }
-        if let Err(e) = schedule.drive(&mut p, Instant::now()) {
+        let send_ping = || p.send_ping(h2::Ping::opaque()).map_err(Into::into);
+        if let Err(e) = schedule.drive(send_ping, Instant::now()) {
             return e;
         }
     }

@@ -12,6 +12,7 @@ pub mod admission;
 pub mod budget;
 pub mod cert_reload;
 pub mod grpc;
+pub mod h2_conn;
 pub mod h2_keepalive;
 pub mod h2_server_io;
 pub mod head_reader;

@@ -22,10 +22,12 @@ use super::session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
 use super::ServerState;
 use crate::engine::accept;
 use crate::engine::budget::Credit;
-use crate::engine::grpc::{self, code, GrpcError, PacketReceiver, PacketSender, SendBuf};
+use crate::engine::grpc::{self, code, GrpcError, PacketReceiver, StreamSender};
+use crate::engine::h2_conn::{H2Conn, H2Error, Incoming, RecvError, StreamRecv};
 use crate::engine::h2_keepalive::{KeepaliveError, PingSchedule};
 use crate::engine::window::{self, ConnWindow};
 use crate::metrics::{self, DialResult, KeepalivePeer, Segment};
+use crate::protocol::h2_server;
 use crate::protocol::packet::{self, Frame};
 use crate::protocol::proxy_stream::{Abandoned, AgentEvent, ProxyStream, StreamAction};
 use crate::protocol::{PROXY_PATH, ROUTE_ATTEMPTS};
@@ -144,50 +146,49 @@ impl Drop for OpenStream {
     }
 }
 
-/// Serves one caller's HTTP/2 connection.
+/// The HTTP/2 settings of a caller's connection: h2's defaults before,
+/// and the windows and frame size of [`grpc::h2_server`].
+fn frontend_h2_config() -> h2_server::Config {
+    h2_server::Config {
+        stream_window: FRONTEND_STREAM_WINDOW,
+        conn_window: grpc::H2_CONNECTION_WINDOW,
+        max_frame: grpc::MAX_FRAME,
+        ..h2_server::Config::default()
+    }
+}
+
+/// Serves one caller's HTTP/2 connection on our own sans-I/O HTTP/2
+/// server ([`H2Conn`]): an idle caller holds no buffer (h2 kept 28 KiB of
+/// buffers per connection, and konnectivity-client opens a connection per
+/// tunnel).
 ///
-/// Returns an async block rather than being an `async fn`: the handshake
-/// is built (and boxed) out here, so the connection's task holds the boxed
-/// handshake, not the socket, and its arguments once, not twice (a task is
-/// allocated at its largest state for as long as it lives).
+/// Returns an async block rather than being an `async fn`: the connection
+/// is built out here, so the task holds it once, not the socket beside it
+/// (a task is allocated at its largest state for as long as it lives).
 #[allow(clippy::manual_async_fn)] // deliberate: see above
 fn serve_conn<T>(shared: Arc<ServerState>, io: T, peer: String) -> impl Future<Output = ()>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
 {
-    let idle_for = shared.cfg.frontend_idle;
-    // The handshake ends when the client's preface has come.
-    let handshake = grpc::h2_server(FRONTEND_STREAM_WINDOW)
-        .handshake::<_, SendBuf>(crate::engine::h2_server_io::wrap(io));
-    let handshake = Box::pin(monoio::time::timeout(idle_for, handshake));
+    let conn = H2Conn::new(io, frontend_h2_config());
     async move {
-        let idle = Idle::new(Instant::now());
-        let mut conn = match handshake.await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => {
-                tracing::info!(%peer, error = %e, "gRPC frontend handshake failed");
-                return;
-            }
-            Err(_) => {
-                tracing::debug!(%peer, "gRPC frontend closed: no HTTP/2 preface in {idle_for:?}");
-                return;
-            }
-        };
+        let mut conn = conn;
+        let idle_for = shared.cfg.frontend_idle;
+        let started = Instant::now();
+        let idle = Idle::new(started);
         // PINGs toward callers that stay connected (ANP's
         // --frontend-keepalive-time): a caller gone without a FIN is noticed
-        // and its streams end. Driven by the loop's one timer: a timer of its
-        // own (640 bytes, 128-byte aligned) would sit in every connection's
-        // task for its whole life.
-        let mut pinger = conn.ping_pong();
-        let mut keepalive = PingSchedule::new(shared.cfg.frontend_keepalive, Instant::now());
+        // and its streams end. Driven by the loop's one timer.
+        let mut keepalive = PingSchedule::new(shared.cfg.frontend_keepalive, started);
         // A draining server sends GOAWAY (grpc-go's GracefulStop): the caller
         // opens new streams elsewhere, the open ones finish here.
         let mut draining = std::pin::pin!(shared.draining());
         let mut told = false;
+        // The client's preface and SETTINGS came.
+        let mut up = false;
         loop {
-            enum Next<T> {
-                Stream(T),
-                Pong(Result<h2::Pong, h2::Error>),
+            enum Next {
+                Conn(Option<Result<Incoming, H2Error>>),
                 Drain,
                 Tick,
             }
@@ -206,50 +207,48 @@ where
                 let wait = idle
                     .deadline(limit)
                     .map_or(idle_for, |d| d.saturating_duration_since(now));
-                match pinger {
-                    Some(_) => wait.min(keepalive.deadline().saturating_duration_since(now)),
-                    None => wait,
+                if up {
+                    wait.min(keepalive.deadline().saturating_duration_since(now))
+                } else {
+                    wait.min((started + idle_for).saturating_duration_since(now))
                 }
             };
-            let listen_pong = keepalive.awaiting_pong();
-            let pong = futures::future::poll_fn(|cx| match pinger.as_mut() {
-                Some(p) => p.poll_pong(cx),
-                None => std::task::Poll::Pending,
-            });
             let next = monoio::select! {
-                next = conn.accept() => Next::Stream(next),
-                pong = pong, if listen_pong => Next::Pong(pong),
+                next = conn.next() => Next::Conn(next),
                 _ = &mut draining, if !told => Next::Drain,
                 // Boxed: a timer is 640 bytes, and the connection's task is
                 // allocated at its largest state for as long as it lives.
                 _ = Box::pin(monoio::time::sleep(wait)) => Next::Tick,
             };
             let next = match next {
-                Next::Stream(n) => n,
-                Next::Pong(Ok(_)) => {
-                    keepalive.on_pong(Instant::now());
-                    continue;
-                }
-                Next::Pong(Err(e)) => {
-                    let e = KeepaliveError::from(e);
-                    tracing::info!(%peer, error = %e, "gRPC frontend caller lost");
-                    return;
-                }
+                Next::Conn(n) => n,
                 Next::Drain => {
                     told = true;
-                    conn.graceful_shutdown();
+                    conn.go_away();
                     continue;
                 }
                 Next::Tick => {
                     let now = Instant::now();
-                    if let Some(p) = pinger.as_mut() {
-                        if let Err(e) = keepalive.drive(p, now) {
-                            if let KeepaliveError::Timeout(_) = e {
-                                shared.metrics.keepalive_timeout(KeepalivePeer::Frontend);
-                            }
-                            tracing::info!(%peer, error = %e, "gRPC frontend caller lost");
+                    if !up {
+                        if now.duration_since(started) >= idle_for {
+                            tracing::debug!(
+                                %peer,
+                                "gRPC frontend closed: no HTTP/2 preface in {idle_for:?}"
+                            );
                             return;
                         }
+                        continue;
+                    }
+                    let send_ping = || {
+                        conn.ping();
+                        Ok(())
+                    };
+                    if let Err(e) = keepalive.drive(send_ping, now) {
+                        if let KeepaliveError::Timeout(_) = e {
+                            shared.metrics.keepalive_timeout(KeepalivePeer::Frontend);
+                        }
+                        tracing::info!(%peer, error = %e, "gRPC frontend caller lost");
+                        return;
                     }
                     if idle.deadline(limit).is_none_or(|d| now < d) {
                         continue;
@@ -261,34 +260,52 @@ where
                     tracing::debug!(%peer, "gRPC frontend connection idle for {idle_for:?}: GOAWAY");
                     told = true;
                     idle.since.set(now);
-                    conn.graceful_shutdown();
+                    conn.go_away();
                     continue;
                 }
             };
-            let Some(next) = next else { return };
-            let (req, mut respond) = match next {
-                Ok(r) => r,
-                Err(e) => {
+            let (head, recv, mut send) = match next {
+                None => return,
+                Some(Err(e)) => {
                     tracing::info!(%peer, error = %e, "gRPC frontend connection failed");
                     return;
                 }
+                Some(Ok(Incoming::Started)) => {
+                    up = true;
+                    keepalive = PingSchedule::new(shared.cfg.frontend_keepalive, Instant::now());
+                    continue;
+                }
+                Some(Ok(Incoming::Pong)) => {
+                    keepalive.on_pong(Instant::now());
+                    continue;
+                }
+                Some(Ok(Incoming::GoAway)) => {
+                    // The caller opens no new stream: close once idle.
+                    told = true;
+                    continue;
+                }
+                Some(Ok(Incoming::Request {
+                    head, recv, send, ..
+                })) => (head, recv, send),
             };
-            if req.uri().path() != PROXY_PATH || !grpc::is_grpc(req.headers()) {
-                let msg = format!("unknown method {}", req.uri().path());
-                let _ = respond.send_response(grpc::error_head(code::UNIMPLEMENTED, &msg), true);
+            let is_grpc = head
+                .content_type
+                .as_deref()
+                .is_some_and(|v| v.starts_with("application/grpc"));
+            if head.path != PROXY_PATH || !is_grpc {
+                let msg = format!("unknown method {}", head.path);
+                StreamSender::refuse(&mut send, code::UNIMPLEMENTED, &msg);
                 continue;
             }
-            let send = match respond.send_response(grpc::response_head(&[]), false) {
-                Ok(s) => s,
-                Err(_) => continue,
+            let Ok(mut tx) = StreamSender::start(send) else {
+                continue;
             };
-            let rx = PacketReceiver::new(req.into_body(), shared.cfg.max_message);
+            let rx = PacketReceiver::new(recv, shared.cfg.max_message);
             let shared = shared.clone();
             let open = idle.open();
             monoio::spawn(async move {
                 let _open = open;
                 let _stream = shared.metrics.proxy_stream();
-                let mut tx = PacketSender::new(send);
                 match proxy_stream(&shared, rx, &mut tx).await {
                     Ok(()) => {
                         let _ = tx.finish_with_status(code::OK, "");
@@ -535,8 +552,8 @@ enum Next {
 /// handled.
 async fn proxy_stream(
     shared: &ServerState,
-    mut rx: PacketReceiver,
-    tx: &mut PacketSender,
+    mut rx: PacketReceiver<StreamRecv>,
+    tx: &mut StreamSender,
 ) -> Result<(), BoxError> {
     let (ev_tx, mut events) = mpsc::unbounded::<(u64, FrontendEvent)>();
     let (out_tx, mut out_rx) = mpsc::unbounded::<Out>();
@@ -608,7 +625,7 @@ async fn proxy_stream(
                     return Poll::Ready(Ok(o));
                 }
                 tx.poll_reset(cx).map(|r| match r {
-                    Ok(reason) => Err(GrpcError::H2(reason.into())),
+                    Ok(code) => Err(GrpcError::Recv(RecvError::Reset(code))),
                     Err(e) => Err(e),
                 })
             })

@@ -340,6 +340,20 @@ impl<U: Default> ServerConn<U> {
         e
     }
 
+    /// The event [`Self::poll_event`] would return next.
+    pub fn peek_event(&self) -> Option<&Event> {
+        self.events.front()
+    }
+
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
+    /// Whether the client's preface and first SETTINGS came.
+    pub fn started(&self) -> bool {
+        self.got_settings
+    }
+
     /// Heap bytes the connection holds besides its HPACK table: 0 while
     /// idle (no stream, nothing queued). For tests and metrics.
     pub fn buffered_capacity(&self) -> usize {

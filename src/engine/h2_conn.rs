@@ -1,0 +1,558 @@
+//! An HTTP/2 server connection over a byte stream, driven by the sans-I/O
+//! [`ServerConn`]: the runtime glue of the gRPC frontend.
+//!
+//! [`H2Conn::poll_next`] reads, writes and hands out requests; it is
+//! polled by the connection's task. Each request's [`StreamRecv`] and
+//! [`StreamSend`] work on the shared connection state from the stream's
+//! own task and wake the connection's task when they queue output.
+//!
+//! An idle connection holds no buffer: reads go into one buffer per thread
+//! (a connection keeps only the bytes of a frame cut by a read, and copies
+//! them out when they are few), DATA payload leaves as slices of it, and
+//! the output queue is empty.
+
+use std::cell::RefCell;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::protocol::h2_server::{
+    reason, Config, ConnError, Event, Recv, RequestHead, SendError, ServerConn,
+};
+
+/// Bytes read at once.
+const READ_SIZE: usize = 16 * 1024;
+/// Leftover input up to this size is copied out of the thread's buffer
+/// (a frame header cut by a read), larger leftovers keep their buffer.
+const SMALL_LEFTOVER: usize = 256;
+/// Reads per poll before the task yields to others.
+const READS_PER_POLL: usize = 16;
+/// Output chunks written in one `writev`.
+const WRITE_SLICES: usize = 64;
+
+thread_local! {
+    /// The read buffer of this thread's connections.
+    static READ_BUF: RefCell<BytesMut> = RefCell::new(BytesMut::new());
+}
+
+fn take_read_buf() -> BytesMut {
+    let mut b = READ_BUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    if b.capacity() < READ_SIZE / 4 {
+        b.reserve(READ_SIZE);
+    }
+    b
+}
+
+fn give_read_buf(b: BytesMut) {
+    debug_assert!(b.is_empty());
+    READ_BUF.with(|slot| {
+        let mut slot = slot.borrow_mut();
+        if b.capacity() > slot.capacity() {
+            *slot = b;
+        }
+    });
+}
+
+/// Why the connection ended.
+#[derive(Debug, thiserror::Error)]
+pub enum H2Error {
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    #[error("{0}")]
+    Protocol(#[from] ConnError),
+}
+
+/// A stream's wakers, kept with the stream in [`ServerConn`].
+#[derive(Default)]
+struct Wakers {
+    recv: Option<Waker>,
+    send: Option<Waker>,
+    /// Handles alive (the stream is released when both are gone).
+    handles: u8,
+}
+
+impl Wakers {
+    fn wake(&mut self) {
+        if let Some(w) = self.recv.take() {
+            w.wake();
+        }
+        if let Some(w) = self.send.take() {
+            w.wake();
+        }
+    }
+}
+
+struct Shared {
+    conn: ServerConn<Wakers>,
+    /// The connection's task, woken when a stream queued output.
+    driver: Option<Waker>,
+    /// The connection's task is gone (or ended): streams fail.
+    closed: bool,
+}
+
+impl Shared {
+    fn wake_driver(&mut self) {
+        if let Some(w) = self.driver.take() {
+            w.wake();
+        }
+    }
+
+    fn wake_all(&mut self) {
+        for w in self.conn.users() {
+            w.wake();
+        }
+    }
+}
+
+/// What the connection hands out.
+pub enum Incoming {
+    /// The client's preface and SETTINGS came (once, first).
+    Started,
+    Request {
+        head: RequestHead,
+        end_stream: bool,
+        recv: StreamRecv,
+        send: StreamSend,
+    },
+    /// Our PING was answered.
+    Pong,
+    /// The client sent GOAWAY: no new stream comes.
+    GoAway,
+}
+
+/// The connection; see the module documentation.
+pub struct H2Conn<T> {
+    io: T,
+    shared: Rc<RefCell<Shared>>,
+    /// Input of a frame cut by a read.
+    leftover: BytesMut,
+    flush: bool,
+    done: bool,
+    started: bool,
+}
+
+impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
+    pub fn new(io: T, cfg: Config) -> Self {
+        H2Conn {
+            io,
+            shared: Rc::new(RefCell::new(Shared {
+                conn: ServerConn::new(cfg),
+                driver: None,
+                closed: false,
+            })),
+            leftover: BytesMut::new(),
+            flush: false,
+            done: false,
+            started: false,
+        }
+    }
+
+    /// Requests being served.
+    pub fn streams(&self) -> usize {
+        self.shared.borrow().conn.stream_count()
+    }
+
+    /// Sends a keepalive PING ([`Incoming::Pong`] answers it).
+    pub fn ping(&self) {
+        let mut s = self.shared.borrow_mut();
+        s.conn.ping();
+        s.wake_driver();
+    }
+
+    /// Graceful GOAWAY: open streams finish, new ones are refused.
+    pub fn go_away(&self) {
+        let mut s = self.shared.borrow_mut();
+        s.conn.go_away();
+        s.wake_driver();
+    }
+
+    /// The next request or PONG, driving the connection's I/O meanwhile;
+    /// `None` once the client closed, `Err` when the connection failed.
+    pub async fn next(&mut self) -> Option<Result<Incoming, H2Error>> {
+        futures::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Incoming, H2Error>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match self.drive(cx) {
+            Poll::Ready(r) => {
+                self.done = true;
+                self.close_streams();
+                Poll::Ready(r.map(Err))
+            }
+            Poll::Pending => {
+                if !self.started && self.shared.borrow().conn.started() {
+                    self.started = true;
+                    return Poll::Ready(Some(Ok(Incoming::Started)));
+                }
+                if let Some(i) = self.incoming() {
+                    return Poll::Ready(Some(Ok(i)));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    /// The next event for the caller, waking streams on the way.
+    fn incoming(&mut self) -> Option<Incoming> {
+        let mut s = self.shared.borrow_mut();
+        while let Some(e) = s.conn.poll_event() {
+            match e {
+                Event::Wake(id) => {
+                    if let Some(w) = s.conn.user(id) {
+                        w.wake();
+                    }
+                }
+                Event::Pong => return Some(Incoming::Pong),
+                Event::GoAway { .. } => return Some(Incoming::GoAway),
+                Event::Request {
+                    stream,
+                    head,
+                    end_stream,
+                } => {
+                    if let Some(w) = s.conn.user(stream) {
+                        w.handles = 2;
+                    }
+                    let recv = StreamRecv {
+                        shared: self.shared.clone(),
+                        id: stream,
+                    };
+                    let send = StreamSend {
+                        shared: self.shared.clone(),
+                        id: stream,
+                    };
+                    return Some(Incoming::Request {
+                        head,
+                        end_stream,
+                        recv,
+                        send,
+                    });
+                }
+            }
+        }
+        None
+    }
+
+    /// Writes what is queued and reads what came, until both wait.
+    /// `Ready(None)`: the client closed; `Ready(Some(e))`: failed.
+    fn drive(&mut self, cx: &mut Context<'_>) -> Poll<Option<H2Error>> {
+        self.shared.borrow_mut().driver = Some(cx.waker().clone());
+        let mut reads = 0;
+        loop {
+            if let Poll::Ready(r) = self.write(cx) {
+                return Poll::Ready(r.err().map(Into::into));
+            }
+            let (failed, room) = {
+                let s = self.shared.borrow();
+                (
+                    s.conn.error().cloned(),
+                    s.conn.output_len() < crate::protocol::h2_server::OUT_HIGH,
+                )
+            };
+            if let Some(e) = failed {
+                // The GOAWAY is out (or could not be written).
+                if self.shared.borrow().conn.output_len() == 0 {
+                    return Poll::Ready(Some(e.into()));
+                }
+                return Poll::Pending;
+            }
+            // Stop reading while the output does not drain: a client that
+            // sends without reading cannot grow it.
+            if !room {
+                return Poll::Pending;
+            }
+            if reads == READS_PER_POLL {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            reads += 1;
+            let mut buf = if self.leftover.is_empty() {
+                take_read_buf()
+            } else {
+                let mut b = std::mem::take(&mut self.leftover);
+                b.reserve(READ_SIZE);
+                b
+            };
+            let had = buf.len();
+            let read = tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut buf);
+            match read {
+                Poll::Pending => {
+                    self.keep(buf);
+                    return Poll::Pending;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Some(e.into())),
+                Poll::Ready(Ok(0)) => {
+                    let cut = had > 0;
+                    buf.clear();
+                    give_read_buf(buf);
+                    if cut {
+                        return Poll::Ready(Some(
+                            io::Error::new(io::ErrorKind::UnexpectedEof, "closed inside a frame")
+                                .into(),
+                        ));
+                    }
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Ok(_)) => {
+                    // Errors are acted on above: the GOAWAY goes out first.
+                    let _ = self.shared.borrow_mut().conn.recv(&mut buf);
+                    self.keep(buf);
+                    // Give the caller its events before reading on.
+                    let started = !self.started && self.shared.borrow().conn.started();
+                    if started || self.shared.borrow().conn.has_events() {
+                        self.wake_streams();
+                        let started = !self.started && self.shared.borrow().conn.started();
+                        if started || self.shared.borrow().conn.has_events() {
+                            // A request or PONG: the caller takes it now;
+                            // the next poll goes on reading.
+                            cx.waker().wake_by_ref();
+                            return Poll::Pending;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Wakes the streams named by the queued events, leaving requests,
+    /// PONGs and GOAWAYs for [`Self::incoming`].
+    fn wake_streams(&mut self) {
+        let mut s = self.shared.borrow_mut();
+        while let Some(Event::Wake(id)) = s.conn.peek_event() {
+            let id = *id;
+            s.conn.poll_event();
+            if let Some(w) = s.conn.user(id) {
+                w.wake();
+            }
+        }
+    }
+
+    /// Keeps the unconsumed end of a read buffer; gives an empty one back.
+    fn keep(&mut self, mut buf: BytesMut) {
+        if buf.is_empty() {
+            give_read_buf(buf);
+        } else if buf.len() <= SMALL_LEFTOVER {
+            self.leftover = BytesMut::from(&buf[..]);
+            buf.clear();
+            give_read_buf(buf);
+        } else {
+            self.leftover = buf;
+        }
+    }
+
+    /// Writes the queued output; `Ready` only on an error.
+    fn write(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            let n = {
+                let s = self.shared.borrow();
+                let out = s.conn.output();
+                if out.is_empty() {
+                    break;
+                }
+                let mut slices = [IoSlice::new(&[]); WRITE_SLICES];
+                let mut k = 0;
+                for b in out.iter().take(WRITE_SLICES) {
+                    slices[k] = IoSlice::new(b);
+                    k += 1;
+                }
+                match Pin::new(&mut self.io).poll_write_vectored(cx, &slices[..k]) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Ready(Ok(0)) => {
+                        return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                    }
+                    Poll::Ready(Ok(n)) => n,
+                }
+            };
+            self.flush = true;
+            self.shared.borrow_mut().conn.wrote(n);
+            self.wake_streams();
+        }
+        if self.flush {
+            match Pin::new(&mut self.io).poll_flush(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Ready(Ok(())) => self.flush = false,
+            }
+        }
+        Poll::Pending
+    }
+
+    /// The connection is over: its streams fail.
+    fn close_streams(&mut self) {
+        let mut s = self.shared.borrow_mut();
+        s.closed = true;
+        s.wake_all();
+    }
+}
+
+impl<T> Drop for H2Conn<T> {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.shared.try_borrow_mut() {
+            s.closed = true;
+            s.driver = None;
+            s.wake_all();
+        }
+    }
+}
+
+/// Runs `f` on a live stream's state; `Err` when the connection is gone.
+fn with_stream<R>(
+    shared: &RefCell<Shared>,
+    f: impl FnOnce(&mut Shared) -> Result<R, SendError>,
+) -> Result<R, SendError> {
+    let mut s = shared.borrow_mut();
+    if s.closed {
+        return Err(SendError::ConnClosed);
+    }
+    let r = f(&mut s);
+    s.wake_driver();
+    r
+}
+
+fn release(shared: &RefCell<Shared>, id: u32) {
+    let mut s = shared.borrow_mut();
+    let Some(w) = s.conn.user(id) else { return };
+    w.handles = w.handles.saturating_sub(1);
+    if w.handles == 0 {
+        s.conn.release(id);
+        s.wake_driver();
+    }
+}
+
+/// The request body of one stream.
+pub struct StreamRecv {
+    shared: Rc<RefCell<Shared>>,
+    id: u32,
+}
+
+/// What a stream's reader gets.
+#[derive(Debug)]
+pub enum RecvError {
+    Reset(u32),
+    ConnClosed,
+}
+
+impl std::fmt::Display for RecvError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecvError::Reset(code) => write!(f, "stream reset by the client ({code:#x})"),
+            RecvError::ConnClosed => f.write_str("connection closed"),
+        }
+    }
+}
+
+impl std::error::Error for RecvError {}
+
+impl StreamRecv {
+    /// The next piece of the body; `None` at its end.
+    pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, RecvError>>> {
+        let mut s = self.shared.borrow_mut();
+        let r = s.conn.take_data(self.id);
+        match r {
+            Recv::Data(b) => {
+                // Window updates may be due.
+                s.wake_driver();
+                Poll::Ready(Some(Ok(b)))
+            }
+            Recv::End => Poll::Ready(None),
+            Recv::Reset(code) => Poll::Ready(Some(Err(RecvError::Reset(code)))),
+            Recv::Pending if s.closed => Poll::Ready(Some(Err(RecvError::ConnClosed))),
+            Recv::Pending => {
+                if let Some(w) = s.conn.user(self.id) {
+                    w.recv = Some(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for StreamRecv {
+    fn drop(&mut self) {
+        release(&self.shared, self.id);
+    }
+}
+
+/// The response side of one stream.
+pub struct StreamSend {
+    shared: Rc<RefCell<Shared>>,
+    id: u32,
+}
+
+impl StreamSend {
+    /// The response head: `:status` 200 and `fields`; with `end`, a
+    /// trailers-only response.
+    pub fn send_head(&mut self, fields: &[(&str, &str)], end: bool) -> Result<(), SendError> {
+        with_stream(&self.shared, |s| s.conn.send_head(self.id, fields, end))
+    }
+
+    /// Ready once the data queued before went out to the connection (so at
+    /// most one message per stream waits for the client's window).
+    pub fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), SendError>> {
+        let mut s = self.shared.borrow_mut();
+        if s.closed {
+            return Poll::Ready(Err(SendError::ConnClosed));
+        }
+        match s.conn.send_pending(self.id) {
+            Ok(0) => Poll::Ready(Ok(())),
+            Ok(_) => {
+                if let Some(w) = s.conn.user(self.id) {
+                    w.send = Some(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
+    /// Queues body bytes (call [`Self::poll_ready`] first).
+    pub fn send_data(&mut self, chunks: [Bytes; 2]) -> Result<(), SendError> {
+        with_stream(&self.shared, |s| {
+            for c in chunks {
+                s.conn.send_data(self.id, c)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Ends the response with trailers, after the queued data.
+    pub fn send_trailers(&mut self, fields: &[(&str, &str)]) -> Result<(), SendError> {
+        with_stream(&self.shared, |s| s.conn.send_trailers(self.id, fields))
+    }
+
+    /// Ready when the client reset the stream (its code) or the connection
+    /// ended.
+    pub fn poll_reset(&mut self, cx: &mut Context<'_>) -> Poll<Result<u32, SendError>> {
+        let mut s = self.shared.borrow_mut();
+        if s.closed {
+            return Poll::Ready(Err(SendError::ConnClosed));
+        }
+        if let Some(code) = s.conn.reset_reason(self.id) {
+            return Poll::Ready(Ok(code));
+        }
+        if let Some(w) = s.conn.user(self.id) {
+            w.send = Some(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+
+    /// Resets the stream (CANCEL).
+    pub fn reset(&mut self) {
+        let mut s = self.shared.borrow_mut();
+        s.conn.reset(self.id, reason::CANCEL);
+        s.wake_driver();
+    }
+}
+
+impl Drop for StreamSend {
+    fn drop(&mut self) {
+        release(&self.shared, self.id);
+    }
+}
