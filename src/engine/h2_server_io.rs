@@ -1,5 +1,6 @@
-//! The byte stream an HTTP/2 server connection of ours reads (agent
-//! listener, gRPC frontends over TCP and unix sockets): the client's bytes
+//! The byte stream the agent listener's h2 server reads (the gRPC frontend
+//! runs on [`crate::engine::h2_conn`], which takes any `:authority` by
+//! itself): the client's bytes
 //! go through [`AuthorityFilter`] before h2 sees them, so a request whose
 //! `:authority` h2 would reject (grpc-go's percent-encoded socket path, a
 //! raw path, an empty value) arrives without one instead of being reset.

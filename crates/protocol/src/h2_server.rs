@@ -899,6 +899,12 @@ impl<U: Default> ServerConn<U> {
                 return Ok(());
             }
         };
+        // Most connections carry one stream (konnectivity-client opens a
+        // connection per tunnel): the first few grow the table one at a
+        // time rather than to 4 at once.
+        if self.streams.len() < 4 {
+            self.streams.reserve_exact(1);
+        }
         self.streams.push(Stream {
             id,
             user: Default::default(),
@@ -1410,6 +1416,11 @@ fn put_goaway(out: &mut Vec<u8>, last: u32, code: u32) {
     put_frame_header(out, 8, GOAWAY, 0, 0);
     out.put_u32(last & 0x7fff_ffff);
     out.put_u32(code);
+}
+
+/// Bytes of one stream's state (its table slot).
+pub fn stream_state_size<U>() -> usize {
+    std::mem::size_of::<Stream<U>>()
 }
 
 #[cfg(test)]

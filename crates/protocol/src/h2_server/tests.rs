@@ -694,3 +694,17 @@ fn an_idle_connection_holds_no_buffers() {
     events(&mut c);
     assert_eq!(c.buffered_capacity(), 0);
 }
+
+#[test]
+fn the_first_streams_take_one_slot_each() {
+    let mut c = open();
+    request(&mut c, 1);
+    assert_eq!(
+        c.buffered_capacity(),
+        stream_state_size::<()>(),
+        "one stream, one slot"
+    );
+    request(&mut c, 3);
+    assert_eq!(c.buffered_capacity(), 2 * stream_state_size::<()>());
+    eprintln!("stream state: {} bytes", stream_state_size::<()>());
+}
