@@ -36,9 +36,9 @@ usage: benches/run [--quick] [--reps N] [--systems a,b,..] [--scenarios a,b,..] 
   --out DIR     where to write compare.json, compare.md and the SVG plots
                 (default benches/results/compare/; quick: target/compare-quick/)
   --strict      fail when a system is missing or a measurement fails (quick implies it)
-  --base-bin    another edgetunnel binary (e.g. main's, built elsewhere): the memory
-                scenario runs its edgetunnel systems with it too, labelled `... base`,
-                side by side with this build's
+  --base-bin    another edgetunnel binary (e.g. main's, built elsewhere): every
+                scenario but scaling runs its edgetunnel systems with it too,
+                labelled `... base`, side by side with this build's
   --memory-sizes  idle connections per memory case (default 1000,10000,100000; quick: 100,1000)";
 
 /// Metric of the bulk rows: payload throughput.
@@ -261,7 +261,7 @@ struct Harness {
     samples: Vec<Sample>,
     notes: Vec<String>,
     failures: usize,
-    /// `--base-bin`: edgetunnel build to compare against in the memory rows.
+    /// `--base-bin`: edgetunnel build to compare against, side by side.
     base_bin: Option<PathBuf>,
     _ports: Option<PortRange>,
 }
@@ -314,13 +314,25 @@ impl Harness {
                 }
                 continue;
             }
-            let t0 = Instant::now();
-            match systems::start(k, targets, &opts) {
-                Ok(r) => {
-                    println!("started {} in {:.1} s", r.label, t0.elapsed().as_secs_f64());
-                    running.push(r);
+            // Each edgetunnel system again with `--base-bin`, side by side.
+            let mut variants = vec![(opts.clone(), false)];
+            if let (true, Some(base)) = (k.is_edgetunnel(), &self.base_bin) {
+                let mut o = opts.clone();
+                o.edgetunnel_bin = base.clone();
+                variants.push((o, true));
+            }
+            for (o, base) in variants {
+                let t0 = Instant::now();
+                match systems::start(k, targets, &o) {
+                    Ok(mut r) => {
+                        if base {
+                            r.label = format!("{} base", r.label);
+                        }
+                        println!("started {} in {:.1} s", r.label, t0.elapsed().as_secs_f64());
+                        running.push(r);
+                    }
+                    Err(e) => self.fail(&format!("starting {}", k.name()), e),
                 }
-                Err(e) => self.fail(&format!("starting {}", k.name()), e),
             }
         }
         running

@@ -24,8 +24,12 @@ use crate::protocol::h2_server::{
     reason, Config, ConnError, Event, Recv, RequestHead, SendError, ServerConn,
 };
 
-/// Bytes read at once.
-const READ_SIZE: usize = 16 * 1024;
+/// The thread's read buffer: DATA payload is passed on as slices of it,
+/// so a buffer lives until its slices are sent on, and a new one is
+/// allocated when less than [`MIN_READ`] of it is left.
+const READ_SIZE: usize = 64 * 1024;
+/// The least room a read is given.
+const MIN_READ: usize = 16 * 1024;
 /// Leftover input up to this size is copied out of the thread's buffer
 /// (a frame header cut by a read), larger leftovers keep their buffer.
 const SMALL_LEFTOVER: usize = 256;
@@ -41,7 +45,7 @@ thread_local! {
 
 fn take_read_buf() -> BytesMut {
     let mut b = READ_BUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
-    if b.capacity() < READ_SIZE / 4 {
+    if b.capacity() < MIN_READ {
         b.reserve(READ_SIZE);
     }
     b
@@ -276,7 +280,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
                 take_read_buf()
             } else {
                 let mut b = std::mem::take(&mut self.leftover);
-                b.reserve(READ_SIZE);
+                b.reserve(MIN_READ);
                 b
             };
             let had = buf.len();
@@ -412,7 +416,9 @@ fn with_stream<R>(
         return Err(SendError::ConnClosed);
     }
     let r = f(&mut s);
-    s.wake_driver();
+    if s.conn.output_len() > 0 {
+        s.wake_driver();
+    }
     r
 }
 
@@ -457,8 +463,10 @@ impl StreamRecv {
         let r = s.conn.take_data(self.id);
         match r {
             Recv::Data(b) => {
-                // Window updates may be due.
-                s.wake_driver();
+                // A window update may be due.
+                if s.conn.output_len() > 0 {
+                    s.wake_driver();
+                }
                 Poll::Ready(Some(Ok(b)))
             }
             Recv::End => Poll::Ready(None),
