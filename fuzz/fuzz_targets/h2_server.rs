@@ -34,6 +34,7 @@ fn cfg() -> Config {
         max_frame: 16_384,
         max_streams: 100_000,
         max_header_list: 4_096,
+        copy_below: 64,
     }
 }
 

@@ -146,12 +146,14 @@ impl Drop for OpenStream {
     }
 }
 
-/// The HTTP/2 settings of a caller's connection: h2's defaults before,
-/// and the windows and frame size of [`grpc::h2_server`].
+/// The HTTP/2 settings of a caller's connection: the stream window and
+/// frame size the h2-based frontend had. The connection's window is two
+/// streams' worth (it was 32 MiB): konnectivity-client opens one stream per
+/// connection, and the window bounds what a caller can make us hold.
 fn frontend_h2_config() -> h2_server::Config {
     h2_server::Config {
         stream_window: FRONTEND_STREAM_WINDOW,
-        conn_window: grpc::H2_CONNECTION_WINDOW,
+        conn_window: 2 * FRONTEND_STREAM_WINDOW,
         max_frame: grpc::MAX_FRAME,
         ..h2_server::Config::default()
     }

@@ -112,6 +112,12 @@ pub struct Config {
     /// SETTINGS_MAX_HEADER_LIST_SIZE (RFC 9113 counting: name + value + 32
     /// per field); also bounds a header block's encoded size.
     pub max_header_list: u32,
+    /// DATA payload pieces shorter than this are copied out of the input
+    /// rather than sliced: a slice keeps the caller's whole read buffer
+    /// alive, so a client sending tiny DATA frames among other bytes
+    /// could otherwise hold a buffer per byte of window. Pieces this long
+    /// or longer keep at most `buffer size / copy_below` times their size.
+    pub copy_below: usize,
 }
 
 impl Default for Config {
@@ -122,6 +128,7 @@ impl Default for Config {
             max_frame: 256 * 1024,
             max_streams: 1_024,
             max_header_list: 64 * 1024,
+            copy_below: 4 * 1024,
         }
     }
 }
@@ -435,7 +442,13 @@ impl<U: Default> ServerConn<U> {
                         if n == 0 {
                             return Ok(());
                         }
-                        let chunk = input.split_to(n).freeze();
+                        let chunk = if n < self.cfg.copy_below {
+                            let c = Bytes::copy_from_slice(&input[..n]);
+                            input.advance(n);
+                            c
+                        } else {
+                            input.split_to(n).freeze()
+                        };
                         self.data_chunk(stream, chunk);
                         self.input = In::Data {
                             stream,

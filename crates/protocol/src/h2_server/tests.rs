@@ -60,6 +60,7 @@ fn cfg() -> Config {
         max_frame: 16_384,
         max_streams: 4,
         max_header_list: 8_192,
+        copy_below: 1_000,
     }
 }
 
@@ -707,4 +708,24 @@ fn the_first_streams_take_one_slot_each() {
     request(&mut c, 3);
     assert_eq!(c.buffered_capacity(), 2 * stream_state_size::<()>());
     eprintln!("stream state: {} bytes", stream_state_size::<()>());
+}
+
+#[test]
+fn long_payload_is_sliced_from_the_input_and_short_payload_copied() {
+    let mut c = open();
+    request(&mut c, 1);
+    let mut bytes = frame(DATA, 0, 1, &[1; 999]);
+    bytes.extend(frame(DATA, 0, 1, &[2; 1_000]));
+    let mut buf = BytesMut::from(&bytes[..]);
+    let range = buf.as_ptr() as usize..buf.as_ptr() as usize + bytes.len();
+    c.recv(&mut buf).unwrap();
+    let Recv::Data(short) = c.take_data(1) else {
+        panic!()
+    };
+    let Recv::Data(long) = c.take_data(1) else {
+        panic!()
+    };
+    assert_eq!((short.len(), long.len()), (999, 1_000));
+    assert!(!range.contains(&(short.as_ptr() as usize)), "copied");
+    assert!(range.contains(&(long.as_ptr() as usize)), "sliced");
 }
