@@ -896,8 +896,9 @@ impl<U: Default> ServerConn<U> {
             ));
         }
         self.last_stream = id;
-        if self.goaway_sent.is_some() || self.goaway_received {
+        if self.goaway_sent.is_some() {
             // Past our GOAWAY: not processed (the client retries elsewhere).
+            // (The client's own GOAWAY concerns streams we would open.)
             self.push_rst(id, reason::REFUSED_STREAM);
             return Ok(());
         }
