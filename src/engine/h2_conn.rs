@@ -21,7 +21,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::protocol::h2_server::{
-    reason, Config, ConnError, Event, Recv, RequestHead, SendError, ServerConn,
+    Config, ConnError, Event, Recv, RequestHead, SendError, ServerConn,
 };
 
 /// The thread's read buffer: DATA payload is passed on as slices of it,
@@ -153,11 +153,6 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
             done: false,
             started: false,
         }
-    }
-
-    /// Requests being served.
-    pub fn streams(&self) -> usize {
-        self.shared.borrow().conn.stream_count()
     }
 
     /// Sends a keepalive PING ([`Incoming::Pong`] answers it).
@@ -549,13 +544,6 @@ impl StreamSend {
             w.send = Some(cx.waker().clone());
         }
         Poll::Pending
-    }
-
-    /// Resets the stream (CANCEL).
-    pub fn reset(&mut self) {
-        let mut s = self.shared.borrow_mut();
-        s.conn.reset(self.id, reason::CANCEL);
-        s.wake_driver();
     }
 }
 
