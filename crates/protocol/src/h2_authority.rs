@@ -481,7 +481,13 @@ impl AuthorityFilter {
         }
         self.dropped += dropped;
         self.blocks += 1;
-        write_block(out, self.block_stream, self.block_end_stream, &self.enc);
+        write_block(
+            out,
+            self.block_stream,
+            self.block_end_stream,
+            &self.enc,
+            OUT_MAX_FRAME,
+        );
         self.block.clear();
         if self.block.capacity() > KEEP_CAPACITY {
             self.block = Vec::new();
@@ -513,14 +519,21 @@ pub fn put_frame_header(out: &mut Vec<u8>, len: usize, ty: u8, flags: u8, stream
 }
 
 /// Writes an encoded header block as HEADERS + CONTINUATION frames of at
-/// most [`OUT_MAX_FRAME`] bytes each.
-fn write_block(out: &mut Vec<u8>, stream: u32, end_stream: bool, block: &[u8]) {
-    let frames = block.len().div_ceil(OUT_MAX_FRAME).max(1);
+/// most `max_frame` bytes of payload each (END_STREAM on the HEADERS
+/// frame with `end_stream`, END_HEADERS on the last).
+pub fn write_block(
+    out: &mut Vec<u8>,
+    stream: u32,
+    end_stream: bool,
+    block: &[u8],
+    max_frame: usize,
+) {
+    let frames = block.len().div_ceil(max_frame).max(1);
     out.reserve(block.len() + frames * FRAME_HEADER_LEN);
     let mut rest = block;
     let mut first = true;
     loop {
-        let n = rest.len().min(OUT_MAX_FRAME);
+        let n = rest.len().min(max_frame);
         let last = n == rest.len();
         let mut flags = if last { FLAG_END_HEADERS } else { 0 };
         let ty = if first {

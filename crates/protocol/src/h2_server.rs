@@ -43,7 +43,7 @@ use std::collections::VecDeque;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use loona_hpack::decoder::DecoderError;
 
-use crate::h2_authority::{encode_field, put_frame_header, FRAME_HEADER_LEN, PREFACE};
+use crate::h2_authority::{encode_field, put_frame_header, write_block, FRAME_HEADER_LEN, PREFACE};
 
 /// Frame types (RFC 9113 section 6).
 pub mod frame_type {
@@ -1216,26 +1216,8 @@ impl<U: Default> ServerConn<U> {
 
     /// A header block as HEADERS and CONTINUATION frames.
     fn push_block(&mut self, id: u32, end: bool, block: &[u8]) {
-        let max = self.peer_max_frame;
-        let mut f = Vec::with_capacity(block.len() + FRAME_HEADER_LEN * block.len().div_ceil(max));
-        let mut rest = block;
-        let mut first = true;
-        loop {
-            let n = rest.len().min(max);
-            let last = n == rest.len();
-            let mut flags = if last { END_HEADERS } else { 0 };
-            let ty = if first { HEADERS } else { CONTINUATION };
-            if first && end {
-                flags |= END_STREAM;
-            }
-            put_frame_header(&mut f, n, ty, flags, id);
-            f.extend_from_slice(&rest[..n]);
-            rest = &rest[n..];
-            first = false;
-            if last {
-                break;
-            }
-        }
+        let mut f = Vec::new();
+        write_block(&mut f, id, end, block, self.peer_max_frame);
         self.push_out(f);
     }
 }

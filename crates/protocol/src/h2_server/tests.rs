@@ -732,3 +732,26 @@ fn long_payload_is_sliced_from_the_input_and_short_payload_copied() {
     assert!(!range.contains(&(short.as_ptr() as usize)), "copied");
     assert!(range.contains(&(long.as_ptr() as usize)), "sliced");
 }
+
+#[test]
+fn a_head_past_the_clients_frame_size_goes_out_in_continuation_frames() {
+    let mut c = open();
+    request(&mut c, 1);
+    let long = "x".repeat(20_000);
+    c.send_head(1, &[("x-long", &long)], true).unwrap();
+    let f = response_frames(&mut c);
+    assert_eq!(
+        f.len(),
+        2,
+        "{:?}",
+        f.iter().map(|f| f.ty).collect::<Vec<_>>()
+    );
+    assert_eq!((f[0].ty, f[0].flags), (HEADERS, END_STREAM));
+    assert_eq!(f[0].payload.len(), 16_384);
+    assert_eq!((f[1].ty, f[1].flags), (CONTINUATION, END_HEADERS));
+    let block: Vec<u8> = f.iter().flat_map(|f| f.payload.clone()).collect();
+    let mut d = loona_hpack::Decoder::new();
+    let fields = decode(&mut d, &block);
+    assert_eq!(fields[0], (":status".to_string(), "200".to_string()));
+    assert_eq!(fields[1], ("x-long".to_string(), long));
+}
