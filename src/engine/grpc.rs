@@ -231,15 +231,10 @@ impl StreamSender {
 
     /// A trailers-only error answer (the call is over).
     pub fn refuse(stream: &mut h2_conn::StreamSend, code: u32, message: &str) {
-        let code = code.to_string();
-        let message = encode_message(message);
-        let mut fields = vec![
-            ("content-type", "application/grpc"),
-            ("grpc-status", code.as_str()),
-        ];
-        if !message.is_empty() {
-            fields.push(("grpc-message", message.as_str()));
-        }
+        let status = Status::new(code, message);
+        let fields: Vec<_> = std::iter::once(("content-type", "application/grpc"))
+            .chain(status.fields())
+            .collect();
         let _ = stream.send_head(&fields, true);
     }
 
@@ -256,12 +251,8 @@ impl StreamSender {
 
     /// Ends the stream with gRPC trailers.
     pub fn finish_with_status(&mut self, code: u32, message: &str) -> Result<(), GrpcError> {
-        let code = code.to_string();
-        let message = encode_message(message);
-        let mut fields = vec![("grpc-status", code.as_str())];
-        if !message.is_empty() {
-            fields.push(("grpc-message", message.as_str()));
-        }
+        let status = Status::new(code, message);
+        let fields: Vec<_> = status.fields().collect();
         self.stream.send_trailers(&fields)?;
         Ok(())
     }
@@ -269,6 +260,27 @@ impl StreamSender {
     /// Ready when the caller resets the stream (or the connection ends).
     pub fn poll_reset(&mut self, cx: &mut Context<'_>) -> Poll<Result<u32, GrpcError>> {
         self.stream.poll_reset(cx).map_err(Into::into)
+    }
+}
+
+/// A call's status as header fields: `grpc-status`, and `grpc-message`
+/// (percent-encoded) when there is a message.
+struct Status {
+    code: String,
+    message: String,
+}
+
+impl Status {
+    fn new(code: u32, message: &str) -> Self {
+        Status {
+            code: code.to_string(),
+            message: encode_message(message),
+        }
+    }
+
+    fn fields(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        let message = (!self.message.is_empty()).then_some(("grpc-message", &*self.message));
+        std::iter::once(("grpc-status", &*self.code)).chain(message)
     }
 }
 
@@ -289,10 +301,9 @@ fn encode_message(message: &str) -> String {
 /// `grpc-status` and `grpc-message` trailers.
 pub fn status_trailers(code: u32, message: &str) -> HeaderMap {
     let mut h = HeaderMap::new();
-    h.insert("grpc-status", HeaderValue::from(code));
-    if !message.is_empty() {
-        if let Ok(v) = HeaderValue::from_str(&encode_message(message)) {
-            h.insert("grpc-message", v);
+    for (name, value) in Status::new(code, message).fields() {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            h.insert(name, v);
         }
     }
     h
@@ -386,7 +397,12 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get("content-type")
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"))
+        .is_some_and(is_grpc_content_type)
+}
+
+/// Whether a `content-type` value is gRPC's.
+pub fn is_grpc_content_type(value: &str) -> bool {
+    value.starts_with("application/grpc")
 }
 
 /// The single value of a metadata key, if exactly one is present.

@@ -302,17 +302,14 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
                     // Errors are acted on above: the GOAWAY goes out first.
                     let _ = self.shared.borrow_mut().conn.recv(&mut buf);
                     self.keep(buf);
-                    // Give the caller its events before reading on.
-                    let started = !self.started && self.shared.borrow().conn.started();
-                    if started || self.shared.borrow().conn.has_events() {
-                        self.wake_streams();
-                        let started = !self.started && self.shared.borrow().conn.started();
-                        if started || self.shared.borrow().conn.has_events() {
-                            // A request or PONG: the caller takes it now;
-                            // the next poll goes on reading.
-                            cx.waker().wake_by_ref();
-                            return Poll::Pending;
-                        }
+                    // Wake the streams that got data; give the caller its
+                    // other events (the start, a request, a PONG) before
+                    // reading on: the next poll goes on reading.
+                    self.wake_streams();
+                    let s = self.shared.borrow();
+                    if (!self.started && s.conn.started()) || s.conn.has_events() {
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
                     }
                 }
             }

@@ -293,7 +293,7 @@ where
             let is_grpc = head
                 .content_type
                 .as_deref()
-                .is_some_and(|v| v.starts_with("application/grpc"));
+                .is_some_and(grpc::is_grpc_content_type);
             if head.path != PROXY_PATH || !is_grpc {
                 let msg = format!("unknown method {}", head.path);
                 StreamSender::refuse(&mut send, code::UNIMPLEMENTED, &msg);

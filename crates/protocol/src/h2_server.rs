@@ -60,11 +60,12 @@ pub mod frame_type {
 }
 use frame_type::*;
 
-const END_STREAM: u8 = 0x1;
+// Flags (shared with the `:authority` filter).
+use crate::h2_authority::{
+    FLAG_END_HEADERS as END_HEADERS, FLAG_END_STREAM as END_STREAM, FLAG_PADDED as PADDED,
+    FLAG_PRIORITY as PRIORITY_FLAG,
+};
 const ACK: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
-const PADDED: u8 = 0x8;
-const PRIORITY_FLAG: u8 = 0x20;
 
 /// Error codes (RFC 9113 section 7).
 pub mod reason {
