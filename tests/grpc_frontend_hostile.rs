@@ -8,30 +8,17 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
+use edgetunnel::protocol::h2_server::reason::{
+    COMPRESSION_ERROR, ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, PROTOCOL_ERROR,
+};
 use edgetunnel::protocol::packet::{self, Frame};
 use support::raw_h2::*;
 use support::*;
-
-const PROTOCOL_ERROR: u32 = 0x1;
-const FLOW_CONTROL_ERROR: u32 = 0x3;
-const FRAME_SIZE_ERROR: u32 = 0x6;
-const COMPRESSION_ERROR: u32 = 0x9;
-const ENHANCE_YOUR_CALM: u32 = 0xb;
-const CONTINUATION_TYPE: u8 = 0x9;
-const WINDOW_UPDATE: u8 = 0x8;
-
-fn frame(ty: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len();
-    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, ty, flags];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
-}
 
 /// The preface and an empty SETTINGS, then `rest`.
 fn after_preface(rest: &[Vec<u8>]) -> Vec<u8> {
@@ -45,34 +32,13 @@ fn after_preface(rest: &[Vec<u8>]) -> Vec<u8> {
 
 /// Reads until the server closes; the GOAWAY error code it sent, if any.
 fn goaway_then_close(s: &mut TcpStream) -> Option<u32> {
-    s.set_read_timeout(Some(Duration::from_millis(200)))
-        .unwrap();
-    let t0 = Instant::now();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 16 * 1024];
-    loop {
-        assert!(t0.elapsed() < WAIT, "still open after {WAIT:?}");
-        match s.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
-            Err(_) => break,
-        }
-    }
-    let mut code = None;
-    let mut b = &got[..];
-    while b.len() >= 9 {
-        let len = usize::from(b[0]) << 16 | usize::from(b[1]) << 8 | usize::from(b[2]);
-        if b.len() < 9 + len {
-            break;
-        }
-        if b[3] == GOAWAY && len >= 8 {
-            code = Some(u32::from_be_bytes([b[13], b[14], b[15], b[16]]));
-        }
-        b = &b[9 + len..];
-    }
-    code
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let (got, _) = read_to_close(s, WAIT);
+    split_frames(&got)
+        .iter()
+        .rev()
+        .find(|f| f.ty == GOAWAY && f.payload.len() >= 8)
+        .map(|f| u32::from_be_bytes([f.payload[4], f.payload[5], f.payload[6], f.payload[7]]))
 }
 
 /// A tunnel through the frontend, kept open: dial the echo server, then
@@ -125,12 +91,11 @@ fn echo(c: &mut RawH2<TcpStream>, stream: u32, connect_id: i64, text: &str) {
 }
 
 fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
+    let v = proc_status(pid, "VmRSS");
+    v.trim_end_matches("kB")
+        .trim()
+        .parse()
+        .expect("VmRSS in kB")
 }
 
 #[test]
@@ -144,7 +109,7 @@ fn hostile_callers_lose_only_their_own_connection_or_stream() {
 
     let bad_hpack = frame(HEADERS, END_HEADERS, 1, &[0xff, 0xff, 0xff, 0xff]);
     let mut endless_block = vec![frame(HEADERS, 0, 1, &[0; 100])];
-    endless_block.extend((0..80).map(|_| frame(CONTINUATION_TYPE, 0, 1, &[0; 1024])));
+    endless_block.extend((0..80).map(|_| frame(CONTINUATION, 0, 1, &[0; 1024])));
     // A frame header announcing more than the 256 KiB we advertise.
     let mut oversized = frame(DATA, 0, 1, &[]);
     oversized[..3].copy_from_slice(&[0x04, 0x93, 0xe0]);

@@ -238,37 +238,6 @@ fn tail(log: &str) -> String {
     lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
-/// Reads until the server closes `s`; what it sent and how long it took.
-fn read_to_close(s: &mut impl Read, limit: Duration) -> (Vec<u8>, Duration) {
-    let t0 = Instant::now();
-    let mut got = Vec::new();
-    let mut b = [0u8; 4096];
-    loop {
-        match s.read(&mut b) {
-            Ok(0) => return (got, t0.elapsed()),
-            Ok(n) => got.extend_from_slice(&b[..n]),
-            Err(e) if e.kind() == ErrorKind::ConnectionReset => return (got, t0.elapsed()),
-            Err(e) => panic!(
-                "not closed after {:?} ({e}); got {} bytes",
-                t0.elapsed(),
-                got.len()
-            ),
-        }
-        assert!(t0.elapsed() < limit, "still open after {limit:?}");
-    }
-}
-
-/// The frame types in a byte stream of HTTP/2 frames.
-fn frame_types(mut b: &[u8]) -> Vec<u8> {
-    let mut types = Vec::new();
-    while b.len() >= 9 {
-        let len = usize::from(b[0]) << 16 | usize::from(b[1]) << 8 | usize::from(b[2]);
-        types.push(b[3]);
-        b = &b[(9 + len).min(b.len())..];
-    }
-    types
-}
-
 #[test]
 fn grpc_frontend_closes_idle_connections() {
     let env = Env::new();

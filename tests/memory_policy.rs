@@ -10,14 +10,9 @@ use support::*;
 
 /// The process's `THP_enabled` flag (Linux 5.0 and later report it).
 fn thp_enabled(pid: u32) -> bool {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("THP_enabled:"))
-        .unwrap_or_else(|| panic!("no THP_enabled in /proc/{pid}/status:\n{status}"));
-    match line.split_whitespace().nth(1) {
-        Some("0") => false,
-        Some("1") => true,
+    match proc_status(pid, "THP_enabled").as_str() {
+        "0" => false,
+        "1" => true,
         other => panic!("unexpected THP_enabled value {other:?}"),
     }
 }

@@ -759,3 +759,14 @@ pub(crate) fn script(env: &Env, name: &str, args: &[String]) -> Proc {
     let n = N.fetch_add(1, Ordering::Relaxed);
     Proc::spawn(cmd, env.path(&format!("{name}-{n}.log")))
 }
+
+/// The value of `key` in `/proc/PID/status` (e.g. `VmRSS`, `THP_enabled`).
+pub(crate) fn proc_status(pid: u32, key: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let prefix = format!("{key}:");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status:\n{status}"))
+}

@@ -3,7 +3,8 @@
 //! not send, and connections that stop short (preface only).
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use edgetunnel::protocol::grpc_frame::FrameDecoder;
@@ -16,6 +17,7 @@ pub(crate) const RST_STREAM: u8 = 0x3;
 pub(crate) const SETTINGS: u8 = 0x4;
 pub(crate) const PING: u8 = 0x6;
 pub(crate) const GOAWAY: u8 = 0x7;
+pub(crate) const WINDOW_UPDATE: u8 = 0x8;
 pub(crate) const CONTINUATION: u8 = 0x9;
 pub(crate) const END_STREAM: u8 = 0x1;
 pub(crate) const ACK: u8 = 0x1;
@@ -38,6 +40,58 @@ pub(crate) fn hpack_literals(fields: &[(&str, &str)]) -> Vec<u8> {
         hpack_string(&mut b, v);
     }
     b
+}
+
+/// One frame's bytes.
+pub(crate) fn frame(ty: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len();
+    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, ty, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// The frames in a byte stream of HTTP/2 frames (the last one's payload
+/// cut short if the stream is).
+pub(crate) fn split_frames(mut b: &[u8]) -> Vec<RawFrame> {
+    let mut frames = Vec::new();
+    while b.len() >= 9 {
+        let len = usize::from(b[0]) << 16 | usize::from(b[1]) << 8 | usize::from(b[2]);
+        let end = (9 + len).min(b.len());
+        frames.push(RawFrame {
+            ty: b[3],
+            flags: b[4],
+            stream: u32::from_be_bytes([b[5], b[6], b[7], b[8]]) & 0x7fff_ffff,
+            payload: b[9..end].to_vec(),
+        });
+        b = &b[end..];
+    }
+    frames
+}
+
+/// The frame types in a byte stream of HTTP/2 frames.
+pub(crate) fn frame_types(b: &[u8]) -> Vec<u8> {
+    split_frames(b).iter().map(|f| f.ty).collect()
+}
+
+/// Reads until the server closes `s`; what it sent and how long it took.
+pub(crate) fn read_to_close(s: &mut impl Read, limit: Duration) -> (Vec<u8>, Duration) {
+    let t0 = Instant::now();
+    let mut got = Vec::new();
+    let mut b = [0u8; 4096];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return (got, t0.elapsed()),
+            Ok(n) => got.extend_from_slice(&b[..n]),
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => return (got, t0.elapsed()),
+            Err(e) => panic!(
+                "not closed after {:?} ({e}); got {} bytes",
+                t0.elapsed(),
+                got.len()
+            ),
+        }
+        assert!(t0.elapsed() < limit, "still open after {limit:?}");
+    }
 }
 
 pub(crate) struct RawFrame {
@@ -69,11 +123,9 @@ impl<S: Read + Write> RawH2<S> {
     }
 
     pub(crate) fn write_frame(&mut self, ty: u8, flags: u8, stream: u32, payload: &[u8]) {
-        let len = payload.len();
-        let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, ty, flags];
-        f.extend_from_slice(&stream.to_be_bytes());
-        f.extend_from_slice(payload);
-        self.s.write_all(&f).unwrap();
+        self.s
+            .write_all(&frame(ty, flags, stream, payload))
+            .unwrap();
         self.s.flush().unwrap();
     }
 
