@@ -1,10 +1,15 @@
-//! CPU time of a system's processes from `/proc/PID/stat`, for the CPU
-//! seconds per GB of the bulk scenarios.
+//! CPU time of a system's processes from `/proc/PID/stat` and of the
+//! machine from `/proc/stat`: CPU seconds per GB in the bulk scenarios, CPU
+//! per request at saturation, and where the CPU went (busiest thread,
+//! machine idle) in core scaling.
 //!
-//! [`parse_stat`] is the pure part: it takes the text of one stat file and
-//! returns the process's own and its reaped children's user+system clock
-//! ticks. [`cpu_seconds`] reads a set of pids and converts ticks to seconds
-//! with `sysconf(_SC_CLK_TCK)`.
+//! [`parse_stat`] and [`parse_machine_stat`] are the pure parts: they take
+//! the text of one process's stat file (its own and its reaped children's
+//! user and system clock ticks) and of `/proc/stat` (the machine's idle and
+//! total ticks). [`Snapshot::take`] reads a set of pids, their threads and
+//! the machine; [`Window::between`] turns two snapshots into CPU seconds,
+//! the user-mode part, the busiest thread's share of a core and the
+//! machine's idle share, with `sysconf(_SC_CLK_TCK)` ticks a second.
 //!
 //! Counting rule: a process's own ticks (`utime + stime`, all its threads)
 //! plus its reaped children's (`cutime + cstime`). Summed over a system's
@@ -20,6 +25,8 @@ pub(crate) struct StatTicks {
     pub own: u64,
     /// `cutime + cstime` (fields 16 and 17): children it has waited for.
     pub children: u64,
+    /// `utime + cutime`: the user-mode part of `own + children`.
+    pub user: u64,
 }
 
 impl StatTicks {
@@ -40,7 +47,125 @@ pub(crate) fn parse_stat(stat: &str) -> Option<StatTicks> {
     Some(StatTicks {
         own: num(14)?.checked_add(num(15)?)?,
         children: num(16)?.checked_add(num(17)?)?,
+        user: num(14)?.saturating_add(num(16)?),
     })
+}
+
+/// Idle (`idle + iowait`) and total clock ticks of all CPUs, from the text
+/// of `/proc/stat` (its first line, "cpu  user nice system idle iowait
+/// irq softirq steal ..."). None when the line is not there.
+pub(crate) fn parse_machine_stat(stat: &str) -> Option<(u64, u64)> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    if v.len() < 5 {
+        return None;
+    }
+    // guest and guest_nice (fields 9 and 10) are already inside user and nice.
+    let total: u64 = v.iter().take(8).sum();
+    Some((v[3] + v[4], total))
+}
+
+/// What a system's processes and the machine had used up to one moment:
+/// two of them make a [`Window`].
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Snapshot {
+    /// User + system ticks of the system's processes (see [`cpu_seconds`]).
+    pub ticks: u64,
+    /// The user-mode part of `ticks`.
+    pub user_ticks: u64,
+    /// Ticks of each live thread of the system's processes, by
+    /// (pid, tid).
+    pub threads: Vec<((u32, u32), u64)>,
+    /// Idle and total ticks of the whole machine (all CPUs).
+    pub machine: (u64, u64),
+}
+
+impl Snapshot {
+    /// Reads the processes `pids` (with their threads) and `/proc/stat`.
+    pub(crate) fn take(pids: &[u32]) -> Snapshot {
+        let mut snap = Snapshot {
+            machine: std::fs::read_to_string("/proc/stat")
+                .ok()
+                .and_then(|s| parse_machine_stat(&s))
+                .unwrap_or_default(),
+            ..Snapshot::default()
+        };
+        for &pid in pids {
+            let Some(t) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| parse_stat(&s))
+            else {
+                continue;
+            };
+            snap.ticks += t.total();
+            snap.user_ticks += t.user;
+            let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+                continue;
+            };
+            for task in dir.flatten() {
+                let Some(tid) = task.file_name().to_str().and_then(|n| n.parse().ok()) else {
+                    continue;
+                };
+                if let Some(t) = std::fs::read_to_string(task.path().join("stat"))
+                    .ok()
+                    .and_then(|s| parse_stat(&s))
+                {
+                    snap.threads.push(((pid, tid), t.own));
+                }
+            }
+        }
+        snap
+    }
+}
+
+/// CPU use between two [`Snapshot`]s `wall_seconds` apart.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Window {
+    /// CPU seconds of the system's processes (user + system).
+    pub seconds: f64,
+    /// The user-mode part of `seconds`.
+    pub user_seconds: f64,
+    /// The busiest single thread's CPU time over the wall time: 1.0 is a
+    /// whole core. NaN when no thread lived through both snapshots.
+    pub busiest_thread: f64,
+    /// Share of all CPUs' time that was idle, 0 to 1 (NaN when
+    /// `/proc/stat` was unreadable).
+    pub machine_idle: f64,
+}
+
+impl Window {
+    pub(crate) fn between(a: &Snapshot, b: &Snapshot, wall_seconds: f64) -> Window {
+        let hz = clock_ticks();
+        let busiest = b
+            .threads
+            .iter()
+            .filter_map(|(id, t1)| {
+                let t0 = a.threads.iter().find(|(i, _)| i == id)?.1;
+                Some(t1.saturating_sub(t0))
+            })
+            .max();
+        let (idle, total) = (
+            b.machine.0.saturating_sub(a.machine.0),
+            b.machine.1.saturating_sub(a.machine.1),
+        );
+        Window {
+            seconds: ticks_to_seconds(b.ticks.saturating_sub(a.ticks), hz),
+            user_seconds: ticks_to_seconds(b.user_ticks.saturating_sub(a.user_ticks), hz),
+            busiest_thread: busiest.map_or(f64::NAN, |t| {
+                ticks_to_seconds(t, hz) / wall_seconds.max(f64::MIN_POSITIVE)
+            }),
+            machine_idle: if total == 0 {
+                f64::NAN
+            } else {
+                idle as f64 / total as f64
+            },
+        }
+    }
 }
 
 /// Clock ticks per second (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
@@ -58,18 +183,6 @@ pub(crate) fn clock_ticks() -> u64 {
 /// Seconds of CPU of `ticks` at `per_second` ticks a second.
 pub(crate) fn ticks_to_seconds(ticks: u64, per_second: u64) -> f64 {
     ticks as f64 / per_second.max(1) as f64
-}
-
-/// CPU seconds (user + system) of the processes `pids` and of their reaped
-/// children; a pid that is gone counts 0.
-pub(crate) fn cpu_seconds(pids: &[u32]) -> f64 {
-    let ticks: u64 = pids
-        .iter()
-        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
-        .filter_map(|s| parse_stat(&s))
-        .map(StatTicks::total)
-        .sum();
-    ticks_to_seconds(ticks, clock_ticks())
 }
 
 /// Fewest clock ticks a CPU figure is reported from: below this, one tick
@@ -113,7 +226,8 @@ mod tests {
             t,
             StatTicks {
                 own: 1290,
-                children: 15
+                children: 15,
+                user: 1241
             }
         );
         assert_eq!(t.total(), 1305);
@@ -126,7 +240,8 @@ mod tests {
             parse_stat(line),
             Some(StatTicks {
                 own: 30,
-                children: 70
+                children: 70,
+                user: 40
             })
         );
     }
@@ -150,28 +265,63 @@ mod tests {
     }
 
     #[test]
+    fn machine_idle_from_proc_stat() {
+        let text = "cpu  100 5 50 800 40 3 2 0 7 0\ncpu0 50 2 25 400 20 1 1 0 0 0\nintr 1 2\n";
+        assert_eq!(parse_machine_stat(text), Some((840, 1000)));
+        assert_eq!(parse_machine_stat("cpu0 1 2 3 4 5\n"), None);
+        assert_eq!(parse_machine_stat("cpu  1 2 x 4 5\n"), None);
+        assert_eq!(parse_machine_stat("cpu  1 2 3\n"), None);
+    }
+
+    #[test]
+    fn a_window_names_the_busiest_thread_and_the_idle_share() {
+        let hz = clock_ticks();
+        let a = Snapshot {
+            ticks: 10,
+            user_ticks: 4,
+            threads: vec![((1, 1), 5), ((1, 2), 5), ((2, 3), 0)],
+            machine: (100, 400),
+        };
+        let b = Snapshot {
+            ticks: 10 + 3 * hz / 2,
+            user_ticks: 4 + hz / 2,
+            // Thread 2 gone, thread 4 new: neither is a figure.
+            threads: vec![((1, 1), 5 + hz / 4), ((2, 3), hz), ((2, 4), 9 * hz)],
+            machine: (150, 600),
+        };
+        let w = Window::between(&a, &b, 2.0);
+        assert!((w.seconds - 1.5).abs() < 1e-9, "{w:?}");
+        assert!((w.user_seconds - 0.5).abs() < 1e-9, "{w:?}");
+        assert!((w.busiest_thread - 0.5).abs() < 1e-9, "{w:?}");
+        assert!((w.machine_idle - 0.25).abs() < 1e-9, "{w:?}");
+        let none = Window::between(&Snapshot::default(), &Snapshot::default(), 1.0);
+        assert!(none.busiest_thread.is_nan() && none.machine_idle.is_nan());
+    }
+
+    #[test]
+    fn a_snapshot_sees_this_process_and_its_threads() {
+        let me = std::process::id();
+        let a = Snapshot::take(&[me]);
+        let t0 = std::time::Instant::now();
+        let mut x: u64 = 1;
+        while t0.elapsed() < std::time::Duration::from_millis(300) {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        let b = Snapshot::take(&[me]);
+        assert!(b.threads.iter().any(|((p, t), _)| *p == me && *t == me));
+        assert!(b.machine.1 > a.machine.1, "{:?} {:?}", a.machine, b.machine);
+        let w = Window::between(&a, &b, t0.elapsed().as_secs_f64());
+        assert!(w.seconds >= 0.05 && w.busiest_thread > 0.1, "{w:?}");
+        assert!(w.user_seconds <= w.seconds, "{w:?}");
+    }
+
+    #[test]
     fn ticks_and_gigabytes() {
         assert_eq!(ticks_to_seconds(250, 100), 2.5);
         assert_eq!(ticks_to_seconds(7, 0), 7.0);
         assert_eq!(seconds_per_gb(1.5, 3_000_000_000), 0.5);
         assert!(seconds_per_gb(1.0, 0).is_nan());
         assert!(clock_ticks() > 0);
-    }
-
-    #[test]
-    fn counts_a_real_process_burning_cpu() {
-        // This process burns about 0.3 s of CPU; /proc must see at least
-        // part of it (ticks are 10 ms).
-        let me = [std::process::id()];
-        let before = cpu_seconds(&me);
-        let t0 = std::time::Instant::now();
-        let mut x: u64 = 1;
-        while t0.elapsed() < std::time::Duration::from_millis(300) {
-            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
-        }
-        let after = cpu_seconds(&me);
-        assert!(after - before >= 0.05, "before {before} after {after}");
-        assert_eq!(cpu_seconds(&[u32::MAX]), 0.0);
     }
 
     #[test]

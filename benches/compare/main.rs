@@ -46,6 +46,11 @@ const GBPS: &str = "Gbit/s";
 /// Metric of the bulk rows: the system's CPU seconds (user + system, all
 /// its processes) per 10^9 payload bytes moved.
 const CPU_PER_GB: &str = "CPU s/GB";
+/// Metric of the saturation rows: the system's CPU (user + system, all its
+/// processes) per completed request, microseconds.
+const CPU_PER_REQ: &str = "CPU µs/req";
+/// The kernel-mode (system) part of [`CPU_PER_REQ`].
+const KERNEL_PER_REQ: &str = "kernel µs/req";
 
 const SCENARIOS: [&str; 6] = ["bulk", "latency", "dial", "hol", "memory", "scaling"];
 
@@ -400,7 +405,7 @@ impl Harness {
             );
             for rep in 0..self.reps {
                 for r in running {
-                    let cpu = || r.cpu_seconds();
+                    let cpu = || r.cpu_snapshot();
                     match rt.block_on(scenarios::bulk(
                         &r.entries,
                         streams,
@@ -408,7 +413,7 @@ impl Harness {
                         plan.bulk_bytes,
                         &cpu,
                     )) {
-                        Ok(b) => self.record_bulk("bulk", &case, &r.label, &b, rep),
+                        Ok(b) => self.record_bulk("bulk", &case, &r.label, &b, rep, false),
                         Err(e) => self.fail(&format!("bulk {case} via {}", r.label), e),
                     }
                 }
@@ -419,7 +424,8 @@ impl Harness {
     }
 
     /// Records a bulk transfer: Gbit/s, and CPU s/GB when the system has
-    /// processes of its own (direct has none).
+    /// processes of its own (direct has none); with `context`, also where
+    /// the CPU went (see [`Harness::record_context`]).
     fn record_bulk(
         &mut self,
         scenario: &str,
@@ -427,12 +433,14 @@ impl Harness {
         system: &str,
         b: &scenarios::Bulk,
         rep: u32,
+        context: bool,
     ) {
         self.record(scenario, case, system, GBPS, b.gbps, rep, true, Vec::new());
+        let Some(w) = b.cpu else { return };
         // Too few clock ticks (quick runs) say nothing: no figure at all
         // rather than a ratio of 0 or infinity.
-        if let Some(secs) = b.cpu_seconds.filter(|s| cpu::measurable(*s)) {
-            let per_gb = cpu::seconds_per_gb(secs, b.bytes);
+        if cpu::measurable(w.seconds) {
+            let per_gb = cpu::seconds_per_gb(w.seconds, b.bytes);
             self.record(
                 scenario,
                 case,
@@ -443,6 +451,56 @@ impl Harness {
                 false,
                 Vec::new(),
             );
+        }
+        if context {
+            self.record_context(scenario, case, system, &w, rep);
+        }
+    }
+
+    /// Records the CPU per request of a saturation run (total and its
+    /// kernel part) when it spans enough clock ticks.
+    fn record_cpu_per_request(
+        &mut self,
+        scenario: &str,
+        case: &str,
+        system: &str,
+        l: &scenarios::Latency,
+        rep: u32,
+    ) {
+        let Some(w) = l.cpu.filter(|w| cpu::measurable(w.seconds)) else {
+            return;
+        };
+        let requests = l.rate * l.secs;
+        if requests < 1.0 {
+            return;
+        }
+        for (metric, secs) in [
+            (CPU_PER_REQ, w.seconds),
+            (KERNEL_PER_REQ, w.seconds - w.user_seconds),
+        ] {
+            let us = secs / requests * 1e6;
+            self.record(scenario, case, system, metric, us, rep, false, Vec::new());
+        }
+    }
+
+    /// Records where a run's CPU went: the busiest thread of the system
+    /// (1.0 = a whole core) and the machine's idle share. Context for the
+    /// core-scaling rows (report::CONTEXT_METRICS: no ratio tables).
+    fn record_context(
+        &mut self,
+        scenario: &str,
+        case: &str,
+        system: &str,
+        w: &cpu::Window,
+        rep: u32,
+    ) {
+        for (metric, v) in [
+            (report::BUSIEST_THREAD, w.busiest_thread),
+            (report::MACHINE_IDLE, w.machine_idle * 100.0),
+        ] {
+            if v.is_finite() {
+                self.record(scenario, case, system, metric, v, rep, false, Vec::new());
+            }
         }
     }
 
@@ -474,11 +532,13 @@ impl Harness {
         for (case, rate) in cases {
             for rep in 0..self.reps {
                 for r in running {
+                    let cpu = || r.cpu_snapshot();
                     match rt.block_on(scenarios::latency(
                         &r.entries,
                         plan.latency_conns,
                         rate,
                         plan.latency_dur,
+                        &cpu,
                     )) {
                         Ok(l) => {
                             for (metric, v) in
@@ -506,6 +566,7 @@ impl Harness {
                                     true,
                                     Vec::new(),
                                 );
+                                self.record_cpu_per_request("latency", &case, &r.label, &l, rep);
                             }
                         }
                         Err(e) => self.fail(&format!("latency {case} via {}", r.label), e),
@@ -735,7 +796,7 @@ impl Harness {
         }
         for rep in 0..self.reps {
             for r in &running {
-                let cpu = || r.cpu_seconds();
+                let cpu = || r.cpu_snapshot();
                 match rt.block_on(scenarios::bulk(
                     &r.entries,
                     64,
@@ -743,7 +804,9 @@ impl Harness {
                     plan.bulk_bytes,
                     &cpu,
                 )) {
-                    Ok(b) => self.record_bulk("scaling", "64 streams download", &r.label, &b, rep),
+                    Ok(b) => {
+                        self.record_bulk("scaling", "64 streams download", &r.label, &b, rep, true)
+                    }
                     Err(e) => self.fail(&format!("scaling bulk via {}", r.label), e),
                 }
                 match rt.block_on(scenarios::dial(
@@ -768,17 +831,25 @@ impl Harness {
                     plan.latency_conns,
                     None,
                     plan.latency_dur,
+                    &cpu,
                 )) {
-                    Ok(l) => self.record(
-                        "scaling",
-                        "1 KiB request/response at saturation",
-                        &r.label,
-                        "req/s",
-                        l.rate,
-                        rep,
-                        true,
-                        Vec::new(),
-                    ),
+                    Ok(l) => {
+                        let case = "1 KiB request/response at saturation";
+                        self.record(
+                            "scaling",
+                            case,
+                            &r.label,
+                            "req/s",
+                            l.rate,
+                            rep,
+                            true,
+                            Vec::new(),
+                        );
+                        self.record_cpu_per_request("scaling", case, &r.label, &l, rep);
+                        if let Some(w) = l.cpu {
+                            self.record_context("scaling", case, &r.label, &w, rep);
+                        }
+                    }
                     Err(e) => self.fail(&format!("scaling latency via {}", r.label), e),
                 }
             }

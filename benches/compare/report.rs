@@ -244,6 +244,16 @@ pub(super) fn system_label(system: &str) -> String {
     }
 }
 
+/// Context metric: the busiest thread of a system over a run, in cores
+/// (1.0 = one core busy all the time).
+pub(crate) const BUSIEST_THREAD: &str = "busiest thread, cores";
+/// Context metric: the share of all CPUs' time the machine was idle over a
+/// run, percent.
+pub(crate) const MACHINE_IDLE: &str = "machine idle %";
+/// Metrics that tell where the CPU went rather than how good a system is:
+/// their values are reported without ratio tables.
+pub(crate) const CONTEXT_METRICS: [&str; 2] = [BUSIEST_THREAD, MACHINE_IDLE];
+
 /// "higher is better" or "lower is better".
 pub(super) fn direction(higher_is_better: bool) -> &'static str {
     if higher_is_better {
@@ -490,13 +500,20 @@ fn md_scenario(md: &mut String, scenario: &str, aggs: &[Agg], order: &[&str], pl
         md.push_str(&format!("![{}]({})\n\n", md_text(&plot.title), plot.file));
     }
     for table in tables(aggs, scenario, order) {
+        let context = CONTEXT_METRICS.contains(&table.metric);
         md.push_str(&format!(
             "### {} ({})\n\n",
             md_text(table.metric),
-            direction(table.higher_is_better)
+            if context {
+                "where the CPU went: context, not a score"
+            } else {
+                direction(table.higher_is_better)
+            }
         ));
         md_values(md, &table);
-        md_ratios(md, &table);
+        if !context {
+            md_ratios(md, &table);
+        }
     }
 }
 
@@ -903,6 +920,35 @@ mod tests {
         assert!(svg.contains("CPU s/GB (lower is better)"));
         assert!(svg.contains("Gbit/s (higher is better)"));
         assert!(svg.contains("edgetunnel-connect") && svg.contains("direct (limit)"));
+    }
+
+    #[test]
+    fn context_metrics_have_values_but_no_ratios() {
+        let mut s = Vec::new();
+        for (sys, gbps, busiest) in [
+            ("edgetunnel-connect --workers 1", 6.0, 0.6),
+            ("edgetunnel-connect --workers 2", 6.5, 0.35),
+        ] {
+            s.push(sample("scaling", "64 streams download", sys, gbps, 0));
+            let mut x = sample("scaling", "64 streams download", sys, busiest, 0);
+            x.metric = BUSIEST_THREAD.into();
+            x.higher_is_better = false;
+            s.push(x);
+        }
+        let md = markdown(&s, &Meta::default());
+        let ctx = &md[md.find("### busiest thread").expect("context table")..];
+        assert!(
+            ctx.starts_with("### busiest thread, cores (where the CPU went"),
+            "{ctx}"
+        );
+        assert!(
+            ctx.contains("| 64 streams download | 0.6 | 0.35 |"),
+            "{ctx}"
+        );
+        assert!(!ctx.contains("vs edgetunnel"), "{ctx}");
+        // Gbit/s keeps its ratio table.
+        let gbps = &md[md.find("### Gbit/s").unwrap()..md.find("### busiest").unwrap()];
+        assert!(gbps.contains("vs edgetunnel-connect --workers 1"), "{gbps}");
     }
 
     #[test]

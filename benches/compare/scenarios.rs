@@ -11,6 +11,7 @@ use futures::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::client::{self, Conn};
+use crate::cpu::{Snapshot, Window};
 use crate::model::Entry;
 use crate::target::CHUNK;
 
@@ -29,10 +30,13 @@ pub(crate) struct Bulk {
     pub bytes: u64,
     /// Gbit/s of `bytes`, from the first byte to the last.
     pub gbps: f64,
-    /// CPU seconds the system used over the same window, when it has
-    /// processes of its own (`cpu` returned Some before and after).
-    pub cpu_seconds: Option<f64>,
+    /// CPU the system (and the machine) used over the same window, when it
+    /// has processes of its own (`cpu` returned Some before and after).
+    pub cpu: Option<Window>,
 }
+
+/// Reads a system's CPU so far: None when it has no process of its own.
+pub(crate) type CpuProbe<'a> = &'a dyn Fn() -> Option<Snapshot>;
 
 /// `total` bytes moved by `streams` parallel connections, client to target
 /// (`upload`) or back, timed from the first byte to the last; `cpu` (the
@@ -43,7 +47,7 @@ pub(crate) async fn bulk(
     streams: usize,
     upload: bool,
     total: u64,
-    cpu: &dyn Fn() -> Option<f64>,
+    cpu: CpuProbe<'_>,
 ) -> Result<Bulk> {
     let per = (total / streams as u64).max(1);
     let mut conns = Vec::with_capacity(streams);
@@ -65,7 +69,7 @@ pub(crate) async fn bulk(
     Ok(Bulk {
         bytes,
         gbps: bytes as f64 * 8.0 / secs / 1e9,
-        cpu_seconds: cpu0.zip(cpu1).map(|(a, b)| (b - a).max(0.0)),
+        cpu: cpu0.zip(cpu1).map(|(a, b)| Window::between(&a, &b, secs)),
     })
 }
 
@@ -107,8 +111,13 @@ pub(crate) struct Latency {
     pub p999: f64,
     /// Requests per second completed.
     pub rate: f64,
+    /// The length of the run `rate` is counted over, seconds.
+    pub secs: f64,
     /// (percentile, ms) points of the distribution.
     pub cdf: Vec<(f64, f64)>,
+    /// CPU over the run (from the first connection's start to the last
+    /// one's end), when the system has processes of its own.
+    pub cpu: Option<Window>,
 }
 
 const CDF_POINTS: [f64; 14] = [
@@ -124,6 +133,7 @@ pub(crate) async fn latency(
     conns: usize,
     rate: Option<f64>,
     dur: Duration,
+    cpu: CpuProbe<'_>,
 ) -> Result<Latency> {
     let mut opened = Vec::with_capacity(conns);
     for i in 0..conns {
@@ -133,6 +143,8 @@ pub(crate) async fn latency(
     }
     let begin = Instant::now() + Duration::from_millis(20);
     let interval = rate.map(|r| Duration::from_secs_f64(conns as f64 / r));
+    let cpu0 = cpu();
+    let started = Instant::now();
     let tasks: Vec<_> = opened
         .into_iter()
         .enumerate()
@@ -176,6 +188,9 @@ pub(crate) async fn latency(
     for t in tasks {
         all.extend(t.await.map_err(std::io::Error::other)??);
     }
+    let cpu_window = cpu0
+        .zip(cpu())
+        .map(|(a, b)| Window::between(&a, &b, started.elapsed().as_secs_f64()));
     if all.is_empty() {
         return Err(std::io::Error::other("no request completed"));
     }
@@ -189,7 +204,9 @@ pub(crate) async fn latency(
         p99: pct(99.0),
         p999: pct(99.9),
         rate: all.len() as f64 / dur.as_secs_f64(),
+        secs: dur.as_secs_f64(),
         cdf: CDF_POINTS.iter().map(|&p| (p, pct(p))).collect(),
+        cpu: cpu_window,
     })
 }
 

@@ -106,15 +106,15 @@ impl Running {
         self.pids().into_iter().map(pss_of).sum()
     }
 
-    /// CPU seconds (user + system) the system's processes have used so
-    /// far: its roots and all their live descendants, each with the
-    /// children it has reaped (see `cpu`). None when the system has no
-    /// process of its own (direct).
-    pub(crate) fn cpu_seconds(&self) -> Option<f64> {
+    /// CPU the system's processes have used so far (its roots and all
+    /// their live descendants, each with the children it has reaped; see
+    /// `cpu`), their threads', and the machine's. None when the system has
+    /// no process of its own (direct).
+    pub(crate) fn cpu_snapshot(&self) -> Option<crate::cpu::Snapshot> {
         if self.procs.is_empty() {
             return None;
         }
-        Some(crate::cpu::cpu_seconds(&self.pids()))
+        Some(crate::cpu::Snapshot::take(&self.pids()))
     }
 
     /// Pids whose memory counts (for perf profiling too): the processes
@@ -674,12 +674,15 @@ fn start_edgetunnel(
         "localhost",
         "--agent-id",
         "bench",
-        // The targets are on loopback, which agents refuse by default.
-        "--allow-destinations",
-        "127.0.0.0/8,::1",
         "--log",
         "warn",
     ]);
+    // The targets are on loopback, which agents refuse by default. A
+    // `--base-bin` from before the destination policy (issue 15's filing
+    // build, say) has no such flag and refuses nothing.
+    if agent_has_flag(bin, "--allow-destinations") {
+        cmd.args(["--allow-destinations", "127.0.0.0/8,::1"]);
+    }
     if let Some(n) = opts.workers {
         cmd.args(["--workers", &n.to_string()]);
     }
@@ -710,6 +713,15 @@ fn start_edgetunnel(
         })
         .collect();
     Ok(())
+}
+
+/// Whether `bin agent --help` lists `flag`.
+fn agent_has_flag(bin: &Path, flag: &str) -> bool {
+    Command::new(bin)
+        .args(["agent", "--help"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(flag))
+        .unwrap_or(false)
 }
 
 /// Reads `out` to EOF on its own thread, so the child never blocks on a
