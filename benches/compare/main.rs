@@ -457,9 +457,9 @@ impl Harness {
         }
     }
 
-    /// Records the CPU per request of a saturation run (total and its
-    /// kernel part) when it spans enough clock ticks.
-    fn record_cpu_per_request(
+    /// Records a saturation run: req/s, and the CPU per request (total and
+    /// its kernel part) when it spans enough clock ticks.
+    fn record_saturation(
         &mut self,
         scenario: &str,
         case: &str,
@@ -467,6 +467,16 @@ impl Harness {
         l: &scenarios::Latency,
         rep: u32,
     ) {
+        self.record(
+            scenario,
+            case,
+            system,
+            "req/s",
+            l.rate,
+            rep,
+            true,
+            Vec::new(),
+        );
         let Some(w) = l.cpu.filter(|w| cpu::measurable(w.seconds)) else {
             return;
         };
@@ -556,17 +566,7 @@ impl Harness {
                                 );
                             }
                             if rate.is_none() {
-                                self.record(
-                                    "latency",
-                                    &case,
-                                    &r.label,
-                                    "req/s",
-                                    l.rate,
-                                    rep,
-                                    true,
-                                    Vec::new(),
-                                );
-                                self.record_cpu_per_request("latency", &case, &r.label, &l, rep);
+                                self.record_saturation("latency", &case, &r.label, &l, rep);
                             }
                         }
                         Err(e) => self.fail(&format!("latency {case} via {}", r.label), e),
@@ -835,17 +835,7 @@ impl Harness {
                 )) {
                     Ok(l) => {
                         let case = "1 KiB request/response at saturation";
-                        self.record(
-                            "scaling",
-                            case,
-                            &r.label,
-                            "req/s",
-                            l.rate,
-                            rep,
-                            true,
-                            Vec::new(),
-                        );
-                        self.record_cpu_per_request("scaling", case, &r.label, &l, rep);
+                        self.record_saturation("scaling", case, &r.label, &l, rep);
                         if let Some(w) = l.cpu {
                             self.record_context("scaling", case, &r.label, &w, rep);
                         }
