@@ -28,8 +28,6 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use edgetunnel::protocol::packet::{self, Frame};
 use support::raw_h2::*;
 use support::*;
 
@@ -40,59 +38,13 @@ const ODD_AUTHORITIES: [&str; 3] = [PERCENT, "/tmp/x.sock", ""];
 /// One ProxyService/Proxy call on `stream`: dial `target`, echo a few
 /// bytes through it, close it.
 fn proxy_call<S: Read + Write>(c: &mut RawH2<S>, stream: u32, authority: &str, target: SocketAddr) {
-    c.open(stream, &proxy_request(authority));
-    let random = 4200 + i64::from(stream);
-    c.send_packet(
+    let connect_id = c.dial(stream, authority, target, 4200 + i64::from(stream));
+    c.echo(
         stream,
-        packet::dial_request("tcp", &target.to_string(), random),
+        connect_id,
+        &format!("through {authority:?} on stream {stream}"),
     );
-    match c.next_event(stream) {
-        Event::Headers(h) => {
-            assert_eq!(header(&h, ":status"), Some("200"), "{h:?}");
-            assert_eq!(
-                header(&h, "content-type"),
-                Some("application/grpc"),
-                "{h:?}"
-            );
-        }
-        e => panic!("expected response headers, got {e:?}"),
-    }
-    let connect_id = match c.next_event(stream) {
-        Event::Packet(Frame::DialResponse(r)) => {
-            assert_eq!(r.random, random);
-            assert!(r.error.is_empty(), "dial failed: {}", r.error);
-            assert!(r.connect_id > 0, "{r:?}");
-            r.connect_id
-        }
-        e => panic!("expected DIAL_RSP, got {e:?}"),
-    };
-    let payload = format!("through {authority:?} on stream {stream}");
-    c.send_packet(
-        stream,
-        packet::data(connect_id, Bytes::from(payload.clone())),
-    );
-    let mut echoed = Vec::new();
-    while echoed.len() < payload.len() {
-        match c.next_event(stream) {
-            Event::Packet(Frame::Data(d)) => {
-                assert_eq!(d.connect_id, connect_id);
-                echoed.extend_from_slice(&d.data);
-            }
-            e => panic!("expected DATA, got {e:?}"),
-        }
-    }
-    assert_eq!(echoed, payload.as_bytes());
-    c.send_packet(stream, packet::close_request(connect_id));
-    loop {
-        match c.next_event(stream) {
-            Event::Packet(Frame::CloseResponse(r)) => {
-                assert_eq!(r.connect_id, connect_id);
-                break;
-            }
-            Event::Packet(Frame::Data(_)) => {}
-            e => panic!("expected CLOSE_RSP, got {e:?}"),
-        }
-    }
+    c.close(stream, connect_id);
     // Half-close our side of the call.
     c.write_frame(DATA, END_STREAM, stream, &[]);
 }

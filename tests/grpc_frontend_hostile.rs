@@ -12,11 +12,9 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::time::Duration;
 
-use bytes::Bytes;
 use edgetunnel::protocol::h2_server::reason::{
     COMPRESSION_ERROR, ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, PROTOCOL_ERROR,
 };
-use edgetunnel::protocol::packet::{self, Frame};
 use support::raw_h2::*;
 use support::*;
 
@@ -53,41 +51,13 @@ impl Tunnel {
         let s = TcpStream::connect(server.grpc).unwrap();
         s.set_read_timeout(Some(WAIT)).unwrap();
         let mut c = RawH2::start(s);
-        let connect_id = dial(&mut c, stream, target);
+        let connect_id = c.dial(stream, "localhost", target, 99);
         Tunnel { c, connect_id }
     }
 
     fn echo(&mut self, stream: u32, text: &str) {
-        echo(&mut self.c, stream, self.connect_id, text);
+        self.c.echo(stream, self.connect_id, text);
     }
-}
-
-fn dial(c: &mut RawH2<TcpStream>, stream: u32, target: std::net::SocketAddr) -> i64 {
-    c.open(stream, &proxy_request("localhost"));
-    c.send_packet(stream, packet::dial_request("tcp", &target.to_string(), 99));
-    match c.next_event(stream) {
-        Event::Headers(h) => assert_eq!(header(&h, ":status"), Some("200"), "{h:?}"),
-        e => panic!("expected response headers, got {e:?}"),
-    }
-    match c.next_event(stream) {
-        Event::Packet(Frame::DialResponse(r)) if r.error.is_empty() => r.connect_id,
-        e => panic!("expected a DIAL_RSP, got {e:?}"),
-    }
-}
-
-fn echo(c: &mut RawH2<TcpStream>, stream: u32, connect_id: i64, text: &str) {
-    c.send_packet(
-        stream,
-        packet::data(connect_id, Bytes::from(text.to_string())),
-    );
-    let mut back = Vec::new();
-    while back.len() < text.len() {
-        match c.next_event(stream) {
-            Event::Packet(Frame::Data(d)) => back.extend_from_slice(&d.data),
-            e => panic!("expected DATA, got {e:?}"),
-        }
-    }
-    assert_eq!(back, text.as_bytes());
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -170,8 +140,8 @@ fn hostile_callers_lose_only_their_own_connection_or_stream() {
         }
         assert_ne!(f.ty, GOAWAY, "the connection was closed");
     }
-    let id = dial(&mut c, 3, target.addr);
-    echo(&mut c, 3, id, "a good stream after a reset one");
+    let id = c.dial(3, "localhost", target.addr, 99);
+    c.echo(3, id, "a good stream after a reset one");
     good.echo(1, "after a malformed request");
 
     // PINGs without reading: the server stops reading this caller once

@@ -22,8 +22,6 @@ use std::net::{SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use edgetunnel::protocol::packet::{self, Frame};
 use support::raw_h2::*;
 use support::*;
 
@@ -283,38 +281,11 @@ fn grpc_frontend_closes_idle_connections() {
     let s = TcpStream::connect(server.grpc).unwrap();
     s.set_read_timeout(Some(limit)).unwrap();
     let mut c = RawH2::start(s);
-    c.open(1, &proxy_request("localhost"));
-    c.send_packet(1, packet::dial_request("tcp", &echo.addr.to_string(), 77));
-    match c.next_event(1) {
-        Event::Headers(h) => assert_eq!(header(&h, ":status"), Some("200"), "{h:?}"),
-        e => panic!("expected response headers, got {e:?}"),
-    }
-    let id = match c.next_event(1) {
-        Event::Packet(Frame::DialResponse(r)) if r.error.is_empty() => r.connect_id,
-        e => panic!("expected a DIAL_RSP, got {e:?}"),
-    };
-    let echo_once = |c: &mut RawH2<TcpStream>, text: &str| {
-        c.send_packet(1, packet::data(id, Bytes::from(text.to_string())));
-        let mut back = Vec::new();
-        while back.len() < text.len() {
-            match c.next_event(1) {
-                Event::Packet(Frame::Data(d)) => back.extend_from_slice(&d.data),
-                e => panic!("expected DATA, got {e:?}"),
-            }
-        }
-        assert_eq!(back, text.as_bytes());
-    };
-    echo_once(&mut c, "before");
+    let id = c.dial(1, "localhost", echo.addr, 77);
+    c.echo(1, id, "before");
     std::thread::sleep(Duration::from_millis(2500));
-    echo_once(&mut c, "after 2.5 s with the stream open");
-    c.send_packet(1, packet::close_request(id));
-    loop {
-        match c.next_event(1) {
-            Event::Packet(Frame::CloseResponse(_)) => break,
-            Event::Packet(Frame::Data(_)) => {}
-            e => panic!("expected CLOSE_RSP, got {e:?}"),
-        }
-    }
+    c.echo(1, id, "after 2.5 s with the stream open");
+    c.close(1, id);
     c.write_frame(DATA, END_STREAM, 1, &[]);
     // Once the stream is over the connection is idle: GOAWAY, closed.
     let (got, after) = read_to_close(&mut c.s, limit);

@@ -216,6 +216,79 @@ impl<S: Read + Write> RawH2<S> {
             }
         }
     }
+
+    /// Opens a ProxyService/Proxy call on `stream` with `authority` and
+    /// dials `target` through it (DIAL_REQ `random`): checks the gRPC
+    /// response head and the DIAL_RSP, and returns its connectID.
+    pub(crate) fn dial(
+        &mut self,
+        stream: u32,
+        authority: &str,
+        target: std::net::SocketAddr,
+        random: i64,
+    ) -> i64 {
+        self.open(stream, &proxy_request(authority));
+        self.send_packet(
+            stream,
+            packet::dial_request("tcp", &target.to_string(), random),
+        );
+        match self.next_event(stream) {
+            Event::Headers(h) => {
+                assert_eq!(header(&h, ":status"), Some("200"), "{h:?}");
+                assert_eq!(
+                    header(&h, "content-type"),
+                    Some("application/grpc"),
+                    "{h:?}"
+                );
+            }
+            e => panic!("expected response headers, got {e:?}"),
+        }
+        match self.next_event(stream) {
+            Event::Packet(Frame::DialResponse(r)) => {
+                assert_eq!(r.random, random);
+                assert!(r.error.is_empty(), "dial failed: {}", r.error);
+                assert!(r.connect_id > 0, "{r:?}");
+                r.connect_id
+            }
+            e => panic!("expected DIAL_RSP, got {e:?}"),
+        }
+    }
+
+    /// Sends `text` on tunnel `connect_id` of `stream` and reads it back
+    /// from the echo target.
+    pub(crate) fn echo(&mut self, stream: u32, connect_id: i64, text: &str) {
+        self.send_packet(
+            stream,
+            packet::data(connect_id, Bytes::from(text.to_string())),
+        );
+        let mut back = Vec::new();
+        while back.len() < text.len() {
+            match self.next_event(stream) {
+                Event::Packet(Frame::Data(d)) => {
+                    assert_eq!(d.connect_id, connect_id);
+                    back.extend_from_slice(&d.data);
+                }
+                e => panic!("expected DATA, got {e:?}"),
+            }
+        }
+        assert_eq!(back, text.as_bytes());
+    }
+
+    /// Closes tunnel `connect_id` of `stream` and waits for its CLOSE_RSP
+    /// (DATA still in flight before it is skipped).
+    pub(crate) fn close(&mut self, stream: u32, connect_id: i64) {
+        self.send_packet(stream, packet::close_request(connect_id));
+        loop {
+            match self.next_event(stream) {
+                Event::Packet(Frame::CloseResponse(r)) => {
+                    assert_eq!(r.connect_id, connect_id);
+                    break;
+                }
+                Event::Packet(Frame::Data(_)) => {}
+                e => panic!("expected CLOSE_RSP, got {e:?}"),
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
