@@ -252,17 +252,31 @@ pub(crate) struct Stack {
 impl Stack {
     /// Starts the three; `server_extra` goes to `edgetunnel server`.
     pub(crate) fn start(peers: &Peers, server_extra: &[&str]) -> Stack {
-        let env = Env::new();
+        Self::start_in(peers, Env::new(), server_extra, &[])
+    }
+
+    /// [`Stack::start`] in an environment made beforehand (e.g. to name
+    /// its certificates in `server_extra`).
+    /// `agent_extra` goes to `edgetunnel agent`.
+    pub(crate) fn start_in(
+        peers: &Peers,
+        env: Env,
+        server_extra: &[&str],
+        agent_extra: &[&str],
+    ) -> Stack {
         let target = GoTarget::start(peers, &env, "127.0.0.1:0");
-        let server = Server::start(&env, server_extra);
+        let mut args = vec!["--workers", "2"];
+        args.extend_from_slice(server_extra);
+        let server = Server::start(&env, &args);
         let agent = Agent::start(
             &env,
             server.agent,
             "node-1",
             "host=node-1&ipv4=127.0.0.1",
-            &[],
+            agent_extra,
         );
-        server.wait_agent_links(workers(&server), &agent.proc);
+        // One link per server worker.
+        server.wait_agent_links(2.0, &agent.proc);
         Stack {
             env,
             server,
@@ -297,17 +311,6 @@ impl Stack {
         self.server.wait_metric("edgetunnel_pending_dials", 0.0);
         self.target.wait_idle(WAIT);
     }
-}
-
-/// The number of links one edgetunnel agent holds to `server` (one per
-/// server worker).
-pub(crate) fn workers(server: &Server) -> f64 {
-    let m = server.metrics();
-    let n = m
-        .lines()
-        .filter(|l| l.starts_with("edgetunnel_worker_agent_links{"))
-        .count();
-    n.max(1) as f64
 }
 
 /// The `(cert, key)` paths of `name` (`server`, `agent`, ...) in the
