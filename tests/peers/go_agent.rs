@@ -3,7 +3,8 @@
 //!
 //! - mutual TLS with the `certs init` files: echo / upload / download over
 //!   the gRPC frontend (unix socket) and the CONNECT frontends (TCP and
-//!   unix socket), each checked by sha256;
+//!   unix socket), each checked by sha256; then our server killed (-9) and
+//!   started again on the same port: the Go agent comes back by itself;
 //! - bearer token authentication (`--service-account-token-path`) against
 //!   a fake TokenReview API, and a wrong token refused;
 //! - routing between two Go agents with `--proxy-strategies
@@ -181,6 +182,25 @@ fn go_agent_mtls_carries_grpc_and_connect() {
         c.clean(&[&target]);
     }
     assert_eq!(dials_at(&agent, &t), 12, "{}", c.logs());
+
+    // Our server killed (-9) and started again on the same agent port:
+    // the Go agent finds it again by itself and carries traffic.
+    let port = c.server.agent.port();
+    let mut c = c;
+    c.server.proc.signal(libc::SIGKILL);
+    let _ = c.server.proc.child.wait();
+    c.server = Server::start_on(&env, &format!("127.0.0.1:{port}"), &[]);
+    wait_until(
+        "the Go agent back",
+        || agent.text().matches("\"Start serving\"").count() == 2,
+        || agent.text(),
+    );
+    c.server.wait_metric("edgetunnel_agents_connected", 1.0);
+    let uds = c.server.grpc_uds.display().to_string();
+    c.ok(&[
+        "-via", "grpc-uds", "-addr", &uds, "-target", &t, "-test", "echo", "-size", "1048576",
+    ]);
+    c.clean(&[&target]);
 }
 
 const NS: &str = "kube-system";
@@ -282,8 +302,8 @@ fn go_agent_token_auth() {
 }
 
 /// destHost then defaultRoute over two Go agents: A announces
-/// `ipv4=127.0.0.1`, B `ipv4=127.0.0.2&default-route=true`; a target on
-/// each address plus one on 127.0.0.3 that no agent names. Every dial
+/// `ipv4=127.0.0.1&ipv6=::1`, B `ipv4=127.0.0.2&default-route=true`; a
+/// target on each address plus one on 127.0.0.3 that no agent names. Every dial
 /// lands where Go's server would send it, three times each so that a
 /// random pick cannot pass by luck.
 #[test]
@@ -294,13 +314,19 @@ fn go_agents_routed_by_dest_host_and_default_route() {
     let t1 = GoTarget::start(p, &env, "127.0.0.1:0");
     let t2 = GoTarget::start(p, &env, "127.0.0.2:0");
     let t3 = GoTarget::start(p, &env, "127.0.0.3:0");
+    let t6 = GoTarget::start(p, &env, "[::1]:0");
     let server = Server::start(&env, &["--proxy-strategies", "destHost,defaultRoute"]);
     let port = server.agent.port();
     let a = go_agent(
         p,
         &env,
         "go-agent-a",
-        &go_agent_args(port, "agent-a", "ipv4=127.0.0.1", &agent_mtls(&env)),
+        &go_agent_args(
+            port,
+            "agent-a",
+            "ipv4=127.0.0.1&ipv6=::1",
+            &agent_mtls(&env),
+        ),
     );
     let b = go_agent(
         p,
@@ -321,7 +347,7 @@ fn go_agents_routed_by_dest_host_and_default_route() {
     };
     let uds = c.server.grpc_uds.display().to_string();
     let connect = c.server.connect.to_string();
-    for t in [&t1, &t2, &t3] {
+    for t in [&t1, &t2, &t3, &t6] {
         let target = t.target();
         for via in [
             ("grpc-uds", &uds),
@@ -334,13 +360,10 @@ fn go_agents_routed_by_dest_host_and_default_route() {
             ]);
         }
     }
-    c.clean(&[&t1, &t2, &t3]);
-    let (s1, s2, s3) = (t1.target(), t2.target(), t3.target());
-    let seen = [
-        (dials_at(&a, &s1), dials_at(&a, &s2), dials_at(&a, &s3)),
-        (dials_at(&b, &s1), dials_at(&b, &s2), dials_at(&b, &s3)),
-    ];
-    assert_eq!(seen, [(3, 0, 0), (0, 3, 3)], "{}", c.logs());
+    c.clean(&[&t1, &t2, &t3, &t6]);
+    let all = [t1.target(), t2.target(), t3.target(), t6.target()];
+    let seen = [&a, &b].map(|agent| all.clone().map(|t| dials_at(agent, &t)));
+    assert_eq!(seen, [[3, 0, 0, 3], [0, 3, 3, 0]], "{}", c.logs());
 }
 
 /// SIGTERM makes the Go agent send DRAIN and keep its connections: a

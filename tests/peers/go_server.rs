@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use crate::common::{client, peers, serial, tail, ClientRun, GoTarget, Logged, Peers};
 use crate::go_agent::{agent_mtls, dials_at, go_agent_args, spawn_go_agent};
+use crate::support::fake_kube::{self, FakeKube};
 use crate::support::{free_port, metric_at, wait_metric_at, Agent, Env, Proc, BIN, WAIT};
 
 /// The gauge of our agent's connections to targets.
@@ -338,10 +339,27 @@ fn ours(env: &Env, face: &str, args: &[String]) -> Proc {
     Proc::spawn(cmd, env.path(&format!("ours-{face}.log")))
 }
 
+/// How agents prove themselves in a crossed run.
+#[derive(Clone, Copy, Debug)]
+enum Auth {
+    /// The `certs init` agent certificate, checked with `--cluster-ca-cert`.
+    Mtls,
+    /// A projected ServiceAccount token only, reviewed by a fake API.
+    Token,
+}
+
+/// The projected token of the crossed token runs.
+const POD_TOKEN: &str = "token-from-the-kubelet";
+
 /// The same server and agent argument lists, each run by the Go binary
 /// and by our Go-flag face, crossed: Go server + `edgetunnel
-/// proxy-agent`, `edgetunnel proxy-server` + Go agent, in grpc mode and in
-/// http-connect mode (frontend on a unix socket in both).
+/// proxy-agent`, `edgetunnel proxy-server` + Go agent; in grpc mode and in
+/// http-connect mode with mutual TLS, and in grpc mode with token
+/// authentication (`--agent-namespace`, `--agent-service-account`,
+/// `--authentication-audience`, `--kubeconfig` to a fake TokenReview API,
+/// `--kube-api-content-type=application/json`, which the fake API speaks;
+/// the agent with `--ca-cert` and `--service-account-token-path` only).
+/// Frontends on a unix socket.
 #[test]
 fn same_command_lines_run_by_go_and_by_edgetunnel() {
     let Some(p) = peers() else { return };
@@ -349,38 +367,81 @@ fn same_command_lines_run_by_go_and_by_edgetunnel() {
     let env = Env::new();
     let target = GoTarget::start(p, &env, "127.0.0.1:0");
     let t = target.target();
-    for mode in ["grpc", "http-connect"] {
+    let kube = FakeKube::start(None);
+    kube.put_token(
+        POD_TOKEN,
+        "system:serviceaccount:kube-system:konnectivity-agent",
+        &["system:konnectivity-server"],
+    );
+    let kubeconfig = env.path("kubeconfig");
+    fake_kube::kubeconfig(&kubeconfig, kube.addr);
+    let token = env.path("token");
+    // As the kubelet projects it: no newline (ANP's agent sends the file's
+    // bytes as they are, and grpc-go refuses a newline in a header).
+    std::fs::write(&token, POD_TOKEN).unwrap();
+    for (mode, auth) in [
+        ("grpc", Auth::Mtls),
+        ("http-connect", Auth::Mtls),
+        ("grpc", Auth::Token),
+    ] {
         for go_server_side in [true, false] {
             let ports = Ports::free();
             let uds = env
-                .path(&format!("{mode}-{go_server_side}.socket"))
+                .path(&format!("{mode}-{auth:?}-{go_server_side}.socket"))
                 .display()
                 .to_string();
-            let s_args = server_args(&env, mode, &uds, &ports);
-            let a_args = go_agent_args(ports.agent, "node-1", "host=node-1", &agent_mtls(&env));
+            let mut s_args = server_args(&env, mode, &uds, &ports);
+            let creds = match auth {
+                Auth::Mtls => agent_mtls(&env),
+                Auth::Token => {
+                    s_args.retain(|a| !a.starts_with("--cluster-ca-cert="));
+                    s_args.extend([
+                        "--agent-namespace=kube-system".to_string(),
+                        "--agent-service-account=konnectivity-agent".into(),
+                        "--authentication-audience=system:konnectivity-server".into(),
+                        format!("--kubeconfig={}", kubeconfig.display()),
+                        "--kube-api-content-type=application/json".into(),
+                    ]);
+                    vec![
+                        format!("--ca-cert={}", env.certs().join("ca.crt").display()),
+                        format!("--service-account-token-path={}", token.display()),
+                    ]
+                }
+            };
+            let a_args = go_agent_args(ports.agent, "node-1", "host=node-1", &creds);
+            let reviews = kube.token_reviews().len();
             let (server, agent) = if go_server_side {
-                let s = go_server(p, &env, &format!("go-server-{mode}"), &s_args);
+                let s = go_server(p, &env, &format!("go-server-{mode}-{auth:?}"), &s_args);
                 let a = ours(&env, "proxy-agent", &a_args);
                 a.wait_line("CONNECTED");
+                s.wait_for("\"Agent connected\" agentID=\"node-1\"", WAIT);
                 (Side::Go(s), Side::Ours(a))
             } else {
                 let s = ours(&env, "proxy-server", &s_args);
                 s.wait_line("READY");
-                let a = spawn_go_agent(p, &env, &format!("go-agent-{mode}"), &a_args);
+                let a = spawn_go_agent(p, &env, &format!("go-agent-{mode}-{auth:?}"), &a_args);
                 a.wait_for("\"Start serving\"", WAIT);
                 (Side::Ours(s), Side::Go(a))
             };
+            let logs = || {
+                format!(
+                    "{mode} {auth:?}, Go server: {go_server_side}\n--- server:\n{}\n--- agent:\n{}",
+                    tail(&server.log(), 30),
+                    tail(&agent.log(), 30)
+                )
+            };
+            if let Auth::Token = auth {
+                let new = &kube.token_reviews()[reviews..];
+                assert!(
+                    !new.is_empty() && new.iter().all(|r| r["spec"]["token"] == POD_TOKEN),
+                    "the server did not review the agent's token: {new:?}\n{}",
+                    logs()
+                );
+            }
             let via = if mode == "grpc" {
                 "grpc-uds"
             } else {
                 "connect-uds"
-            };
-            let logs = || {
-                format!(
-                    "{mode}, Go server: {go_server_side}\n--- server:\n{}\n--- agent:\n{}",
-                    tail(&server.log(), 30),
-                    tail(&agent.log(), 30)
-                )
             };
             for test in ["echo", "up", "down"] {
                 must(
