@@ -149,7 +149,8 @@ fn h2spec(
         .arg("-j")
         .arg(&report);
     if let Some(case) = only {
-        cmd.arg(case).args(["--max-header-length", MAX_HEADER_LENGTH]);
+        cmd.arg(case)
+            .args(["--max-header-length", MAX_HEADER_LENGTH]);
     }
     if tls {
         cmd.args(["-t", "-k"]);
@@ -210,7 +211,12 @@ fn h2spec_against_the_grpc_frontend_plaintext_and_tls() {
     let Some(p) = peers() else { return };
     let env = Env::new();
     let plain = Server::start(&env, &[]);
-    let (cert, key) = env.issue("frontend", "localhost", &["127.0.0.1", "localhost"], &[ServerAuth]);
+    let (cert, key) = env.issue(
+        "frontend",
+        "localhost",
+        &["127.0.0.1", "localhost"],
+        &[ServerAuth],
+    );
     let tls = Server::start(&env, &["--frontend-cert", &cert, "--frontend-key", &key]);
     let (plain_port, tls_port) = (plain.grpc.port(), tls.grpc.port());
     let runs = thread::scope(|s| {

@@ -584,12 +584,7 @@ impl<U: Default> ServerConn<U> {
 
     /// Checks a DATA frame's header and charges the windows; the stream
     /// the frame belongs to (0: ignored) and whether its payload is kept.
-    fn data_head(
-        &mut self,
-        id: u32,
-        len: usize,
-        padding: usize,
-    ) -> Result<(u32, bool), ConnError> {
+    fn data_head(&mut self, id: u32, len: usize, padding: usize) -> Result<(u32, bool), ConnError> {
         if id == 0 {
             return Err(conn_err(reason::PROTOCOL_ERROR, "DATA on stream 0"));
         }

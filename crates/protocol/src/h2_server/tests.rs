@@ -600,7 +600,11 @@ fn releasing_a_stream_ends_it_at_the_client() {
     let f = response_frames(&mut c);
     assert_eq!(resets(&f), vec![(1, reason::CANCEL)]);
     assert_eq!(c.stream_count(), 1);
-    feed(&mut c, &frame(RST_STREAM, 0, 3, &reason::NO_ERROR.to_be_bytes())).unwrap();
+    feed(
+        &mut c,
+        &frame(RST_STREAM, 0, 3, &reason::NO_ERROR.to_be_bytes()),
+    )
+    .unwrap();
     assert_eq!(c.stream_count(), 0);
     assert!(response_frames(&mut c).is_empty());
 }
@@ -823,7 +827,11 @@ fn streams_over_on_the_wire_do_not_count_against_the_limit() {
     }
     // 1: answered in full (trailers-only); 3: the client reset it.
     c.send_head(1, &[("grpc-status", "0")], true).unwrap();
-    feed(&mut c, &frame(RST_STREAM, 0, 3, &reason::CANCEL.to_be_bytes())).unwrap();
+    feed(
+        &mut c,
+        &frame(RST_STREAM, 0, 3, &reason::CANCEL.to_be_bytes()),
+    )
+    .unwrap();
     events(&mut c);
     c.take_output();
     // Neither is released yet (their tasks still hold them): two new
@@ -861,7 +869,10 @@ fn a_new_stream_below_the_last_one_is_a_connection_error() {
     )
     .unwrap_err();
     assert_eq!(e.code, reason::PROTOCOL_ERROR);
-    assert_eq!(goaway_code(&response_frames(&mut c)), Some(reason::PROTOCOL_ERROR));
+    assert_eq!(
+        goaway_code(&response_frames(&mut c)),
+        Some(reason::PROTOCOL_ERROR)
+    );
 }
 
 /// RFC 9113 5.1: HEADERS on a half-closed (remote) stream is a stream
@@ -1030,7 +1041,11 @@ fn data_on_a_closed_stream_is_stream_closed_unless_we_reset_it() {
     );
     // The client reset 3: anything after its RST_STREAM is an error.
     request(&mut c, 3);
-    feed(&mut c, &frame(RST_STREAM, 0, 3, &reason::CANCEL.to_be_bytes())).unwrap();
+    feed(
+        &mut c,
+        &frame(RST_STREAM, 0, 3, &reason::CANCEL.to_be_bytes()),
+    )
+    .unwrap();
     feed(&mut c, &frame(DATA, 0, 3, b"x")).unwrap();
     events(&mut c);
     assert_eq!(
