@@ -28,10 +28,21 @@
 //! * response heads and trailers encoded without the dynamic table
 //!   (static indexes and literals), split into CONTINUATION frames when
 //!   needed;
-//! * limits: concurrent streams (REFUSED_STREAM past them), the header
-//!   list size, the frame size we advertise; a protocol violation is a
-//!   connection error (GOAWAY, then the caller closes) or, where RFC 9113
-//!   allows, a stream error (RST_STREAM).
+//! * limits: concurrent streams (REFUSED_STREAM past them), counted as
+//!   grpc-go counts them: a stream whose END_STREAM or RST_STREAM is out,
+//!   or that the client reset, no longer counts, even while the caller
+//!   still holds it; the header list size, the frame size we advertise; a
+//!   protocol violation is a connection error (GOAWAY, then the caller
+//!   closes) or, where RFC 9113 allows, a stream error (RST_STREAM);
+//! * stream states (RFC 9113 5.1): a new stream id not above the last is
+//!   a connection error; HEADERS or DATA on a half-closed (remote) or
+//!   closed stream is STREAM_CLOSED, except what was in flight when we
+//!   reset the stream (the last few ids we reset are remembered);
+//!   `content-length` is checked against the DATA (8.1.1), trailers must
+//!   end the request and carry no pseudo-header (8.1);
+//! * a response that ends before its request keeps the stream, without
+//!   its caller, until the client ends or resets its side, so what the
+//!   client still sends is checked ([`ServerConn::release`]).
 //!
 //! Streams carry a caller value `U` (the runtime keeps its wakers there).
 //! [`Event::Wake`] names a stream whose state changed for its reader or
