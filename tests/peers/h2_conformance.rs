@@ -26,6 +26,8 @@ enum Outcome {
     Passed,
     Failed,
     Skipped,
+    /// Listed only: passes or fails, by timing.
+    Either,
 }
 
 /// The cases that may not pass, each with what h2spec does and why our
@@ -58,13 +60,15 @@ const EXPECTED: &[(&str, Outcome, &str)] = &[
     ),
     (
         "http2/5.1.2/1",
-        Outcome::Failed,
+        Outcome::Either,
         "h2spec sets INITIAL_WINDOW_SIZE 0 so that responses stay open on their DATA, then \
          opens SETTINGS_MAX_CONCURRENT_STREAMS + 1 streams; our trailers-only answers carry \
          no DATA and close each stream at once, and a closed stream does not count \
          against the limit (RFC 9113 5.1.2 counts open and half-closed streams only), so \
-         nothing is refused. The refusal itself is checked by the unit test \
-         h2_server::tests::refuses_streams_past_the_limit.",
+         the last stream is refused only when all 1,025 HEADERS were read before the \
+         frontend answered the first ones (seen once in a few runs). The refusal itself \
+         is checked by the unit test \
+         h2_server::tests::streams_past_the_limit_or_after_goaway_are_refused.",
     ),
     (
         "http2/6.5.3/1",
@@ -189,7 +193,7 @@ fn unexpected(cases: &[(String, Outcome, String)]) -> Vec<String> {
             .iter()
             .find(|(e, _, _)| e == id)
             .map_or(Outcome::Passed, |(_, o, _)| *o);
-        if *outcome != want {
+        if *outcome != want && want != Outcome::Either {
             bad.push(format!("{id}: {outcome:?}, expected {want:?}: {text}"));
         }
     }
