@@ -28,10 +28,21 @@
 //! * response heads and trailers encoded without the dynamic table
 //!   (static indexes and literals), split into CONTINUATION frames when
 //!   needed;
-//! * limits: concurrent streams (REFUSED_STREAM past them), the header
-//!   list size, the frame size we advertise; a protocol violation is a
-//!   connection error (GOAWAY, then the caller closes) or, where RFC 9113
-//!   allows, a stream error (RST_STREAM).
+//! * limits: concurrent streams (REFUSED_STREAM past them), counted as
+//!   grpc-go counts them: a stream whose END_STREAM or RST_STREAM is out,
+//!   or that the client reset, no longer counts, even while the caller
+//!   still holds it; the header list size, the frame size we advertise; a
+//!   protocol violation is a connection error (GOAWAY, then the caller
+//!   closes) or, where RFC 9113 allows, a stream error (RST_STREAM);
+//! * stream states (RFC 9113 5.1): a new stream id not above the last is
+//!   a connection error; HEADERS or DATA on a half-closed (remote) or
+//!   closed stream is STREAM_CLOSED, except what was in flight when we
+//!   reset the stream (the last few ids we reset are remembered);
+//!   `content-length` is checked against the DATA (8.1.1), trailers must
+//!   end the request and carry no pseudo-header (8.1);
+//! * a response that ends before its request keeps the stream, without
+//!   its caller, until the client ends or resets its side, so what the
+//!   client still sends is checked ([`ServerConn::release`]).
 //!
 //! Streams carry a caller value `U` (the runtime keeps its wakers there).
 //! [`Event::Wake`] names a stream whose state changed for its reader or
@@ -154,6 +165,9 @@ pub struct RequestHead {
     pub path: String,
     pub authority: Option<String>,
     pub content_type: Option<String>,
+    /// `content-length`, checked against the DATA received (RFC 9113
+    /// 8.1.1).
+    pub content_length: Option<u64>,
 }
 
 /// What happened, for the caller.
@@ -202,7 +216,11 @@ pub enum SendError {
 enum RecvSide {
     Open,
     Ended,
+    /// We reset the stream (or the connection failed): frames the client
+    /// had sent before it saw our RST_STREAM are ignored.
     Reset(u32),
+    /// The client reset it: it sends nothing more on it (RFC 9113 5.1).
+    PeerReset(u32),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -233,6 +251,13 @@ struct Stream<U> {
     /// The encoded trailer block that ends the stream; `None` with
     /// `Ending`: an empty DATA frame with END_STREAM.
     trailers: Option<Vec<u8>>,
+    /// Request body bytes the `content-length` still announces (`None`:
+    /// no content-length).
+    content_left: Option<u64>,
+    /// The caller released it after the response ended while the request
+    /// goes on: what the client still sends is checked and dropped until
+    /// it ends its side (see [`ServerConn::release`]).
+    released: bool,
 }
 
 enum In {
@@ -241,9 +266,12 @@ enum In {
     /// At a frame boundary.
     Head,
     /// Inside a DATA frame: payload bytes still to pass on, then padding
-    /// to skip. `stream` is 0 when the payload is dropped.
+    /// to skip. `stream` is 0 when the frame is ignored; with `keep`
+    /// false the payload is dropped (its window was given back) but
+    /// END_STREAM still ends the stream.
     Data {
         stream: u32,
+        keep: bool,
         left: usize,
         pad: usize,
         end: bool,
@@ -254,8 +282,16 @@ enum In {
 struct Block {
     stream: u32,
     end_stream: bool,
+    /// The HEADERS frame's priority made the stream depend on itself.
+    self_dependent: bool,
     bytes: Vec<u8>,
 }
+
+/// How many ids of streams we reset (and forgot) are remembered, so that
+/// frames the client sent before it saw our RST_STREAM are ignored (RFC
+/// 9113 5.1, "closed"); a frame on an older one is answered as on any
+/// closed stream. Inline: an idle connection holds no buffer.
+const RECENT_RESETS: usize = 8;
 
 /// The connection; see the module documentation.
 pub struct ServerConn<U> {
@@ -266,6 +302,12 @@ pub struct ServerConn<U> {
     block: Option<Block>,
     decoder: loona_hpack::Decoder<'static>,
     streams: Vec<Stream<U>>,
+    /// Streams kept after their caller released them (`Stream::released`).
+    lingering: usize,
+    /// Ids of streams we reset and forgot, newest at `recent_next - 1`
+    /// (0: empty slot).
+    recent_resets: [u32; RECENT_RESETS],
+    recent_next: usize,
     /// The highest stream id the client opened.
     last_stream: u32,
     /// The GOAWAY we sent (its last stream id).
@@ -302,6 +344,9 @@ impl<U: Default> ServerConn<U> {
                 d
             },
             streams: Vec::new(),
+            lingering: 0,
+            recent_resets: [0; RECENT_RESETS],
+            recent_next: 0,
             last_stream: 0,
             goaway_sent: None,
             goaway_received: false,
@@ -434,6 +479,7 @@ impl<U: Default> ServerConn<U> {
                 }
                 In::Data {
                     stream,
+                    keep,
                     left,
                     pad,
                     end,
@@ -442,6 +488,17 @@ impl<U: Default> ServerConn<U> {
                         let n = left.min(input.len());
                         if n == 0 {
                             return Ok(());
+                        }
+                        if !keep {
+                            input.advance(n);
+                            self.input = In::Data {
+                                stream,
+                                keep,
+                                left: left - n,
+                                pad,
+                                end,
+                            };
+                            continue;
                         }
                         let chunk = if n < self.cfg.copy_below {
                             let c = Bytes::copy_from_slice(&input[..n]);
@@ -453,6 +510,7 @@ impl<U: Default> ServerConn<U> {
                         self.data_chunk(stream, chunk);
                         self.input = In::Data {
                             stream,
+                            keep,
                             left: left - n,
                             pad,
                             end,
@@ -464,6 +522,7 @@ impl<U: Default> ServerConn<U> {
                     if n < pad {
                         self.input = In::Data {
                             stream,
+                            keep,
                             left: 0,
                             pad: pad - n,
                             end,
@@ -511,9 +570,10 @@ impl<U: Default> ServerConn<U> {
                             return Err(conn_err(reason::PROTOCOL_ERROR, "padding too long"));
                         }
                         input.advance(FRAME_HEADER_LEN + usize::from(padded));
-                        let stream = self.data_head(id, len, pad + usize::from(padded))?;
+                        let (stream, keep) = self.data_head(id, len, pad + usize::from(padded))?;
                         self.input = In::Data {
                             stream,
+                            keep,
                             left: len - pad - usize::from(padded),
                             pad,
                             end: flags & END_STREAM != 0,
@@ -534,11 +594,12 @@ impl<U: Default> ServerConn<U> {
     }
 
     /// Checks a DATA frame's header and charges the windows; the stream
-    /// the payload goes to (0: dropped).
-    fn data_head(&mut self, id: u32, len: usize, padding: usize) -> Result<u32, ConnError> {
+    /// the frame belongs to (0: ignored) and whether its payload is kept.
+    fn data_head(&mut self, id: u32, len: usize, padding: usize) -> Result<(u32, bool), ConnError> {
         if id == 0 {
             return Err(conn_err(reason::PROTOCOL_ERROR, "DATA on stream 0"));
         }
+        let body = (len - padding) as u64;
         let len = len as i64;
         if len > self.recv_window {
             return Err(conn_err(
@@ -551,28 +612,51 @@ impl<U: Default> ServerConn<U> {
             return Err(conn_err(reason::PROTOCOL_ERROR, "DATA on an idle stream"));
         }
         let Some(i) = self.index(id) else {
-            // A stream already over: its frames are ignored.
+            // Closed: a stream error STREAM_CLOSED (RFC 9113 5.1), unless
+            // we reset it ourselves lately (what was in flight is ignored).
             self.conn_credit(len);
-            return Ok(0);
+            self.closed_stream_frame(id);
+            return Ok((0, false));
         };
         match self.streams[i].recv_side {
             RecvSide::Open => {}
             RecvSide::Ended => {
+                // Half-closed (remote): RFC 9113 5.1, STREAM_CLOSED.
                 self.conn_credit(len);
                 self.reset_stream(i, reason::STREAM_CLOSED);
-                return Ok(0);
+                return Ok((0, false));
+            }
+            RecvSide::PeerReset(_) => {
+                self.conn_credit(len);
+                self.closed_stream_frame(id);
+                return Ok((0, false));
             }
             RecvSide::Reset(_) => {
                 self.conn_credit(len);
-                return Ok(0);
+                return Ok((0, false));
             }
         }
         if len > self.streams[i].recv_window {
             self.conn_credit(len);
             self.reset_stream(i, reason::FLOW_CONTROL_ERROR);
-            return Ok(0);
+            return Ok((0, false));
+        }
+        if let Some(left) = self.streams[i].content_left {
+            if body > left {
+                // More than the content-length announced (RFC 9113 8.1.1).
+                self.conn_credit(len);
+                self.reset_stream(i, reason::PROTOCOL_ERROR);
+                return Ok((0, false));
+            }
+            self.streams[i].content_left = Some(left - body);
         }
         self.streams[i].recv_window -= len;
+        if self.streams[i].released {
+            // Nobody reads it: the connection's window comes back at once,
+            // the stream's does not (the client is not asked for more).
+            self.conn_credit(len);
+            return Ok((id, false));
+        }
         // Padding is given back at once.
         let padding = padding as i64;
         if padding > 0 {
@@ -580,7 +664,16 @@ impl<U: Default> ServerConn<U> {
             self.conn_credit(padding);
             self.stream_credit(i);
         }
-        Ok(id)
+        Ok((id, true))
+    }
+
+    /// A DATA or HEADERS frame on a stream that is closed: RST_STREAM
+    /// STREAM_CLOSED (RFC 9113 5.1), once, unless we reset the stream
+    /// lately (then the frame was in flight: ignored).
+    fn closed_stream_frame(&mut self, id: u32) {
+        if !self.recent_resets.contains(&id) {
+            self.push_rst(id, reason::STREAM_CLOSED);
+        }
     }
 
     fn data_chunk(&mut self, stream: u32, chunk: Bytes) {
@@ -599,12 +692,22 @@ impl<U: Default> ServerConn<U> {
         }
     }
 
+    /// END_STREAM from the client (on DATA or trailers).
     fn end_of_request(&mut self, stream: u32) {
-        if let Some(i) = self.index(stream) {
-            if self.streams[i].recv_side == RecvSide::Open {
-                self.streams[i].recv_side = RecvSide::Ended;
-                self.wake(stream);
-            }
+        let Some(i) = self.index(stream) else { return };
+        if self.streams[i].recv_side != RecvSide::Open {
+            return;
+        }
+        if self.streams[i].content_left.is_some_and(|n| n > 0) {
+            // Less than the content-length announced (RFC 9113 8.1.1).
+            self.reset_stream(i, reason::PROTOCOL_ERROR);
+            return;
+        }
+        self.streams[i].recv_side = RecvSide::Ended;
+        if self.streams[i].released {
+            self.remove(i);
+        } else {
+            self.wake(stream);
         }
     }
 
@@ -618,6 +721,13 @@ impl<U: Default> ServerConn<U> {
                 }
                 if p.len() != 5 {
                     return Err(conn_err(reason::FRAME_SIZE_ERROR, "PRIORITY size"));
+                }
+                if u32::from_be_bytes([p[0], p[1], p[2], p[3]]) & 0x7fff_ffff == id {
+                    // A stream cannot depend on itself (RFC 9113 5.3.1).
+                    match self.index(id) {
+                        Some(i) => self.reset_stream(i, reason::PROTOCOL_ERROR),
+                        None => self.push_rst(id, reason::PROTOCOL_ERROR),
+                    }
                 }
                 Ok(())
             }
@@ -638,13 +748,17 @@ impl<U: Default> ServerConn<U> {
                 if let Some(i) = self.index(id) {
                     self.drop_received(i);
                     let s = &mut self.streams[i];
-                    s.recv_side = RecvSide::Reset(code);
+                    s.recv_side = RecvSide::PeerReset(code);
                     if !matches!(s.send_side, SendSide::Ended) {
                         s.send_side = SendSide::Reset(code);
                     }
                     s.pending.clear();
                     s.pending_len = 0;
-                    self.wake(id);
+                    if s.released {
+                        self.remove(i);
+                    } else {
+                        self.wake(id);
+                    }
                 }
                 Ok(())
             }
@@ -814,10 +928,12 @@ impl<U: Default> ServerConn<U> {
             pad = usize::from(n);
             p = rest;
         }
+        let mut self_dependent = false;
         if flags & PRIORITY_FLAG != 0 {
             if p.len() < 5 {
                 return Err(conn_err(reason::FRAME_SIZE_ERROR, "HEADERS size"));
             }
+            self_dependent = u32::from_be_bytes([p[0], p[1], p[2], p[3]]) & 0x7fff_ffff == id;
             p = &p[5..];
         }
         if pad > p.len() {
@@ -827,6 +943,7 @@ impl<U: Default> ServerConn<U> {
         let block = Block {
             stream: id,
             end_stream: flags & END_STREAM != 0,
+            self_dependent,
             bytes: fragment.to_vec(),
         };
         self.check_block_size(block.bytes.len())?;
@@ -872,23 +989,47 @@ impl<U: Default> ServerConn<U> {
     }
 
     /// A whole header block: decoded (always, for the HPACK state), then a
-    /// request, a request's trailers, or ignored.
+    /// request, a request's trailers, or a stream or connection error.
     fn header_block(&mut self, block: Block) -> Result<(), ConnError> {
-        let decoded = decode_head(&mut self.decoder, &block.bytes, self.cfg.max_header_list)?;
         let id = block.stream;
-        if let Some(i) = self.index(id) {
-            // Trailers end the request.
-            if !block.end_stream {
-                self.reset_stream(i, reason::PROTOCOL_ERROR);
-            } else if self.streams[i].recv_side == RecvSide::Open {
-                self.streams[i].recv_side = RecvSide::Ended;
-                self.wake(id);
+        let known = self.index(id);
+        let trailers = known.is_some_and(|i| self.streams[i].recv_side == RecvSide::Open);
+        let decoded = decode_head(
+            &mut self.decoder,
+            &block.bytes,
+            self.cfg.max_header_list,
+            trailers,
+        )?;
+        if let Some(i) = known {
+            match self.streams[i].recv_side {
+                // Trailers end the request; without END_STREAM, or with a
+                // pseudo-header, the request is malformed (RFC 9113 8.1).
+                RecvSide::Open => {
+                    if !block.end_stream || decoded.is_err() || block.self_dependent {
+                        self.reset_stream(i, reason::PROTOCOL_ERROR);
+                    } else {
+                        self.end_of_request(id);
+                    }
+                }
+                // Half-closed (remote): RFC 9113 5.1, STREAM_CLOSED.
+                RecvSide::Ended => self.reset_stream(i, reason::STREAM_CLOSED),
+                RecvSide::PeerReset(_) => self.closed_stream_frame(id),
+                // We reset it: sent before the client saw that.
+                RecvSide::Reset(_) => {}
             }
             return Ok(());
         }
         if id <= self.last_stream {
-            // A stream already over (we dropped it): ignored.
-            return Ok(());
+            if self.recent_resets.contains(&id) {
+                // Trailers in flight when we reset the stream.
+                return Ok(());
+            }
+            // A stream already closed, or a new one whose id is not above
+            // the last: RFC 9113 5.1.1, a connection error.
+            return Err(conn_err(
+                reason::PROTOCOL_ERROR,
+                "HEADERS on a closed stream or below the last stream id",
+            ));
         }
         if id.is_multiple_of(2) {
             return Err(conn_err(
@@ -897,19 +1038,25 @@ impl<U: Default> ServerConn<U> {
             ));
         }
         self.last_stream = id;
+        if block.self_dependent {
+            // RFC 9113 5.3.1: a stream error.
+            self.push_rst(id, reason::PROTOCOL_ERROR);
+            return Ok(());
+        }
         if self.goaway_sent.is_some() {
             // Past our GOAWAY: not processed (the client retries elsewhere).
             // (The client's own GOAWAY concerns streams we would open.)
             self.push_rst(id, reason::REFUSED_STREAM);
             return Ok(());
         }
-        if self.streams.len() >= self.cfg.max_streams as usize {
+        if self.active_streams() >= self.cfg.max_streams as usize {
             self.push_rst(id, reason::REFUSED_STREAM);
             return Ok(());
         }
         let head = match decoded {
-            Ok(h) => h,
-            Err(_) => {
+            // A body announced on a request that has none is malformed.
+            Ok(h) if !(block.end_stream && h.content_length.is_some_and(|n| n > 0)) => h,
+            _ => {
                 self.push_rst(id, reason::PROTOCOL_ERROR);
                 return Ok(());
             }
@@ -936,6 +1083,8 @@ impl<U: Default> ServerConn<U> {
             pending: VecDeque::new(),
             pending_len: 0,
             trailers: None,
+            content_left: head.content_length,
+            released: false,
         });
         self.events.push_back(Event::Request {
             stream: id,
@@ -944,15 +1093,32 @@ impl<U: Default> ServerConn<U> {
         });
         Ok(())
     }
+
+    /// Streams that count against SETTINGS_MAX_CONCURRENT_STREAMS the way
+    /// the client counts them: grpc-go takes a stream off its count when it
+    /// receives our END_STREAM or a RST_STREAM, or sends its own RST_STREAM
+    /// (internal/transport/http2_client.go, closeStream and the stream
+    /// quota), so a stream whose response is out or that was reset does
+    /// not count, even while its caller still holds it.
+    fn active_streams(&self) -> usize {
+        self.streams
+            .iter()
+            .filter(|s| !matches!(s.send_side, SendSide::Ended | SendSide::Reset(_)))
+            .count()
+    }
 }
 
 /// Header fields of a request: what [`RequestHead`] keeps, or why the
 /// request is malformed (a stream error). An HPACK failure or an
 /// oversized list is a connection error (the HPACK state is lost).
+///
+/// With `trailers`, the block ends a request: any pseudo-header makes it
+/// malformed (RFC 9113 8.1) and none is required.
 fn decode_head(
     decoder: &mut loona_hpack::Decoder<'static>,
     block: &[u8],
     max_list: u32,
+    trailers: bool,
 ) -> Result<Result<RequestHead, &'static str>, ConnError> {
     let mut head = RequestHead::default();
     let mut list = 0usize;
@@ -970,6 +1136,10 @@ fn decode_head(
         }
         let text = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
         if let Some(pseudo) = name.strip_prefix(b":") {
+            if trailers {
+                malformed = Some("pseudo-header in trailers");
+                return;
+            }
             if regular_seen {
                 malformed = Some("pseudo-header after a regular field");
                 return;
@@ -1008,11 +1178,30 @@ fn decode_head(
             b"content-type" if head.content_type.is_none() => {
                 head.content_type = Some(text(&value))
             }
+            b"content-length" => {
+                let n = std::str::from_utf8(&value)
+                    .ok()
+                    .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|v| v.parse::<u64>().ok());
+                match (n, head.content_length) {
+                    (Some(n), None) => head.content_length = Some(n),
+                    (Some(n), Some(m)) if n == m => {}
+                    _ => malformed = Some("bad content-length"),
+                }
+            }
             _ => {}
         }
     });
     match res {
-        Ok(()) | Err(DecoderError::SizeUpdateAtEnd) => {}
+        Ok(()) => {}
+        // A size update must open a block (RFC 7541 4.2): one at the end is
+        // a decoding error.
+        Err(DecoderError::SizeUpdateAtEnd) => {
+            return Err(conn_err(
+                reason::COMPRESSION_ERROR,
+                "HPACK table size update at the end of a block",
+            ))
+        }
         Err(_) => return Err(conn_err(reason::COMPRESSION_ERROR, "HPACK decoding failed")),
     }
     if over {
@@ -1021,7 +1210,7 @@ fn decode_head(
     if let Some(m) = malformed {
         return Ok(Err(m));
     }
-    if !(method && path && scheme) || head.path.is_empty() {
+    if !trailers && (!(method && path && scheme) || head.path.is_empty()) {
         return Ok(Err("missing pseudo-header"));
     }
     Ok(Ok(head))
@@ -1069,7 +1258,7 @@ impl<U: Default> ServerConn<U> {
         match s.recv_side {
             RecvSide::Open => Recv::Pending,
             RecvSide::Ended => Recv::End,
-            RecvSide::Reset(code) => Recv::Reset(code),
+            RecvSide::Reset(code) | RecvSide::PeerReset(code) => Recv::Reset(code),
         }
     }
 
@@ -1152,22 +1341,64 @@ impl<U: Default> ServerConn<U> {
         }
     }
 
-    /// The caller is done with the stream: it is forgotten. A response not
-    /// ended is reset (CANCEL); a request still being sent is told to stop
-    /// (NO_ERROR, RFC 9113 section 8.1).
+    /// The caller is done with the stream. A response not ended is reset
+    /// (CANCEL). A response ended while the request goes on keeps the
+    /// stream, without its caller, until the client ends or resets its
+    /// side: what it still sends is checked (content-length, trailers) and
+    /// dropped, as RFC 9113 8.1 lets a server answer before the request
+    /// ends. At most `max_streams` such streams are kept; past that the
+    /// oldest is told to stop (RST_STREAM NO_ERROR) and forgotten.
+    /// Otherwise the stream is forgotten.
     pub fn release(&mut self, id: u32) {
         let Some(i) = self.index(id) else { return };
         let s = &self.streams[i];
+        if s.released {
+            return;
+        }
         match (s.send_side, s.recv_side) {
+            // Over on both sides, or reset: nothing to tell the client.
+            (SendSide::Reset(_), _) | (SendSide::Ended, _) if s.recv_side != RecvSide::Open => {}
             (SendSide::Reset(_), _) => {}
-            (SendSide::Ended, RecvSide::Open) => self.push_rst(id, reason::NO_ERROR),
-            (SendSide::Ended, _) => {}
+            (SendSide::Ended, RecvSide::Open) => {
+                self.drop_received(i);
+                let s = &mut self.streams[i];
+                s.released = true;
+                s.user = U::default();
+                self.lingering += 1;
+                if self.lingering > self.cfg.max_streams as usize {
+                    self.evict_oldest_lingering();
+                }
+                return;
+            }
             _ => self.push_rst(id, reason::CANCEL),
         }
+        self.remove(i);
+    }
+
+    /// Forgets stream `i`.
+    fn remove(&mut self, i: usize) {
         self.drop_received(i);
+        if self.streams[i].released {
+            self.lingering -= 1;
+        }
         self.streams.swap_remove(i);
         if self.streams.is_empty() {
             self.streams = Vec::new();
+        }
+    }
+
+    fn evict_oldest_lingering(&mut self) {
+        let oldest = self
+            .streams
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.released)
+            .min_by_key(|(_, s)| s.id)
+            .map(|(i, _)| i);
+        if let Some(i) = oldest {
+            let id = self.streams[i].id;
+            self.push_rst(id, reason::NO_ERROR);
+            self.remove(i);
         }
     }
 
@@ -1196,7 +1427,11 @@ impl<U: Default> ServerConn<U> {
         let id = s.id;
         self.drop_received(i);
         self.push_rst(id, code);
-        self.wake(id);
+        if self.streams[i].released {
+            self.remove(i);
+        } else {
+            self.wake(id);
+        }
     }
 
     /// Received data nobody will take: its connection window is given back.
@@ -1208,7 +1443,11 @@ impl<U: Default> ServerConn<U> {
         }
     }
 
+    /// Queues a RST_STREAM; the id is remembered for a while, so that the
+    /// frames the client sent before it sees it are ignored.
     fn push_rst(&mut self, id: u32, code: u32) {
+        self.recent_resets[self.recent_next] = id;
+        self.recent_next = (self.recent_next + 1) % RECENT_RESETS;
         let mut f = Vec::with_capacity(FRAME_HEADER_LEN + 4);
         put_frame_header(&mut f, 4, RST_STREAM, 0, id);
         f.extend_from_slice(&code.to_be_bytes());

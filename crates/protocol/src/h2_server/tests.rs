@@ -573,9 +573,14 @@ fn a_reset_from_the_client_reaches_both_halves() {
     // No RST of our own for a stream the client reset.
     assert!(!response_frames(&mut c).iter().any(|f| f.ty == RST_STREAM));
     assert_eq!(c.stream_count(), 0);
-    // DATA still in flight for it is ignored.
+    // DATA after the client's own RST_STREAM is a stream error
+    // (STREAM_CLOSED), not a connection error.
     feed(&mut c, &frame(DATA, 0, 1, b"late")).unwrap();
     assert!(c.error().is_none());
+    assert_eq!(
+        resets(&response_frames(&mut c)),
+        vec![(1, reason::STREAM_CLOSED)]
+    );
     // RST_STREAM on a stream never opened is a connection error.
     assert!(feed(&mut c, &frame(RST_STREAM, 0, 9, &[0, 0, 0, 8])).is_err());
 }
@@ -589,17 +594,39 @@ fn releasing_a_stream_ends_it_at_the_client() {
     c.release(1);
     c.send_head(3, &[("grpc-status", "12")], true).unwrap();
     c.release(3);
+    // 1's response had not ended: CANCEL. 3's had, while its request goes
+    // on: no RST_STREAM; it stays known until the client ends its side
+    // (grpc-go answers our END_STREAM with RST_STREAM NO_ERROR).
     let f = response_frames(&mut c);
-    let rst: Vec<_> = f.iter().filter(|f| f.ty == RST_STREAM).collect();
-    assert_eq!(rst.len(), 2);
+    assert_eq!(resets(&f), vec![(1, reason::CANCEL)]);
+    assert_eq!(c.stream_count(), 1);
+    feed(
+        &mut c,
+        &frame(RST_STREAM, 0, 3, &reason::NO_ERROR.to_be_bytes()),
+    )
+    .unwrap();
+    assert_eq!(c.stream_count(), 0);
+    assert!(response_frames(&mut c).is_empty());
+}
+
+/// Streams kept after their response (see `release`) are bounded by
+/// `max_streams`: past that the oldest is told to stop and forgotten.
+#[test]
+fn answered_streams_kept_for_the_client_are_bounded() {
+    let mut c = open();
+    for id in [1, 3, 5, 7, 9] {
+        request(&mut c, id);
+        c.send_head(id, &[("grpc-status", "0")], true).unwrap();
+        c.release(id);
+    }
+    assert_eq!(c.stream_count(), 4);
     assert_eq!(
-        (rst[0].id, rst[0].payload.as_slice()),
-        (1, &reason::CANCEL.to_be_bytes()[..])
+        resets(&response_frames(&mut c)),
+        vec![(1, reason::NO_ERROR)]
     );
-    assert_eq!(
-        (rst[1].id, rst[1].payload.as_slice()),
-        (3, &reason::NO_ERROR.to_be_bytes()[..])
-    );
+    // What was in flight on 1 is ignored.
+    feed(&mut c, &frame(DATA, END_STREAM, 1, b"x")).unwrap();
+    assert!(response_frames(&mut c).is_empty());
 }
 
 #[test]
@@ -754,4 +781,324 @@ fn a_head_past_the_clients_frame_size_goes_out_in_continuation_frames() {
     let fields = decode(&mut d, &block);
     assert_eq!(fields[0], (":status".to_string(), "200".to_string()));
     assert_eq!(fields[1], ("x-long".to_string(), long));
+}
+
+/// The RST_STREAM frames in `f`: (stream, code).
+fn resets(f: &[F]) -> Vec<(u32, u32)> {
+    f.iter()
+        .filter(|f| f.ty == RST_STREAM)
+        .map(|f| {
+            let p = &f.payload;
+            (f.id, u32::from_be_bytes([p[0], p[1], p[2], p[3]]))
+        })
+        .collect()
+}
+
+fn goaway_code(f: &[F]) -> Option<u32> {
+    f.iter().find(|f| f.ty == GOAWAY).map(|g| {
+        let p = &g.payload;
+        u32::from_be_bytes([p[4], p[5], p[6], p[7]])
+    })
+}
+
+/// A request whose head ends the request (no body).
+fn request_ended(c: &mut Conn, id: u32) {
+    feed(
+        c,
+        &frame(HEADERS, END_HEADERS | END_STREAM, id, &request_fields(None)),
+    )
+    .unwrap();
+    match events(c).as_slice() {
+        [Event::Request { stream, .. }] => assert_eq!(*stream, id),
+        e => panic!("{e:?}"),
+    }
+}
+
+/// N1: grpc-go counts a stream against our SETTINGS_MAX_CONCURRENT_STREAMS
+/// until it receives our END_STREAM or a RST_STREAM, or sends its own
+/// RST_STREAM (internal/transport/http2_client.go: closeStream gives the
+/// stream quota back). A stream over on the wire must not count while the
+/// caller still holds it, or grpc-go's next stream is refused.
+#[test]
+fn streams_over_on_the_wire_do_not_count_against_the_limit() {
+    let mut c = open();
+    for id in [1, 3, 5, 7] {
+        request(&mut c, id);
+    }
+    // 1: answered in full (trailers-only); 3: the client reset it.
+    c.send_head(1, &[("grpc-status", "0")], true).unwrap();
+    feed(
+        &mut c,
+        &frame(RST_STREAM, 0, 3, &reason::CANCEL.to_be_bytes()),
+    )
+    .unwrap();
+    events(&mut c);
+    c.take_output();
+    // Neither is released yet (their tasks still hold them): two new
+    // streams fit, a third does not.
+    request(&mut c, 9);
+    request(&mut c, 11);
+    feed(
+        &mut c,
+        &frame(HEADERS, END_HEADERS, 13, &request_fields(None)),
+    )
+    .unwrap();
+    assert_eq!(events(&mut c), vec![]);
+    assert_eq!(
+        resets(&response_frames(&mut c)),
+        vec![(13, reason::REFUSED_STREAM)]
+    );
+    // A response ended with trailers behind its data counts until the
+    // trailers are out.
+    c.send_head(5, &[], false).unwrap();
+    c.send_trailers(5, &[("grpc-status", "0")]).unwrap();
+    c.take_output();
+    request(&mut c, 15);
+}
+
+/// RFC 9113 5.1.1: a new stream's id must be above every earlier one; a
+/// lower one is a connection error (it was silently dropped, and the
+/// client waited for an answer forever).
+#[test]
+fn a_new_stream_below_the_last_one_is_a_connection_error() {
+    let mut c = open();
+    request(&mut c, 5);
+    let e = feed(
+        &mut c,
+        &frame(HEADERS, END_HEADERS | END_STREAM, 3, &request_fields(None)),
+    )
+    .unwrap_err();
+    assert_eq!(e.code, reason::PROTOCOL_ERROR);
+    assert_eq!(
+        goaway_code(&response_frames(&mut c)),
+        Some(reason::PROTOCOL_ERROR)
+    );
+}
+
+/// RFC 9113 5.1: HEADERS on a half-closed (remote) stream is a stream
+/// error STREAM_CLOSED; once the stream is closed and forgotten, HEADERS
+/// on it is a connection error.
+#[test]
+fn headers_after_the_request_ended_are_stream_closed() {
+    let mut c = open();
+    request_ended(&mut c, 1);
+    let again = frame(HEADERS, END_HEADERS | END_STREAM, 1, &request_fields(None));
+    feed(&mut c, &again).unwrap();
+    assert_eq!(
+        resets(&response_frames(&mut c)),
+        vec![(1, reason::STREAM_CLOSED)]
+    );
+    assert!(c.error().is_none());
+    events(&mut c);
+    request_ended(&mut c, 3);
+    c.send_head(3, &[("grpc-status", "12")], true).unwrap();
+    c.release(3);
+    c.take_output();
+    let again = frame(HEADERS, END_HEADERS | END_STREAM, 3, &request_fields(None));
+    assert!(feed(&mut c, &again).is_err());
+    assert!(goaway_code(&response_frames(&mut c)).is_some());
+}
+
+/// RFC 9113 8.1: trailers carrying a pseudo-header make the request
+/// malformed (they were taken as a normal end of the request).
+#[test]
+fn trailers_with_a_pseudo_header_are_malformed() {
+    let mut c = open();
+    request(&mut c, 1);
+    let t = fields(&[(":path", "/x"), ("grpc-status", "0")]);
+    feed(&mut c, &frame(HEADERS, END_HEADERS | END_STREAM, 1, &t)).unwrap();
+    events(&mut c);
+    assert_eq!(c.take_data(1), Recv::Reset(reason::PROTOCOL_ERROR));
+    assert_eq!(
+        resets(&response_frames(&mut c)),
+        vec![(1, reason::PROTOCOL_ERROR)]
+    );
+    // Plain trailers still end a request.
+    request(&mut c, 3);
+    let t = fields(&[("x-trailer", "ok")]);
+    feed(&mut c, &frame(HEADERS, END_HEADERS | END_STREAM, 3, &t)).unwrap();
+    events(&mut c);
+    assert_eq!(c.take_data(3), Recv::End);
+}
+
+fn request_with_length(c: &mut Conn, id: u32, length: &str) {
+    let f = fields(&[
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", PROXY),
+        ("content-length", length),
+    ]);
+    feed(c, &frame(HEADERS, END_HEADERS, id, &f)).unwrap();
+    match events(c).as_slice() {
+        [Event::Request { stream, .. }] => assert_eq!(*stream, id),
+        e => panic!("{e:?}"),
+    }
+}
+
+/// RFC 9113 8.1.1: a content-length that does not match the DATA received
+/// makes the request malformed: a stream error PROTOCOL_ERROR.
+#[test]
+fn content_length_must_match_the_data() {
+    let mut c = open();
+    // More DATA than announced: reset as soon as it shows.
+    request_with_length(&mut c, 1, "1");
+    feed(&mut c, &frame(DATA, END_STREAM, 1, b"test")).unwrap();
+    events(&mut c);
+    assert_eq!(c.take_data(1), Recv::Reset(reason::PROTOCOL_ERROR));
+    // Less: reset at the end.
+    request_with_length(&mut c, 3, "10");
+    feed(&mut c, &frame(DATA, 0, 3, b"test")).unwrap();
+    events(&mut c);
+    assert_eq!(data_of(&mut c, 3), b"test");
+    feed(&mut c, &frame(DATA, END_STREAM, 3, b"ab")).unwrap();
+    events(&mut c);
+    assert_eq!(c.take_data(3), Recv::Reset(reason::PROTOCOL_ERROR));
+    // Exactly: a normal end.
+    request_with_length(&mut c, 5, "4");
+    feed(&mut c, &frame(DATA, END_STREAM, 5, b"test")).unwrap();
+    events(&mut c);
+    assert_eq!(data_of(&mut c, 5), b"test");
+    assert_eq!(c.take_data(5), Recv::End);
+    assert_eq!(
+        resets(&response_frames(&mut c)),
+        vec![(1, reason::PROTOCOL_ERROR), (3, reason::PROTOCOL_ERROR)]
+    );
+    // Not a number, or a body announced on a request without one.
+    let bad = fields(&[
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", PROXY),
+        ("content-length", "x1"),
+    ]);
+    feed(&mut c, &frame(HEADERS, END_HEADERS, 7, &bad)).unwrap();
+    let none = fields(&[
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", PROXY),
+        ("content-length", "3"),
+    ]);
+    feed(&mut c, &frame(HEADERS, END_HEADERS | END_STREAM, 9, &none)).unwrap();
+    assert_eq!(events(&mut c), vec![]);
+    assert_eq!(
+        resets(&response_frames(&mut c)),
+        vec![(7, reason::PROTOCOL_ERROR), (9, reason::PROTOCOL_ERROR)]
+    );
+}
+
+/// A response may end before the request does (RFC 9113 8.1): the stream
+/// stays known, without its caller, until the client ends its side, so
+/// what the client still sends is checked (and its DATA dropped) rather
+/// than cut off by a RST_STREAM.
+#[test]
+fn an_answered_request_is_checked_until_the_client_ends_it() {
+    let mut c = open();
+    request_with_length(&mut c, 1, "1");
+    c.send_head(1, &[("grpc-status", "12")], true).unwrap();
+    c.release(1);
+    assert!(resets(&response_frames(&mut c)).is_empty());
+    feed(&mut c, &frame(DATA, END_STREAM, 1, b"test")).unwrap();
+    assert_eq!(
+        resets(&response_frames(&mut c)),
+        vec![(1, reason::PROTOCOL_ERROR)]
+    );
+    assert_eq!(c.stream_count(), 0);
+    // Trailers without END_STREAM (RFC 9113 8.1).
+    request(&mut c, 3);
+    c.send_head(3, &[("grpc-status", "12")], true).unwrap();
+    c.release(3);
+    feed(&mut c, &frame(DATA, 0, 3, b"test")).unwrap();
+    let t = fields(&[("x-test", "ok")]);
+    feed(&mut c, &frame(HEADERS, END_HEADERS, 3, &t)).unwrap();
+    assert_eq!(
+        resets(&response_frames(&mut c)),
+        vec![(3, reason::PROTOCOL_ERROR)]
+    );
+    // The client's end forgets it.
+    request(&mut c, 5);
+    c.send_head(5, &[("grpc-status", "0")], true).unwrap();
+    c.release(5);
+    feed(&mut c, &frame(DATA, END_STREAM, 5, b"late")).unwrap();
+    assert!(resets(&response_frames(&mut c)).is_empty());
+    assert_eq!(c.stream_count(), 0);
+    assert_eq!(c.buffered_capacity(), 0);
+}
+
+/// RFC 9113 5.1: DATA on a closed stream is a stream error STREAM_CLOSED,
+/// answered once; after a RST_STREAM of ours, what was in flight is
+/// ignored.
+#[test]
+fn data_on_a_closed_stream_is_stream_closed_unless_we_reset_it() {
+    let mut c = open();
+    request_ended(&mut c, 1);
+    c.send_head(1, &[("grpc-status", "0")], true).unwrap();
+    c.release(1);
+    c.take_output();
+    feed(&mut c, &frame(DATA, 0, 1, b"x")).unwrap();
+    feed(&mut c, &frame(DATA, 0, 1, b"y")).unwrap();
+    assert_eq!(
+        resets(&response_frames(&mut c)),
+        vec![(1, reason::STREAM_CLOSED)]
+    );
+    // The client reset 3: anything after its RST_STREAM is an error.
+    request(&mut c, 3);
+    feed(
+        &mut c,
+        &frame(RST_STREAM, 0, 3, &reason::CANCEL.to_be_bytes()),
+    )
+    .unwrap();
+    feed(&mut c, &frame(DATA, 0, 3, b"x")).unwrap();
+    events(&mut c);
+    assert_eq!(
+        resets(&response_frames(&mut c)),
+        vec![(3, reason::STREAM_CLOSED)]
+    );
+    // We reset 5 (and forgot it): its DATA and trailers in flight are
+    // ignored.
+    request(&mut c, 5);
+    c.reset(5, reason::CANCEL);
+    c.release(5);
+    c.take_output();
+    feed(&mut c, &frame(DATA, 0, 5, b"x")).unwrap();
+    let t = fields(&[("x-test", "ok")]);
+    feed(&mut c, &frame(HEADERS, END_HEADERS | END_STREAM, 5, &t)).unwrap();
+    assert!(c.error().is_none());
+    assert!(response_frames(&mut c).is_empty());
+}
+
+/// RFC 9113 5.3.1: a stream cannot depend on itself (stream error
+/// PROTOCOL_ERROR), in HEADERS or PRIORITY.
+#[test]
+fn a_stream_depending_on_itself_is_a_stream_error() {
+    let mut c = open();
+    let mut p = 1u32.to_be_bytes().to_vec();
+    p.push(255);
+    p.extend(request_fields(None));
+    feed(
+        &mut c,
+        &frame(HEADERS, END_HEADERS | END_STREAM | PRIORITY_FLAG, 1, &p),
+    )
+    .unwrap();
+    assert_eq!(events(&mut c), vec![]);
+    let mut q = 3u32.to_be_bytes().to_vec();
+    q.push(255);
+    feed(&mut c, &frame(PRIORITY, 0, 3, &q)).unwrap();
+    assert_eq!(
+        resets(&response_frames(&mut c)),
+        vec![(1, reason::PROTOCOL_ERROR), (3, reason::PROTOCOL_ERROR)]
+    );
+    // Stream 3 was not opened by it.
+    request(&mut c, 3);
+}
+
+/// RFC 7541 4.2: a dynamic table size update must come first in a block;
+/// one at the end is a decoding error (COMPRESSION_ERROR).
+#[test]
+fn a_table_size_update_at_the_end_of_a_block_is_a_compression_error() {
+    let mut c = open();
+    let mut b = request_fields(None);
+    b.push(0x3f);
+    b.push(0xe1);
+    b.push(0x1f); // size update to 4,096
+    let e = feed(&mut c, &frame(HEADERS, END_HEADERS | END_STREAM, 1, &b)).unwrap_err();
+    assert_eq!(e.code, reason::COMPRESSION_ERROR);
 }
