@@ -25,6 +25,7 @@ pub mod signals;
 #[allow(unsafe_code)]
 pub mod sys;
 pub mod tls;
+pub mod tls_copy;
 pub mod window;
 
 /// `AsyncWrite` for a read-side wrapper (a struct with an `inner` stream)

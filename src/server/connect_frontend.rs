@@ -124,7 +124,8 @@ where
     C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + CallerSocket,
     P: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use crate::engine::tls_copy::{self, CopyEnd};
+    use tokio::io::AsyncWriteExt;
     let fd = caller.tcp_fd();
     let (mut caller_r, mut caller_w) = tokio::io::split(caller);
     let (mut pair_r, mut pair_w) = tokio::io::split(pair);
@@ -133,16 +134,13 @@ where
         let _ = pair_w.shutdown().await;
     };
     let down = async {
+        // Flushed whenever the tunnel end has nothing more for now: a write
+        // may leave its last records in the TLS session (the caller's
+        // socket was full), and a target that keeps its connection open
+        // after an answer sends nothing that would push them out.
         let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            match pair_r.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if caller_w.write_all(&buf[..n]).await.is_err() {
-                        return false;
-                    }
-                }
-            }
+        if let CopyEnd::Write(_) = tls_copy::copy(&mut pair_r, &mut caller_w, &mut buf).await {
+            return false;
         }
         if watch.aborted() {
             abort::reset(&fd);

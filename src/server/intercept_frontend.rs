@@ -266,11 +266,7 @@ async fn tls_front(
             .metrics
             .dial_done(DialResult::NoAgent, started.elapsed());
         tracing::info!(%route, "TLS interception: no agent for this node");
-        let _ = tokio::io::AsyncWriteExt::write_all(
-            &mut down,
-            &http_connect::error_response(503, NO_TUNNEL),
-        )
-        .await;
+        answer_tls(&mut down, &http_connect::error_response(503, NO_TUNNEL)).await;
         return;
     };
     let Ok((tunnel_end, our_end)) = socket_pair() else {
@@ -312,15 +308,21 @@ async fn tls_front(
         Err(e) => {
             tracing::info!(%dial, agent = %agent_id, "TLS to the kubelet failed: {e}");
             let body = format!("TLS to the kubelet at {dial} failed: {e}\n");
-            let _ = tokio::io::AsyncWriteExt::write_all(
-                &mut down,
-                &http_connect::error_response(502, &body),
-            )
-            .await;
+            answer_tls(&mut down, &http_connect::error_response(502, &body)).await;
             return;
         }
     };
     relay_traced(down, up, Bytes::new(), &host, &dial, &agent_id, &ends).await;
+}
+
+/// Answers a TLS caller (an HTTP error) and ends its stream: the write
+/// may leave the answer in the TLS session, which the shutdown sends, with
+/// close_notify, before the socket closes.
+async fn answer_tls<S: tokio::io::AsyncWrite + Unpin>(down: &mut S, answer: &[u8]) {
+    use tokio::io::AsyncWriteExt;
+    if down.write_all(answer).await.is_ok() {
+        let _ = down.shutdown().await;
+    }
 }
 
 /// Relays two plaintext streams both ways and logs every exchange, as
@@ -374,7 +376,10 @@ async fn relay_traced<A, B>(
         // the node) goes first.
         if !prefix.is_empty() {
             note(&mut t, &prefix);
-            if up_w.write_all(&prefix).await.is_err() {
+            // Flushed as every write below: a TLS writer may hold the
+            // bytes until then, and the caller may send nothing more
+            // before the answer.
+            if up_w.write_all(&prefix).await.is_err() || up_w.flush().await.is_err() {
                 return;
             }
         }

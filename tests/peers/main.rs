@@ -19,3 +19,4 @@ mod go_server;
 mod h2_conformance;
 mod konnectivity_client;
 mod kube_apiserver;
+mod tls_frontends;
