@@ -1,1 +1,468 @@
-//! (being written)
+//! kube-apiserver (v1.36, from `EDGETUNNEL_PEERS`) end to end through
+//! edgetunnel: etcd, kube-apiserver and our server in a "cloud" network
+//! namespace; our agent and a fake kubelet (HTTPS, on an address only the
+//! node namespace has) in a "node" namespace; a veth pair between them
+//! and no route from the cloud to the kubelet but the tunnel. Through
+//! `--egress-selector-config-file` in GRPC and HTTPConnect modes over unix
+//! sockets, and HTTPConnect over TCP with mutual TLS: `kubectl logs`,
+//! `logs --tail`, `logs -f` cancelled (the tunnel closes), node proxy,
+//! service proxy, 50 parallel `kubectl logs`, a 16 MiB log read to its
+//! last byte many times over.
+//!
+//! Without kube-apiserver among the peers the cases print
+//! `skipped: kube-apiserver not in EDGETUNNEL_PEERS`.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::common::{peers, serial, tail, Peers};
+use crate::kube_cluster::{
+    in_netns, run_bounded, start_etcd, Egress, KubeApiserver, KubeCerts, Net, BACKEND_IP,
+    BACKEND_PORT, KUBELET_CLIENT_CN, KUBELET_IP, KUBELET_PORT,
+};
+use crate::kubelet::{big_log, small_log, Backend, FakeKubelet, BIG_LEN};
+use crate::support::{metric_at, Agent, Binds, Env, Proc, Server, WAIT};
+
+/// Printed when the peers are there but kube-apiserver is not.
+const SKIPPED_NO_KAS: &str = "skipped: kube-apiserver not in EDGETUNNEL_PEERS";
+
+/// The 16 MiB read, this many times per egress mode.
+const BIG_READS: usize = 20;
+/// Parallel `kubectl logs`.
+const PARALLEL: usize = 50;
+
+fn kube_peers() -> Option<&'static Peers> {
+    let p = peers()?;
+    if !p.has("kube-apiserver") {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "{SKIPPED_NO_KAS}");
+        return None;
+    }
+    Some(p)
+}
+
+/// Our server in the cloud namespace, our agent in the node namespace.
+struct Tunnel {
+    server: Server,
+    agent: Agent,
+    cloud: String,
+}
+
+impl Tunnel {
+    fn start(net: &Net, env: &Env) -> Tunnel {
+        let certs = env.certs();
+        let binds = Binds {
+            agent: format!("{}:0", crate::kube_cluster::CLOUD_IP),
+            ..Binds::default()
+        };
+        let (server_crt, server_key, ca) = (
+            certs.join("server.crt").display().to_string(),
+            certs.join("server.key").display().to_string(),
+            certs.join("ca.crt").display().to_string(),
+        );
+        let (cmd, n, connect_uds, grpc_uds) = Server::command(
+            env,
+            &["--certs-dir", &certs.display().to_string()],
+            &binds,
+            &[
+                "--frontend-cert",
+                &server_crt,
+                "--frontend-key",
+                &server_key,
+                "--frontend-ca",
+                &ca,
+            ],
+        );
+        let server = Server::spawn(env, in_ns(&net.cloud.0, &cmd), n, connect_uds, grpc_uds);
+        let cmd = Agent::command(
+            env,
+            server.agent,
+            "node-1",
+            &format!("host=node-1&ipv4={KUBELET_IP}"),
+            &[],
+        );
+        let agent = Agent {
+            proc: Proc::spawn(in_ns(&net.node.0, &cmd), env.path("agent-node-1.log")),
+        };
+        agent.proc.wait_line("CONNECTED");
+        Tunnel {
+            server,
+            agent,
+            cloud: net.cloud.0.clone(),
+        }
+    }
+
+    /// A sample of our server's /metrics (read from inside the cloud
+    /// namespace, where its admin listener is).
+    fn metric(&self, sample: &str) -> f64 {
+        let (admin, sample) = (self.server.admin, sample.to_string());
+        in_netns(&self.cloud, move || metric_at(admin, &sample))
+    }
+
+    /// Waits until `sample` is `want`.
+    fn wait_metric(&self, sample: &str, want: f64, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let v = self.metric(sample);
+            if v == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{sample} stayed {v}, not {want}, for {within:?}\n--- server:\n{}\n--- agent:\n{}",
+                tail(&self.server.proc.log_text(), 30),
+                tail(&self.agent.proc.log_text(), 30)
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// `cmd` run inside network namespace `ns` (`ip netns exec` execs it, so
+/// the child is the program itself).
+fn in_ns(ns: &str, cmd: &Command) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns])
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c
+}
+
+/// Node `node-1` (InternalIP = the kubelet's address, kubelet port),
+/// pod `default/p1` on it with containers `c` and `big`, and service
+/// `default/echo` (no selector) whose Endpoints name the backend in the
+/// node namespace as pod p1's address (kube-apiserver's service proxy
+/// takes only addresses with a pod `targetRef` whose pod has that IP).
+fn create_objects(kas: &KubeApiserver, env: &Env) {
+    kas.create(
+        env,
+        "node",
+        &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1"}}),
+    );
+    kas.patch_status(
+        &["node", "node-1"],
+        &json!({"status": {
+            "addresses": [{"type": "InternalIP", "address": KUBELET_IP},
+                          {"type": "Hostname", "address": "node-1"}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": KUBELET_PORT}},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "fake kubelet"}]
+        }}),
+    );
+    kas.create(
+        env,
+        "pod",
+        &json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p1", "namespace": "default"},
+            "spec": {"nodeName": "node-1", "containers": [
+                {"name": "c", "image": "none"}, {"name": "big", "image": "none"}]}}),
+    );
+    kas.patch_status(
+        &["pod", "p1"],
+        &json!({"status": {"phase": "Running", "podIP": BACKEND_IP,
+                           "podIPs": [{"ip": BACKEND_IP}], "hostIP": KUBELET_IP}}),
+    );
+    kas.create(
+        env,
+        "service",
+        &json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "echo", "namespace": "default"},
+            "spec": {"ports": [{"name": "http", "port": 80, "targetPort": BACKEND_PORT}]}}),
+    );
+    kas.create(
+        env,
+        "endpoints",
+        &json!({"apiVersion": "v1", "kind": "Endpoints",
+            "metadata": {"name": "echo", "namespace": "default"},
+            "subsets": [{"addresses": [{"ip": BACKEND_IP, "nodeName": "node-1",
+                           "targetRef": {"kind": "Pod", "namespace": "default", "name": "p1"}}],
+                         "ports": [{"name": "http", "port": BACKEND_PORT}]}]}),
+    );
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Where two byte strings first differ, for a failure message.
+fn first_difference(got: &[u8], want: &[u8]) -> String {
+    let at = got
+        .iter()
+        .zip(want)
+        .position(|(a, b)| a != b)
+        .unwrap_or(got.len().min(want.len()));
+    format!(
+        "{} bytes, want {}; first difference at byte {at}",
+        got.len(),
+        want.len()
+    )
+}
+
+/// `kubectl logs`, `--tail`, node proxy and service proxy.
+fn logs_and_proxies(kas: &KubeApiserver, kubelet: &FakeKubelet, backend: &Backend) {
+    let got = kas.kubectl_ok(&["logs", "p1", "-c", "c"]);
+    assert_eq!(text(&got), small_log("default", "p1", "c", None));
+    let got = kas.kubectl_ok(&["logs", "p1", "-c", "c", "--tail=5"]);
+    assert_eq!(text(&got), small_log("default", "p1", "c", Some(5)));
+    let last = kubelet.requests().last().cloned().unwrap_or_default();
+    assert!(
+        last.starts_with("GET /containerLogs/default/p1/c?")
+            && last.contains("tailLines=5")
+            && last.ends_with(&format!("cn={KUBELET_CLIENT_CN}")),
+        "{last}"
+    );
+    // Node proxy: kube-apiserver -> https://KUBELET_IP:10250/healthz.
+    let got = kas.kubectl_ok(&["get", "--raw", "/api/v1/nodes/node-1/proxy/healthz"]);
+    assert_eq!(text(&got), "ok");
+    let got = kas.kubectl_ok(&["get", "--raw", "/api/v1/nodes/node-1/proxy/pods"]);
+    assert!(text(&got).contains("\"PodList\""), "{}", text(&got));
+    // Service proxy: kube-apiserver -> http://BACKEND_IP:8080 (an
+    // endpoint of the service) through the same tunnel.
+    let before = backend.requests.load(Ordering::SeqCst);
+    let got = kas.kubectl_ok(&[
+        "get",
+        "--raw",
+        "/api/v1/namespaces/default/services/echo:http/proxy/hello?x=1",
+    ]);
+    assert_eq!(text(&got), "backend saw GET /hello?x=1");
+    assert_eq!(backend.requests.load(Ordering::SeqCst), before + 1);
+}
+
+/// `kubectl logs -f` read for a few lines, then killed: the kubelet's
+/// stream ends (its writes fail), so the tunnel closed end to end, and
+/// our server holds no tunnel any more.
+fn follow_cancelled(kas: &KubeApiserver, kubelet: &FakeKubelet, tunnel: &Tunnel) {
+    let ended = kubelet.stats.follow_ended.load(Ordering::SeqCst);
+    let mut child = kas
+        .kubectl_cmd(&["logs", "-f", "p1", "-c", "c"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kubectl logs -f");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    for i in 0..5 {
+        let l = lines.next().expect("a follow line").expect("read");
+        assert_eq!(l, format!("follow default/p1/c {i}"));
+    }
+    assert_eq!(kubelet.stats.follow_open.load(Ordering::SeqCst), 1);
+    assert!(tunnel.metric("edgetunnel_open_connections") >= 1.0);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + WAIT;
+    while kubelet.stats.follow_ended.load(Ordering::SeqCst) == ended {
+        assert!(
+            Instant::now() < deadline,
+            "the kubelet's follow stream did not end after kubectl was killed"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(kubelet.stats.follow_open.load(Ordering::SeqCst), 0);
+}
+
+/// 50 `kubectl logs --tail=N` at once, each N different, each answer
+/// exactly its own.
+fn parallel_logs(kas: &KubeApiserver) {
+    let children: Vec<_> = (1..=PARALLEL)
+        .map(|n| {
+            let c = kas
+                .kubectl_cmd(&["logs", "p1", "-c", "c", &format!("--tail={n}")])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("kubectl logs");
+            (n, c)
+        })
+        .collect();
+    for (n, c) in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "parallel kubectl logs --tail={n}: {}",
+            text(&out.stderr)
+        );
+        assert_eq!(text(&out.stdout), small_log("default", "p1", "c", Some(n)));
+    }
+}
+
+/// `kubectl exec` through kube-apiserver's websocket-to-SPDY translation
+/// and the tunnel to the fake kubelet's SPDY/3.1: output, an exit code,
+/// 1 MiB of stdin copied back by `cat`.
+fn exec(kas: &KubeApiserver, kubelet: &FakeKubelet) {
+    let done = kubelet.stats.exec_done.load(Ordering::SeqCst);
+    let got = kas.kubectl_ok(&["exec", "p1", "-c", "c", "--", "echo", "hello", "world"]);
+    assert_eq!(text(&got), "hello world\n");
+    let out = kas.kubectl(&["exec", "p1", "-c", "c", "--", "exit", "3"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let input: Vec<u8> = (0..1 << 20).map(|i| b'a' + (i % 26) as u8).collect();
+    let out = kas.kubectl_stdin(&["exec", "-i", "p1", "-c", "c", "--", "cat"], input.clone());
+    assert!(out.status.success(), "exec -i cat: {}", text(&out.stderr));
+    assert!(
+        out.stdout == input,
+        "exec -i cat: {}",
+        first_difference(&out.stdout, &input)
+    );
+    assert_eq!(kubelet.stats.exec_done.load(Ordering::SeqCst), done + 3);
+}
+
+/// `kubectl port-forward` (websocket-tunnelled SPDY from kubectl, SPDY to
+/// the kubelet): three connections, each echoing 256 KiB.
+fn port_forward(kas: &KubeApiserver, kubelet: &FakeKubelet, cloud: &str) {
+    let done = kubelet.stats.portforward_done.load(Ordering::SeqCst);
+    let mut child = kas
+        .kubectl_cmd(&["port-forward", "pod/p1", ":9999"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl port-forward");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = lines
+        .next()
+        .and_then(Result::ok)
+        .unwrap_or_else(|| panic!("kubectl port-forward said nothing"));
+    // "Forwarding from 127.0.0.1:PORT -> 9999"
+    let local: std::net::SocketAddr = line
+        .strip_prefix("Forwarding from ")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    for n in 0..3u8 {
+        let data: Vec<u8> = (0..256 * 1024).map(|i| (i as u8) ^ n).collect();
+        let got = in_netns(cloud, move || {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(local).expect("connect port-forward");
+            s.set_read_timeout(Some(WAIT)).unwrap();
+            let mut w = s.try_clone().unwrap();
+            let d = data.clone();
+            let t = thread::spawn(move || w.write_all(&d));
+            let mut back = vec![0u8; data.len()];
+            let r = s.read_exact(&mut back);
+            t.join().unwrap().expect("write");
+            r.map(|_| back == data).map_err(|e| e.to_string())
+        });
+        assert_eq!(got, Ok(true), "port-forward connection {n}");
+    }
+    let deadline = Instant::now() + WAIT;
+    while kubelet.stats.portforward_done.load(Ordering::SeqCst) < done + 3 {
+        assert!(Instant::now() < deadline, "port-forward streams not ended");
+        thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// The 16 MiB log, [`BIG_READS`] times, each to its last byte. Every
+/// failed read is reported at the end (size, first difference).
+fn big_reads(kas: &KubeApiserver, mode: &str) -> f64 {
+    let want = big_log();
+    assert_eq!(want.len(), BIG_LEN);
+    let t0 = Instant::now();
+    let mut failures = Vec::new();
+    for i in 0..BIG_READS {
+        let out = run_bounded(
+            kas.kubectl_cmd(&["logs", "p1", "-c", "big"]),
+            None,
+            Duration::from_secs(20),
+        );
+        if !out.status.success() || out.stdout != want {
+            failures.push(format!(
+                "read {i}: exit {:?}, {} {}",
+                out.status.code(),
+                first_difference(&out.stdout, &want),
+                text(&out.stderr).trim()
+            ));
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    assert!(
+        failures.is_empty(),
+        "{mode}: {} of {BIG_READS} 16 MiB reads wrong:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    secs
+}
+
+/// The three egress modes against one etcd, one server, one agent, one
+/// fake kubelet; kube-apiserver restarted with each configuration.
+#[test]
+fn kube_apiserver_logs_proxies_through_three_egress_modes() {
+    let Some(p) = kube_peers() else { return };
+    let _g = serial();
+    let t0 = Instant::now();
+    let net = Net::new();
+    let env = Env::new();
+    let certs = KubeCerts::new(&env);
+    let _etcd = start_etcd(&net, &env);
+    let tunnel = Tunnel::start(&net, &env);
+    let kubelet = FakeKubelet::start(
+        &net.node.0,
+        &format!("{KUBELET_IP}:{KUBELET_PORT}"),
+        &certs.kubelet.0,
+        &certs.kubelet.1,
+        &certs.ca,
+    );
+    let backend = Backend::start(&net.node.0, &format!("{BACKEND_IP}:{BACKEND_PORT}"));
+    // The tunnel is the only way from the cloud to the node.
+    for addr in [kubelet.addr, backend.addr] {
+        if let Err(e) = net.cloud_cannot_reach(addr) {
+            panic!("{e}");
+        }
+    }
+    let envc = env.certs();
+    let modes = [
+        Egress::GrpcUds(tunnel.server.grpc_uds.clone()),
+        Egress::ConnectUds(tunnel.server.connect_uds.clone()),
+        Egress::ConnectTls {
+            url: format!("https://{}", tunnel.server.connect),
+            ca: envc.join("ca.crt"),
+            cert: certs.egress_client.0.clone(),
+            key: certs.egress_client.1.clone(),
+        },
+    ];
+    let mut report = Vec::new();
+    for (run, mode) in modes.iter().enumerate() {
+        let t = Instant::now();
+        let kas = KubeApiserver::start(&p.bin("kube-apiserver"), &net, &env, &certs, mode, run);
+        let started = t.elapsed().as_secs_f64();
+        if run == 0 {
+            create_objects(&kas, &env);
+        }
+        logs_and_proxies(&kas, &kubelet, &backend);
+        follow_cancelled(&kas, &kubelet, &tunnel);
+        parallel_logs(&kas);
+        exec(&kas, &kubelet);
+        port_forward(&kas, &kubelet, &net.cloud.0);
+        let big = big_reads(&kas, mode.name());
+        kas.stop();
+        // With kube-apiserver gone nothing of it may stay in the tunnel.
+        tunnel.wait_metric("edgetunnel_open_connections", 0.0, WAIT);
+        tunnel.wait_metric("edgetunnel_pending_dials", 0.0, WAIT);
+        report.push(format!(
+            "{}: ready in {started:.1} s, all in {:.1} s, {BIG_READS} x 16 MiB in {big:.1} s",
+            mode.name(),
+            t.elapsed().as_secs_f64()
+        ));
+    }
+    let all = kubelet.requests();
+    assert!(
+        all.iter()
+            .all(|r| r.ends_with(&format!("cn={KUBELET_CLIENT_CN}"))),
+        "a kubelet request without kube-apiserver's client certificate"
+    );
+    eprintln!(
+        "kube-apiserver through edgetunnel, {:.1} s:\n{}",
+        t0.elapsed().as_secs_f64(),
+        report.join("\n")
+    );
+}

@@ -19,3 +19,6 @@ mod go_server;
 mod h2_conformance;
 mod konnectivity_client;
 mod kube_apiserver;
+mod kube_cluster;
+mod kubelet;
+mod spdy;
