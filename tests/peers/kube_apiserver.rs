@@ -6,8 +6,13 @@
 //! `--egress-selector-config-file` in GRPC and HTTPConnect modes over unix
 //! sockets, and HTTPConnect over TCP with mutual TLS: `kubectl logs`,
 //! `logs --tail`, `logs -f` cancelled (the tunnel closes), node proxy,
-//! service proxy, 50 parallel `kubectl logs`, a 16 MiB log read to its
-//! last byte many times over.
+//! service proxy, 50 parallel `kubectl logs`, `kubectl exec` and
+//! `port-forward` (kube-apiserver speaks SPDY/3.1 to the fake kubelet),
+//! a 16 MiB log read to its last byte many times over. Then once more
+//! with the Kubernetes docs' konnectivity-server and agent command lines
+//! through `edgetunnel proxy-server` / `proxy-agent`: agents with a
+//! ServiceAccount token checked by TokenReview against this
+//! kube-apiserver, two servers that agents count by their leases.
 //!
 //! Without kube-apiserver among the peers the cases print
 //! `skipped: kube-apiserver not in EDGETUNNEL_PEERS`.
@@ -22,11 +27,12 @@ use serde_json::json;
 
 use crate::common::{peers, serial, tail, Peers};
 use crate::kube_cluster::{
-    in_netns, run_bounded, start_etcd, Egress, KubeApiserver, KubeCerts, Net, BACKEND_IP,
-    BACKEND_PORT, KUBELET_CLIENT_CN, KUBELET_IP, KUBELET_PORT,
+    in_netns, run_bounded, start_etcd, write_kubeconfig, Egress, KubeApiserver, KubeCerts, Net,
+    BACKEND_IP, BACKEND_PORT, CLOUD_IP, KUBELET_CLIENT_CN, KUBELET_IP, KUBELET_PORT,
 };
 use crate::kubelet::{big_log, small_log, Backend, FakeKubelet, BIG_LEN};
-use crate::support::{metric_at, Agent, Binds, Env, Proc, Server, WAIT};
+use crate::support::netns::sh;
+use crate::support::{metric_at, Agent, Binds, Env, Proc, Server, BIN, WAIT};
 
 /// Printed when the peers are there but kube-apiserver is not.
 const SKIPPED_NO_KAS: &str = "skipped: kube-apiserver not in EDGETUNNEL_PEERS";
@@ -57,7 +63,7 @@ impl Tunnel {
     fn start(net: &Net, env: &Env) -> Tunnel {
         let certs = env.certs();
         let binds = Binds {
-            agent: format!("{}:0", crate::kube_cluster::CLOUD_IP),
+            agent: format!("{CLOUD_IP}:0"),
             ..Binds::default()
         };
         let (server_crt, server_key, ca) = (
@@ -97,11 +103,40 @@ impl Tunnel {
         }
     }
 
-    /// A sample of our server's /metrics (read from inside the cloud
-    /// namespace, where its admin listener is).
+    fn watch(&self) -> Watch<'_> {
+        Watch {
+            cloud: &self.cloud,
+            admin: self.server.admin,
+            logs: vec![&self.server.proc, &self.agent.proc],
+        }
+    }
+}
+
+/// One of our servers seen through its admin listener (in the cloud
+/// namespace), with the logs to show when a wait fails.
+struct Watch<'a> {
+    cloud: &'a str,
+    admin: std::net::SocketAddr,
+    logs: Vec<&'a Proc>,
+}
+
+impl Watch<'_> {
+    /// A sample of the server's /metrics.
     fn metric(&self, sample: &str) -> f64 {
-        let (admin, sample) = (self.server.admin, sample.to_string());
-        in_netns(&self.cloud, move || metric_at(admin, &sample))
+        let (admin, sample) = (self.admin, sample.to_string());
+        in_netns(self.cloud, move || metric_at(admin, &sample))
+    }
+
+    /// The agent links the server holds, summed over its workers.
+    fn agent_links(&self) -> f64 {
+        let admin = self.admin;
+        let text = in_netns(self.cloud, move || {
+            crate::support::http_get(admin, "/metrics").1
+        });
+        text.lines()
+            .filter(|l| l.starts_with("edgetunnel_worker_agent_links{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     }
 
     /// Waits until `sample` is `want`.
@@ -114,9 +149,12 @@ impl Tunnel {
             }
             assert!(
                 Instant::now() < deadline,
-                "{sample} stayed {v}, not {want}, for {within:?}\n--- server:\n{}\n--- agent:\n{}",
-                tail(&self.server.proc.log_text(), 30),
-                tail(&self.agent.proc.log_text(), 30)
+                "{sample} stayed {v}, not {want}, for {within:?}\n{}",
+                self.logs
+                    .iter()
+                    .map(|p| format!("--- {}:\n{}", p.log.display(), tail(&p.log_text(), 30)))
+                    .collect::<Vec<_>>()
+                    .join("\n")
             );
             thread::sleep(Duration::from_millis(50));
         }
@@ -241,8 +279,8 @@ fn logs_and_proxies(kas: &KubeApiserver, kubelet: &FakeKubelet, backend: &Backen
 
 /// `kubectl logs -f` read for a few lines, then killed: the kubelet's
 /// stream ends (its writes fail), so the tunnel closed end to end, and
-/// our server holds no tunnel any more.
-fn follow_cancelled(kas: &KubeApiserver, kubelet: &FakeKubelet, tunnel: &Tunnel) {
+/// our server's `edgetunnel_open_connections` returns to 0.
+fn follow_cancelled(kas: &KubeApiserver, kubelet: &FakeKubelet, tunnel: &Watch) {
     let ended = kubelet.stats.follow_ended.load(Ordering::SeqCst);
     let mut child = kas
         .kubectl_cmd(&["logs", "-f", "p1", "-c", "c"])
@@ -268,6 +306,9 @@ fn follow_cancelled(kas: &KubeApiserver, kubelet: &FakeKubelet, tunnel: &Tunnel)
         thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(kubelet.stats.follow_open.load(Ordering::SeqCst), 0);
+    // Nothing else is open: the kubelet and the backend close every
+    // connection after its answer, so kube-apiserver keeps none idle.
+    tunnel.wait_metric("edgetunnel_open_connections", 0.0, WAIT);
 }
 
 /// 50 `kubectl logs --tail=N` at once, each N different, each answer
@@ -361,14 +402,14 @@ fn port_forward(kas: &KubeApiserver, kubelet: &FakeKubelet, cloud: &str) {
     child.wait().unwrap();
 }
 
-/// The 16 MiB log, [`BIG_READS`] times, each to its last byte. Every
+/// The 16 MiB log, `n` times, each to its last byte. Every
 /// failed read is reported at the end (size, first difference).
-fn big_reads(kas: &KubeApiserver, mode: &str) -> f64 {
+fn big_reads(kas: &KubeApiserver, mode: &str, n: usize) -> f64 {
     let want = big_log();
     assert_eq!(want.len(), BIG_LEN);
     let t0 = Instant::now();
     let mut failures = Vec::new();
-    for i in 0..BIG_READS {
+    for i in 0..n {
         let out = run_bounded(
             kas.kubectl_cmd(&["logs", "p1", "-c", "big"]),
             None,
@@ -386,11 +427,30 @@ fn big_reads(kas: &KubeApiserver, mode: &str) -> f64 {
     let secs = t0.elapsed().as_secs_f64();
     assert!(
         failures.is_empty(),
-        "{mode}: {} of {BIG_READS} 16 MiB reads wrong:\n{}",
+        "{mode}: {} of {n} 16 MiB reads wrong:\n{}",
         failures.len(),
         failures.join("\n")
     );
     secs
+}
+
+/// Every check through one kube-apiserver and the server `w` watches;
+/// the seconds the 16 MiB reads took.
+fn exercise(
+    kas: &KubeApiserver,
+    kubelet: &FakeKubelet,
+    backend: &Backend,
+    w: &Watch,
+    cloud: &str,
+    mode: &str,
+    big: usize,
+) -> f64 {
+    logs_and_proxies(kas, kubelet, backend);
+    follow_cancelled(kas, kubelet, w);
+    parallel_logs(kas);
+    exec(kas, kubelet);
+    port_forward(kas, kubelet, cloud);
+    big_reads(kas, mode, big)
 }
 
 /// The three egress modes against one etcd, one server, one agent, one
@@ -438,16 +498,20 @@ fn kube_apiserver_logs_proxies_through_three_egress_modes() {
         if run == 0 {
             create_objects(&kas, &env);
         }
-        logs_and_proxies(&kas, &kubelet, &backend);
-        follow_cancelled(&kas, &kubelet, &tunnel);
-        parallel_logs(&kas);
-        exec(&kas, &kubelet);
-        port_forward(&kas, &kubelet, &net.cloud.0);
-        let big = big_reads(&kas, mode.name());
+        let w = tunnel.watch();
+        let big = exercise(
+            &kas,
+            &kubelet,
+            &backend,
+            &w,
+            &net.cloud.0,
+            mode.name(),
+            BIG_READS,
+        );
         kas.stop();
         // With kube-apiserver gone nothing of it may stay in the tunnel.
-        tunnel.wait_metric("edgetunnel_open_connections", 0.0, WAIT);
-        tunnel.wait_metric("edgetunnel_pending_dials", 0.0, WAIT);
+        w.wait_metric("edgetunnel_open_connections", 0.0, WAIT);
+        w.wait_metric("edgetunnel_pending_dials", 0.0, WAIT);
         report.push(format!(
             "{}: ready in {started:.1} s, all in {:.1} s, {BIG_READS} x 16 MiB in {big:.1} s",
             mode.name(),
@@ -464,5 +528,277 @@ fn kube_apiserver_logs_proxies_through_three_egress_modes() {
         "kube-apiserver through edgetunnel, {:.1} s:\n{}",
         t0.elapsed().as_secs_f64(),
         report.join("\n")
+    );
+}
+
+/// One of the docs' konnectivity-server command lines, run as
+/// `edgetunnel proxy-server`, with its admin port.
+struct DocsServer {
+    proc: Proc,
+    admin: std::net::SocketAddr,
+}
+
+/// The Kubernetes docs' "Set up Konnectivity service" command lines
+/// (kubernetes.io/docs/tasks/extend-kubernetes/setup-konnectivity/),
+/// through `edgetunnel proxy-server` / `proxy-agent`: GRPC over a unix
+/// socket, agents with a ServiceAccount token (audience
+/// `system:konnectivity-server`) that the servers check by TokenReview
+/// against this kube-apiserver, and two servers publishing leases
+/// (`--enable-lease-controller`) that the agent counts
+/// (`--count-server-leases`) to connect to both, behind one address (a
+/// random DNAT in the cloud namespace stands for the load balancer).
+/// kube-apiserver goes through one server, then, restarted, the other.
+#[test]
+fn kube_apiserver_konnectivity_docs_token_review_two_servers_by_leases() {
+    let Some(p) = kube_peers() else { return };
+    let _g = serial();
+    let t0 = Instant::now();
+    let net = Net::new();
+    let env = Env::new();
+    let certs = KubeCerts::new(&env);
+    let _etcd = start_etcd(&net, &env);
+    let uds = [
+        env.path("konnectivity-server-a.socket"),
+        env.path("konnectivity-server-b.socket"),
+    ];
+    let kas_bin = p.bin("kube-apiserver");
+    let kas = KubeApiserver::start(
+        &kas_bin,
+        &net,
+        &env,
+        &certs,
+        &Egress::GrpcUds(uds[0].clone()),
+        0,
+    );
+    create_objects(&kas, &env);
+    // The docs' RBAC: the server may create TokenReviews; here it and the
+    // agent's ServiceAccount also use the leases in kube-system.
+    for args in [
+        &[
+            "create",
+            "serviceaccount",
+            "konnectivity-agent",
+            "-n",
+            "kube-system",
+        ][..],
+        &[
+            "create",
+            "clusterrolebinding",
+            "system:konnectivity-server",
+            "--clusterrole=system:auth-delegator",
+            "--user=system:konnectivity-server",
+        ],
+        &[
+            "create",
+            "role",
+            "konnectivity-leases",
+            "-n",
+            "kube-system",
+            "--verb=get,list,watch,create,update,patch,delete",
+            "--resource=leases.coordination.k8s.io",
+        ],
+        &[
+            "create",
+            "rolebinding",
+            "konnectivity-leases",
+            "-n",
+            "kube-system",
+            "--role=konnectivity-leases",
+            "--user=system:konnectivity-server",
+            "--serviceaccount=kube-system:konnectivity-agent",
+        ],
+    ] {
+        kas.kubectl_ok(args);
+    }
+    let token = text(&kas.kubectl_ok(&[
+        "create",
+        "token",
+        "konnectivity-agent",
+        "-n",
+        "kube-system",
+        "--audience=system:konnectivity-server",
+        "--duration=1h",
+    ]));
+    let token_file = env.path("konnectivity-agent-token");
+    std::fs::write(&token_file, token.trim()).unwrap();
+    let server_kubeconfig = env.path("konnectivity-server.conf");
+    write_kubeconfig(
+        &server_kubeconfig,
+        crate::kube_cluster::APISERVER,
+        &certs.ca,
+        &format!(
+            "client-certificate: {}\n    client-key: {}",
+            certs.konnectivity.0.display(),
+            certs.konnectivity.1.display()
+        ),
+    );
+    let agent_kubeconfig = env.path("konnectivity-agent.conf");
+    write_kubeconfig(
+        &agent_kubeconfig,
+        &format!("{CLOUD_IP}:6443"),
+        &certs.ca,
+        &format!("token: {}", token.trim()),
+    );
+    // The load balancer: half of the agents' connections to :8132 go to
+    // the second server's :8142.
+    sh(
+        &net.cloud.0,
+        &format!(
+            "iptables -t nat -A PREROUTING -p tcp -d {CLOUD_IP} --dport 8132 -m statistic \
+             --mode random --probability 0.5 -j DNAT --to-destination {CLOUD_IP}:8142"
+        ),
+    );
+    let servers: Vec<DocsServer> = uds
+        .iter()
+        .zip([8132u16, 8142])
+        .enumerate()
+        .map(|(i, (uds, port))| {
+            let mut cmd = net.cloud_cmd(BIN);
+            cmd.arg("proxy-server").args([
+                "--logtostderr=true".to_string(),
+                format!("--uds-name={}", uds.display()),
+                "--delete-existing-uds-file".to_string(),
+                format!("--cluster-cert={}", certs.apiserver.0.display()),
+                format!("--cluster-key={}", certs.apiserver.1.display()),
+                "--mode=grpc".to_string(),
+                "--server-port=0".to_string(),
+                format!("--agent-port={port}"),
+                format!("--admin-port={}", port + 1),
+                format!("--health-port={}", port + 2),
+                "--agent-namespace=kube-system".to_string(),
+                "--agent-service-account=konnectivity-agent".to_string(),
+                format!("--kubeconfig={}", server_kubeconfig.display()),
+                "--authentication-audience=system:konnectivity-server".to_string(),
+                "--enable-lease-controller".to_string(),
+            ]);
+            let proc = Proc::spawn(cmd, env.path(&format!("proxy-server-{i}.log")));
+            proc.wait_line("READY");
+            DocsServer {
+                proc,
+                admin: format!("127.0.0.1:{}", port + 1).parse().unwrap(),
+            }
+        })
+        .collect();
+    let mut cmd = net.node_cmd(BIN);
+    cmd.arg("proxy-agent").args([
+        "--logtostderr=true".to_string(),
+        format!("--ca-cert={}", certs.ca.display()),
+        format!("--proxy-server-host={CLOUD_IP}"),
+        "--proxy-server-port=8132".to_string(),
+        "--admin-server-port=8133".to_string(),
+        "--health-server-port=8134".to_string(),
+        format!("--service-account-token-path={}", token_file.display()),
+        "--count-server-leases".to_string(),
+        format!("--kubeconfig={}", agent_kubeconfig.display()),
+    ]);
+    let agent = Proc::spawn(cmd, env.path("proxy-agent.log"));
+    let kubelet = FakeKubelet::start(
+        &net.node.0,
+        &format!("{KUBELET_IP}:{KUBELET_PORT}"),
+        &certs.kubelet.0,
+        &certs.kubelet.1,
+        &certs.ca,
+    );
+    let backend = Backend::start(&net.node.0, &format!("{BACKEND_IP}:{BACKEND_PORT}"));
+    let watches: Vec<Watch> = servers
+        .iter()
+        .map(|s| Watch {
+            cloud: &net.cloud.0,
+            admin: s.admin,
+            logs: vec![&s.proc, &agent],
+        })
+        .collect();
+    // Both leases, and the agent linked to both servers.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let leases = text(&kas.kubectl_ok(&[
+            "get",
+            "leases",
+            "-n",
+            "kube-system",
+            "-l",
+            "k8s-app=konnectivity-server",
+            "-o",
+            "name",
+        ]));
+        let links: Vec<f64> = watches.iter().map(Watch::agent_links).collect();
+        if leases.lines().count() == 2 && links.iter().all(|&l| l >= 1.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "leases {leases:?}, agent links {links:?}\n--- agent:\n{}\n--- server a:\n{}\n--- server b:\n{}",
+            tail(&agent.log_text(), 30),
+            tail(&servers[0].proc.log_text(), 20),
+            tail(&servers[1].proc.log_text(), 20)
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
+    let linked = t0.elapsed().as_secs_f64();
+    // The agent has no client certificate: it got in by its token. One
+    // with a token for another audience is refused (kube-apiserver's
+    // TokenReview says unauthenticated), by whichever server it reaches.
+    let bad = text(&kas.kubectl_ok(&[
+        "create",
+        "token",
+        "konnectivity-agent",
+        "-n",
+        "kube-system",
+        "--audience=https://kubernetes.default.svc",
+        "--duration=1h",
+    ]));
+    let bad_file = env.path("wrong-audience-token");
+    std::fs::write(&bad_file, bad.trim()).unwrap();
+    let mut cmd = net.node_cmd(BIN);
+    cmd.arg("proxy-agent").args([
+        format!("--ca-cert={}", certs.ca.display()),
+        format!("--proxy-server-host={CLOUD_IP}"),
+        "--proxy-server-port=8132".to_string(),
+        "--admin-server-port=8135".to_string(),
+        "--health-server-port=8136".to_string(),
+        format!("--service-account-token-path={}", bad_file.display()),
+    ]);
+    let intruder = Proc::spawn(cmd, env.path("proxy-agent-wrong-audience.log"));
+    let refused = "edgetunnel_agents_refused_total{code=\"Unauthenticated\"}";
+    let deadline = Instant::now() + WAIT;
+    while watches.iter().map(|w| w.metric(refused)).sum::<f64>() < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "an agent with a wrong-audience token was not refused:\n{}",
+            tail(&intruder.log_text(), 20)
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    drop(intruder);
+    let links: Vec<f64> = watches.iter().map(Watch::agent_links).collect();
+    assert!(links.iter().all(|&l| l >= 1.0), "{links:?}");
+    let big_a = exercise(
+        &kas,
+        &kubelet,
+        &backend,
+        &watches[0],
+        &net.cloud.0,
+        "server a",
+        5,
+    );
+    kas.stop();
+    watches[0].wait_metric("edgetunnel_open_connections", 0.0, WAIT);
+    let kas = KubeApiserver::start(
+        &kas_bin,
+        &net,
+        &env,
+        &certs,
+        &Egress::GrpcUds(uds[1].clone()),
+        1,
+    );
+    logs_and_proxies(&kas, &kubelet, &backend);
+    follow_cancelled(&kas, &kubelet, &watches[1]);
+    let big_b = big_reads(&kas, "server b", 2);
+    kas.stop();
+    watches[1].wait_metric("edgetunnel_open_connections", 0.0, WAIT);
+    eprintln!(
+        "konnectivity docs' command lines, two servers: agent on both in {linked:.1} s, \
+         5 x 16 MiB via a in {big_a:.1} s, 2 via b in {big_b:.1} s, all {:.1} s",
+        t0.elapsed().as_secs_f64()
     );
 }

@@ -118,7 +118,8 @@ impl Net {
 }
 
 /// Certificates and keys (paths) for the control plane, all signed by the
-/// test environment's CA (`certs init`'s `ca.crt`).
+/// test environment's CA (`certs init`'s `ca.crt`), in `pki/` with a copy
+/// of `ca.crt` (as in /etc/kubernetes/pki).
 pub(crate) struct KubeCerts {
     pub ca: PathBuf,
     pub apiserver: (PathBuf, PathBuf),
@@ -126,6 +127,9 @@ pub(crate) struct KubeCerts {
     pub kubelet_client: (PathBuf, PathBuf),
     pub kubelet: (PathBuf, PathBuf),
     pub egress_client: (PathBuf, PathBuf),
+    /// The client certificate of the docs' konnectivity-server toward
+    /// kube-apiserver (`system:konnectivity-server`).
+    pub konnectivity: (PathBuf, PathBuf),
     /// The service-account signing key (ECDSA, PKCS#8) and its public key.
     pub sa_key: PathBuf,
     pub sa_pub: PathBuf,
@@ -140,18 +144,27 @@ impl KubeCerts {
         let issue = |name: &str, cn: &str, org: Option<&str>, sans: &[&str], eku| {
             issue(env, name, cn, org, sans, eku)
         };
+        std::fs::create_dir_all(env.path("pki")).unwrap();
+        let ca = env.path("pki/ca.crt");
+        std::fs::copy(env.certs().join("ca.crt"), &ca).unwrap();
         let sa = rcgen::KeyPair::generate().unwrap();
-        let sa_key = env.path("sa.key");
+        let sa_key = env.path("pki/sa.key");
         std::fs::write(&sa_key, sa.serialize_pem()).unwrap();
-        let sa_pub = env.path("sa.pub");
+        let sa_pub = env.path("pki/sa.pub");
         std::fs::write(&sa_pub, sa.public_key_pem()).unwrap();
         KubeCerts {
-            ca: env.certs().join("ca.crt"),
+            ca,
             apiserver: issue(
                 "kube-apiserver",
                 "kube-apiserver",
                 None,
-                &["127.0.0.1", "localhost", "kubernetes.default", "10.96.0.1"],
+                &[
+                    "127.0.0.1",
+                    CLOUD_IP,
+                    "localhost",
+                    "kubernetes.default",
+                    "10.96.0.1",
+                ],
                 ServerAuth,
             ),
             admin: issue("admin", "admin", Some("system:masters"), &[], ClientAuth),
@@ -172,6 +185,13 @@ impl KubeCerts {
             egress_client: issue(
                 "egress-client",
                 "kube-apiserver-egress",
+                None,
+                &[],
+                ClientAuth,
+            ),
+            konnectivity: issue(
+                "konnectivity-server",
+                "system:konnectivity-server",
                 None,
                 &[],
                 ClientAuth,
@@ -213,8 +233,8 @@ fn issue(
     let key = rcgen::KeyPair::generate().unwrap();
     let cert = p.signed_by(&key, &ca, &ca_key).unwrap();
     let (c, k) = (
-        env.path(&format!("{name}.crt")),
-        env.path(&format!("{name}.key")),
+        env.path(&format!("pki/{name}.crt")),
+        env.path(&format!("pki/{name}.key")),
     );
     std::fs::write(&c, cert.pem()).unwrap();
     std::fs::write(&k, key.serialize_pem()).unwrap();
@@ -337,6 +357,22 @@ impl Egress {
     }
 }
 
+/// Writes a kubeconfig for `server` (`host:port`) with CA `ca` and
+/// `user` (the user entry's YAML fields, indented by four).
+pub(crate) fn write_kubeconfig(path: &Path, server: &str, ca: &Path, user: &str) {
+    std::fs::write(
+        path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    \
+             server: https://{server}\n    certificate-authority: {}\nusers:\n- name: u\n  \
+             user:\n    {user}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\n\
+             current-context: c\n",
+            ca.display()
+        ),
+    )
+    .unwrap();
+}
+
 /// kube-apiserver in the cloud namespace, and kubectl toward it.
 pub(crate) struct KubeApiserver {
     pub proc: Logged,
@@ -415,7 +451,8 @@ impl KubeApiserver {
         cmd.args([
             "--etcd-servers=http://127.0.0.1:2379".to_string(),
             format!("--advertise-address={CLOUD_IP}"),
-            "--bind-address=127.0.0.1".to_string(),
+            // All addresses: agents counting leases reach it over the veth.
+            "--bind-address=0.0.0.0".to_string(),
             "--secure-port=6443".to_string(),
             format!("--tls-cert-file={}", p(&certs.apiserver.0)),
             format!("--tls-private-key-file={}", p(&certs.apiserver.1)),
@@ -438,19 +475,12 @@ impl KubeApiserver {
         ]);
         let proc = Logged::spawn(cmd, env.path(&format!("kube-apiserver-{run}.log")));
         let kubeconfig = env.path("admin.kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    \
-                 server: https://{APISERVER}\n    certificate-authority: {}\nusers:\n- name: admin\n  \
-                 user:\n    client-certificate: {}\n    client-key: {}\ncontexts:\n- name: c\n  \
-                 context: {{cluster: c, user: admin}}\ncurrent-context: c\n",
-                p(&certs.ca),
-                p(&certs.admin.0),
-                p(&certs.admin.1)
-            ),
-        )
-        .unwrap();
+        let user = format!(
+            "client-certificate: {}\n    client-key: {}",
+            p(&certs.admin.0),
+            p(&certs.admin.1)
+        );
+        write_kubeconfig(&kubeconfig, APISERVER, &certs.ca, &user);
         let mut k = KubeApiserver {
             proc,
             kubeconfig,

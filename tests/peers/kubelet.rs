@@ -9,7 +9,7 @@
 //! `/portForward/...`), not from kubelet's code.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -317,8 +317,9 @@ fn follow(w: &mut Tls, ns: &str, pod: &str, container: &str, st: &Stats) {
     st.follow_ended.fetch_add(1, Ordering::SeqCst);
 }
 
-/// A plain HTTP backend for the service proxy: answers every request
-/// with `backend saw METHOD TARGET`; counts requests.
+/// A plain HTTP backend for the service proxy: answers one request per
+/// connection with `backend saw METHOD TARGET` and `Connection: close`
+/// (so that no idle connection stays in the tunnel); counts requests.
 pub(crate) struct Backend {
     pub addr: SocketAddr,
     pub requests: Arc<AtomicUsize>,
@@ -337,19 +338,17 @@ impl Backend {
                 thread::spawn(move || {
                     let mut w = s.try_clone().unwrap();
                     let mut r = BufReader::new(s);
-                    while let Some(head) = read_head(&mut r) {
-                        if let Some(len) = head.header("content-length") {
-                            let mut body = vec![0u8; len.parse().unwrap_or(0)];
-                            if r.read_exact(&mut body).is_err() {
-                                return;
-                            }
-                        }
-                        n.fetch_add(1, Ordering::SeqCst);
-                        let body = format!("backend saw {} {}", head.method, head.target);
-                        if respond(&mut w, "200 OK", "text/plain", body.as_bytes()).is_err() {
-                            return;
-                        }
-                    }
+                    let Some(head) = read_head(&mut r) else {
+                        return;
+                    };
+                    n.fetch_add(1, Ordering::SeqCst);
+                    let body = format!("backend saw {} {}", head.method, head.target);
+                    let _ = write!(
+                        w,
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\
+                         Content-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
                 });
             }
         });
