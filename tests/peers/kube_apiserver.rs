@@ -566,13 +566,27 @@ fn kube_apiserver_konnectivity_docs_token_review_two_servers_by_leases() {
         env.path("konnectivity-server-b.socket"),
     ];
     let kas_bin = p.bin("kube-apiserver");
-    let kas = KubeApiserver::start(
+    // An audit log of every request the servers make.
+    let policy = env.path("audit-policy.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
+         - level: Metadata\n  users: [\"system:konnectivity-server\"]\n- level: None\n",
+    )
+    .unwrap();
+    let audit = env.path("audit.log");
+    let audit_flags = [
+        format!("--audit-policy-file={}", policy.display()),
+        format!("--audit-log-path={}", audit.display()),
+    ];
+    let kas = KubeApiserver::start_with(
         &kas_bin,
         &net,
         &env,
         &certs,
         &Egress::GrpcUds(uds[0].clone()),
         0,
+        &audit_flags,
     );
     create_objects(&kas, &env);
     // The docs' RBAC: the server may create TokenReviews; here it and the
@@ -804,19 +818,46 @@ fn kube_apiserver_konnectivity_docs_token_review_two_servers_by_leases() {
     );
     kas.stop();
     watches[0].wait_metric("edgetunnel_open_connections", 0.0, WAIT);
-    let kas = KubeApiserver::start(
+    let kas = KubeApiserver::start_with(
         &kas_bin,
         &net,
         &env,
         &certs,
         &Egress::GrpcUds(uds[1].clone()),
         1,
+        &audit_flags,
     );
     logs_and_proxies(&kas, &kubelet, &backend);
     follow_cancelled(&kas, &kubelet, &watches[1]);
     let big_b = big_reads(&kas, "server b", 2);
     kas.stop();
     watches[1].wait_metric("edgetunnel_open_connections", 0.0, WAIT);
+    // The servers asked kube-apiserver for what ANP's proxy-server asks:
+    // TokenReviews and leases, nothing the docs' RBAC does not grant.
+    let log = std::fs::read_to_string(&audit).expect("audit log");
+    let mut asked = std::collections::BTreeMap::<String, usize>::new();
+    for line in log.lines() {
+        let e: serde_json::Value = serde_json::from_str(line).expect("audit event");
+        let what = format!(
+            "{} {}",
+            e["verb"].as_str().unwrap_or(""),
+            e["objectRef"]["resource"]
+                .as_str()
+                .unwrap_or(e["requestURI"].as_str().unwrap_or(""))
+        );
+        *asked.entry(what).or_default() += 1;
+    }
+    assert!(
+        asked.keys().any(|k| k.ends_with(" tokenreviews"))
+            && asked.keys().any(|k| k.ends_with(" leases")),
+        "{asked:?}"
+    );
+    assert!(
+        asked
+            .keys()
+            .all(|k| k.ends_with(" tokenreviews") || k.ends_with(" leases")),
+        "the servers asked kube-apiserver for more than TokenReviews and leases: {asked:?}"
+    );
     eprintln!(
         "konnectivity docs' command lines, two servers: agent on both in {linked:.1} s, \
          5 x 16 MiB via a in {big_a:.1} s, 2 via b in {big_b:.1} s, all {:.1} s",

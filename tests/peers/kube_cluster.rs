@@ -444,6 +444,19 @@ impl KubeApiserver {
         egress: &Egress,
         run: usize,
     ) -> KubeApiserver {
+        Self::start_with(bin, net, env, certs, egress, run, &[])
+    }
+
+    /// [`Self::start`] with `extra` flags (e.g. an audit log).
+    pub(crate) fn start_with(
+        bin: &Path,
+        net: &Net,
+        env: &Env,
+        certs: &KubeCerts,
+        egress: &Egress,
+        run: usize,
+        extra: &[String],
+    ) -> KubeApiserver {
         let egress_file = env.path(&format!("egress-{run}.yaml"));
         std::fs::write(&egress_file, egress.config()).unwrap();
         let p = |x: &Path| x.display().to_string();
@@ -472,7 +485,8 @@ impl KubeApiserver {
             "--kubelet-preferred-address-types=InternalIP".to_string(),
             format!("--egress-selector-config-file={}", p(&egress_file)),
             "--disable-admission-plugins=ServiceAccount".to_string(),
-        ]);
+        ])
+        .args(extra);
         let proc = Logged::spawn(cmd, env.path(&format!("kube-apiserver-{run}.log")));
         let kubeconfig = env.path("admin.kubeconfig");
         let user = format!(
