@@ -206,7 +206,8 @@ pub struct ServerArgs {
     #[arg(long)]
     pub dns_configmap: Option<String>,
     /// `namespace/name` of yurt-tunnel's server ConfigMap with extra ports
-    /// (`http-proxy-ports`, `https-proxy-ports`); needs --kube.
+    /// (`http-proxy-ports`, `https-proxy-ports`); needs --kube, read only
+    /// with --iptables (the ports it adds are intercepted ports).
     #[arg(long, default_value = "kube-system/yurt-tunnel-server-cfg")]
     pub server_configmap: String,
     /// `namespace/name` of the Lease electing the one server that writes
@@ -395,8 +396,18 @@ impl ServerArgs {
                         value: value.to_string(),
                     },
                     dns_configmap: self.dns_configmap.as_deref().map(ns_name).transpose()?,
-                    server_configmap: Some(ns_name(&self.server_configmap)?),
-                    watch_nodes: true,
+                    // The nodes and yurt-tunnel's port ConfigMap feed only
+                    // the iptables rules and the DNS records: without them
+                    // a server (e.g. ANP's proxy-server face with
+                    // --kubeconfig for TokenReviews and leases) reads
+                    // neither, as ANP does not, and needs no RBAC for them.
+                    server_configmap: self
+                        .iptables
+                        .then(|| ns_name(&self.server_configmap))
+                        .transpose()?,
+                    watch_nodes: self.iptables
+                        || self.dns_hosts_file.is_some()
+                        || self.dns_configmap.is_some(),
                     lease: match self.dns_configmap {
                         Some(_) => Some(LeaderLease {
                             lease: ns_name(&self.leader_lease)?,

