@@ -20,6 +20,8 @@ use edgetunnel::cli::{AgentArgs, CertMode, Cli, Command, ServerArgs};
 use edgetunnel::compat::{self, Binary, Host};
 use serde_json::Value;
 
+#[path = "deploy_manifests/dry_run.rs"]
+mod dry_run;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
@@ -79,14 +81,11 @@ fn docs() -> Vec<Doc> {
     let mut out = Vec::new();
     for f in manifest_files() {
         let text = std::fs::read_to_string(&f).unwrap();
-        let vs: Vec<Value> = serde_saphyr::from_multiple(&text)
-            .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let vs: Vec<Value> =
+            serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
         for v in vs {
             if !v.is_null() {
-                out.push(Doc {
-                    file: f.clone(),
-                    v,
-                });
+                out.push(Doc { file: f.clone(), v });
             }
         }
     }
@@ -284,7 +283,10 @@ fn listens(role: &Role) -> Vec<SocketAddr> {
         .into_iter()
         .flatten()
         .collect(),
-        Role::Agent(a) => [a.health_bind, a.admin_bind].into_iter().flatten().collect(),
+        Role::Agent(a) => [a.health_bind, a.admin_bind]
+            .into_iter()
+            .flatten()
+            .collect(),
     }
 }
 
@@ -436,7 +438,10 @@ fn containers_have_resources_pinned_images_and_least_privilege() {
     let version = env!("CARGO_PKG_VERSION");
     for w in workloads(&all) {
         let pod_sc = &w.spec["securityContext"];
-        let inits = w.spec["initContainers"].as_array().cloned().unwrap_or_default();
+        let inits = w.spec["initContainers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         for c in w.containers().iter().chain(inits.iter()) {
             let what = format!("{}: container {}", w.doc.short(), c["name"]);
             let image = c["image"].as_str().unwrap();
@@ -479,14 +484,20 @@ fn containers_have_resources_pinned_images_and_least_privilege() {
             // reading kube-apiserver's root-only key, or chown-ing a host
             // directory for the non-root container.
             let adds = strings(&sc["capabilities"]["add"]);
-            let non_root = sc["runAsNonRoot"].as_bool().or(pod_sc["runAsNonRoot"].as_bool());
+            let non_root = sc["runAsNonRoot"]
+                .as_bool()
+                .or(pod_sc["runAsNonRoot"].as_bool());
             let reads_pki = c["volumeMounts"]
                 .as_array()
                 .into_iter()
                 .flatten()
                 .any(|m| m["mountPath"].as_str() == Some("/etc/kubernetes/pki"));
             if adds.is_empty() && !reads_pki {
-                assert_eq!(non_root, Some(true), "{what}: runs as root without needing it");
+                assert_eq!(
+                    non_root,
+                    Some(true),
+                    "{what}: runs as root without needing it"
+                );
             } else {
                 let allowed = ["NET_ADMIN", "NET_RAW", "CHOWN"];
                 assert!(
@@ -502,8 +513,7 @@ fn containers_have_resources_pinned_images_and_least_privilege() {
 /// the runtime), errno by default, io_uring allowed, nothing that needs a
 /// capability edgetunnel does not have.
 fn check_profile(path: &Path) {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let p: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(p["defaultAction"], "SCMP_ACT_ERRNO");
     for moby_only in ["archMap", "includes", "excludes"] {
@@ -519,11 +529,31 @@ fn check_profile(path: &Path) {
             allowed.extend(strings(&s["names"]));
         }
     }
-    for need in ["io_uring_setup", "io_uring_enter", "io_uring_register", "epoll_wait"] {
-        assert!(allowed.contains(need), "{}: {need} not allowed", path.display());
+    for need in [
+        "io_uring_setup",
+        "io_uring_enter",
+        "io_uring_register",
+        "epoll_wait",
+    ] {
+        assert!(
+            allowed.contains(need),
+            "{}: {need} not allowed",
+            path.display()
+        );
     }
-    for never in ["mount", "bpf", "kexec_load", "init_module", "unshare", "setns"] {
-        assert!(!allowed.contains(never), "{}: {never} allowed", path.display());
+    for never in [
+        "mount",
+        "bpf",
+        "kexec_load",
+        "init_module",
+        "unshare",
+        "setns",
+    ] {
+        assert!(
+            !allowed.contains(never),
+            "{}: {never} allowed",
+            path.display()
+        );
     }
 }
 
@@ -695,7 +725,10 @@ fn host_network_pods_that_may_share_a_node_bind_different_ports() {
                 }
                 p
             };
-            let both: Vec<_> = ports(ra, ca).intersection(&ports(rb, cb)).copied().collect();
+            let both: Vec<_> = ports(ra, ca)
+                .intersection(&ports(rb, cb))
+                .copied()
+                .collect();
             assert!(
                 both.is_empty(),
                 "{} and {} both bind {both:?} on a node that matches both",
@@ -745,12 +778,22 @@ fn needs(role: &Role) -> BTreeSet<Grant> {
             if let Some(dns) = &s.dns_configmap {
                 for v in ["get", "create", "update"] {
                     n.insert(grant("", "configmaps", v, ns_of(dns)));
-                    n.insert(grant("coordination.k8s.io", "leases", v, ns_of(&s.leader_lease)));
+                    n.insert(grant(
+                        "coordination.k8s.io",
+                        "leases",
+                        v,
+                        ns_of(&s.leader_lease),
+                    ));
                 }
             }
             if s.enable_lease_controller {
                 for v in ["get", "create", "update", "list", "delete"] {
-                    n.insert(grant("coordination.k8s.io", "leases", v, &s.lease_namespace));
+                    n.insert(grant(
+                        "coordination.k8s.io",
+                        "leases",
+                        v,
+                        &s.lease_namespace,
+                    ));
                 }
             }
             if s.agent_namespace.is_some() {
@@ -758,7 +801,12 @@ fn needs(role: &Role) -> BTreeSet<Grant> {
             }
             if s.cert_mode == CertMode::Csr {
                 for v in ["create", "get"] {
-                    n.insert(grant("certificates.k8s.io", "certificatesigningrequests", v, ""));
+                    n.insert(grant(
+                        "certificates.k8s.io",
+                        "certificatesigningrequests",
+                        v,
+                        "",
+                    ));
                 }
                 for svc in &s.csr_service {
                     n.insert(grant("", "services", "get", ns_of(svc)));
@@ -771,11 +819,21 @@ fn needs(role: &Role) -> BTreeSet<Grant> {
             }
             if a.cert_mode == CertMode::Csr {
                 for v in ["create", "get"] {
-                    n.insert(grant("certificates.k8s.io", "certificatesigningrequests", v, ""));
+                    n.insert(grant(
+                        "certificates.k8s.io",
+                        "certificatesigningrequests",
+                        v,
+                        "",
+                    ));
                 }
             }
             if a.count_server_leases {
-                n.insert(grant("coordination.k8s.io", "leases", "list", &a.lease_namespace));
+                n.insert(grant(
+                    "coordination.k8s.io",
+                    "leases",
+                    "list",
+                    &a.lease_namespace,
+                ));
             }
         }
     }
@@ -814,8 +872,17 @@ fn granted(all: &[Doc], subject: &str) -> BTreeSet<Grant> {
         let rn = b.v["roleRef"]["name"].as_str().unwrap();
         let role = all
             .iter()
-            .find(|d| d.kind() == rk && d.name() == rn && (rk == "ClusterRole" || d.namespace() == b.namespace()))
-            .unwrap_or_else(|| panic!("{}: role {rk} {rn} is not in deploy/ (its rights cannot be checked)", b.short()));
+            .find(|d| {
+                d.kind() == rk
+                    && d.name() == rn
+                    && (rk == "ClusterRole" || d.namespace() == b.namespace())
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "{}: role {rk} {rn} is not in deploy/ (its rights cannot be checked)",
+                    b.short()
+                )
+            });
         for rule in role.v["rules"].as_array().unwrap() {
             assert!(
                 rule["resourceNames"].is_null(),
@@ -825,7 +892,11 @@ fn granted(all: &[Doc], subject: &str) -> BTreeSet<Grant> {
             for g in strings(&rule["apiGroups"]) {
                 for r in strings(&rule["resources"]) {
                     for v in strings(&rule["verbs"]) {
-                        assert!(g != "*" && r != "*" && v != "*", "{}: wildcard", role.short());
+                        assert!(
+                            g != "*" && r != "*" && v != "*",
+                            "{}: wildcard",
+                            role.short()
+                        );
                         out.insert((g.clone(), r.clone(), v, scope.clone()));
                     }
                 }
@@ -865,7 +936,9 @@ fn rbac_grants_each_identity_what_it_uses_and_no_more() {
                 Role::Agent(a) => a.kube.clone(),
             };
             if let Some(kube) = kube {
-                need.entry(subject(&w, &kube)).or_default().extend(needs(&r));
+                need.entry(subject(&w, &kube))
+                    .or_default()
+                    .extend(needs(&r));
             }
         }
         for (who, need) in need {
