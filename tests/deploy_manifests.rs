@@ -983,3 +983,88 @@ fn dns_records_point_at_the_internal_service() {
     }
     assert!(checked >= 1);
 }
+
+/// A caller speaking the other protocol than the socket (kube-apiserver
+/// told HTTPConnect for a gRPC socket, or GRPC for a CONNECT one) gets an
+/// error naming the mismatch, in the server's log and, on the CONNECT
+/// socket, in the 400 answer: a real server, both unix sockets.
+#[test]
+fn a_protocol_mismatch_on_the_egress_socket_is_named() {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    let bin = env!("CARGO_BIN_EXE_edgetunnel");
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let out = Command::new(bin)
+        .args(["certs", "init"])
+        .arg(d.join("certs"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (grpc, connect) = (d.join("grpc.sock"), d.join("connect.sock"));
+    let log = d.join("server.log");
+    let mut server = Command::new(bin)
+        .arg("server")
+        .arg("--certs-dir")
+        .arg(d.join("certs"))
+        .args(["--agent-bind", "127.0.0.1:0", "--admin-bind", "127.0.0.1:0"])
+        .arg("--grpc-uds")
+        .arg(&grpc)
+        .arg("--connect-uds")
+        .arg(&connect)
+        .env("EDGETUNNEL_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let wait_for = |what: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !what() {
+            assert!(Instant::now() < deadline, "timed out");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_for(&|| UnixStream::connect(&grpc).is_ok() && UnixStream::connect(&connect).is_ok());
+
+    // kube-apiserver with proxyProtocol: HTTPConnect, on the gRPC socket.
+    let mut s = UnixStream::connect(&grpc).unwrap();
+    s.write_all(b"CONNECT 192.0.2.1:10250 HTTP/1.1\r\nHost: 192.0.2.1:10250\r\n\r\n")
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = s.read_to_end(&mut Vec::new());
+
+    // konnectivity-client (proxyProtocol: GRPC) on the CONNECT socket.
+    let mut s = UnixStream::connect(&connect).unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("proxyProtocol: GRPC"), "{answer}");
+
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_for(&|| {
+        let l = read_log();
+        l.contains("CONNECT request arrived on a gRPC (HTTP/2) listener")
+            && l.contains(
+                "HTTP/2 client preface (a gRPC caller) arrived on the HTTP CONNECT frontend",
+            )
+            || l.contains("bad client preface") && l.contains("invalid HTTP version")
+    });
+    let l = read_log();
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        l.contains("proxyProtocol: HTTPConnect") && l.contains("proxyProtocol: GRPC"),
+        "the log does not name the mismatch:\n{l}"
+    );
+}
