@@ -7,7 +7,7 @@
 //! counted; hostNetwork pods that can share a node bind different ports;
 //! no pod runs Unconfined; RBAC grants each identity exactly what its flags
 //! make it call; images are pinned; roles run as non-root where they can.
-//! `deploy_dry_run` (in tests/deploy_dry_run.rs's module below) then
+//! `dry_run` (tests/deploy_manifests/dry_run.rs) then
 //! applies every manifest with `kubectl apply --dry-run=server` against a
 //! real kube-apiserver when ../shared/peers has one.
 
