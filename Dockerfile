@@ -3,7 +3,11 @@
 # yurt-tunnel-server/-agent run unchanged (`command: ["/proxy-server"]`,
 # `command: ["yurt-tunnel-agent"]`).
 #
-#   docker build -t edgetunnel:latest .
+#   docker build -t edgetunnel:0.1.0 .
+#
+# The tag is the crate version: deploy/ pins it (tests/deploy_manifests.rs
+# checks they agree). The manifests run it as uid 65532 where the role
+# allows; the image itself needs no user.
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY . .

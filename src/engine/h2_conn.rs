@@ -68,6 +68,41 @@ pub enum H2Error {
     Io(#[from] io::Error),
     #[error("{0}")]
     Protocol(#[from] ConnError),
+    /// An HTTP/1 request where the HTTP/2 client preface belongs: the
+    /// caller and this listener disagree on the protocol (typically
+    /// kube-apiserver's egress selector says HTTPConnect and the server
+    /// serves gRPC on that socket).
+    #[error("{}", http1_on_h2(.method))]
+    Http1Request { method: String },
+}
+
+fn http1_on_h2(method: &str) -> String {
+    if method == "CONNECT" {
+        "an HTTP/1.1 CONNECT request arrived on a gRPC (HTTP/2) listener: the caller speaks \
+         HTTP CONNECT (an EgressSelectorConfiguration with proxyProtocol: HTTPConnect) but \
+         this socket serves gRPC (--grpc-uds/--grpc-bind, ANP's --mode=grpc): make the two \
+         agree (proxyProtocol: GRPC, or serve this socket with --connect-uds/--connect-bind)"
+            .to_string()
+    } else {
+        format!(
+            "an HTTP/1.1 {method} request arrived on a gRPC (HTTP/2) listener, which speaks \
+             HTTP/2 only"
+        )
+    }
+}
+
+/// Bytes of a connection's start kept to explain a bad preface.
+const START_KEPT: usize = 16;
+
+/// The method of an HTTP/1 request line at the start of a connection
+/// (`CONNECT host:port HTTP/1.1`), if that is what `start` looks like:
+/// an upper-case token of at most 10 letters, then a space. The HTTP/2
+/// preface's `PRI` is not one.
+fn http1_method(start: &[u8]) -> Option<String> {
+    let sp = start.iter().position(|&b| b == b' ')?;
+    let m = &start[..sp];
+    (!m.is_empty() && m.len() <= 10 && m.iter().all(u8::is_ascii_uppercase) && m != b"PRI")
+        .then(|| String::from_utf8_lossy(m).into_owned())
 }
 
 /// A stream's wakers, kept with the stream in [`ServerConn`].
@@ -137,6 +172,9 @@ pub struct H2Conn<T> {
     flush: bool,
     done: bool,
     started: bool,
+    /// The connection's first bytes (up to [`START_KEPT`]), to name an
+    /// HTTP/1 caller in the error.
+    start: Vec<u8>,
 }
 
 impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
@@ -152,6 +190,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
             flush: false,
             done: false,
             started: false,
+            start: Vec::new(),
         }
     }
 
@@ -257,6 +296,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
             if let Some(e) = failed {
                 // The GOAWAY is out (or could not be written).
                 if self.shared.borrow().conn.output_len() == 0 {
+                    if !self.started {
+                        if let Some(method) = http1_method(&self.start) {
+                            return Poll::Ready(Some(H2Error::Http1Request { method }));
+                        }
+                    }
                     return Poll::Ready(Some(e.into()));
                 }
                 return Poll::Pending;
@@ -299,6 +343,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
                     return Poll::Ready(None);
                 }
                 Poll::Ready(Ok(_)) => {
+                    if !self.started && self.start.len() < START_KEPT {
+                        let new = &buf[had..];
+                        let n = new.len().min(START_KEPT - self.start.len());
+                        self.start.extend_from_slice(&new[..n]);
+                    }
                     // Errors are acted on above: the GOAWAY goes out first.
                     let _ = self.shared.borrow_mut().conn.recv(&mut buf);
                     self.keep(buf);
@@ -547,5 +596,23 @@ impl StreamSend {
 impl Drop for StreamSend {
     fn drop(&mut self) {
         release(&self.shared, self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::http1_method;
+
+    #[test]
+    fn an_http1_request_line_is_told_from_the_http2_preface() {
+        assert_eq!(
+            http1_method(b"CONNECT 10.0.0.1:10250 H").as_deref(),
+            Some("CONNECT")
+        );
+        assert_eq!(http1_method(b"GET / HTTP/1.1\r\n").as_deref(), Some("GET"));
+        assert_eq!(http1_method(b"PRI * HTTP/2.0\r\n"), None);
+        assert_eq!(http1_method(b"\x16\x03\x01\x02\x00 "), None);
+        assert_eq!(http1_method(b"CONNECT"), None);
+        assert_eq!(http1_method(b" x"), None);
     }
 }

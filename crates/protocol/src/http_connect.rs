@@ -30,6 +30,15 @@ pub enum ConnectError {
     Malformed(String),
     #[error("request head exceeds {MAX_HEAD} bytes")]
     TooLarge,
+    /// The HTTP/2 client preface: a gRPC caller on the CONNECT frontend.
+    #[error(
+        "the HTTP/2 client preface (a gRPC caller) arrived on the HTTP CONNECT frontend: the \
+         caller speaks gRPC (an EgressSelectorConfiguration with proxyProtocol: GRPC, or \
+         konnectivity-client) but this socket serves HTTP CONNECT (--connect-uds/--connect-bind, \
+         ANP's --mode=http-connect): make the two agree (proxyProtocol: HTTPConnect, or serve \
+         this socket with --grpc-uds/--grpc-bind)"
+    )]
+    Http2Preface,
 }
 
 impl ConnectError {
@@ -38,12 +47,19 @@ impl ConnectError {
             ConnectError::MethodNotAllowed(_) => 405,
             ConnectError::Malformed(_) => 400,
             ConnectError::TooLarge => 431,
+            ConnectError::Http2Preface => 400,
         }
     }
 }
 
+/// The HTTP/2 client preface's first line (RFC 9113 section 3.4).
+const HTTP2_PREFACE_LINE: &[u8] = b"PRI * HTTP/2.0\r\n";
+
 /// Parses a request head. `Ok(None)` means more bytes are needed.
 pub fn parse(buf: &[u8]) -> Result<Option<ConnectRequest>, ConnectError> {
+    if buf.starts_with(HTTP2_PREFACE_LINE) {
+        return Err(ConnectError::Http2Preface);
+    }
     let (req, head_len) = match http1::parse_request(buf, LIMIT) {
         Ok(Some(parsed)) => parsed,
         Ok(None) => return Ok(None),
@@ -221,6 +237,14 @@ mod tests {
         let mut big = b"CONNECT a:1 HTTP/1.1\r\n".to_vec();
         big.extend(std::iter::repeat_n(b'x', MAX_HEAD));
         assert_eq!(parse(&big).unwrap_err(), ConnectError::TooLarge);
+    }
+
+    #[test]
+    fn a_grpc_callers_preface_is_named() {
+        let e = parse(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap_err();
+        assert_eq!(e, ConnectError::Http2Preface);
+        assert_eq!(e.status(), 400);
+        assert!(e.to_string().contains("proxyProtocol: GRPC"), "{e}");
     }
 
     #[test]
