@@ -32,7 +32,13 @@ fn flags(v: &[&str]) -> Vec<String> {
 
 /// kubectl and ours on the same kubeconfig; `ours_extra` adds our own
 /// flags (e.g. `--workers`).
-fn both(env: &Env, kc: &Path, common: &[&str], ours_extra: &[&str], name: &str) -> [(&'static str, Running); 2] {
+fn both(
+    env: &Env,
+    kc: &Path,
+    common: &[&str],
+    ours_extra: &[&str],
+    name: &str,
+) -> [(&'static str, Running); 2] {
     let go = start(
         kubectl_cmd(&kubectl(), kc, &flags(common)),
         env.path(&format!("{name}-kubectl.log")),
@@ -101,7 +107,11 @@ fn status_of(to: SocketAddr, raw: &[u8], wait: Duration) -> (Option<u16>, String
 fn open_held(to: SocketAddr, api: &FakeApiServer, path: &str, seen_before: usize) -> TcpStream {
     let mut s = TcpStream::connect(to).expect("connect proxy");
     s.write_all(get(path).as_bytes()).unwrap();
-    api.wait_count(&format!("GET {path}"), seen_before + 1, Duration::from_secs(10));
+    api.wait_count(
+        &format!("GET {path}"),
+        seen_before + 1,
+        Duration::from_secs(10),
+    );
     s
 }
 
@@ -132,7 +142,9 @@ fn hang_ups(name: &str, api: &FakeApiServer, kc: &Path, env: &Env) {
         let to = addr(&p.ep);
         let hold = hang_up_notice(to, api, "/api/hold");
         let quiet = hang_up_notice(to, api, "/api/quiet");
-        eprintln!("{name} {who}: abandoned GET noticed after {hold:?}, cancelled watch after {quiet:?}");
+        eprintln!(
+            "{name} {who}: abandoned GET noticed after {hold:?}, cancelled watch after {quiet:?}"
+        );
         seen.push((who, hold.is_some(), quiet.is_some()));
     }
     assert_eq!(
@@ -194,7 +206,11 @@ fn crowd(to: SocketAddr, api: &FakeApiServer, n: usize) -> Crowd {
         let _ = s.shutdown(Shutdown::Both);
     }
     drop(clients);
-    api.wait_count(&format!("closed {path}"), closed + started, Duration::from_secs(4));
+    api.wait_count(
+        &format!("closed {path}"),
+        closed + started,
+        Duration::from_secs(4),
+    );
     let reset = api.count(&format!("closed {path}")) - closed;
     let get_after = status_of(to, get("/api/v1/plain").as_bytes(), Duration::from_secs(4)).0;
     Crowd {
@@ -311,7 +327,12 @@ fn address_0_0_0_0_serves_ipv6_as_kubectl() {
     for (who, p) in both(&env, &kc, &["--port=0", "--address=0.0.0.0"], &[], "any") {
         let at = addr(&p.ep);
         let port = at.port();
-        let v4 = status_of(([127, 0, 0, 1], port).into(), get("/api/v1/x").as_bytes(), Duration::from_secs(3)).0;
+        let v4 = status_of(
+            ([127, 0, 0, 1], port).into(),
+            get("/api/v1/x").as_bytes(),
+            Duration::from_secs(3),
+        )
+        .0;
         let v6 = status_of(
             SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), port),
             get("/api/v1/x").as_bytes(),

@@ -373,8 +373,12 @@ fn serve_conn<S: Conn>(conn: S, requests: &AtomicUsize, gate: &AtomicBool, event
                 match w.read(&mut buf) {
                     Ok(0) => break,
                     Ok(_) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
-                        || e.kind() == std::io::ErrorKind::TimedOut => return,
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::WouldBlock
+                            || e.kind() == std::io::ErrorKind::TimedOut =>
+                    {
+                        return
+                    }
                     Err(_) => break,
                 }
             }
