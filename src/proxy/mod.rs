@@ -308,12 +308,18 @@ pub fn run(args: ProxyArgs, announce: crate::readiness::Announce) -> Result<(), 
 
 /// The address Go's `net.Listen("tcp", address:port)` binds: an IP as
 /// given, a host name resolved to one of its addresses (IPv4 first, as Go
-/// prefers for a listener), empty meaning every interface.
+/// prefers for a listener), empty meaning every interface. A wildcard,
+/// `0.0.0.0` included, is a dual-stack IPv6 socket shown as `[::]:P`, as
+/// Go's `favoriteAddrFamily` (net/ipsock_posix.go) picks for a listener on
+/// an unspecified address when IPv4-mapped addresses work.
 fn listen_ip(address: &str) -> Result<IpAddr, BoxError> {
     if address.is_empty() {
         return Ok(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED));
     }
-    if let Ok(ip) = address.parse() {
+    if let Ok(ip) = address.parse::<IpAddr>() {
+        if ip.is_unspecified() {
+            return Ok(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED));
+        }
         return Ok(ip);
     }
     let addrs: Vec<SocketAddr> = (address, 0)

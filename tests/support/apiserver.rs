@@ -9,9 +9,9 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
@@ -21,6 +21,52 @@ pub(crate) struct FakeApiServer {
     pub requests: Arc<AtomicUsize>,
     /// Set while a watch stream has sent its first event and waits.
     pub watch_gate: Arc<AtomicBool>,
+    /// What happened, in order: `"METHOD /path"` per request,
+    /// `"closed /path"` when a held request (`.../hold`, `.../quiet`) saw
+    /// the proxy close its connection (HTTP/1.1) or reset its stream
+    /// (HTTP/2), `"h2-conn"` per HTTP/2 connection accepted.
+    pub events: Events,
+}
+
+/// The server's event log (see [`FakeApiServer::events`]).
+pub(crate) type Events = Arc<Mutex<Vec<(Instant, String)>>>;
+
+fn note(events: &Events, what: String) {
+    events.lock().unwrap().push((Instant::now(), what));
+}
+
+impl FakeApiServer {
+    /// How many events equal `what`.
+    pub(crate) fn count(&self, what: &str) -> usize {
+        self.events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, e)| e == what)
+            .count()
+    }
+
+    /// Waits until `what` was seen `n` times; the time of the n-th.
+    pub(crate) fn wait_count(&self, what: &str, n: usize, timeout: Duration) -> Option<Instant> {
+        let end = Instant::now() + timeout;
+        loop {
+            let at = self
+                .events
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(_, e)| e == what)
+                .nth(n.saturating_sub(1))
+                .map(|(t, _)| *t);
+            if at.is_some() {
+                return at;
+            }
+            if Instant::now() > end {
+                return None;
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
 }
 
 fn load_certs(p: &Path) -> Vec<CertificateDer<'static>> {
@@ -67,19 +113,20 @@ pub(crate) fn start_at(certs: &Path, bind: &str) -> FakeApiServer {
     let addr = listener.local_addr().unwrap();
     let requests = Arc::new(AtomicUsize::new(0));
     let watch_gate = Arc::new(AtomicBool::new(false));
-    let (r, g) = (requests.clone(), watch_gate.clone());
+    let events = Events::default();
+    let (r, g, ev) = (requests.clone(), watch_gate.clone(), events.clone());
     thread::spawn(move || {
         for s in listener.incoming() {
             let Ok(s) = s else { continue };
             let cfg = cfg.clone();
-            let (r, g) = (r.clone(), g.clone());
+            let (r, g, ev) = (r.clone(), g.clone(), ev.clone());
             thread::spawn(move || {
                 let _ = s.set_nodelay(true);
                 let Ok(conn) = rustls::ServerConnection::new(cfg) else {
                     return;
                 };
                 let tls = rustls::StreamOwned::new(conn, s);
-                serve_conn(tls, &r, &g);
+                serve_conn(tls, &r, &g, &ev);
             });
         }
     });
@@ -87,6 +134,7 @@ pub(crate) fn start_at(certs: &Path, bind: &str) -> FakeApiServer {
         addr,
         requests,
         watch_gate,
+        events,
     }
 }
 
@@ -99,6 +147,7 @@ trait Conn: Read + Write {
     /// The common name of the client certificate presented, if any.
     fn client_cn(&self) -> Option<String>;
     fn close_notify(&mut self);
+    fn set_read_timeout(&self, t: Duration);
 }
 
 /// The subject common name of a DER certificate.
@@ -119,6 +168,9 @@ impl Conn for Tls {
         self.conn.send_close_notify();
         let _ = self.flush();
     }
+    fn set_read_timeout(&self, t: Duration) {
+        let _ = self.sock.set_read_timeout(Some(t));
+    }
 }
 
 impl Conn for TcpStream {
@@ -129,6 +181,9 @@ impl Conn for TcpStream {
         None
     }
     fn close_notify(&mut self) {}
+    fn set_read_timeout(&self, t: Duration) {
+        let _ = TcpStream::set_read_timeout(self, Some(t));
+    }
 }
 
 /// Starts the same server without TLS (for `http://` upstreams).
@@ -142,14 +197,15 @@ pub(crate) fn start_plain_at(bind: &str) -> FakeApiServer {
     let addr = listener.local_addr().unwrap();
     let requests = Arc::new(AtomicUsize::new(0));
     let watch_gate = Arc::new(AtomicBool::new(false));
-    let (r, g) = (requests.clone(), watch_gate.clone());
+    let events = Events::default();
+    let (r, g, ev) = (requests.clone(), watch_gate.clone(), events.clone());
     thread::spawn(move || {
         for s in listener.incoming() {
             let Ok(s) = s else { continue };
-            let (r, g) = (r.clone(), g.clone());
+            let (r, g, ev) = (r.clone(), g.clone(), ev.clone());
             thread::spawn(move || {
                 let _ = s.set_nodelay(true);
-                serve_conn(s, &r, &g);
+                serve_conn(s, &r, &g, &ev);
             });
         }
     });
@@ -157,6 +213,7 @@ pub(crate) fn start_plain_at(bind: &str) -> FakeApiServer {
         addr,
         requests,
         watch_gate,
+        events,
     }
 }
 
@@ -267,7 +324,14 @@ fn echo_json(req: &Req, client_cert: bool, client_cn: Option<&str>) -> String {
     )
 }
 
-fn serve_conn<S: Conn>(conn: S, requests: &AtomicUsize, gate: &AtomicBool) {
+/// How long a held request waits for the proxy to give up on it.
+const HOLD: Duration = Duration::from_secs(30);
+
+/// Header lines of the `.../many` answer (Go's transport reads up to
+/// 10 MiB of response head, with no limit on the number of lines).
+pub(crate) const MANY_HEADERS: usize = 600;
+
+fn serve_conn<S: Conn>(conn: S, requests: &AtomicUsize, gate: &AtomicBool, events: &Events) {
     let mut r = BufReader::with_capacity(64 * 1024, conn);
     loop {
         let Some((method, target, headers)) = read_head(&mut r) else {
@@ -293,7 +357,48 @@ fn serve_conn<S: Conn>(conn: S, requests: &AtomicUsize, gate: &AtomicBool) {
             .split_once('?')
             .map(|(_, q)| q.to_string())
             .unwrap_or_default();
+        note(events, format!("{} {path}", req.method));
         let w = r.get_mut();
+        if path.ends_with("/hold") || path.ends_with("/quiet") {
+            // `/hold`: no answer; `/quiet`: a watch's head and one event,
+            // then nothing. Either way until the proxy closes.
+            if path.ends_with("/quiet") {
+                let ev = "{\"type\":\"ADDED\"}\n";
+                let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{ev}\r\n", ev.len());
+                let _ = w.flush();
+            }
+            w.set_read_timeout(HOLD);
+            let mut buf = [0u8; 4096];
+            loop {
+                match w.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::WouldBlock
+                            || e.kind() == std::io::ErrorKind::TimedOut =>
+                    {
+                        return
+                    }
+                    Err(_) => break,
+                }
+            }
+            note(events, format!("closed {path}"));
+            return;
+        }
+        if path.ends_with("/drop") {
+            // Reads the request, then closes without an answer.
+            w.close_notify();
+            return;
+        }
+        if path.ends_with("/many") {
+            let mut head = String::from("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n");
+            for i in 0..MANY_HEADERS {
+                head.push_str(&format!("X-Many-{i}: value {i}\r\n"));
+            }
+            let _ = write!(w, "{head}Content-Length: 4\r\n\r\nmany");
+            let _ = w.flush();
+            continue;
+        }
         if upgrade {
             let proto = header(&req.headers, "upgrade").unwrap_or("").to_string();
             let _ = write!(w, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: {proto}\r\n\r\n");
@@ -452,6 +557,14 @@ pub(crate) fn kubeconfig(
 /// tokio runtime and the h2 crate. Asks for (does not require) a client
 /// certificate signed by `certs/ca.crt`, as [`start`].
 pub(crate) fn start_h2(certs: &Path) -> FakeApiServer {
+    start_h2_limited(certs, None)
+}
+
+/// [`start_h2`] announcing `max_streams` as its
+/// SETTINGS_MAX_CONCURRENT_STREAMS (none announced: unlimited). Paths
+/// ending in `/hold` (no answer) and `/quiet` (a watch's head and one event)
+/// are held until the client resets the stream (`"closed /path"`).
+pub(crate) fn start_h2_limited(certs: &Path, max_streams: Option<u32>) -> FakeApiServer {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut roots = rustls::RootCertStore::empty();
     for c in load_certs(&certs.join("ca.crt")) {
@@ -475,6 +588,8 @@ pub(crate) fn start_h2(certs: &Path) -> FakeApiServer {
     let addr = std_listener.local_addr().unwrap();
     let requests = Arc::new(AtomicUsize::new(0));
     let r = requests.clone();
+    let events = Events::default();
+    let ev = events.clone();
     thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -488,6 +603,7 @@ pub(crate) fn start_h2(certs: &Path) -> FakeApiServer {
                 };
                 let acceptor = acceptor.clone();
                 let r = r.clone();
+                let ev = ev.clone();
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
@@ -499,11 +615,22 @@ pub(crate) fn start_h2(certs: &Path) -> FakeApiServer {
                         .and_then(|c| c.first())
                         .and_then(|c| common_name(c))
                         .map(Arc::from);
-                    let Ok(mut conn) = h2::server::handshake(tls).await else {
+                    let mut b = h2::server::Builder::new();
+                    if let Some(n) = max_streams {
+                        b.max_concurrent_streams(n);
+                    }
+                    let Ok(mut conn) = b.handshake(tls).await else {
                         return;
                     };
+                    note(&ev, "h2-conn".into());
                     while let Some(Ok((req, respond))) = conn.accept().await {
                         r.fetch_add(1, Ordering::SeqCst);
+                        let path = req.uri().path().to_string();
+                        note(&ev, format!("{} {path}", req.method()));
+                        if path.ends_with("/hold") || path.ends_with("/quiet") {
+                            tokio::spawn(h2_hold(respond, path, ev.clone()));
+                            continue;
+                        }
                         tokio::spawn(h2_answer(req, respond, cn.clone()));
                     }
                 });
@@ -514,6 +641,30 @@ pub(crate) fn start_h2(certs: &Path) -> FakeApiServer {
         addr,
         requests,
         watch_gate: Arc::new(AtomicBool::new(false)),
+        events,
+    }
+}
+
+/// A held HTTP/2 request: `/quiet` gets a watch's head and one event;
+/// then both wait for the client's RST_STREAM (for at most [`HOLD`]).
+async fn h2_hold(mut respond: h2::server::SendResponse<bytes::Bytes>, path: String, ev: Events) {
+    use std::future::poll_fn;
+    let reset = if path.ends_with("/quiet") {
+        let resp = http::Response::builder()
+            .status(200)
+            .header("content-type", "application/json")
+            .body(())
+            .unwrap();
+        let Ok(mut tx) = respond.send_response(resp, false) else {
+            return;
+        };
+        let _ = tx.send_data(bytes::Bytes::from_static(b"{\"type\":\"ADDED\"}\n"), false);
+        tokio::time::timeout(HOLD, poll_fn(|cx| tx.poll_reset(cx))).await
+    } else {
+        tokio::time::timeout(HOLD, poll_fn(|cx| respond.poll_reset(cx))).await
+    };
+    if reset.is_ok() {
+        note(&ev, format!("closed {path}"));
     }
 }
 

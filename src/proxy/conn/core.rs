@@ -1,18 +1,21 @@
 //! The proxy's settings and counters, and one core's state: its pool of
 //! kept-alive HTTP/1.1 upstream connections, its HTTP/2 upstream
-//! connection, and dialing the upstream (TCP, an HTTP proxy, TLS).
+//! connections (another opened when their stream limits are used up), and
+//! dialing the upstream (TCP, an HTTP proxy, TLS).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
+use h2::client::SendRequest;
 use monoio::io::IntoPollIo;
 
 use super::READ_CHUNK;
+use crate::protocol::kubectl::h2_pool;
 use crate::proxy::filter::Filter;
 use crate::proxy::io::{go_error_text, UpstreamIo};
 use crate::proxy::mux::Mux;
@@ -114,9 +117,11 @@ pub(crate) struct ProxySettings {
 pub(crate) struct Core {
     pub shared: Arc<ProxySettings>,
     pool: RefCell<Vec<(UpConn, Instant)>>,
-    /// This core's HTTP/2 connection to the upstream, once negotiated,
-    /// with the client-certificate generation it was made under.
-    pub(super) h2: RefCell<Option<(h2::client::SendRequest<bytes::Bytes>, u64)>>,
+    /// This core's HTTP/2 connections to the upstream, once negotiated:
+    /// another is opened when every one has its concurrency slots taken.
+    h2: RefCell<Vec<H2Conn>>,
+    /// The last [`H2Conn::id`] given.
+    h2_ids: Cell<u64>,
     /// Whether the upstream accepted HTTP/2 (None: not asked yet).
     h2_ok: std::cell::Cell<Option<bool>>,
     /// One HTTP/2 dial at a time per core; the others wait and share it.
@@ -128,40 +133,33 @@ impl Core {
         Rc::new(Core {
             shared,
             pool: RefCell::new(Vec::new()),
-            h2: RefCell::new(None),
+            h2: RefCell::new(Vec::new()),
+            h2_ids: Cell::new(0),
             h2_ok: std::cell::Cell::new(None),
             h2_dial: futures::lock::Mutex::new(()),
         })
     }
 
-    /// A sender on this core's HTTP/2 connection, dialing it when the
-    /// upstream speaks HTTP/2 (or has not been asked yet). `None`: use
-    /// HTTP/1.1.
-    pub(super) async fn h2_sender(&self) -> Option<h2::client::SendRequest<bytes::Bytes>> {
+    /// A sender on one of this core's HTTP/2 connections with a slot
+    /// reserved on it, dialing a new connection when none can take the
+    /// request (as Go's transport does, see [`h2_pool`]). `None`: the
+    /// upstream does not speak HTTP/2 (or has not been asked yet and does
+    /// not): use HTTP/1.1.
+    pub(super) async fn h2_sender(&self) -> Option<(SendRequest<Bytes>, StreamSlot)> {
         if self.shared.upstream.tls_h2.is_none() || self.h2_ok.get() == Some(false) {
             return None;
         }
-        self.drop_h2_if_rotated();
-        let live = self.h2.borrow().clone().map(|(s, _)| s);
-        if let Some(send) = live {
-            match send.ready().await {
-                Ok(s) => return Some(s),
-                Err(e) => {
-                    tracing::debug!("upstream http2 connection unusable: {e}");
-                    *self.h2.borrow_mut() = None;
-                }
-            }
+        if let Some(found) = self.h2_reserve().await {
+            return Some(found);
         }
+        // One dial at a time per core; the others wait, then look again
+        // (Go's `getStartDialLocked` shares one dial per address).
         let _dialing = self.h2_dial.lock().await;
         if self.h2_ok.get() == Some(false) {
             return None;
         }
-        self.drop_h2_if_rotated();
-        let live = self.h2.borrow().clone().map(|(s, _)| s);
-        if let Some(send) = live {
-            if let Ok(s) = send.ready().await {
-                return Some(s);
-            }
+        if let Some(found) = self.h2_reserve().await {
+            return Some(found);
         }
         let conn = self.dial_with(true).await.ok()?;
         let is_h2 = conn.io.alpn() == Some(b"h2");
@@ -173,14 +171,58 @@ impl Core {
         let generation = conn.cert_generation;
         match super::h2_upstream::handshake(conn.io).await {
             Ok(send) => {
-                *self.h2.borrow_mut() = Some((send.clone(), generation));
-                send.ready().await.ok()
+                let id = self.h2_ids.get() + 1;
+                self.h2_ids.set(id);
+                let c = H2Conn {
+                    send,
+                    id,
+                    generation,
+                    in_use: Rc::new(Cell::new(0)),
+                };
+                let slot = StreamSlot::take(&c);
+                let send = c.send.clone();
+                self.h2.borrow_mut().push(c);
+                Some((send.ready().await.ok()?, slot))
             }
             Err(e) => {
                 tracing::warn!("upstream http2 handshake: {e}");
                 None
             }
         }
+    }
+
+    /// A slot on the first connection that can take a request; closed
+    /// connections found on the way are dropped.
+    async fn h2_reserve(&self) -> Option<(SendRequest<Bytes>, StreamSlot)> {
+        self.drop_h2_if_rotated();
+        loop {
+            let (send, slot) = {
+                let conns = self.h2.borrow();
+                let views: Vec<h2_pool::ConnView> = conns
+                    .iter()
+                    .map(|c| h2_pool::ConnView {
+                        usable: true,
+                        in_use: c.in_use.get(),
+                        peer_max: c.send.current_max_send_streams(),
+                    })
+                    .collect();
+                let i = h2_pool::pick(&views)?;
+                (conns[i].send.clone(), StreamSlot::take(&conns[i]))
+            };
+            match send.ready().await {
+                Ok(s) => return Some((s, slot)),
+                Err(e) => {
+                    tracing::debug!("upstream http2 connection unusable: {e}");
+                    self.drop_h2(slot.conn);
+                }
+            }
+        }
+    }
+
+    /// Forgets a connection that failed a request (a GOAWAY, a broken
+    /// connection): new requests go elsewhere.
+    pub(super) fn drop_h2(&self, conn: u64) {
+        self.h2.borrow_mut().retain(|c| c.id != conn);
     }
 
     /// The generation of the exec plugin's client certificate (0 when
@@ -198,13 +240,15 @@ impl Core {
     /// since it was made (streams on it run to their end).
     fn drop_h2_if_rotated(&self) {
         let now = self.cert_generation();
-        let mut h2 = self.h2.borrow_mut();
-        if h2.as_ref().is_some_and(|(_, g)| *g != now) {
-            tracing::debug!(
-                "upstream http2 connection made with an older client certificate: dropped"
-            );
-            *h2 = None;
-        }
+        self.h2.borrow_mut().retain(|c| {
+            let keep = c.generation == now;
+            if !keep {
+                tracing::debug!(
+                    "upstream http2 connection made with an older client certificate: dropped"
+                );
+            }
+            keep
+        });
     }
 
     pub(super) fn checkout(&self) -> Option<UpConn> {
@@ -321,6 +365,42 @@ impl Core {
             }
         }
         Err(last)
+    }
+}
+
+/// One HTTP/2 connection to the upstream.
+struct H2Conn {
+    send: SendRequest<Bytes>,
+    /// Names it among this core's connections.
+    id: u64,
+    /// The client-certificate generation it was made under.
+    generation: u64,
+    /// Requests on it now (Go's `currentRequestCountLocked`), held by
+    /// their [`StreamSlot`]s.
+    in_use: Rc<Cell<usize>>,
+}
+
+/// A request's place on an HTTP/2 connection, from before its stream opens
+/// until its forwarding ends (the stream is closed or reset by then).
+pub(super) struct StreamSlot {
+    in_use: Rc<Cell<usize>>,
+    /// The connection's [`H2Conn::id`].
+    pub(super) conn: u64,
+}
+
+impl StreamSlot {
+    fn take(c: &H2Conn) -> StreamSlot {
+        c.in_use.set(c.in_use.get() + 1);
+        StreamSlot {
+            in_use: c.in_use.clone(),
+            conn: c.id,
+        }
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.in_use.set(self.in_use.get().saturating_sub(1));
     }
 }
 

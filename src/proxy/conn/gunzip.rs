@@ -9,6 +9,7 @@ use tokio::io::AsyncWriteExt;
 
 use super::body::{write_piece, BodyReader};
 use super::core::UpConn;
+use super::hangup::unless_hung_up;
 use super::{Client, ProxyMetrics, READ_CHUNK};
 use crate::protocol::http1::Framing;
 
@@ -24,7 +25,7 @@ pub(super) async fn relay_gunzip(
 ) -> io::Result<()> {
     let mut gz = Gunzip::new(chunked);
     let mut body = BodyReader::response(framing);
-    while let Some(piece) = body.next(&mut up.io, &mut up.buf).await? {
+    while let Some(piece) = unless_hung_up(client, body.next(&mut up.io, &mut up.buf)).await?? {
         for compressed in piece.data() {
             gz.feed(client, &compressed, metrics).await?;
         }

@@ -8,7 +8,9 @@ use std::time::Instant;
 use tokio::io::AsyncWriteExt;
 
 use super::body::{write_piece, BodyError, BodyReader};
+use super::core::StreamSlot;
 use super::gunzip::Gunzip;
+use super::hangup::{unless_hung_up, HungUp};
 use super::local::proxy_error;
 use super::round_trip::{log_round_trip, note_refused};
 use super::{continue_if_expected, send, Client, Core, Next, ProxyMetrics};
@@ -25,7 +27,7 @@ pub(super) async fn forward_h2(
     framing: Framing,
     keep: bool,
     core: &Rc<Core>,
-    mut sender: h2::client::SendRequest<bytes::Bytes>,
+    (mut sender, slot): (h2::client::SendRequest<bytes::Bytes>, StreamSlot),
     used: Option<Used>,
 ) -> Next {
     use super::h2_upstream;
@@ -49,7 +51,7 @@ pub(super) async fn forward_h2(
     let (resp_fut, mut tx) = match sender.send_request(req, framing == Framing::None) {
         Ok(x) => x,
         Err(e) => {
-            *core.h2.borrow_mut() = None;
+            core.drop_h2(slot.conn);
             return proxy_error(client, core, &format!("http2: {e}")).await;
         }
     };
@@ -59,9 +61,12 @@ pub(super) async fn forward_h2(
             return proxy_error(client, core, &e).await;
         }
     }
-    let resp = match resp_fut.await {
-        Ok(r) => r,
-        Err(e) => return proxy_error(client, core, &format!("http2: {e}")).await,
+    // From here a client that hangs up resets the stream.
+    client.watch_hangup = true;
+    let resp = match unless_hung_up(client, resp_fut).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return proxy_error(client, core, &format!("http2: {e}")).await,
+        Err(HungUp) => return cancel(tx),
     };
     let (parts, mut body) = resp.into_parts();
     let rhead = h2_upstream::response_head(&parts);
@@ -91,13 +96,14 @@ pub(super) async fn forward_h2(
     // The first DATA frame, read ahead when its bytes are sniffed.
     let mut first: Option<bytes::Bytes> = None;
     if forward::sniff_wanted(&head.method, &rhead, rframing) {
-        match body.data().await {
-            Some(Ok(chunk)) => {
+        match unless_hung_up(client, body.data()).await {
+            Ok(Some(Ok(chunk))) => {
                 forward::add_sniffed_type(&mut rhead, &chunk);
                 first = Some(chunk);
             }
-            Some(Err(e)) => return proxy_error(client, core, &format!("http2: {e}")).await,
-            None => {}
+            Ok(Some(Err(e))) => return proxy_error(client, core, &format!("http2: {e}")).await,
+            Ok(None) => {}
+            Err(HungUp) => return cancel(tx),
         }
     }
     let (client_head, mode, keep) =
@@ -112,7 +118,10 @@ pub(super) async fn forward_h2(
         loop {
             let next = match first.take() {
                 Some(chunk) => Some(Ok(chunk)),
-                None => body.data().await,
+                None => match unless_hung_up(client, body.data()).await {
+                    Ok(next) => next,
+                    Err(HungUp) => return cancel(tx),
+                },
             };
             match next {
                 Some(Ok(chunk)) => {
@@ -148,11 +157,19 @@ pub(super) async fn forward_h2(
         }
     }
     let _ = client.io.flush().await;
+    drop(slot);
     if keep {
         Next::KeepAlive
     } else {
         Next::Close
     }
+}
+
+/// The client hung up: the stream is reset (RST_STREAM CANCEL, as Go's
+/// transport does when the request's context ends).
+fn cancel(mut tx: h2::SendStream<bytes::Bytes>) -> Next {
+    tx.send_reset(h2::Reason::CANCEL);
+    Next::Close
 }
 
 /// Copies a request body from the client onto an HTTP/2 stream (payload

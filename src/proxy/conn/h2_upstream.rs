@@ -1,6 +1,6 @@
 //! HTTP/2 toward the upstream, as client-go uses when the API server offers
-//! it: one multiplexed connection per core carries every proxied request of
-//! that core. Heads are translated from the HTTP/1.1 side and back.
+//! it: multiplexed connections per core carry the proxied requests of that
+//! core (another is opened when the server's stream limit is reached). Heads are translated from the HTTP/1.1 side and back.
 
 use bytes::Bytes;
 use h2::client::SendRequest;
@@ -13,21 +13,40 @@ const STREAM_WINDOW: u32 = 4 << 20;
 const UPSTREAM_H2_CONNECTION_WINDOW: u32 = 16 << 20;
 const MAX_FRAME: u32 = 64 * 1024;
 
-/// Runs the HTTP/2 handshake on a negotiated connection and spawns its
-/// driver on this core.
+/// How long a new connection waits for the server's first SETTINGS.
+const SETTINGS_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Runs the HTTP/2 handshake on a negotiated connection, spawns its driver
+/// on this core, and waits (one round trip, a PING) until the server's
+/// first SETTINGS were applied: the requests waiting for this connection
+/// then see its real stream limit, not the 100 assumed before, and those it
+/// cannot take open another connection instead of queueing on this one.
 pub(super) async fn handshake(io: UpstreamIo) -> Result<SendRequest<Bytes>, String> {
-    let (send, conn) = h2::client::Builder::new()
+    let (send, mut conn) = h2::client::Builder::new()
+        // Go's `initialMaxConcurrentStreams` until the server's SETTINGS
+        // say otherwise (golang.org/x/net http2/transport.go).
+        .initial_max_send_streams(crate::protocol::kubectl::h2_pool::INITIAL_MAX_STREAMS)
         .initial_window_size(STREAM_WINDOW)
         .initial_connection_window_size(UPSTREAM_H2_CONNECTION_WINDOW)
         .max_frame_size(MAX_FRAME)
         .handshake::<_, Bytes>(io)
         .await
         .map_err(|e| format!("http2: {e}"))?;
+    let ping = conn.ping_pong();
     monoio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::debug!("upstream http2 connection ended: {e}");
         }
     });
+    // The server's SETTINGS come first on its side of the connection, so
+    // they have been applied once the PONG is read.
+    if let Some(mut ping) = ping {
+        match monoio::time::timeout(SETTINGS_WAIT, ping.ping(h2::Ping::opaque())).await {
+            Ok(Ok(_pong)) => {}
+            Ok(Err(e)) => return Err(format!("http2: {e}")),
+            Err(_) => tracing::debug!("upstream http2: no PING answer within {SETTINGS_WAIT:?}"),
+        }
+    }
     Ok(send)
 }
 

@@ -14,10 +14,12 @@ use super::body::BodyReader;
 use super::core::UpConn;
 use super::gunzip::relay_gunzip;
 use super::h2_forward::forward_h2;
+use super::hangup::{unless_hung_up, HungUp};
 use super::local::proxy_error;
 use super::round_trip::{fresh_auth, log_round_trip, note_refused};
 use super::{continue_if_expected, read_more, Client, Core, Next, ProxyMetrics};
 use crate::protocol::http1::{self, Framing, RequestHead};
+use crate::protocol::kubectl::retry;
 use crate::proxy::forward::{self, ClientBody};
 
 /// Request bodies up to this size are read before the upstream is picked,
@@ -55,7 +57,7 @@ pub(super) async fn stream_body(
 pub(super) async fn read_response_head(up: &mut UpConn) -> io::Result<http1::ResponseHead> {
     loop {
         if !up.buf.is_empty() {
-            match http1::parse_response(&up.buf, http1::HeadLimit::GO_SERVER) {
+            match http1::parse_response(&up.buf, forward::UPSTREAM_HEAD_LIMIT) {
                 Ok(Some((head, n))) => {
                     up.buf.advance(n);
                     return Ok(head);
@@ -93,8 +95,18 @@ pub(super) async fn forward_request(
         Ok(u) => u,
         Err(e) => return proxy_error(client, core, &e).await,
     };
-    if let Some(send) = core.h2_sender().await {
-        return forward_h2(client, head, target, framing, keep, core, send, used).await;
+    if let Some((send, slot)) = core.h2_sender().await {
+        return forward_h2(
+            client,
+            head,
+            target,
+            framing,
+            keep,
+            core,
+            (send, slot),
+            used,
+        )
+        .await;
     }
     let gzip = forward::wants_gzip(head, false, shared.disable_compression);
     let upstream_head = forward::request_head(
@@ -119,6 +131,9 @@ pub(super) async fn forward_request(
         Framing::None => Some(bytes::Bytes::new()),
         _ => None,
     };
+    // Go's `isReplayable` counts a body only when one was sent (kubectl's
+    // reverse proxy sends none for `Content-Length: 0`).
+    let has_body = !matches!(framing, Framing::None | Framing::Length(0));
     let mut attempt = 0;
     // Interim answers go on to HTTP/1.1 clients only (RFC 9110 15.2: never
     // a 1xx to an HTTP/1.0 client); once one went out, no retry.
@@ -139,40 +154,71 @@ pub(super) async fn forward_request(
                 .upstream_reused
                 .fetch_add(1, Ordering::Relaxed);
         }
+        let may_retry = |failure| {
+            attempt == 1
+                && retry::may_retry(
+                    reused,
+                    failure,
+                    &head.method,
+                    &head.headers,
+                    has_body,
+                    small_body.is_some(),
+                )
+        };
+        let mut written = 0usize;
         let sent: io::Result<()> = async {
             match &small_body {
                 Some(body) => {
-                    if body.is_empty() {
-                        up.io.write_all(&upstream_head).await?;
-                    } else {
-                        let mut all = Vec::with_capacity(upstream_head.len() + body.len());
-                        all.extend_from_slice(&upstream_head);
-                        all.extend_from_slice(body);
-                        up.io.write_all(&all).await?;
-                        shared
-                            .metrics
-                            .bytes_up
-                            .fetch_add(body.len() as u64, Ordering::Relaxed);
-                    }
+                    let mut all = Vec::with_capacity(upstream_head.len() + body.len());
+                    all.extend_from_slice(&upstream_head);
+                    all.extend_from_slice(body);
+                    write_counted(&mut up, &all, &mut written).await?;
+                    shared
+                        .metrics
+                        .bytes_up
+                        .fetch_add(body.len() as u64, Ordering::Relaxed);
                 }
                 None => {
-                    up.io.write_all(&upstream_head).await?;
+                    write_counted(&mut up, &upstream_head, &mut written).await?;
                     stream_body(client, &mut up, framing, &shared.metrics).await?;
                 }
             }
             up.io.flush().await
         }
         .await;
-        let result = match sent {
-            Ok(()) => read_final_head(&mut up, client, head.minor >= 1, &mut relayed).await,
-            Err(e) => Err(e),
-        };
-        match result {
+        if let Err(e) = sent {
+            let failure = if written == 0 {
+                retry::Failure::NothingWritten
+            } else {
+                retry::Failure::Other
+            };
+            if may_retry(failure) {
+                continue;
+            }
+            return proxy_error(client, core, &e.to_string()).await;
+        }
+        // From here a client that hangs up cancels the request.
+        client.watch_hangup = true;
+        match read_final_head(&mut up, client, head.minor >= 1, &mut relayed).await {
             Ok(resp) => break (up, resp),
-            // A pooled connection the upstream closed meanwhile: retry once
-            // on a new one when the whole request is still at hand.
-            Err(_) if reused && small_body.is_some() && attempt == 1 && !relayed => continue,
-            Err(e) => return proxy_error(client, core, &e.to_string()).await,
+            // Dropping `up` closes the upstream connection.
+            Err(HeadFailure::HungUp) => return Next::Close,
+            Err(HeadFailure::Upstream {
+                error,
+                answer_began,
+            }) => {
+                // Only a request the upstream cannot have answered goes
+                // again: never one whose answer was being read.
+                let failure = if answer_began || relayed {
+                    retry::Failure::Other
+                } else {
+                    retry::Failure::NoAnswerByte
+                };
+                if may_retry(failure) {
+                    continue;
+                }
+                return proxy_error(client, core, &error.to_string()).await;
+            }
         }
     };
     if resp.status == 101 {
@@ -204,8 +250,10 @@ pub(super) async fn forward_request(
     if forward::sniff_wanted(&head.method, &resp, rframing) {
         // Go sniffs what its first read of the body gave.
         if up.buf.is_empty() {
-            if let Err(e) = read_more(&mut up.io, &mut up.buf).await {
-                return proxy_error(client, core, &e.to_string()).await;
+            match unless_hung_up(client, read_more(&mut up.io, &mut up.buf)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return proxy_error(client, core, &e.to_string()).await,
+                Err(HungUp) => return Next::Close,
             }
         }
         let n = match rframing {
@@ -256,37 +304,78 @@ pub(super) async fn forward_request(
 /// Interim answers Go's transport reads before it gives up.
 pub(super) const MAX_1XX: usize = 5;
 
+/// Why no final answer head was read.
+pub(super) enum HeadFailure {
+    /// The client hung up meanwhile.
+    HungUp,
+    /// The upstream failed; `answer_began`: some of an answer had come.
+    Upstream {
+        error: io::Error,
+        answer_began: bool,
+    },
+}
+
 /// Reads the final answer to a request: every 1xx but 101 is interim
 /// (RFC 9110 15.2), relayed to the client when `relay` (an HTTP/1.1 client,
 /// as Go's `ReverseProxy` does through `Got1xxResponse`) and skipped
-/// otherwise; more than [`MAX_1XX`] of them is an error, as in Go.
+/// otherwise; more than [`MAX_1XX`] of them is an error, as in Go. A client
+/// that hangs up meanwhile ends the wait.
 pub(super) async fn read_final_head(
     up: &mut UpConn,
     client: &mut Client,
     relay: bool,
     relayed: &mut bool,
-) -> io::Result<http1::ResponseHead> {
+) -> Result<http1::ResponseHead, HeadFailure> {
     let mut interim = 0;
+    let upstream = |error: io::Error, up: &UpConn, interim: usize| HeadFailure::Upstream {
+        error,
+        answer_began: interim > 0 || !up.buf.is_empty(),
+    };
     loop {
-        let r = read_response_head(up).await?;
+        let r = match unless_hung_up(client, read_response_head(up)).await {
+            Err(HungUp) => return Err(HeadFailure::HungUp),
+            Ok(Err(e)) => return Err(upstream(e, up, interim)),
+            Ok(Ok(r)) => r,
+        };
         if !(100..200).contains(&r.status) || r.status == 101 {
             return Ok(r);
         }
         interim += 1;
         if interim > MAX_1XX {
-            return Err(io::Error::other(
-                "net/http: HTTP/1.x transport connection broken: net/http: too many 1xx informational responses",
+            return Err(upstream(
+                io::Error::other(
+                    "net/http: HTTP/1.x transport connection broken: net/http: too many 1xx informational responses",
+                ),
+                up,
+                interim,
             ));
         }
         if relay {
             *relayed = true;
-            client
-                .io
-                .write_all(&forward::informational_head(&r))
-                .await?;
-            client.io.flush().await?;
+            let sent = async {
+                client
+                    .io
+                    .write_all(&forward::informational_head(&r))
+                    .await?;
+                client.io.flush().await
+            }
+            .await;
+            if sent.is_err() {
+                return Err(HeadFailure::HungUp);
+            }
         }
     }
+}
+
+/// Writes `bytes` upstream, counting what was written.
+async fn write_counted(up: &mut UpConn, bytes: &[u8], written: &mut usize) -> io::Result<()> {
+    while *written < bytes.len() {
+        match up.io.write(&bytes[*written..]).await? {
+            0 => return Err(io::ErrorKind::WriteZero.into()),
+            n => *written += n,
+        }
+    }
+    Ok(())
 }
 
 /// Streams the response body to the client as it arrives.
@@ -304,7 +393,7 @@ pub(super) async fn relay_response(
         metrics.bytes_down.fetch_add(n as u64, Ordering::Relaxed);
     };
     let mut body = BodyReader::response(framing);
-    while let Some(piece) = body.next(&mut up.io, &mut up.buf).await? {
+    while let Some(piece) = unless_hung_up(client, body.next(&mut up.io, &mut up.buf)).await?? {
         if mode == ClientBody::Dechunk {
             // Payload only, to an HTTP/1.0 client.
             for data in piece.data() {

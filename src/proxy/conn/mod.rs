@@ -12,7 +12,8 @@
 //! - `http1_forward` / `h2_forward` (with `h2_upstream`): forwarding over
 //!   HTTP/1.1 and HTTP/2;
 //! - `body`: the one reader of HTTP/1 message bodies every body pump uses;
-//! - `gunzip`: undoing the gzip we asked for; `upgrade`: upgraded connections.
+//! - `gunzip`: undoing the gzip we asked for; `upgrade`: upgraded connections;
+//! - `hangup`: noticing a client gone while its answer is awaited.
 
 use std::io;
 use std::net::IpAddr;
@@ -34,6 +35,7 @@ mod core;
 mod gunzip;
 mod h2_forward;
 mod h2_upstream;
+mod hangup;
 mod http1_forward;
 mod local;
 mod round_trip;
@@ -56,6 +58,9 @@ struct Client {
     peer: Option<IpAddr>,
     /// The request being answered is HEAD (error answers carry no body).
     head_request: bool,
+    /// While the answer is awaited: an EOF from the client cancels the
+    /// upstream request (see `hangup`); off once the client sent more.
+    watch_hangup: bool,
 }
 
 enum Next {
@@ -86,6 +91,7 @@ pub(super) async fn serve(io: ClientIo, peer: Option<IpAddr>, core: Rc<Core>) {
         buf: BytesMut::with_capacity(8192),
         peer,
         head_request: false,
+        watch_hangup: false,
     };
     loop {
         let head = match read_request_head(&mut client).await {
@@ -181,6 +187,7 @@ async fn handle(client: &mut Client, head: RequestHead, core: &Rc<Core>) -> Next
     let shared = core.shared.clone();
     let keep = forward::client_keep_alive(&head);
     client.head_request = head.method == "HEAD";
+    client.watch_hangup = false;
     let hosts = http1::values(&head.headers, "host").count();
     if hosts > 1 {
         return send(

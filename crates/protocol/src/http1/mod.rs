@@ -115,8 +115,9 @@ pub fn parse_response(
 type ParseWith<T> =
     for<'b> fn(&'b [u8], &mut [httparse::Header<'b>], HeadLimit) -> Result<Option<T>, HeadError>;
 
-/// Runs `parse` with header slots on the stack, and again with the limit's
-/// number on the heap only when they were too few.
+/// Runs `parse` with header slots on the stack, and again on the heap only
+/// when they were too few: as many as the limit allows and the buffer can
+/// hold (one per line seen), so a large limit costs nothing up front.
 fn with_header_slots<T>(
     buf: &[u8],
     limit: HeadLimit,
@@ -126,7 +127,9 @@ fn with_header_slots<T>(
     let slots = STACK_HEADERS.min(limit.headers);
     match parse(buf, &mut small[..slots], limit) {
         Err(HeadError::TooLarge) if buf.len() < limit.bytes && limit.headers > slots => {
-            parse(buf, &mut vec![httparse::EMPTY_HEADER; limit.headers], limit)
+            let lines = buf.iter().filter(|&&b| b == b'\n').count() + 1;
+            let n = limit.headers.min(lines.max(slots + 1));
+            parse(buf, &mut vec![httparse::EMPTY_HEADER; n], limit)
         }
         other => other,
     }

@@ -17,6 +17,16 @@ use crate::impersonation::Impersonation;
 /// Sent upstream when the client sent no User-Agent.
 pub const DEFAULT_USER_AGENT: &str = concat!("edgetunnel/", env!("CARGO_PKG_VERSION"));
 
+/// What an upstream answer's head may hold, as kubectl's transport reads
+/// it: Go's `Transport.MaxResponseHeaderBytes` defaults to 10 MiB
+/// (net/http/transport.go, `maxHeaderResponseSize`) and `textproto` counts
+/// no lines; kubectl relays an answer with 600 header lines. Lines are
+/// bounded here only by the bytes (a line takes at least 3 of them).
+pub const UPSTREAM_HEAD_LIMIT: http1::HeadLimit = http1::HeadLimit {
+    bytes: 10 << 20,
+    headers: (10 << 20) / 3,
+};
+
 /// What the request head rewrite needs of the upstream, as plain data.
 #[derive(Debug, Clone)]
 pub struct UpstreamHead<'a> {

@@ -4,7 +4,8 @@
 //! ([`filter`]), `http.ServeMux` routing ([`mux`]), kubectl's command line
 //! ([`go_args`]), the head rewrite of `httputil.ReverseProxy` and Go's
 //! server ([`forward`]) and the header logic of `http.FileServer`
-//! ([`static_files`]). The main crate's `proxy` module does the I/O and
+//! ([`static_files`]), the choice of an HTTP/2 upstream connection
+//! ([`h2_pool`]) and when a failed request may go again ([`retry`]). The main crate's `proxy` module does the I/O and
 //! re-exports these under their old names (`proxy::goregex`,
 //! `proxy::gourl`, ...).
 
@@ -13,5 +14,7 @@ pub mod forward;
 pub mod go_args;
 pub mod go_regex;
 pub mod go_url;
+pub mod h2_pool;
 pub mod mux;
+pub mod retry;
 pub mod static_files;
