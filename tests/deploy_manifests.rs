@@ -759,8 +759,8 @@ fn ns_of(r: &str) -> &str {
 }
 
 /// What a role's flags make it call, read from src/control/*.rs: the
-/// node list-and-watch and the server ConfigMap poll (kube_sync.rs, with
-/// any --kube), the DNS records ConfigMap and its leader Lease, the server
+/// node list-and-watch (kube_sync.rs, with --iptables or DNS records) and
+/// the server ConfigMap poll (with --iptables), the DNS records ConfigMap and its leader Lease, the server
 /// leases (server_lease.rs: get/create/update, list and delete for the
 /// expired ones), lease counting (lease_count.rs: list), TokenReviews
 /// (token_review.rs), CSRs (csr.rs: create, then get until signed; the
@@ -772,9 +772,16 @@ fn needs(role: &Role) -> BTreeSet<Grant> {
             if s.kube.is_none() {
                 return n;
             }
-            n.insert(grant("", "nodes", "list", ""));
-            n.insert(grant("", "nodes", "watch", ""));
-            n.insert(grant("", "configmaps", "get", ns_of(&s.server_configmap)));
+            // Nodes feed the iptables rules and the DNS records only; the
+            // server ConfigMap's ports, the iptables rules only
+            // (server/args.rs).
+            if s.iptables || s.dns_hosts_file.is_some() || s.dns_configmap.is_some() {
+                n.insert(grant("", "nodes", "list", ""));
+                n.insert(grant("", "nodes", "watch", ""));
+            }
+            if s.iptables {
+                n.insert(grant("", "configmaps", "get", ns_of(&s.server_configmap)));
+            }
             if let Some(dns) = &s.dns_configmap {
                 for v in ["get", "create", "update"] {
                     n.insert(grant("", "configmaps", v, ns_of(dns)));
