@@ -24,6 +24,7 @@ pub struct AgentArgs {
     #[arg(long)]
     pub agent_id: Option<String>,
     /// Identifiers in URL query form: host=node1&ipv4=10.0.0.5&cidr=10.1.0.0/16&default-route=true
+    /// (keys: host, ipv4, ipv6, cidr, default-route; any other is refused)
     #[arg(long, default_value = "")]
     pub agent_identifiers: String,
     #[command(flatten)]
@@ -147,7 +148,8 @@ impl AgentArgs {
             Some(id) => id,
             None => hostname(),
         };
-        let identifiers = Identifiers::parse(&self.agent_identifiers)?;
+        // Unknown keys refused, as ANP's agent refuses them.
+        let identifiers = Identifiers::parse_known(&self.agent_identifiers)?;
         let kube = self
             .kube
             .as_ref()

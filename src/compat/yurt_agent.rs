@@ -133,7 +133,18 @@ pub fn translate(p: &Parsed, out: &mut Out, host: &dyn Host) -> Result<(), Compa
                     ));
                 }
             }
-            given.replace(',', "&")
+            // `uid` passes yurt-tunnel's check, but ANP's server ignores
+            // it (`proto/header/header.go` `GenAgentIdentifiers`) and
+            // edgetunnel's agent refuses unknown keys: not sent.
+            let (uids, kept): (Vec<&str>, Vec<&str>) =
+                given.split(',').partition(|e| e.starts_with("uid="));
+            if !uids.is_empty() {
+                out.info(format!(
+                    "accepted: --agent-identifiers {}: not sent, as ANP's server ignores uid identifiers",
+                    uids.join(",")
+                ));
+            }
+            kept.join("&")
         }
     };
     let server = p.str("tunnelserver-addr");
@@ -269,6 +280,10 @@ mod tests {
             (
                 &["--agent-identifiers=ipv4=10.0.0.5&host=edge-1"],
                 Fails("--agent-identifiers are invalid"),
+            ),
+            (
+                &["--agent-identifiers=host=edge-1,uid=42"],
+                Maps(&["--agent-identifiers host=edge-1"]),
             ),
             (
                 &["--agent-identifiers=zone=a"],
