@@ -306,13 +306,13 @@ impl FakeKube {
     }
 
     /// Approves and signs every pending request with the CA in `certs`
-    /// (ca.crt, ca.key), valid for `secs` seconds; returns how many.
+    /// (ca.crt, and ca.key in the CA directory beside it), valid for `secs` seconds; returns how many.
     pub(crate) fn sign_pending(&self, certs: &std::path::Path, secs: u64) -> usize {
         use base64::Engine as _;
         let b64 = base64::engine::general_purpose::STANDARD;
         let ca_pem = std::fs::read_to_string(certs.join("ca.crt")).unwrap();
         let ca_key =
-            rcgen::KeyPair::from_pem(&std::fs::read_to_string(certs.join("ca.key")).unwrap())
+            rcgen::KeyPair::from_pem(&std::fs::read_to_string(super::ca_key(certs)).unwrap())
                 .unwrap();
         let ca = rcgen::CertificateParams::from_ca_cert_pem(&ca_pem)
             .unwrap()
