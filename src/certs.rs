@@ -424,10 +424,7 @@ pub fn run(cmd: CertsCommand) -> Result<(), crate::BoxError> {
         } => {
             issue(role, &out, &ca_dir, &names, days, force)?;
             let base = role.file_base();
-            println!(
-                "wrote ca.crt, {base}.crt, {base}.key to {}",
-                out.display()
-            );
+            println!("wrote ca.crt, {base}.crt, {base}.key to {}", out.display());
         }
     }
     Ok(())

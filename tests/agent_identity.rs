@@ -309,5 +309,11 @@ fn unknown_identifier_keys_stop_the_agent() {
             "{bad}: {log}"
         );
     }
-    Agent::start(&env, server.agent, "node-1", "host=node-1&ipv4=10.0.0.1", &[]);
+    Agent::start(
+        &env,
+        server.agent,
+        "node-1",
+        "host=node-1&ipv4=10.0.0.1",
+        &[],
+    );
 }

@@ -73,10 +73,10 @@ fn cert_info(p: &Path) -> (i64, i64, String, Vec<String>) {
                 .map(|n| match n {
                     x509_parser::extensions::GeneralName::DNSName(d) => d.to_string(),
                     x509_parser::extensions::GeneralName::IPAddress(b) => match b.len() {
-                        4 => std::net::Ipv4Addr::from(<[u8; 4]>::try_from(*b).unwrap())
-                            .to_string(),
-                        16 => std::net::Ipv6Addr::from(<[u8; 16]>::try_from(*b).unwrap())
-                            .to_string(),
+                        4 => std::net::Ipv4Addr::from(<[u8; 4]>::try_from(*b).unwrap()).to_string(),
+                        16 => {
+                            std::net::Ipv6Addr::from(<[u8; 16]>::try_from(*b).unwrap()).to_string()
+                        }
                         _ => format!("{b:?}"),
                     },
                     other => format!("{other:?}"),
@@ -84,12 +84,7 @@ fn cert_info(p: &Path) -> (i64, i64, String, Vec<String>) {
                 .collect()
         })
         .unwrap_or_default();
-    (
-        v.not_before.timestamp(),
-        v.not_after.timestamp(),
-        cn,
-        sans,
-    )
+    (v.not_before.timestamp(), v.not_after.timestamp(), cn, sans)
 }
 
 fn now() -> i64 {
@@ -165,7 +160,12 @@ fn init_keeps_the_ca_key_apart_and_refuses_to_overwrite() {
     assert_eq!(std::fs::read(ca_dir.join("ca.key")).unwrap(), key_before);
     // Only the CA directory holding a CA is enough to refuse.
     let other = tmp.path().join("other");
-    let out = certs(&["init", other.to_str().unwrap(), "--ca-dir", ca_dir.to_str().unwrap()]);
+    let out = certs(&[
+        "init",
+        other.to_str().unwrap(),
+        "--ca-dir",
+        ca_dir.to_str().unwrap(),
+    ]);
     assert!(!out.status.success(), "init over an existing CA succeeded");
     assert!(!other.join("agent.crt").exists());
     assert_eq!(std::fs::read(ca_dir.join("ca.key")).unwrap(), key_before);

@@ -15,8 +15,16 @@ use crate::BoxError;
 #[derive(Args, Debug)]
 pub struct AgentArgs {
     /// Server agent-listener address host:port; repeatable.
-    #[arg(long = "server-addr", required = true)]
+    #[arg(long = "server-addr", required_unless_present = "server_service")]
     pub server_addr: Vec<String>,
+    /// Without --server-addr: find the server through this Service
+    /// (`namespace/name`, needs --kube) at start, as yurt-tunnel-agent does
+    /// with `kube-system/x-tunnel-server-svc` (a load balancer's address, a
+    /// cloud node's for a NodePort Service, the
+    /// `x-tunnel-server-external-addr` annotation's host, else the
+    /// ClusterIP; the port named `tcp`).
+    #[arg(long, conflicts_with = "server_addr")]
+    pub server_service: Option<String>,
     /// TLS name to verify on the server certificate (default: the host).
     #[arg(long)]
     pub server_name: Option<String>,
@@ -180,6 +188,11 @@ impl AgentArgs {
             }
             CertMode::Csr => return Err("--cert-mode csr needs --kube".into()),
         };
+        let server_service = match &self.server_service {
+            Some(s) if kube.is_some() => Some(s.parse::<crate::control::manager::ObjectRef>()?),
+            Some(_) => return Err("--server-service needs --kube".into()),
+            None => None,
+        };
         let source = crate::control::lease_count::CountSource::parse(&self.server_count_source)?;
         let lease_count = if self.count_server_leases {
             if kube.is_none() {
@@ -200,6 +213,7 @@ impl AgentArgs {
             kube,
             csr,
             servers: self.server_addr,
+            server_service,
             server_name: self.server_name,
             tls,
             agent_id,

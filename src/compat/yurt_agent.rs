@@ -8,9 +8,10 @@
 //!   `--agent-identifiers` is written as yurt-tunnel validates it, a comma
 //!   list of `type=value` (`host=n1,ipv4=10.0.0.5`), and handed on in the
 //!   query form ANP's protocol carries (`host=n1&ipv4=10.0.0.5`).
-//! - `--tunnelserver-addr` -> `--server-addr`. When empty, yurt-tunnel looks
-//!   the address up in the `x-tunnel-server-svc` Service; edgetunnel cannot
-//!   yet, and says so.
+//! - `--tunnelserver-addr` -> `--server-addr`. When empty, the address comes
+//!   from the `kube-system/x-tunnel-server-svc` Service at start
+//!   (`--server-service`, `control::tunnel_addr`), as yurt-tunnel's
+//!   `serveraddr.GetTunnelServerAddr` finds it.
 //! - Certificates always come from a CSR (`--cert-mode csr`, CN
 //!   `tunnel-agent-client`) into `--cert-dir`
 //!   (`/var/lib/yurttunnel-agent/pki`), through `--kube-config` (default
@@ -30,6 +31,10 @@ use super::goflag::Kind;
 use super::Effect::{self, *};
 use super::{flag, invalid, klog, CompatError, Flag, Host, Out, Prepare};
 use crate::compat::goflag::Parsed;
+
+/// Where yurt-tunnel-agent looks its server up without
+/// `--tunnelserver-addr` (`YurttunnelServerServiceNs`/`...ServiceName`).
+pub const TUNNEL_SERVER_SERVICE: &str = crate::control::tunnel_addr::DEFAULT_SERVICE;
 
 /// `YurttunnelAgentCertDir` with the agent's name.
 pub const DEFAULT_CERT_DIR: &str = "/var/lib/yurttunnel-agent/pki";
@@ -147,13 +152,11 @@ pub fn translate(p: &Parsed, out: &mut Out, host: &dyn Host) -> Result<(), Compa
             kept.join("&")
         }
     };
-    let server = p.str("tunnelserver-addr");
-    if server.is_empty() {
-        return Err(invalid(
-            "--tunnelserver-addr is required: yurt-tunnel-agent would look the address up in the x-tunnel-server-svc Service, which edgetunnel does not do yet",
-        ));
+    match p.str("tunnelserver-addr") {
+        // Looked up at start, as yurt-tunnel-agent's `Run` does.
+        "" => out.arg("--server-service", TUNNEL_SERVER_SERVICE),
+        server => out.arg("--server-addr", server),
     }
-    out.arg("--server-addr", server);
     out.arg("--agent-id", node);
     out.arg("--agent-identifiers", ids);
 
@@ -266,7 +269,7 @@ mod tests {
             ),
             (
                 &["--tunnelserver-addr="],
-                Fails("--tunnelserver-addr is required"),
+                Maps(&["--server-service kube-system/x-tunnel-server-svc"]),
             ),
             (&["--apiserver-addr=https://10.0.0.1:6443"], NoEffect),
             (

@@ -441,15 +441,25 @@ impl FakeKube {
                     self.watch(&mut w, from, Duration::from_secs(secs.min(30)))
                 }
                 ("GET", ["api", "v1", "nodes"]) => {
+                    // One `key=value` label selector, if any.
+                    let selector = q.get("labelSelector").map(|v| percent_decode(v));
+                    let wanted =
+                        |n: &Value| match selector.as_deref().and_then(|s| s.split_once('=')) {
+                            Some((k, v)) => n["metadata"]["labels"][k].as_str() == Some(v),
+                            None => true,
+                        };
                     let st = self.state.0.lock().unwrap();
                     let list = json!({"apiVersion": "v1", "kind": "NodeList",
                         "metadata": {"resourceVersion": st.version.to_string()},
-                        "items": st.nodes.values().cloned().collect::<Vec<_>>()});
+                        "items": st.nodes.values().filter(|n| wanted(n)).cloned().collect::<Vec<_>>()});
                     drop(st);
                     reply(&mut w, 200, &list)
                 }
                 (m, ["api", "v1", "namespaces", ns, "services", rest @ ..]) => {
                     self.object_request(&mut w, m, "services", ns, rest.first().copied(), &body)
+                }
+                (m, ["api", "v1", "namespaces", ns, "endpoints", rest @ ..]) => {
+                    self.object_request(&mut w, m, "endpoints", ns, rest.first().copied(), &body)
                 }
                 (m, ["api", "v1", "namespaces", ns, "configmaps", rest @ ..]) => {
                     self.object_request(&mut w, m, "configmaps", ns, rest.first().copied(), &body)
