@@ -1,5 +1,5 @@
 use clap::Parser;
-use edgetunnel::cli::{CertsCommand, Cli, Command, IptablesCommand};
+use edgetunnel::cli::{Cli, Command, IptablesCommand};
 use edgetunnel::readiness::Announce;
 
 // `--features system-alloc` keeps the system allocator, for heap profilers
@@ -59,24 +59,7 @@ fn main() {
         }),
         Command::Proxy(args) => edgetunnel::proxy::run(*args, stdout_announce()),
         Command::Iptables(cmd) => iptables(cmd),
-        Command::Certs(CertsCommand::Init {
-            dir,
-            server_names,
-            agent_name,
-        }) => {
-            let spec = edgetunnel::certs::CertsSpec {
-                server_names,
-                agent_name,
-            };
-            edgetunnel::certs::init(&dir, &spec)
-                .map(|_| {
-                    println!(
-                        "wrote ca.crt, server.crt/key, agent.crt/key to {}",
-                        dir.display()
-                    )
-                })
-                .map_err(Into::into)
-        }
+        Command::Certs(cmd) => edgetunnel::certs::run(cmd),
     };
     if let Err(e) = result {
         eprintln!("{prefix}: {e}");

@@ -285,3 +285,35 @@ fn certificates_without_client_auth_are_not_agents() {
         "clientAuth"
     ));
 }
+
+/// An identifier key the agent does not know is refused at start, as ANP's
+/// agent refuses it (`cmd/agent/app/options/options.go`
+/// `validateAgentIdentifiers`: "unknown address type"): `hostname=node-1`
+/// would otherwise register no host, and destHost routing would never pick
+/// the agent. Known keys with a server that answers still connect.
+#[test]
+fn unknown_identifier_keys_stop_the_agent() {
+    let env = Env::new();
+    let server = Server::start(&env, &[]);
+    for bad in ["hostname=node-1", "host=node-1&zone=a", "uid=1234"] {
+        let mut agent = Agent::spawn(&env, server.agent, "node-1", bad, &[]);
+        let status = agent.proc.wait_exit(Duration::from_secs(10));
+        let log = agent.proc.log_text();
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "{bad}: the agent did not stop ({status:?})\n{log}"
+        );
+        let key = bad.rsplit('&').next().unwrap().split('=').next().unwrap();
+        assert!(
+            log.contains(&format!("unknown address type: {key}")),
+            "{bad}: {log}"
+        );
+    }
+    Agent::start(
+        &env,
+        server.agent,
+        "node-1",
+        "host=node-1&ipv4=10.0.0.1",
+        &[],
+    );
+}

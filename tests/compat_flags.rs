@@ -298,6 +298,22 @@ fn kubernetes_docs_konnectivity_server_and_agent_carry_grpc() {
         server.log_text(),
         agent.log_text()
     );
+    assert_only_anp_requests(&kube);
+}
+
+/// ANP's server asks Kubernetes only for TokenReviews (and, with
+/// `--enable-lease-controller`, its leases): never Nodes or yurt-tunnel's
+/// ConfigMap, which the docs' RBAC (`system:auth-delegator`) does not
+/// allow.
+fn assert_only_anp_requests(kube: &FakeKube) {
+    let requests = kube.requests();
+    assert!(!requests.is_empty(), "no request to the API");
+    for r in &requests {
+        assert!(
+            r.contains("/tokenreviews") || r.contains("/leases"),
+            "{r} (all: {requests:#?})"
+        );
+    }
 }
 
 /// ANP `examples/kubernetes/konnectivity-server.yaml`, verbatim.
@@ -399,6 +415,7 @@ fn anp_examples_http_connect_through_the_subcommand_form() {
     let (status, body, st) = connect_unix(&sock, &echo.addr.to_string());
     assert_eq!(status, 200, "{body}\n{}", server.log_text());
     assert!(echo_roundtrip(st, &data) == data);
+    assert_only_anp_requests(&kube);
 }
 
 /// Runs `f` on a thread inside network namespace `ns` (sockets it makes
@@ -509,10 +526,36 @@ fn openyurt_chart_server_and_agent_in_a_network_namespace() {
     let server = Proc::spawn(cmd, env.path("yurt-tunnel-server.log"));
     assert_eq!(listen(&server, "agent").to_string(), "127.0.0.1:10262");
     server.wait_line("READY");
-    assert_logged(
-        &server,
-        &["accepted, no effect: --enable-dns-controller=true"],
+    assert_not_logged(&server, &["no effect: --enable-dns-controller"]);
+    // yurt-tunnel's DNS controller, on by default: once the internal
+    // Service has a ClusterIP, the records land where CoreDNS's `hosts`
+    // plugin reads them (edge nodes at that ClusterIP, others at their
+    // InternalIP), written by the holder of Go's lock.
+    kube.put_node(node("cloud-1", "10.0.0.11", true, false));
+    kube.put_service(
+        "kube-system",
+        "x-tunnel-server-internal-svc",
+        "10.96.0.50",
+        "",
     );
+    let records = || {
+        kube.configmap("kube-system", "yurt-tunnel-nodes")
+            .and_then(|cm| cm["data"]["tunnel-nodes"].as_str().map(str::to_string))
+    };
+    let deadline = Instant::now() + WAIT;
+    while records().as_deref() != Some("10.0.0.11\tcloud-1\n10.96.0.50\tedge-1") {
+        assert!(
+            Instant::now() < deadline,
+            "DNS records {:?}\n{}",
+            records(),
+            server.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let lease = kube
+        .object("leases", "kube-system", "tunnel-dns-controller")
+        .expect("the DNS controller's lease");
+    assert!(lease["spec"]["holderIdentity"].is_string(), "{lease}");
     let deadline = Instant::now() + WAIT;
     while !save(&ns).contains("TUNNEL-PORT") {
         assert!(
@@ -583,5 +626,98 @@ fn openyurt_chart_server_and_agent_in_a_network_namespace() {
         kube.csrs().len(),
         3,
         "serving, proxy-client and agent certificates"
+    );
+}
+
+/// OpenYurt v1.0 `config/setup/yurt-tunnel-agent.yaml`: no
+/// `--tunnelserver-addr`; yurt-tunnel-agent reads the address from the
+/// `x-tunnel-server-svc` Service.
+const YURT_SETUP_AGENT: &[&str] = &["--node-name=$(NODE_NAME)", "--node-ip=$(POD_IP)", "--v=2"];
+
+/// The setup manifest's agent finds the server as yurt-tunnel-agent does:
+/// the Service is a NodePort one (as in that manifest), so the address is
+/// a cloud node's InternalIP (127.0.0.2 here: Go passes over only the text
+/// 127.0.0.1 and ::1) with the Service's nodePort (the server's agent port
+/// here). The server is edgetunnel's own, with a certificate for
+/// 127.0.0.2 from `certs issue` (the agent checks the address it found).
+#[test]
+fn openyurt_setup_agent_finds_the_server_through_its_service() {
+    let env = Env::new();
+    let bin = go_binaries(&env);
+    let server_pki = env.path("server-pki");
+    let out = Command::new(BIN)
+        .args(["certs", "issue", "server"])
+        .arg(&server_pki)
+        .arg("--ca-dir")
+        .arg(env.path("certs-ca"))
+        .args(["--name", "127.0.0.2"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    std::fs::copy(
+        env.certs().join("proxy-client.crt"),
+        server_pki.join("proxy-client.crt"),
+    )
+    .unwrap();
+    std::fs::copy(
+        env.certs().join("proxy-client.key"),
+        server_pki.join("proxy-client.key"),
+    )
+    .unwrap();
+    let pki = server_pki.display().to_string();
+    let server = Server::start_with_tls(&env, "127.0.0.2:0", &["--certs-dir", &pki], &[]);
+    let port = server.agent.port();
+
+    let kube = FakeKube::start(None);
+    kube.put_node(node("edge-1", "127.0.0.1", true, true));
+    let mut master = node("master", "127.0.0.2", true, false);
+    master["metadata"]["labels"]["openyurt.io/is-edge-worker"] = serde_json::json!("false");
+    kube.put_node(master);
+    kube.put_object(
+        "services",
+        "kube-system",
+        "x-tunnel-server-svc",
+        serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {},
+            "spec": {"type": "NodePort", "clusterIP": "10.96.0.9",
+                "ports": [{"name": "tcp", "port": 10262, "targetPort": 10262, "nodePort": port}]}}),
+    );
+    kube.put_object(
+        "endpoints",
+        "kube-system",
+        "x-tunnel-server-svc",
+        serde_json::json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {},
+            "subsets": [{"addresses": [{"ip": "127.0.0.1"}]}]}),
+    );
+    let kc = env.path("kubeconfig");
+    kubeconfig_with_ca(
+        &kc,
+        kube.addr,
+        &std::fs::read(env.certs().join("ca.crt")).unwrap(),
+    );
+    let _signer = Signer::start(&kube, env.certs());
+
+    let mut args = substitute(
+        YURT_SETUP_AGENT,
+        &[
+            ("$(NODE_NAME)", "edge-1".into()),
+            ("$(POD_IP)", "127.0.0.1".into()),
+        ],
+    );
+    // In a pod: /etc/kubernetes/kubelet.conf and /var/lib/yurttunnel-agent/pki.
+    args.push(format!("--kube-config={}", kc.display()));
+    args.push(format!("--cert-dir={}", env.path("agent-pki").display()));
+    args.push(format!("--meta-port={}", free_port()));
+    let mut cmd = Command::new(bin.join("yurt-tunnel-agent"));
+    cmd.args(&args)
+        .env("EDGETUNNEL_COMPAT_SERVICEACCOUNT_DIR", env.certs());
+    let agent = Proc::spawn(cmd, env.path("yurt-tunnel-agent.log"));
+    agent.wait_line("CONNECTED");
+    assert_logged(&agent, &[&format!("127.0.0.2:{port}")]);
+    let asked = kube.requests();
+    assert!(
+        asked
+            .iter()
+            .any(|r| r.contains("labelSelector=openyurt.io%2Fis-edge-worker%3Dfalse")),
+        "{asked:#?}"
     );
 }

@@ -10,12 +10,16 @@ use std::time::{Duration, Instant};
 
 use support::{Agent, Env, Proc, Server};
 
+/// A port free for both UDP and TCP (dnsmasq listens on both; a UDP-only
+/// check lost to busy TCP ports on a shared machine).
 fn free_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    loop {
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = tcp.local_addr().unwrap().port();
+        if std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 fn dig(port: u16, name: &str) -> String {
@@ -32,6 +36,11 @@ fn dig(port: u16, name: &str) -> String {
         ])
         .output()
         .expect("dig (apt-get install dnsutils)");
+    // No answer yet (dnsmasq still starting): dig 9.18 prints the error on
+    // stdout and exits 9; that is no record, not a record.
+    if !out.status.success() {
+        return String::new();
+    }
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 

@@ -15,8 +15,16 @@ use crate::BoxError;
 #[derive(Args, Debug)]
 pub struct AgentArgs {
     /// Server agent-listener address host:port; repeatable.
-    #[arg(long = "server-addr", required = true)]
+    #[arg(long = "server-addr", required_unless_present = "server_service")]
     pub server_addr: Vec<String>,
+    /// Without --server-addr: find the server through this Service
+    /// (`namespace/name`, needs --kube) at start, as yurt-tunnel-agent does
+    /// with `kube-system/x-tunnel-server-svc` (a load balancer's address, a
+    /// cloud node's for a NodePort Service, the
+    /// `x-tunnel-server-external-addr` annotation's host, else the
+    /// ClusterIP; the port named `tcp`).
+    #[arg(long, conflicts_with = "server_addr")]
+    pub server_service: Option<String>,
     /// TLS name to verify on the server certificate (default: the host).
     #[arg(long)]
     pub server_name: Option<String>,
@@ -24,6 +32,7 @@ pub struct AgentArgs {
     #[arg(long)]
     pub agent_id: Option<String>,
     /// Identifiers in URL query form: host=node1&ipv4=10.0.0.5&cidr=10.1.0.0/16&default-route=true
+    /// (keys: host, ipv4, ipv6, cidr, default-route; any other is refused)
     #[arg(long, default_value = "")]
     pub agent_identifiers: String,
     #[command(flatten)]
@@ -147,7 +156,8 @@ impl AgentArgs {
             Some(id) => id,
             None => hostname(),
         };
-        let identifiers = Identifiers::parse(&self.agent_identifiers)?;
+        // Unknown keys refused, as ANP's agent refuses them.
+        let identifiers = Identifiers::parse_known(&self.agent_identifiers)?;
         let kube = self
             .kube
             .as_ref()
@@ -178,6 +188,11 @@ impl AgentArgs {
             }
             CertMode::Csr => return Err("--cert-mode csr needs --kube".into()),
         };
+        let server_service = match &self.server_service {
+            Some(s) if kube.is_some() => Some(s.parse::<crate::control::manager::ObjectRef>()?),
+            Some(_) => return Err("--server-service needs --kube".into()),
+            None => None,
+        };
         let source = crate::control::lease_count::CountSource::parse(&self.server_count_source)?;
         let lease_count = if self.count_server_leases {
             if kube.is_none() {
@@ -198,6 +213,7 @@ impl AgentArgs {
             kube,
             csr,
             servers: self.server_addr,
+            server_service,
             server_name: self.server_name,
             tls,
             agent_id,

@@ -28,6 +28,9 @@ pub struct AgentConfig {
     /// Where readiness is reported (listeners bound, links up).
     pub announce: crate::readiness::Announce,
     pub servers: Vec<String>,
+    /// With no `servers`: the Service the server address is read from at
+    /// start (`control::tunnel_addr`; needs `kube`).
+    pub server_service: Option<crate::control::manager::ObjectRef>,
     pub server_name: Option<String>,
     pub tls: tls::TlsFiles,
     pub agent_id: String,
@@ -75,7 +78,15 @@ pub struct AgentConfig {
 use crate::BoxError;
 
 /// Runs the agent until SIGTERM/SIGINT (and the drain) completes.
-pub fn run(cfg: AgentConfig) -> Result<(), BoxError> {
+pub fn run(mut cfg: AgentConfig) -> Result<(), BoxError> {
+    // First the server's address, then certificates, as yurt-tunnel-agent
+    // (`cmd/yurt-tunnel-agent/app/start.go` `Run`); an error ends the start.
+    if let (true, Some(svc), Some(kube)) = (cfg.servers.is_empty(), &cfg.server_service, &cfg.kube)
+    {
+        let addr = crate::control::tunnel_addr::discover_blocking(kube, svc)?;
+        tracing::info!(service = %format!("{}/{}", svc.namespace, svc.name), server = %addr, "server address from the Service");
+        cfg.servers = vec![addr];
+    }
     if let (Some(kube), false) = (&cfg.kube, cfg.csr.is_empty()) {
         crate::control::kube_sync::obtain_missing(kube, &cfg.csr, Duration::from_secs(900))?;
     }

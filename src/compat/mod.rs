@@ -95,9 +95,8 @@
 //! address of both families. Things edgetunnel cannot do yet stop the start
 //! with the reason rather than run differently: agents without a client
 //! certificate (ANP's token-only agents), an ANP server without a CA for
-//! agent certificates (unless `ca.crt` sits beside `--cluster-cert`), ANP's
-//! TCP frontend (it needs TLS toward kube-apiserver), and a yurt-tunnel
-//! agent without `--tunnelserver-addr`. Accepting more than Go does is
+//! agent certificates (unless `ca.crt` sits beside `--cluster-cert`), and ANP's
+//! TCP frontend (it needs TLS toward kube-apiserver). Accepting more than Go does is
 //! deliberate: Go-style single-dash long flags everywhere, and klog flags
 //! with `_` or `-` in every binary.
 //!

@@ -8,9 +8,10 @@
 //!   `--agent-identifiers` is written as yurt-tunnel validates it, a comma
 //!   list of `type=value` (`host=n1,ipv4=10.0.0.5`), and handed on in the
 //!   query form ANP's protocol carries (`host=n1&ipv4=10.0.0.5`).
-//! - `--tunnelserver-addr` -> `--server-addr`. When empty, yurt-tunnel looks
-//!   the address up in the `x-tunnel-server-svc` Service; edgetunnel cannot
-//!   yet, and says so.
+//! - `--tunnelserver-addr` -> `--server-addr`. When empty, the address comes
+//!   from the `kube-system/x-tunnel-server-svc` Service at start
+//!   (`--server-service`, `control::tunnel_addr`), as yurt-tunnel's
+//!   `serveraddr.GetTunnelServerAddr` finds it.
 //! - Certificates always come from a CSR (`--cert-mode csr`, CN
 //!   `tunnel-agent-client`) into `--cert-dir`
 //!   (`/var/lib/yurttunnel-agent/pki`), through `--kube-config` (default
@@ -30,6 +31,10 @@ use super::goflag::Kind;
 use super::Effect::{self, *};
 use super::{flag, invalid, klog, CompatError, Flag, Host, Out, Prepare};
 use crate::compat::goflag::Parsed;
+
+/// Where yurt-tunnel-agent looks its server up without
+/// `--tunnelserver-addr` (`YurttunnelServerServiceNs`/`...ServiceName`).
+pub const TUNNEL_SERVER_SERVICE: &str = crate::control::tunnel_addr::DEFAULT_SERVICE;
 
 /// `YurttunnelAgentCertDir` with the agent's name.
 pub const DEFAULT_CERT_DIR: &str = "/var/lib/yurttunnel-agent/pki";
@@ -133,16 +138,25 @@ pub fn translate(p: &Parsed, out: &mut Out, host: &dyn Host) -> Result<(), Compa
                     ));
                 }
             }
-            given.replace(',', "&")
+            // `uid` passes yurt-tunnel's check, but ANP's server ignores
+            // it (`proto/header/header.go` `GenAgentIdentifiers`) and
+            // edgetunnel's agent refuses unknown keys: not sent.
+            let (uids, kept): (Vec<&str>, Vec<&str>) =
+                given.split(',').partition(|e| e.starts_with("uid="));
+            if !uids.is_empty() {
+                out.info(format!(
+                    "accepted: --agent-identifiers {}: not sent, as ANP's server ignores uid identifiers",
+                    uids.join(",")
+                ));
+            }
+            kept.join("&")
         }
     };
-    let server = p.str("tunnelserver-addr");
-    if server.is_empty() {
-        return Err(invalid(
-            "--tunnelserver-addr is required: yurt-tunnel-agent would look the address up in the x-tunnel-server-svc Service, which edgetunnel does not do yet",
-        ));
+    match p.str("tunnelserver-addr") {
+        // Looked up at start, as yurt-tunnel-agent's `Run` does.
+        "" => out.arg("--server-service", TUNNEL_SERVER_SERVICE),
+        server => out.arg("--server-addr", server),
     }
-    out.arg("--server-addr", server);
     out.arg("--agent-id", node);
     out.arg("--agent-identifiers", ids);
 
@@ -255,7 +269,7 @@ mod tests {
             ),
             (
                 &["--tunnelserver-addr="],
-                Fails("--tunnelserver-addr is required"),
+                Maps(&["--server-service kube-system/x-tunnel-server-svc"]),
             ),
             (&["--apiserver-addr=https://10.0.0.1:6443"], NoEffect),
             (
@@ -269,6 +283,10 @@ mod tests {
             (
                 &["--agent-identifiers=ipv4=10.0.0.5&host=edge-1"],
                 Fails("--agent-identifiers are invalid"),
+            ),
+            (
+                &["--agent-identifiers=host=edge-1,uid=42"],
+                Maps(&["--agent-identifiers host=edge-1"]),
             ),
             (
                 &["--agent-identifiers=zone=a"],

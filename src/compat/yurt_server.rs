@@ -22,12 +22,21 @@
 //! `--enable-iptables` (default true) -> `--iptables` with
 //! `--iptables-sync-period-secs`, DNAT to the plain listener's address.
 //!
-//! Not yet: `--enable-dns-controller` (default true) publishes records
-//! pointing at the ClusterIP of `x-tunnel-server-internal-svc`; edgetunnel
-//! can write the ConfigMap (`--dns-configmap`) but has no flag to take its
-//! tunnel address from that Service, and any address it could guess here
-//! would send kubelet traffic to the wrong place, so the records are left
-//! alone and that is logged at every start.
+//! `--enable-dns-controller` (default true) publishes the DNS records as
+//! yurt-tunnel's controller does (openyurt v1.3
+//! `pkg/yurttunnel/trafficforward/dns/dns.go`, `handler.go`, `util.go`):
+//! ConfigMap `kube-system/yurt-tunnel-nodes`, key `tunnel-nodes`, sorted
+//! `IP<TAB>name` lines, edge nodes (label `openyurt.io/is-edge-worker=true`)
+//! at the ClusterIP of `kube-system/x-tunnel-server-internal-svc`, other
+//! nodes at their InternalIP (else ExternalIP); one writer elected by the
+//! Lease `kube-system/tunnel-dns-controller` (15 s), the lock Go uses, so a
+//! Go and an edgetunnel server take turns rather than both write. So:
+//! `--dns-configmap`, `--dns-tunnel-service`, `--leader-lease`. Unlike Go,
+//! a node with a connected agent also counts as an edge node, and the
+//! records follow node and agent changes within a second (a full rewrite
+//! at least every 15 s), so `--dns-sync-period` changes nothing. Not done:
+//! Go also adds `dnat-PORT` ports for the ConfigMap's extra proxy ports to
+//! `x-tunnel-server-internal-svc` (`updateTunnelServerSvcDnatPorts`).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -37,6 +46,15 @@ use super::Conv;
 use super::Effect::{self, *};
 use super::{flag, invalid, klog, parse_bind_ip, port_str, CompatError, Flag, Host, Out, Prepare};
 use crate::compat::goflag::Parsed;
+
+/// yurt-tunnel's DNS records ConfigMap (`YurttunnelDNSRecordConfigMapName`
+/// with the project prefix `yurt`, in `kube-system`).
+pub const DNS_CONFIGMAP: &str = "kube-system/yurt-tunnel-nodes";
+/// The Service whose ClusterIP edge node names resolve to
+/// (`YurttunnelServerInternalServiceName`).
+pub const DNS_TUNNEL_SERVICE: &str = "kube-system/x-tunnel-server-internal-svc";
+/// The Lease electing the one DNS writer (`dns.go` `Run`).
+pub const DNS_LEASE: &str = "kube-system/tunnel-dns-controller";
 
 /// `YurttunnelServerCertDir` with the server's name.
 pub const DEFAULT_CERT_DIR: &str = "/var/lib/yurttunnel-server/pki";
@@ -97,13 +115,13 @@ pub fn flags() -> Vec<Flag> {
             "enable-dns-controller",
             Bool,
             "true",
-            Composite("nothing yet: see the DNS note"),
+            Composite("--dns-configmap, --dns-tunnel-service, --leader-lease"),
         ),
         f(
             "dns-sync-period",
             Int,
             "1800",
-            NoEffect("edgetunnel publishes no DNS records here yet (see the DNS note)"),
+            Same("the records follow node and agent changes within a second, and are rewritten in full at least every 15 s"),
         ),
         f(
             "egress-selector-enable",
@@ -242,10 +260,9 @@ pub fn translate(p: &Parsed, out: &mut Out, host: &dyn Host) -> Result<(), Compa
         out.info("accepted: --iptables-sync-period: unused, as --enable-iptables=false");
     }
     if p.bool("enable-dns-controller") {
-        out.warn(format!(
-            "accepted, no effect: --enable-dns-controller={}: yurt-tunnel points edge node names at the ClusterIP of kube-system/x-tunnel-server-internal-svc; edgetunnel cannot read that address yet, so it publishes no records (kube-system/yurt-tunnel-nodes is left as it is)",
-            p.text("enable-dns-controller")
-        ));
+        out.arg("--dns-configmap", DNS_CONFIGMAP);
+        out.arg("--dns-tunnel-service", DNS_TUNNEL_SERVICE);
+        out.arg("--leader-lease", DNS_LEASE);
     }
     Ok(())
 }
@@ -362,8 +379,12 @@ mod tests {
                 "--iptables",
                 "--iptables-sync-period-secs 60",
                 "--iptables-dnat-ip 127.0.0.1",
+                "--dns-configmap kube-system/yurt-tunnel-nodes",
+                "--dns-tunnel-service kube-system/x-tunnel-server-internal-svc",
+                "--leader-lease kube-system/tunnel-dns-controller",
             ]
         );
+        assert!(t.notes.is_empty(), "{:?}", t.notes);
         assert_eq!(t.prepare, [Prepare::CreateDir(DEFAULT_CERT_DIR.into())]);
         assert_clap_accepts(&t);
     }
@@ -421,7 +442,7 @@ mod tests {
                 Maps(&["--iptables-sync-period-secs 120"]),
             ),
             (&["--enable-dns-controller=false"], Maps(&[])),
-            (&["--dns-sync-period=600"], NoEffect),
+            (&["--dns-sync-period=600"], Same),
             (
                 &["--egress-selector-enable"],
                 Fails("DOESN'T SUPPROT EGRESS SELECTOR YET"),

@@ -111,6 +111,22 @@ impl Kube {
         self.view.lock().expect("view lock").clone()
     }
 
+    /// The ClusterIP of Service `svc` (yurt-tunnel's DNS controller points
+    /// edge node names at `x-tunnel-server-internal-svc`'s, openyurt
+    /// `pkg/yurttunnel/trafficforward/dns/dns.go` `getTunnelServerIP`).
+    pub async fn cluster_ip(&self, svc: &ObjectRef) -> Result<std::net::IpAddr, String> {
+        let api: Api<k8s_openapi::api::core::v1::Service> =
+            Api::namespaced(self.client.clone(), &svc.namespace);
+        let s = api
+            .get_opt(&svc.name)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("no such Service")?;
+        let ip = s.spec.and_then(|s| s.cluster_ip).unwrap_or_default();
+        ip.parse()
+            .map_err(|_| format!("no ClusterIP (spec.clusterIP {ip:?})"))
+    }
+
     /// Writes the DNS records to their ConfigMap when they changed.
     pub async fn publish_records(&self, text: &str) {
         let Some(ObjectRef {

@@ -15,6 +15,10 @@ use crate::engine::signals::Shutdown;
 /// The shortest full-sync period (yurt-tunnel's floor).
 pub const MIN_SYNC_PERIOD: Duration = Duration::from_secs(15);
 
+/// How often records held back for want of the tunnel Service's address
+/// are tried again.
+const DNS_RETRY: Duration = Duration::from_secs(3);
+
 /// The server's interception listeners, as DNAT destinations.
 #[derive(Debug, Clone)]
 pub struct DnatTarget {
@@ -160,9 +164,19 @@ pub struct DnsSpec {
     /// None: only the ConfigMap (Kubernetes mode).
     pub hosts_file: Option<std::path::PathBuf>,
     /// Where edge node names point (the tunnel server's address).
-    pub tunnel_ip: IpAddr,
+    pub tunnel: DnsTunnel,
     /// Cloud nodes and their addresses.
     pub cloud_nodes: std::collections::BTreeMap<String, IpAddr>,
+}
+
+/// The address edge node names resolve to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DnsTunnel {
+    Ip(IpAddr),
+    /// The ClusterIP of this Service (yurt-tunnel's
+    /// `x-tunnel-server-internal-svc`), read before each full sync; no
+    /// records are written while it cannot be read (needs `kube`).
+    Service(ObjectRef),
 }
 
 /// What the control thread looks after.
@@ -280,6 +294,8 @@ async fn run(spec: ControlSpec, sources: Sources, shutdown: Arc<Shutdown>) {
     let mut applied: Vec<Plan> = Vec::new();
     let mut last: Option<(BTreeSet<IpAddr>, BTreeSet<String>, u64)> = None;
     let mut last_full = Instant::now();
+    let mut tunnel_warned = false;
+    let (mut dns_pending, mut last_dns_try) = (false, Instant::now());
     loop {
         if shutdown.requested() > 0 {
             break;
@@ -301,9 +317,13 @@ async fn run(spec: ControlSpec, sources: Sources, shutdown: Arc<Shutdown>) {
         }
         let generation = kube.as_ref().map_or(0, |k| k.generation());
         let now = ((sources.addresses)(), (sources.hosts)(), generation);
-        if last.as_ref() != Some(&now) || last_full.elapsed() >= period {
+        let due = last.as_ref() != Some(&now) || last_full.elapsed() >= period;
+        // Records held back for want of the tunnel address: try again
+        // every few seconds, without a full iptables sync.
+        let dns_retry = dns_pending && last_dns_try.elapsed() >= DNS_RETRY;
+        if due || dns_retry {
             let view = kube.as_ref().map(|k| k.view());
-            if let Some(ipt) = &spec.iptables {
+            if let Some(ipt) = spec.iptables.as_ref().filter(|_| due) {
                 let mut ipt = ipt.clone();
                 if let Some(v) = view.as_ref().filter(|v| v.synced) {
                     // The cluster decides: Ready nodes without an agent go direct.
@@ -318,7 +338,33 @@ async fn run(spec: ControlSpec, sources: Sources, shutdown: Arc<Shutdown>) {
                 }
                 applied = sync_once(&ipt, &now.0, &applied);
             }
-            if let Some(dns) = &spec.dns {
+            let tunnel_ip = match spec.dns.as_ref().map(|d| &d.tunnel) {
+                Some(DnsTunnel::Ip(ip)) => Some(*ip),
+                Some(DnsTunnel::Service(svc)) => {
+                    let ip = match &kube {
+                        Some(k) => k.cluster_ip(svc).await,
+                        None => Err("no Kubernetes client".to_string()),
+                    };
+                    match ip {
+                        Ok(ip) => {
+                            tunnel_warned = false;
+                            Some(ip)
+                        }
+                        Err(e) => {
+                            // Once per outage, as each sync would repeat it.
+                            if !tunnel_warned {
+                                tracing::warn!(service = %format!("{}/{}", svc.namespace, svc.name), "DNS records not published: no tunnel address: {e}");
+                                tunnel_warned = true;
+                            }
+                            None
+                        }
+                    }
+                }
+                None => None,
+            };
+            last_dns_try = Instant::now();
+            dns_pending = spec.dns.is_some() && tunnel_ip.is_none();
+            if let (Some(dns), Some(tunnel_ip)) = (&spec.dns, tunnel_ip) {
                 let mut edge = now.1.clone();
                 let mut cloud = dns.cloud_nodes.clone();
                 if let Some(v) = view.as_ref().filter(|v| v.synced) {
@@ -326,7 +372,7 @@ async fn run(spec: ControlSpec, sources: Sources, shutdown: Arc<Shutdown>) {
                     edge.extend(e);
                     cloud.extend(c);
                 }
-                let text = super::dns::render_hosts(edge, dns.tunnel_ip, &cloud);
+                let text = super::dns::render_hosts(edge, tunnel_ip, &cloud);
                 if let Some(file) = &dns.hosts_file {
                     write_hosts(file, &text);
                 }
@@ -334,8 +380,10 @@ async fn run(spec: ControlSpec, sources: Sources, shutdown: Arc<Shutdown>) {
                     k.publish_records(&text).await;
                 }
             }
-            last = Some(now);
-            last_full = Instant::now();
+            if due {
+                last = Some(now);
+                last_full = Instant::now();
+            }
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }

@@ -11,7 +11,8 @@
 //!   ports from yurt-tunnel's ConfigMap);
 //! - certificates from Kubernetes CSRs with renewal (`csr`);
 //! - ANP's server leases (`server_lease` publishes, `lease_count` counts);
-//! - agent token checks by TokenReview (`token_review`).
+//! - agent token checks by TokenReview (`token_review`);
+//! - the agent's server address from yurt-tunnel's Service (`tunnel_addr`).
 //!
 //! `manager` starts it all from one spec per role.
 
@@ -26,3 +27,4 @@ pub mod manager;
 pub mod nodes;
 pub mod server_lease;
 pub mod token_review;
+pub mod tunnel_addr;

@@ -189,12 +189,18 @@ pub struct ServerArgs {
     /// the interception listener's).
     #[arg(long)]
     pub dns_tunnel_ip: Option<std::net::IpAddr>,
+    /// Edge node names resolve to this Service's ClusterIP (`namespace/name`,
+    /// read at every sync; yurt-tunnel's `x-tunnel-server-internal-svc`),
+    /// instead of --dns-tunnel-ip; needs --kube.
+    #[arg(long, conflicts_with = "dns_tunnel_ip")]
+    pub dns_tunnel_service: Option<String>,
     /// A cloud node's record, `name=ip` (repeatable).
     #[arg(long, value_parser = crate::control::dns::parse_node)]
     pub dns_cloud_node: Vec<(String, std::net::IpAddr)>,
-    /// Use the Kubernetes cluster: nodes (list and watch) decide which
-    /// nodes iptables leaves alone and the DNS records; `--dns-configmap`
-    /// and `--server-configmap` are read and written there. Takes a
+    /// Use the Kubernetes cluster: with --iptables or DNS records, nodes
+    /// (list and watch) decide which nodes iptables leaves alone and the
+    /// DNS records; `--dns-configmap` and (with --iptables)
+    /// `--server-configmap` are read and written there. Takes a
     /// kubeconfig path, or `in-cluster` for the service account.
     #[arg(long)]
     pub kube: Option<String>,
@@ -494,19 +500,29 @@ impl ServerArgs {
         let dns = match (&self.dns_hosts_file, &self.dns_configmap) {
             (None, None) => None,
             (file, _) => {
-                let tunnel_ip = self
-                    .dns_tunnel_ip
-                    .or_else(|| {
-                        self.interception_bind
-                            .map(|b| b.ip())
-                            .filter(|ip| !ip.is_unspecified())
-                    })
-                    .ok_or(
-                        "DNS records need --dns-tunnel-ip (or a specific --interception-bind)",
-                    )?;
+                use crate::control::manager::DnsTunnel;
+                let tunnel = match &self.dns_tunnel_service {
+                    Some(svc) => {
+                        if kube.is_none() {
+                            return Err("--dns-tunnel-service needs --kube".into());
+                        }
+                        DnsTunnel::Service(ns_name(svc)?)
+                    }
+                    None => DnsTunnel::Ip(
+                        self.dns_tunnel_ip
+                            .or_else(|| {
+                                self.interception_bind
+                                    .map(|b| b.ip())
+                                    .filter(|ip| !ip.is_unspecified())
+                            })
+                            .ok_or(
+                                "DNS records need --dns-tunnel-ip, --dns-tunnel-service or a specific --interception-bind",
+                            )?,
+                    ),
+                };
                 Some(crate::control::manager::DnsSpec {
                     hosts_file: file.clone(),
-                    tunnel_ip,
+                    tunnel,
                     cloud_nodes: self.dns_cloud_node.iter().cloned().collect(),
                 })
             }

@@ -306,13 +306,13 @@ impl FakeKube {
     }
 
     /// Approves and signs every pending request with the CA in `certs`
-    /// (ca.crt, ca.key), valid for `secs` seconds; returns how many.
+    /// (ca.crt, and ca.key in the CA directory beside it), valid for `secs` seconds; returns how many.
     pub(crate) fn sign_pending(&self, certs: &std::path::Path, secs: u64) -> usize {
         use base64::Engine as _;
         let b64 = base64::engine::general_purpose::STANDARD;
         let ca_pem = std::fs::read_to_string(certs.join("ca.crt")).unwrap();
         let ca_key =
-            rcgen::KeyPair::from_pem(&std::fs::read_to_string(certs.join("ca.key")).unwrap())
+            rcgen::KeyPair::from_pem(&std::fs::read_to_string(super::ca_key(certs)).unwrap())
                 .unwrap();
         let ca = rcgen::CertificateParams::from_ca_cert_pem(&ca_pem)
             .unwrap()
@@ -441,15 +441,25 @@ impl FakeKube {
                     self.watch(&mut w, from, Duration::from_secs(secs.min(30)))
                 }
                 ("GET", ["api", "v1", "nodes"]) => {
+                    // One `key=value` label selector, if any.
+                    let selector = q.get("labelSelector").map(|v| percent_decode(v));
+                    let wanted =
+                        |n: &Value| match selector.as_deref().and_then(|s| s.split_once('=')) {
+                            Some((k, v)) => n["metadata"]["labels"][k].as_str() == Some(v),
+                            None => true,
+                        };
                     let st = self.state.0.lock().unwrap();
                     let list = json!({"apiVersion": "v1", "kind": "NodeList",
                         "metadata": {"resourceVersion": st.version.to_string()},
-                        "items": st.nodes.values().cloned().collect::<Vec<_>>()});
+                        "items": st.nodes.values().filter(|n| wanted(n)).cloned().collect::<Vec<_>>()});
                     drop(st);
                     reply(&mut w, 200, &list)
                 }
                 (m, ["api", "v1", "namespaces", ns, "services", rest @ ..]) => {
                     self.object_request(&mut w, m, "services", ns, rest.first().copied(), &body)
+                }
+                (m, ["api", "v1", "namespaces", ns, "endpoints", rest @ ..]) => {
+                    self.object_request(&mut w, m, "endpoints", ns, rest.first().copied(), &body)
                 }
                 (m, ["api", "v1", "namespaces", ns, "configmaps", rest @ ..]) => {
                     self.object_request(&mut w, m, "configmaps", ns, rest.first().copied(), &body)

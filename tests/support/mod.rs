@@ -78,7 +78,9 @@ impl Env {
         usages: &[rcgen::ExtendedKeyUsagePurpose],
     ) -> (String, String) {
         let read = |f: &str| std::fs::read_to_string(self.certs().join(f)).unwrap();
-        let ca_key = rcgen::KeyPair::from_pem(&read("ca.key")).unwrap();
+        let ca_key =
+            rcgen::KeyPair::from_pem(&std::fs::read_to_string(ca_key(&self.certs())).unwrap())
+                .unwrap();
         let ca = rcgen::CertificateParams::from_ca_cert_pem(&read("ca.crt"))
             .unwrap()
             .self_signed(&ca_key)
@@ -102,6 +104,14 @@ impl Env {
         std::fs::write(&k, key.serialize_pem()).unwrap();
         (c.display().to_string(), k.display().to_string())
     }
+}
+
+/// The CA key of a `certs init` directory: `DIR-ca/ca.key` (kept apart
+/// from the certificates since `certs init` has a CA directory).
+pub(crate) fn ca_key(certs: &std::path::Path) -> PathBuf {
+    let mut name = certs.file_name().expect("a named directory").to_os_string();
+    name.push("-ca");
+    certs.with_file_name(name).join("ca.key")
 }
 
 /// The agent's `--allow-destinations` from the environment.

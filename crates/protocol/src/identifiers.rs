@@ -1,7 +1,12 @@
 //! Agent identifiers: the `agentIdentifiers` metadata value, in URL query
 //! form (`host=node1&ipv4=10.0.0.5&cidr=10.1.0.0/16&default-route=true`),
-//! each key repeatable. Unknown keys are ignored (a newer peer may add some);
-//! malformed addresses are errors.
+//! each key repeatable. Malformed addresses are errors. Unknown keys are
+//! ignored where a peer sends them ([`Identifiers::parse`]: a newer peer may
+//! add some, as ANP's server `proto/header/header.go` `GenAgentIdentifiers`
+//! fails open) and refused where an operator writes them
+//! ([`Identifiers::parse_known`], the agent's flag, as ANP's agent
+//! `cmd/agent/app/options/options.go` `validateAgentIdentifiers` refuses
+//! them: a mistyped `hostname=` would register nothing).
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -73,7 +78,14 @@ pub enum IdentifierError {
     BadCidr(String),
     #[error("agent identifiers: bad percent-encoding in {0:?}")]
     BadEncoding(String),
+    /// ANP's agent's words, with the keys it knows.
+    #[error("agent identifiers: unknown address type: {0} (known: host, ipv4, ipv6, cidr, default-route)")]
+    UnknownKey(String),
 }
+
+/// The keys ANP's agent accepts (`header.IPv4`, `IPv6`, `CIDR`, `Host`,
+/// `DefaultRoute`; `uid` is a header type its agent refuses).
+pub const KNOWN_KEYS: [&str; 5] = ["host", "ipv4", "ipv6", "cidr", "default-route"];
 
 /// What an agent says it can reach.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -86,7 +98,20 @@ pub struct Identifiers {
 }
 
 impl Identifiers {
-    /// Parses the URL-query form used in the `agentIdentifiers` header.
+    /// Parses an operator's `--agent-identifiers`: as [`Identifiers::parse`],
+    /// and every key must be one of [`KNOWN_KEYS`].
+    pub fn parse_known(query: &str) -> Result<Self, IdentifierError> {
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let k = percent_decode(pair.split_once('=').map_or(pair, |(k, _)| k))?;
+            if !KNOWN_KEYS.contains(&k.as_str()) {
+                return Err(IdentifierError::UnknownKey(k));
+            }
+        }
+        Self::parse(query)
+    }
+
+    /// Parses the URL-query form used in the `agentIdentifiers` header;
+    /// unknown keys are skipped.
     pub fn parse(query: &str) -> Result<Self, IdentifierError> {
         let mut ids = Identifiers::default();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -186,6 +211,34 @@ mod tests {
         assert_eq!(ids.cidrs, vec![Cidr::parse("10.1.0.0/16").unwrap()]);
         assert!(ids.default_route);
         assert_eq!(Identifiers::parse(&ids.encode()).unwrap(), ids);
+    }
+
+    #[test]
+    fn operators_get_only_known_keys() {
+        let all = "host=n1&ipv4=10.0.0.5&ipv6=fd00%3A%3A1&cidr=10.1.0.0%2F16&default-route=true";
+        assert_eq!(
+            Identifiers::parse_known(all).unwrap(),
+            Identifiers::parse(all).unwrap()
+        );
+        for (q, key) in [
+            ("hostname=node-1", "hostname"),
+            ("host=n1&zone=a", "zone"),
+            ("uid=1", "uid"),
+            ("h%6Fst2=x", "host2"),
+            ("flag", "flag"),
+        ] {
+            assert_eq!(
+                Identifiers::parse_known(q),
+                Err(IdentifierError::UnknownKey(key.into())),
+                "{q}"
+            );
+        }
+        // The peer-side parser still fails open.
+        assert_eq!(
+            Identifiers::parse("hostname=node-1").unwrap(),
+            Identifiers::default()
+        );
+        assert!(Identifiers::parse_known("").unwrap() == Identifiers::default());
     }
 
     #[test]
