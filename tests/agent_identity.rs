@@ -83,9 +83,17 @@ fn admitted(
         }
         if refused(server, reason) > before {
             // The agent heard why.
+            // The refusal's own line (the needle alone may also be in the
+            // agent's start line, which names its identifiers).
             wait_until(
                 "the agent logs the server's refusal",
-                || agent.proc.log_text().contains(needle),
+                || {
+                    agent
+                        .proc
+                        .log_text()
+                        .lines()
+                        .any(|l| l.contains("gRPC status 7: ") && l.contains(needle))
+                },
                 || agent.proc.log_text(),
             );
             let log = agent.proc.log_text();
