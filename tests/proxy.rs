@@ -362,3 +362,100 @@ fn http2_upstream_multiplexes_one_connection_per_core() {
         .collect();
     assert!(r.body == plain);
 }
+
+/// How a streamed request body is framed in [`body_arrives_as_sent`].
+#[derive(Debug, Clone, Copy)]
+enum Framed {
+    /// One chunk per write.
+    Chunked,
+    /// A Content-Length above what the proxy reads before forwarding.
+    Length,
+}
+
+/// POSTs `total` bytes to `/upload/MARK`, sending the first `mark` and
+/// then waiting until the upstream has them before sending the rest (a
+/// client that streams and pauses, e.g. a slow upload): the upstream must
+/// see what was sent without the rest of the body. Returns how long the
+/// upstream took to see the first part.
+fn body_arrives_as_sent(
+    ep: &Endpoint,
+    api: &FakeApiServer,
+    how: Framed,
+    mark: usize,
+    total: usize,
+) -> Result<Duration, String> {
+    let body = random_bytes(total, mark as u64);
+    let framing = match how {
+        Framed::Chunked => "Transfer-Encoding: chunked".to_string(),
+        Framed::Length => format!("Content-Length: {total}"),
+    };
+    let frame = |part: &[u8]| match how {
+        Framed::Chunked => {
+            let mut f = format!("{:x}\r\n", part.len()).into_bytes();
+            f.extend_from_slice(part);
+            f.extend_from_slice(b"\r\n");
+            f
+        }
+        Framed::Length => part.to_vec(),
+    };
+    let event = format!("body {mark} /upload/{mark}");
+    let before = api.count(&event);
+    let mut c = ep.connect();
+    let mut first = format!(
+        "POST /upload/{mark} HTTP/1.1\r\nHost: localhost:{}\r\nContent-Type: application/octet-stream\r\n{framing}\r\n\r\n",
+        ep.port()
+    )
+    .into_bytes();
+    first.extend_from_slice(&frame(&body[..mark]));
+    let sent = Instant::now();
+    c.write_all(&first).map_err(|e| e.to_string())?;
+    let seen = api.wait_count(&event, before + 1, Duration::from_secs(5));
+    let took = sent.elapsed();
+    let mut rest = frame(&body[mark..]);
+    if let Framed::Chunked = how {
+        rest.extend_from_slice(b"0\r\n\r\n");
+    }
+    // Sent either way, so that the request ends and the connection is free.
+    c.write_all(&rest).map_err(|e| e.to_string())?;
+    let r = read_response(&mut *c, "POST").map_err(|e| e.to_string())?;
+    if seen.is_none() {
+        return Err(format!(
+            "{how:?} {mark}/{total}: the upstream did not get the first {mark} bytes in {took:?} while the client waited"
+        ));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&r.body).map_err(|e| e.to_string())?;
+    if v["body_len"].as_u64() != Some(total as u64) || v["body_fnv"].as_u64() != Some(fnv(&body)) {
+        return Err(format!("{how:?} {mark}/{total}: body changed: {v}"));
+    }
+    Ok(took)
+}
+
+/// Request bodies are written through to a TLS upstream as they come (not
+/// held in the TLS writer until the body ends), as kubectl proxy does.
+#[test]
+fn streamed_request_bodies_reach_the_upstream_as_sent() {
+    let s = setup();
+    let go = start(
+        kubectl_cmd(&kubectl(), &s.kubeconfig, &p0()),
+        s.env.path("go.log"),
+    );
+    let ours = ours(&s, &p0());
+    let cases = [
+        (Framed::Chunked, 1024, 200 << 10),
+        (Framed::Length, 40 << 10, 256 << 10),
+        (Framed::Chunked, 16 << 20, 17 << 20),
+        (Framed::Length, 16 << 20, 17 << 20),
+    ];
+    for (name, ep) in [("kubectl", &go.ep), ("ours", &ours.ep)] {
+        let mut failed = Vec::new();
+        for &(how, mark, total) in &cases {
+            match body_arrives_as_sent(ep, &s.api, how, mark, total) {
+                Ok(took) => {
+                    eprintln!("{name}: {how:?} {mark}/{total}: first part upstream in {took:?}")
+                }
+                Err(e) => failed.push(e),
+            }
+        }
+        assert!(failed.is_empty(), "{name}: {failed:#?}");
+    }
+}

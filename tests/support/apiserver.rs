@@ -24,7 +24,8 @@ pub(crate) struct FakeApiServer {
     /// What happened, in order: `"METHOD /path"` per request,
     /// `"closed /path"` when a held request (`.../hold`, `.../quiet`) saw
     /// the proxy close its connection (HTTP/1.1) or reset its stream
-    /// (HTTP/2), `"h2-conn"` per HTTP/2 connection accepted.
+    /// (HTTP/2), `"h2-conn"` per HTTP/2 connection accepted, `"body N
+    /// /upload/N"` when an `/upload/N` request's first N body bytes came.
     pub events: Events,
 }
 
@@ -148,7 +149,12 @@ trait Conn: Read + Write {
     fn client_cn(&self) -> Option<String>;
     fn close_notify(&mut self);
     fn set_read_timeout(&self, t: Duration);
+    /// Fixes the socket's receive buffer at [`SMALL_WINDOW`] (no growth).
+    fn small_window(&self);
 }
+
+/// The receive buffer of a connection that got an `/upload/N` request.
+const SMALL_WINDOW: usize = 64 * 1024;
 
 /// The subject common name of a DER certificate.
 fn common_name(der: &[u8]) -> Option<String> {
@@ -171,6 +177,9 @@ impl Conn for Tls {
     fn set_read_timeout(&self, t: Duration) {
         let _ = self.sock.set_read_timeout(Some(t));
     }
+    fn small_window(&self) {
+        let _ = socket2::SockRef::from(&self.sock).set_recv_buffer_size(SMALL_WINDOW);
+    }
 }
 
 impl Conn for TcpStream {
@@ -183,6 +192,9 @@ impl Conn for TcpStream {
     fn close_notify(&mut self) {}
     fn set_read_timeout(&self, t: Duration) {
         let _ = TcpStream::set_read_timeout(self, Some(t));
+    }
+    fn small_window(&self) {
+        let _ = socket2::SockRef::from(self).set_recv_buffer_size(SMALL_WINDOW);
     }
 }
 
@@ -253,6 +265,45 @@ fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
 }
 
 fn read_body<S: Conn>(r: &mut BufReader<S>, headers: &[(String, String)]) -> Option<Vec<u8>> {
+    read_body_marked(r, headers, usize::MAX, &mut || {})
+}
+
+/// Reads `n` more body bytes onto `body`, calling `at_mark` as soon as the
+/// body holds `mark` bytes (before reading past them); the bytes up to the
+/// mark are read slowly.
+fn read_part<S: Conn>(
+    r: &mut BufReader<S>,
+    body: &mut Vec<u8>,
+    n: usize,
+    mark: usize,
+    at_mark: &mut dyn FnMut(),
+) -> Option<()> {
+    let start = body.len();
+    body.resize(start + n, 0);
+    let mut at = start;
+    if start < mark && mark <= start + n {
+        // Slowly up to the mark, so that the sender's socket stays full.
+        while at < mark {
+            let k = (mark - at).min(SLOW_READ);
+            r.read_exact(&mut body[at..at + k]).ok()?;
+            at += k;
+            thread::sleep(Duration::from_millis(1));
+        }
+        at_mark();
+    }
+    r.read_exact(&mut body[at..]).ok()
+}
+
+/// Bytes read per millisecond up to an `/upload/N` mark (about 16 MB/s).
+const SLOW_READ: usize = 16 * 1024;
+
+/// [`read_body`], calling `at_mark` once `mark` payload bytes arrived.
+fn read_body_marked<S: Conn>(
+    r: &mut BufReader<S>,
+    headers: &[(String, String)],
+    mark: usize,
+    at_mark: &mut dyn FnMut(),
+) -> Option<Vec<u8>> {
     if header(headers, "transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
         let mut body = Vec::new();
         loop {
@@ -268,16 +319,14 @@ fn read_body<S: Conn>(r: &mut BufReader<S>, headers: &[(String, String)]) -> Opt
                     }
                 }
             }
-            let start = body.len();
-            body.resize(start + size, 0);
-            r.read_exact(&mut body[start..]).ok()?;
+            read_part(r, &mut body, size, mark, at_mark)?;
             let mut crlf = [0u8; 2];
             r.read_exact(&mut crlf).ok()?;
         }
     }
     let n: usize = header(headers, "content-length").map_or(Some(0), |v| v.parse().ok())?;
-    let mut body = vec![0u8; n];
-    r.read_exact(&mut body).ok()?;
+    let mut body = Vec::with_capacity(n);
+    read_part(r, &mut body, n, mark, at_mark)?;
     Some(body)
 }
 
@@ -337,7 +386,22 @@ fn serve_conn<S: Conn>(conn: S, requests: &AtomicUsize, gate: &AtomicBool, event
         let Some((method, target, headers)) = read_head(&mut r) else {
             return;
         };
-        let Some(body) = read_body(&mut r, &headers) else {
+        // `/upload/N`: reads the first N payload bytes slowly through a
+        // small receive window (a busy upstream: the proxy's socket to it
+        // is full when the N-th byte is written) and notes
+        // `body N /upload/N` as soon as they arrived, while the rest of
+        // the body is still to come.
+        let mark = target
+            .strip_prefix("/upload/")
+            .and_then(|n| n.split('?').next()?.parse::<usize>().ok());
+        if mark.is_some() {
+            r.get_ref().small_window();
+        }
+        let Some(body) =
+            read_body_marked(&mut r, &headers, mark.unwrap_or(usize::MAX), &mut || {
+                note(events, format!("body {0} /upload/{0}", mark.unwrap_or(0)));
+            })
+        else {
             return;
         };
         requests.fetch_add(1, Ordering::SeqCst);

@@ -47,6 +47,12 @@ pub(super) async fn stream_body(
     let mut body = BodyReader::request(framing);
     while let Some(piece) = body.next(&mut client.io, &mut client.buf).await? {
         up.io.write_all(piece.raw()).await?;
+        // Before waiting for more from the client, push out what TLS
+        // holds: a write returns once the session has the bytes, even when
+        // the socket would block (kubectl proxy writes through as well).
+        if !body.is_done() && client.buf.is_empty() {
+            up.io.flush().await?;
+        }
         metrics
             .bytes_up
             .fetch_add(piece.raw().len() as u64, Ordering::Relaxed);
