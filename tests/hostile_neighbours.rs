@@ -6,11 +6,16 @@
 //! server's workers, while victims echo through a healthy agent over both
 //! frontends (HTTP CONNECT and gRPC ProxyService). Every victim byte is
 //! checked: no packet of one agent or caller may touch another's tunnel.
+//!
+//! An impostor (any certificate of the CA, the healthy agent's ID and
+//! address) is refused by the native server's default identity binding,
+//! with a refusal that says what to change; victims are not disturbed.
 
 mod support;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -51,6 +56,9 @@ struct Flooder<S: Read + Write> {
     answered: bool,
     /// The server's SETTINGS_INITIAL_WINDOW_SIZE.
     initial: i64,
+    hpack: loona_hpack::Decoder<'static>,
+    /// The header fields the server answered with (head and trailers).
+    fields: Vec<(String, String)>,
 }
 
 impl<S: Read + Write> Flooder<S> {
@@ -67,6 +75,8 @@ impl<S: Read + Write> Flooder<S> {
             why: String::new(),
             answered: false,
             initial: 65_535,
+            hpack: loona_hpack::Decoder::new(),
+            fields: Vec::new(),
         };
         f.write(PREFACE);
         f.write(&frame(SETTINGS, 0, 0, &[]));
@@ -138,15 +148,32 @@ impl<S: Read + Write> Flooder<S> {
                 }
                 GOAWAY => self.end(format!("GOAWAY {payload:?}")),
                 RST_STREAM => self.end(format!("RST_STREAM {payload:?}")),
-                HEADERS if flags & END_STREAM != 0 => self.end("trailers".into()),
-                HEADERS => self.answered = true,
+                HEADERS => {
+                    // Small blocks only (no CONTINUATION from this server
+                    // for a response head or trailers).
+                    if let Ok(f) = self.hpack.decode(&payload) {
+                        self.fields.extend(f.into_iter().map(|(n, v)| {
+                            (
+                                String::from_utf8_lossy(&n).into_owned(),
+                                String::from_utf8_lossy(&v).into_owned(),
+                            )
+                        }));
+                    }
+                    self.answered = true;
+                    if flags & END_STREAM != 0 {
+                        let msg = header(&self.fields, "grpc-message")
+                            .unwrap_or("")
+                            .to_string();
+                        self.end(format!("trailers: {msg}"));
+                    }
+                }
                 _ => {}
             }
         }
     }
 
     fn end(&mut self, why: String) {
-        if !self.closed {
+        if !self.closed && self.answered && !why.starts_with("trailers") {
             eprintln!("hostile stream ended: {why}");
         }
         self.closed = true;
@@ -271,7 +298,12 @@ fn hostile_caller(grpc: SocketAddr, rounds: usize) -> u64 {
 
 /// CONNECT tunnels to `target`, one after another until `stop`, each
 /// echoing distinct bytes: the number of tunnels, or what went wrong.
-fn connect_victim(proxy: SocketAddr, target: SocketAddr, seed: u64, stop: &AtomicBool) -> Result<u64, String> {
+fn connect_victim(
+    proxy: SocketAddr,
+    target: SocketAddr,
+    seed: u64,
+    stop: &AtomicBool,
+) -> Result<u64, String> {
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) || n < 3 {
         let (status, body, s) = connect_tcp(proxy, &target.to_string());
@@ -291,7 +323,12 @@ fn connect_victim(proxy: SocketAddr, target: SocketAddr, seed: u64, stop: &Atomi
 
 /// gRPC ProxyService tunnels to `target`: several on one stream at once,
 /// each echoing distinct text, closed and dialled again until `stop`.
-fn grpc_victim(grpc: SocketAddr, target: SocketAddr, seed: u64, stop: &AtomicBool) -> Result<u64, String> {
+fn grpc_victim(
+    grpc: SocketAddr,
+    target: SocketAddr,
+    seed: u64,
+    stop: &AtomicBool,
+) -> Result<u64, String> {
     let run = move || {
         let s = TcpStream::connect(grpc).unwrap();
         s.set_read_timeout(Some(WAIT)).unwrap();
@@ -317,27 +354,18 @@ fn grpc_victim(grpc: SocketAddr, target: SocketAddr, seed: u64, stop: &AtomicBoo
         }
         n
     };
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
-        .map_err(|e| {
-            e.downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default()
-        })
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).map_err(|e| {
+        e.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default()
+    })
 }
 
 #[test]
 fn hostile_packets_never_touch_a_neighbours_tunnel() {
     let env = Env::new();
-    let server = Server::start(
-        &env,
-        &[
-            "--workers",
-            "2",
-            "--proxy-strategies",
-            "destHost",
-        ],
-    );
+    let server = Server::start(&env, &["--workers", "2", "--proxy-strategies", "destHost"]);
     let echo = echo_server("127.0.0.1");
     let healthy = Agent::start(
         &env,
@@ -408,4 +436,153 @@ fn hostile_packets_never_touch_a_neighbours_tunnel() {
         server.proc.log_text()
     );
     assert!(packets.load(Ordering::Relaxed) >= 4 * 4 * 6 * IDS as u64);
+}
+
+/// An agent that claims `id` and `identifiers` with the shared test
+/// certificate (CN edgetunnel-agent), again and again until `stop`,
+/// flooding one round whenever it gets in: (times admitted, the last
+/// refusal's gRPC message).
+fn impostor(
+    certs: &std::path::Path,
+    agent_port: SocketAddr,
+    id: &str,
+    identifiers: &str,
+    stop: &AtomicBool,
+) -> (u64, String) {
+    let msgs: Vec<Vec<u8>> = (0..IDS)
+        .flat_map(round_packets)
+        .map(|f| packet::encode(f).to_vec())
+        .collect();
+    let (mut admitted, mut refusal) = (0, String::new());
+    while !stop.load(Ordering::Relaxed) {
+        let cfg = client_tls(
+            &certs.join("ca.crt"),
+            Some((&certs.join("agent.crt"), &certs.join("agent.key"))),
+            b"h2",
+            &[&rustls::version::TLS13],
+            &[],
+        );
+        let Ok(tls) = tls_connect(agent_port, cfg) else {
+            continue;
+        };
+        tls.sock
+            .set_read_timeout(Some(Duration::from_millis(2)))
+            .unwrap();
+        let mut f = Flooder::start(
+            tls,
+            &[
+                (":method", "POST"),
+                (":scheme", "https"),
+                (":path", "/AgentService/Connect"),
+                (":authority", "localhost"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+                ("agentid", id),
+                ("agentidentifiers", identifiers),
+            ],
+        );
+        if f.closed {
+            refusal = f.why.clone();
+            thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        admitted += 1;
+        // In: flood, and sit on the dials routed here until told to stop.
+        f.send_all(&msgs);
+        while !f.closed && !stop.load(Ordering::Relaxed) {
+            f.pump();
+        }
+    }
+    (admitted, refusal)
+}
+
+/// `edgetunnel server` with the test certificates and nothing else about
+/// agent identity: the native default.
+fn default_server(env: &Env, extra: &[&str]) -> Server {
+    let (c, g) = (env.path("connect-d.sock"), env.path("grpc-d.sock"));
+    let mut cmd = Command::new(BIN);
+    cmd.arg("server")
+        .arg("--certs-dir")
+        .arg(env.certs())
+        .args([
+            "--agent-bind",
+            "127.0.0.1:0",
+            "--connect-bind",
+            "127.0.0.1:0",
+        ])
+        .args(["--grpc-bind", "127.0.0.1:0", "--admin-bind", "127.0.0.1:0"])
+        .arg("--connect-uds")
+        .arg(&c)
+        .arg("--grpc-uds")
+        .arg(&g)
+        .args(extra);
+    Server::spawn(env, cmd, 9000, c, g)
+}
+
+#[test]
+fn an_impostor_is_refused_by_default_and_its_neighbours_undisturbed() {
+    let env = Env::new();
+    // IMPOSTOR_TEST_NO_BIND=1 shows the hole the default closes: the same
+    // run with binding off (the default before issue 27).
+    let off = std::env::var_os("IMPOSTOR_TEST_NO_BIND").is_some();
+    let mut extra = vec!["--workers", "2", "--dial-timeout-secs", "3"];
+    if off {
+        extra.push("--bind-agent-identity=false");
+    }
+    let server = default_server(&env, &extra);
+    let echo = echo_server("127.0.0.1");
+    // The real node1: a certificate naming its ID and its address.
+    let (cert, key) = env.issue(
+        "node1",
+        "node1",
+        &["node1", "127.0.0.1"],
+        &[rcgen::ExtendedKeyUsagePurpose::ClientAuth],
+    );
+    let healthy = Agent::start(
+        &env,
+        server.agent,
+        "node1",
+        "host=node1&ipv4=127.0.0.1",
+        &["--workers", "2", "--cert", &cert, "--key", &key],
+    );
+    server.wait_agent_links(2.0, &healthy.proc);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let imp = {
+        let (certs, port, stop) = (env.certs(), server.agent, stop.clone());
+        thread::spawn(move || impostor(&certs, port, "node1", "ipv4=127.0.0.1", &stop))
+    };
+    // Let the impostor try before the victims start.
+    thread::sleep(Duration::from_millis(300));
+    let victims_stop = Arc::new(AtomicBool::new(false));
+    let mut victims = Vec::new();
+    for v in 0..2u64 {
+        let (s, connect, target) = (victims_stop.clone(), server.connect, echo.addr);
+        victims.push(thread::spawn(move || {
+            connect_victim(connect, target, 500 + v, &s)
+        }));
+        let (s, grpc) = (victims_stop.clone(), server.grpc);
+        victims.push(thread::spawn(move || grpc_victim(grpc, target, 50 + v, &s)));
+    }
+    thread::sleep(Duration::from_secs(2));
+    victims_stop.store(true, Ordering::Relaxed);
+    let results: Vec<_> = victims.into_iter().map(|v| v.join().unwrap()).collect();
+    stop.store(true, Ordering::Relaxed);
+    let (admitted, refusal) = imp.join().unwrap();
+    let failures: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(
+        failures.is_empty(),
+        "victims disturbed (impostor admitted {admitted} times): {failures:#?}"
+    );
+    assert_eq!(admitted, 0, "the impostor registered as node1");
+    // The refusal says what is wrong and what to change.
+    for want in [
+        "node1",
+        "edgetunnel-agent",
+        "edgetunnel certs",
+        "--bind-agent-identity=false",
+    ] {
+        assert!(refusal.contains(want), "{want:?} not in {refusal:?}");
+    }
+    assert!(server.metric("edgetunnel_agent_identity_refused_total{reason=\"agent_id\"}") >= 1.0);
 }

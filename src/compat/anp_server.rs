@@ -136,6 +136,10 @@ pub fn translate(p: &Parsed, out: &mut Out, host: &dyn Host) -> Result<(), Compa
         )));
     }
 
+    // ANP binds no agent to its certificate: any certificate the CA signed
+    // may register any agent ID (edgetunnel server's default binds them).
+    out.switch("--bind-agent-identity=false");
+
     // The agent listener's TLS.
     let (cert, key, ca) = (
         p.str("cluster-cert"),

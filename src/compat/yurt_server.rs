@@ -175,6 +175,9 @@ pub fn translate(p: &Parsed, out: &mut Out, host: &dyn Host) -> Result<(), Compa
     out.arg("--interception-bind", at(insecure, "insecure-port")?);
     out.arg("--admin-bind", at(insecure, "meta-port")?);
     out.switch("--kubelet-insecure-skip-verify");
+    // yurt-tunnel-server (ANP underneath) binds no agent to its
+    // certificate; edgetunnel server's default binds them.
+    out.switch("--bind-agent-identity=false");
 
     // Kubernetes and certificates.
     let cert_dir = match p.str("cert-dir") {

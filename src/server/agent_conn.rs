@@ -138,7 +138,7 @@ impl Drop for Claim {
     }
 }
 
-/// With `--bind-agent-identity`, the agent's ID and identifiers must be
+/// With `--bind-agent-identity` (the default), the agent's ID and identifiers must be
 /// named by its client certificate (see [`agent_identity`]) and the ID not
 /// held by another certificate. Token-authenticated agents without a
 /// certificate are not bound (a ServiceAccount token names no node).
@@ -169,7 +169,7 @@ fn bind_identity(
     };
     bound.map(Some).map_err(|e| {
         shared.metrics.identity_refused(e.reason());
-        (code::PERMISSION_DENIED, e.to_string())
+        (code::PERMISSION_DENIED, format!("{e}; {}", e.hint()))
     })
 }
 
