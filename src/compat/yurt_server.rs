@@ -358,6 +358,7 @@ mod tests {
                 "--interception-bind 127.0.0.1:10264",
                 "--admin-bind 127.0.0.1:10265",
                 "--kubelet-insecure-skip-verify",
+                "--bind-agent-identity=false",
                 "--certs-dir /var/lib/yurttunnel-server/pki",
                 "--kube in-cluster",
                 "--ca /var/run/secrets/kubernetes.io/serviceaccount/ca.crt",

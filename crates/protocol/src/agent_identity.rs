@@ -482,6 +482,30 @@ mod tests {
     }
 
     #[test]
+    fn refusals_say_what_to_change() {
+        let allowed = Allowed {
+            names: vec!["edgetunnel-agent".into()],
+            ips: vec![],
+        };
+        let e = IdentityError::AgentId {
+            id: "node1".into(),
+            allowed,
+        };
+        let text = format!("{e}; {}", e.hint());
+        for want in [
+            "node1",
+            "edgetunnel-agent",
+            "edgetunnel certs",
+            "--bind-agent-identity=false",
+        ] {
+            assert!(text.contains(want), "{want:?} not in {text:?}");
+        }
+        assert!(IdentityError::Taken("n".into())
+            .hint()
+            .contains("its own agent ID"));
+    }
+
+    #[test]
     fn reasons_are_listed() {
         let a = Allowed {
             names: vec![],
