@@ -172,6 +172,8 @@ fn start_tunnel(dir: &std::path::Path) -> (Procs, SocketAddr) {
     let st = Command::new(BIN)
         .args(["certs", "init"])
         .arg(dir.join("certs"))
+        // The agent certificate names the agent ID (the server binds it).
+        .args(["--agent-name", "bench"])
         .output()
         .unwrap();
     assert!(st.status.success());

@@ -453,15 +453,23 @@ impl Metrics {
             "Agent connections accepted and not yet authenticated (TLS, HTTP/2, first request, token review).",
         );
         let hr = Family::<Label1, Counter>::default();
+        let hs = Family::<Label1, Counter>::default();
         let handshakes = crate::engine::admission::AdmissionMetrics {
             in_progress,
             refused_total: hr.get_or_create_owned(&[("cap", "total")]),
             refused_per_ip: hr.get_or_create_owned(&[("cap", "per_ip")]),
+            shed_total: hs.get_or_create_owned(&[("cap", "total")]),
+            shed_per_ip: hs.get_or_create_owned(&[("cap", "per_ip")]),
         };
         x.add(
             "edgetunnel_agent_handshakes_refused",
-            "Agent connections closed at once because --max-handshakes or --max-handshakes-per-ip was reached.",
+            "Agent connections closed at once because --max-handshakes or --max-handshakes-per-ip was reached and every handshake in the way had completed TLS.",
             hr,
+        );
+        x.add(
+            "edgetunnel_agent_handshakes_shed",
+            "Agent connections closed before completing TLS because a newcomer needed their slot (--max-handshakes or --max-handshakes-per-ip reached): the oldest of the same address, or of the address holding the most.",
+            hs,
         );
         let dial_duration = Histogram::new(DIAL_BUCKETS);
         x.add(

@@ -44,6 +44,7 @@ fn server_and_agent_survive_a_closed_stdout() {
     let mut server = Command::new(BIN);
     server
         .args(["server", "--certs-dir", &certs, "--workers", "2"])
+        .arg("--bind-agent-identity=false")
         .args(["--agent-bind", &agent_bind])
         .args(["--connect-bind", &port(())])
         .args(["--grpc-bind", &port(())])

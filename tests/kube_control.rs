@@ -96,6 +96,8 @@ fn nodes_and_configmaps_drive_rules_and_records() {
         "kube-system/yurt-tunnel-nodes",
         "--dns-tunnel-ip",
         "10.96.0.50",
+        // Its agents' certificate does not name their IDs.
+        "--bind-agent-identity=false",
     ]);
     let mut server = Proc::spawn(server, env.path("server.log"));
     let agent_addr = server

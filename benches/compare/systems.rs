@@ -636,7 +636,13 @@ fn start_edgetunnel(
     fd_fit("edgetunnel", opts.max_conns, 1, Limit::Soft)?;
     let bin = &opts.edgetunnel_bin;
     let certs = run.dir().join("certs");
-    run_tool(Command::new(bin).args(["certs", "init"]).arg(&certs))?;
+    // The agent certificate names the agent ID (the server binds it).
+    run_tool(
+        Command::new(bin)
+            .args(["certs", "init"])
+            .arg(&certs)
+            .args(["--agent-name", "bench"]),
+    )?;
 
     let mut cmd = Command::new(bin);
     cmd.args(["server", "--certs-dir"]).arg(&certs).args([

@@ -136,6 +136,10 @@ pub fn translate(p: &Parsed, out: &mut Out, host: &dyn Host) -> Result<(), Compa
         )));
     }
 
+    // ANP binds no agent to its certificate: any certificate the CA signed
+    // may register any agent ID (edgetunnel server's default binds them).
+    out.switch("--bind-agent-identity=false");
+
     // The agent listener's TLS.
     let (cert, key, ca) = (
         p.str("cluster-cert"),
@@ -387,6 +391,7 @@ mod tests {
                 "--graceful-shutdown-timeout-secs 0",
                 "--lease-namespace kube-system",
                 "--lease-label k8s-app=konnectivity-server",
+                "--bind-agent-identity=false",
                 "--cert /pki/apiserver.crt",
                 "--key /pki/apiserver.key",
                 "--ca /pki/ca.crt",
@@ -686,6 +691,7 @@ mod tests {
                 "--graceful-shutdown-timeout-secs 0",
                 "--lease-namespace kube-system",
                 "--lease-label k8s-app=konnectivity-server",
+                "--bind-agent-identity=false",
                 "--agent-namespace kube-system",
                 "--agent-service-account konnectivity-agent",
                 "--authentication-audience system:konnectivity-server",

@@ -527,6 +527,14 @@ pub fn usage(binary: Binary, table: &[Flag]) -> String {
         binary.name(),
         binary.role()
     );
+    if binary.role() == "server" {
+        // The one behaviour of `edgetunnel server` this face turns back.
+        s.push_str(
+            "  Agents are not bound to their client certificates, as in ANP: any certificate the \
+             CA signed may register any agent ID (edgetunnel server's default is \
+             --bind-agent-identity; this face passes --bind-agent-identity=false).\n",
+        );
+    }
     for f in table {
         let sp = &f.spec;
         let mut names = match sp.shorthand {

@@ -193,6 +193,9 @@ pub fn translate(p: &Parsed, out: &mut Out, host: &dyn Host) -> Result<(), Compa
     out.arg("--interception-bind", at(insecure, "insecure-port")?);
     out.arg("--admin-bind", at(insecure, "meta-port")?);
     out.switch("--kubelet-insecure-skip-verify");
+    // yurt-tunnel-server (ANP underneath) binds no agent to its
+    // certificate; edgetunnel server's default binds them.
+    out.switch("--bind-agent-identity=false");
 
     // Kubernetes and certificates.
     let cert_dir = match p.str("cert-dir") {
@@ -372,6 +375,7 @@ mod tests {
                 "--interception-bind 127.0.0.1:10264",
                 "--admin-bind 127.0.0.1:10265",
                 "--kubelet-insecure-skip-verify",
+                "--bind-agent-identity=false",
                 "--certs-dir /var/lib/yurttunnel-server/pki",
                 "--kube in-cluster",
                 "--ca /var/run/secrets/kubernetes.io/serviceaccount/ca.crt",

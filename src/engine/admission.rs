@@ -1,19 +1,57 @@
 //! The pre-authentication cap: how many accepted connections may be in
 //! their handshake (TLS, HTTP/2, first request, token review) at once, in
-//! total and per source address. A connection over either cap is closed at
-//! once by the accept loop, so an unauthenticated flood holds at most
-//! `total` descriptors and cannot take the ones other listeners need.
+//! total and per source address, so that an unauthenticated flood holds at
+//! most `total` descriptors and cannot take the ones other listeners need.
 //!
-//! [`Table`] is the pure count; [`Admission`] shares it between the cores
-//! (one short lock per accept) and hands out [`Permit`]s that give their
-//! slot back when dropped.
+//! Fair admission: a full cap sheds, it does not refuse. Edge nodes behind
+//! one NAT share an address, and a server restart makes them all reconnect
+//! at once; a flood from that address (or from everywhere) must not lock a
+//! real agent out for as long as it lasts, as first-come refusal did. So a
+//! newcomer over a cap takes the slot of the *oldest connection that has
+//! not finished its TLS handshake*:
+//! - over the per-address cap, the oldest such connection of the same
+//!   address;
+//! - over the total cap, the oldest such connection of the address holding
+//!   the most of them (a flooding address pays for its own flood before
+//!   anyone else does).
+//!
+//! A connection that completed TLS ([`Permit::advance`]: with mutual TLS it
+//! proved a certificate of the CA) is never shed by a newcomer, and neither
+//! is one younger than [`SHED_GRACE`] (time to complete TLS, so that a
+//! flood that reconnects in a tight loop cannot shed a real agent before
+//! its handshake is done, and churns at most one cap's worth of slots per
+//! grace period); only when every slot in the way is such a connection is
+//! the newcomer refused. A real agent completes TLS within a round trip or
+//! two, while the connections a flood holds open (nothing sent, half a
+//! ClientHello) stay at the first stage and are the ones shed, oldest
+//! first. What a flood can still do: a flood that reconnects in a tight
+//! loop competes with a real agent of its address for the slots freed each
+//! grace period (the agent gets in on one of its retries, not at once);
+//! holding client certificates, it can fill the cap with completed TLS
+//! (the handshake timeout ends those).
+//!
+//! [`Table`] is the pure bookkeeping (no clock, no I/O); [`Admission`]
+//! shares it between the cores (one short lock per accept) and hands out
+//! [`Permit`]s that give their slot back when dropped and resolve
+//! [`Permit::shed`] when a newcomer took their slot.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
+use futures::task::AtomicWaker;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
+
+/// How long a new connection keeps its slot whatever comes after it, on
+/// average: each slot's grace is spread from half to one and a half times
+/// this ([`Table::grace`]), so that a flood's slots, taken in bursts, do
+/// not all come free at the same moment (a real agent retrying then finds
+/// one far more often than in one narrow window per period).
+pub const SHED_GRACE: Duration = Duration::from_secs(1);
 
 /// The caps; 0 means no cap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,7 +60,8 @@ pub struct Limits {
     pub per_ip: usize,
 }
 
-/// Why a connection was not admitted.
+/// Why a connection was not admitted (or, for a shed one, which cap made
+/// room for a newcomer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Refused {
     #[error("too many connections in their handshake")]
@@ -41,12 +80,40 @@ impl Refused {
     }
 }
 
+/// How far a connection's handshake has come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Stage {
+    /// Accepted; TLS not complete. May be shed for a newcomer.
+    Accepted,
+    /// TLS complete. Never shed.
+    Tls,
+}
+
+/// One handshake's slot.
+pub type Slot = u64;
+
+/// A slot taken: its number and the slot shed to make room, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admitted {
+    pub slot: Slot,
+    pub shed: Option<(Slot, Refused)>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    ip: Option<IpAddr>,
+    stage: Stage,
+    since: Instant,
+}
+
 /// Connections in their handshake, in total and by source address.
 #[derive(Debug)]
 pub struct Table {
     limits: Limits,
-    total: usize,
+    /// Slots are handed out in increasing order: a smaller one is older.
+    entries: HashMap<Slot, Entry>,
     by_ip: HashMap<IpAddr, usize>,
+    next: Slot,
 }
 
 /// IPv4-mapped IPv6 addresses count as the IPv4 address.
@@ -58,45 +125,118 @@ impl Table {
     pub fn new(limits: Limits) -> Self {
         Table {
             limits,
-            total: 0,
+            entries: HashMap::new(),
             by_ip: HashMap::new(),
+            next: 0,
         }
+    }
+
+    /// The grace of `slot`: from half to one and a half [`SHED_GRACE`],
+    /// spread by a hash of the slot number (deterministic).
+    pub fn grace(slot: Slot) -> Duration {
+        // splitmix64's finaliser.
+        let mut z = slot.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        SHED_GRACE / 2 + SHED_GRACE.mul_f64((z % 1024) as f64 / 1024.0)
+    }
+
+    /// Whether a newcomer may take `slot`'s place at `now`.
+    fn sheddable(slot: Slot, e: &Entry, now: Instant) -> bool {
+        e.stage == Stage::Accepted && now.saturating_duration_since(e.since) >= Self::grace(slot)
+    }
+
+    /// The oldest sheddable slot among those `pick` accepts.
+    fn oldest_sheddable(&self, now: Instant, pick: impl Fn(&Entry) -> bool) -> Option<Slot> {
+        self.entries
+            .iter()
+            .filter(|(s, e)| Self::sheddable(**s, e, now) && pick(e))
+            .map(|(s, _)| *s)
+            .min()
+    }
+
+    /// What to shed for a newcomer over the total cap: the oldest
+    /// sheddable handshake of the address holding the most of them (no
+    /// address: counted as one more address).
+    fn total_victim(&self, now: Instant) -> Option<Slot> {
+        let mut sheddable: HashMap<Option<IpAddr>, usize> = HashMap::new();
+        for (_, e) in self
+            .entries
+            .iter()
+            .filter(|(s, e)| Self::sheddable(**s, e, now))
+        {
+            *sheddable.entry(e.ip).or_default() += 1;
+        }
+        let (&worst, _) = sheddable.iter().max_by_key(|(ip, n)| (**n, **ip))?;
+        self.oldest_sheddable(now, |e| e.ip == worst)
     }
 
     /// Takes a slot for a connection from `ip` (`None`: no address, only
-    /// the total counts), or says which cap is full.
-    pub fn admit(&mut self, ip: Option<IpAddr>) -> Result<(), Refused> {
-        if self.limits.total != 0 && self.total >= self.limits.total {
-            return Err(Refused::Total);
-        }
+    /// the total counts) at `now`, shedding an unfinished handshake when a
+    /// cap is full; refuses only when no slot in the way may be shed.
+    pub fn admit(&mut self, ip: Option<IpAddr>, now: Instant) -> Result<Admitted, Refused> {
+        let ip = ip.map(key);
+        let mut shed = None;
         if let Some(ip) = ip {
-            let n = self.by_ip.entry(key(ip)).or_insert(0);
-            if self.limits.per_ip != 0 && *n >= self.limits.per_ip {
-                return Err(Refused::PerIp);
+            let n = self.by_ip.get(&ip).copied().unwrap_or(0);
+            if self.limits.per_ip != 0 && n >= self.limits.per_ip {
+                let victim = self
+                    .oldest_sheddable(now, |e| e.ip == Some(ip))
+                    .ok_or(Refused::PerIp)?;
+                shed = Some((victim, Refused::PerIp));
             }
-            *n += 1;
         }
-        self.total += 1;
-        Ok(())
+        if shed.is_none() && self.limits.total != 0 && self.entries.len() >= self.limits.total {
+            let victim = self.total_victim(now).ok_or(Refused::Total)?;
+            shed = Some((victim, Refused::Total));
+        }
+        if let Some((victim, _)) = shed {
+            self.release(victim);
+        }
+        let slot = self.next;
+        self.next += 1;
+        self.entries.insert(
+            slot,
+            Entry {
+                ip,
+                stage: Stage::Accepted,
+                since: now,
+            },
+        );
+        if let Some(ip) = ip {
+            *self.by_ip.entry(ip).or_insert(0) += 1;
+        }
+        Ok(Admitted { slot, shed })
     }
 
-    /// Gives back a slot taken by [`Table::admit`].
-    pub fn release(&mut self, ip: Option<IpAddr>) {
-        self.total = self.total.saturating_sub(1);
-        if let Some(ip) = ip {
-            let k = key(ip);
-            if let Some(n) = self.by_ip.get_mut(&k) {
+    /// The connection in `slot` completed TLS: it is no longer shed.
+    pub fn advance(&mut self, slot: Slot) {
+        if let Some(e) = self.entries.get_mut(&slot) {
+            e.stage = Stage::Tls;
+        }
+    }
+
+    /// Gives back a slot (nothing if it was shed already); whether it was
+    /// still held.
+    pub fn release(&mut self, slot: Slot) -> bool {
+        let Some(e) = self.entries.remove(&slot) else {
+            return false;
+        };
+        if let Some(ip) = e.ip {
+            if let Some(n) = self.by_ip.get_mut(&ip) {
                 *n -= 1;
                 if *n == 0 {
-                    self.by_ip.remove(&k);
+                    self.by_ip.remove(&ip);
                 }
             }
         }
+        true
     }
 
     /// Connections in their handshake.
     pub fn in_progress(&self) -> usize {
-        self.total
+        self.entries.len()
     }
 
     /// Addresses with a connection in its handshake.
@@ -105,41 +245,82 @@ impl Table {
     }
 }
 
-/// Where the cap reports: the in-progress gauge and refusals by cap.
+/// Where the cap reports: the in-progress gauge, refusals and sheddings
+/// by cap.
 #[derive(Debug, Clone, Default)]
 pub struct AdmissionMetrics {
     pub in_progress: Gauge,
     pub refused_total: Counter,
     pub refused_per_ip: Counter,
+    pub shed_total: Counter,
+    pub shed_per_ip: Counter,
+}
+
+/// Tells a connection its slot was taken.
+#[derive(Debug, Default)]
+struct ShedSignal {
+    shed: AtomicBool,
+    waker: AtomicWaker,
+}
+
+#[derive(Debug)]
+struct Shared {
+    table: Table,
+    signals: HashMap<Slot, Arc<ShedSignal>>,
 }
 
 /// A [`Table`] shared by every core.
 #[derive(Debug)]
 pub struct Admission {
-    table: Mutex<Table>,
+    inner: Mutex<Shared>,
     metrics: AdmissionMetrics,
 }
 
 impl Admission {
     pub fn new(limits: Limits, metrics: AdmissionMetrics) -> Arc<Self> {
         Arc::new(Admission {
-            table: Mutex::new(Table::new(limits)),
+            inner: Mutex::new(Shared {
+                table: Table::new(limits),
+                signals: HashMap::new(),
+            }),
             metrics,
         })
     }
 
     /// A permit for a connection from `ip`, or why there is none (counted).
+    /// A connection shed to make room is told through its permit.
     pub fn admit(self: &Arc<Self>, ip: Option<IpAddr>) -> Result<Permit, Refused> {
-        let r = self.table.lock().expect("admission lock").admit(ip);
-        match r {
-            Ok(()) => {
+        self.admit_at(ip, Instant::now())
+    }
+
+    /// [`Admission::admit`] at `now`.
+    pub fn admit_at(self: &Arc<Self>, ip: Option<IpAddr>, now: Instant) -> Result<Permit, Refused> {
+        let mut g = self.inner.lock().expect("admission lock");
+        match g.table.admit(ip, now) {
+            Ok(a) => {
+                let signal = Arc::new(ShedSignal::default());
+                g.signals.insert(a.slot, signal.clone());
+                if let Some((victim, cap)) = a.shed {
+                    if let Some(s) = g.signals.remove(&victim) {
+                        s.shed.store(true, Ordering::Release);
+                        s.waker.wake();
+                    }
+                    self.metrics.in_progress.dec();
+                    match cap {
+                        Refused::Total => self.metrics.shed_total.inc(),
+                        Refused::PerIp => self.metrics.shed_per_ip.inc(),
+                    };
+                }
+                drop(g);
                 self.metrics.in_progress.inc();
                 Ok(Permit {
                     owner: self.clone(),
-                    ip,
+                    slot: a.slot,
+                    signal,
                 })
             }
             Err(e) => {
+                drop(g);
                 match e {
                     Refused::Total => self.metrics.refused_total.inc(),
                     Refused::PerIp => self.metrics.refused_per_ip.inc(),
@@ -150,7 +331,11 @@ impl Admission {
     }
 
     pub fn in_progress(&self) -> usize {
-        self.table.lock().expect("admission lock").in_progress()
+        self.inner
+            .lock()
+            .expect("admission lock")
+            .table
+            .in_progress()
     }
 }
 
@@ -159,91 +344,202 @@ impl Admission {
 #[derive(Debug)]
 pub struct Permit {
     owner: Arc<Admission>,
-    ip: Option<IpAddr>,
+    slot: Slot,
+    signal: Arc<ShedSignal>,
+}
+
+impl Permit {
+    /// The connection completed TLS: a newcomer can no longer shed it.
+    pub fn advance(&self) {
+        let mut g = self.owner.inner.lock().expect("admission lock");
+        g.table.advance(self.slot);
+    }
+
+    /// Resolves when a newcomer took this connection's slot: close it.
+    pub async fn shed(&self) {
+        futures::future::poll_fn(|cx| {
+            if self.signal.shed.load(Ordering::Acquire) {
+                return Poll::Ready(());
+            }
+            self.signal.waker.register(cx.waker());
+            if self.signal.shed.load(Ordering::Acquire) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await
+    }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.owner
-            .table
-            .lock()
-            .expect("admission lock")
-            .release(self.ip);
-        self.owner.metrics.in_progress.dec();
+        let mut g = self.owner.inner.lock().expect("admission lock");
+        if g.table.release(self.slot) {
+            g.signals.remove(&self.slot);
+            drop(g);
+            self.owner.metrics.in_progress.dec();
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Waker};
 
     fn ip(s: &str) -> Option<IpAddr> {
         Some(s.parse().unwrap())
     }
 
-    #[test]
-    fn total_cap() {
-        let mut t = Table::new(Limits {
-            total: 2,
-            per_ip: 0,
-        });
-        assert_eq!(t.admit(ip("10.0.0.1")), Ok(()));
-        assert_eq!(t.admit(ip("10.0.0.2")), Ok(()));
-        assert_eq!(t.admit(ip("10.0.0.3")), Err(Refused::Total));
-        assert_eq!(t.admit(None), Err(Refused::Total));
-        t.release(ip("10.0.0.1"));
-        assert_eq!(t.admit(None), Ok(()));
-        assert_eq!(t.in_progress(), 2);
+    fn limits(total: usize, per_ip: usize) -> Limits {
+        Limits { total, per_ip }
+    }
+
+    /// A clock for the table: `at(n)` is n grace periods after the start.
+    fn at(n: u32) -> Instant {
+        static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *T0.get_or_init(Instant::now) + SHED_GRACE * n
     }
 
     #[test]
-    fn per_ip_cap_and_mapped_addresses() {
-        let mut t = Table::new(Limits {
-            total: 10,
-            per_ip: 2,
-        });
-        assert_eq!(t.admit(ip("10.0.0.1")), Ok(()));
-        assert_eq!(t.admit(ip("::ffff:10.0.0.1")), Ok(()));
-        assert_eq!(t.admit(ip("10.0.0.1")), Err(Refused::PerIp));
-        assert_eq!(t.admit(ip("10.0.0.2")), Ok(()));
-        // A refusal takes no slot.
+    fn per_address_cap_sheds_the_oldest_unfinished_of_that_address() {
+        let mut t = Table::new(limits(10, 2));
+        let a = t.admit(ip("10.0.0.1"), at(0)).unwrap().slot;
+        let b = t.admit(ip("::ffff:10.0.0.1"), at(0)).unwrap().slot;
+        let other = t.admit(ip("10.0.0.2"), at(0)).unwrap().slot;
+        // Full for 10.0.0.1, both within their grace: refused.
+        assert_eq!(t.admit(ip("10.0.0.1"), at(0)), Err(Refused::PerIp));
+        // After it, the oldest of its own goes, not 10.0.0.2's.
+        let c = t.admit(ip("10.0.0.1"), at(2)).unwrap();
+        assert_eq!(c.shed, Some((a, Refused::PerIp)));
         assert_eq!(t.in_progress(), 3);
-        t.release(ip("::ffff:10.0.0.1"));
-        assert_eq!(t.admit(ip("10.0.0.1")), Ok(()));
-        t.release(ip("10.0.0.1"));
-        t.release(ip("10.0.0.1"));
-        t.release(ip("10.0.0.2"));
+        // A finished TLS handshake is never shed, however old...
+        t.advance(b);
+        let d = t.admit(ip("10.0.0.1"), at(4)).unwrap();
+        assert_eq!(d.shed, Some((c.slot, Refused::PerIp)));
+        t.advance(d.slot);
+        // ...and with every slot of the address finished, a newcomer is
+        // refused.
+        assert_eq!(t.admit(ip("10.0.0.1"), at(9)), Err(Refused::PerIp));
+        assert!(!t.release(a), "shed slots are gone already");
+        assert!(t.release(other));
+        assert!(t.release(b) && t.release(d.slot));
         assert_eq!((t.in_progress(), t.addresses()), (0, 0));
     }
 
     #[test]
+    fn total_cap_sheds_from_the_address_holding_the_most() {
+        let mut t = Table::new(limits(4, 0));
+        let real = t.admit(ip("10.0.0.9"), at(0)).unwrap().slot;
+        let flood: Vec<Slot> = (0..3)
+            .map(|_| t.admit(ip("10.0.0.1"), at(0)).unwrap().slot)
+            .collect();
+        // The flooding address pays, even though `real` is older.
+        let n = t.admit(ip("10.0.0.5"), at(2)).unwrap();
+        assert_eq!(n.shed, Some((flood[0], Refused::Total)));
+        let m = t.admit(ip("10.0.0.1"), at(2)).unwrap();
+        assert_eq!(m.shed, Some((flood[1], Refused::Total)));
+        assert!(t.release(real));
+        // Connections without an address count as one address.
+        let mut t = Table::new(limits(2, 0));
+        t.admit(None, at(0)).unwrap();
+        t.admit(None, at(0)).unwrap();
+        assert!(t.admit(ip("10.0.0.1"), at(2)).unwrap().shed.is_some());
+    }
+
+    #[test]
+    fn refuses_only_when_no_slot_may_be_shed() {
+        let mut t = Table::new(limits(2, 0));
+        let a = t.admit(ip("10.0.0.1"), at(0)).unwrap().slot;
+        let b = t.admit(ip("10.0.0.2"), at(0)).unwrap().slot;
+        t.advance(a);
+        t.advance(b);
+        assert_eq!(t.admit(ip("10.0.0.3"), at(5)), Err(Refused::Total));
+        assert_eq!(t.admit(None, at(5)), Err(Refused::Total));
+        t.release(a);
+        assert_eq!(t.admit(None, at(5)).unwrap().shed, None);
+    }
+
+    /// A flood that reconnects in a tight loop, keeping every slot of its
+    /// address busy, and a real agent of the same address that retries:
+    /// it gets a slot once one is past its grace, keeps it for its grace
+    /// whatever the flood does, and is in once its TLS is done.
+    #[test]
+    fn a_real_agent_gets_in_during_a_flood_from_its_address() {
+        let mut t = Table::new(limits(64, 8));
+        let nat = ip("192.0.2.1");
+        let mut admitted = 0;
+        for _ in 0..1_000 {
+            admitted += usize::from(t.admit(nat, at(0)).is_ok());
+        }
+        assert_eq!(admitted, 8, "within the grace: the cap, no churn");
+        // A grace period later the flood's slots may be shed; the agent
+        // retries at some point and takes one.
+        let real = t.admit(nat, at(2)).unwrap();
+        assert!(real.shed.is_some());
+        // The flood keeps hammering: it sheds the other old ones, never
+        // the agent's young slot.
+        for _ in 0..1_000 {
+            let _ = t.admit(nat, at(2));
+        }
+        t.advance(real.slot);
+        for _ in 0..1_000 {
+            let _ = t.admit(nat, at(7));
+        }
+        assert!(t.release(real.slot), "the real agent kept its slot");
+    }
+
+    #[test]
+    fn graces_spread_over_half_to_one_and_a_half_periods() {
+        let g: Vec<Duration> = (0..1000).map(Table::grace).collect();
+        assert!(g
+            .iter()
+            .all(|d| *d >= SHED_GRACE / 2 && *d < SHED_GRACE * 3 / 2));
+        let early = g.iter().filter(|d| **d < SHED_GRACE).count();
+        assert!(
+            (400..600).contains(&early),
+            "{early} of 1000 below the mean"
+        );
+    }
+
+    #[test]
     fn zero_means_no_cap() {
-        let mut t = Table::new(Limits {
-            total: 0,
-            per_ip: 0,
-        });
+        let mut t = Table::new(limits(0, 0));
         for _ in 0..10_000 {
-            t.admit(ip("10.0.0.1")).unwrap();
+            assert_eq!(t.admit(ip("10.0.0.1"), at(0)).unwrap().shed, None);
         }
     }
 
     #[test]
-    fn permits_release_and_count() {
+    fn permits_release_count_and_hear_they_were_shed() {
         let m = AdmissionMetrics::default();
-        let a = Admission::new(
-            Limits {
-                total: 1,
-                per_ip: 1,
-            },
-            m.clone(),
+        let a = Admission::new(limits(1, 1), m.clone());
+        let first = a.admit_at(ip("10.0.0.1"), at(0)).unwrap();
+        let mut cx = Context::from_waker(Waker::noop());
+        let second = {
+            let mut shed = pin!(first.shed());
+            assert!(shed.as_mut().poll(&mut cx).is_pending());
+            assert_eq!(
+                a.admit_at(ip("10.0.0.2"), at(0)).unwrap_err(),
+                Refused::Total
+            );
+            let second = a.admit_at(ip("10.0.0.2"), at(2)).unwrap();
+            assert!(shed.as_mut().poll(&mut cx).is_ready());
+            second
+        };
+        assert_eq!((m.in_progress.get(), m.shed_total.get()), (1, 1));
+        drop(first);
+        assert_eq!(m.in_progress.get(), 1, "a shed permit frees nothing twice");
+        second.advance();
+        assert_eq!(
+            a.admit_at(ip("10.0.0.3"), at(5)).unwrap_err(),
+            Refused::Total
         );
-        let p = a.admit(ip("10.0.0.1")).unwrap();
-        assert_eq!(a.admit(ip("10.0.0.2")).unwrap_err(), Refused::Total);
-        assert_eq!(m.in_progress.get(), 1);
-        drop(p);
-        assert_eq!(m.in_progress.get(), 0);
-        assert_eq!(a.in_progress(), 0);
-        let _p = a.admit(ip("10.0.0.2")).unwrap();
-        assert_eq!(m.refused_total.get(), 1);
+        assert_eq!(m.refused_total.get(), 2);
+        drop(second);
+        assert_eq!((m.in_progress.get(), a.in_progress()), (0, 0));
     }
 }

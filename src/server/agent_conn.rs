@@ -138,7 +138,7 @@ impl Drop for Claim {
     }
 }
 
-/// With `--bind-agent-identity`, the agent's ID and identifiers must be
+/// With `--bind-agent-identity` (the default), the agent's ID and identifiers must be
 /// named by its client certificate (see [`agent_identity`]) and the ID not
 /// held by another certificate. Token-authenticated agents without a
 /// certificate are not bound (a ServiceAccount token names no node).
@@ -169,7 +169,7 @@ fn bind_identity(
     };
     bound.map(Some).map_err(|e| {
         shared.metrics.identity_refused(e.reason());
-        (code::PERMISSION_DENIED, e.to_string())
+        (code::PERMISSION_DENIED, format!("{e}; {}", e.hint()))
     })
 }
 
@@ -223,6 +223,11 @@ async fn serve(
         let tls = acceptor
             .accept(crate::engine::read_ahead::ReadAhead::new(io))
             .await?;
+        // TLS done (with mutual TLS: a certificate of the CA proved): a
+        // newcomer over the handshake caps no longer sheds this one.
+        if let Some(p) = &permit {
+            p.advance();
+        }
         // The verified leaf certificate, for --bind-agent-identity.
         let leaf = tls
             .get_ref()
@@ -240,9 +245,24 @@ async fn serve(
             .ok_or("agent closed before its first request")??;
         Ok::<_, BoxError>((conn, first, leaf))
     };
-    let (mut conn, (request, mut respond), leaf) = monoio::time::timeout(HANDSHAKE_TIMEOUT, setup)
-        .await
-        .map_err(|_| "agent handshake timed out")??;
+    // A newcomer over the handshake caps may take this connection's slot
+    // while its TLS is unfinished (see `engine::admission`): then it ends.
+    let shed = async {
+        match &permit {
+            Some(p) => p.shed().await,
+            None => std::future::pending().await,
+        }
+    };
+    let setup = monoio::time::timeout(HANDSHAKE_TIMEOUT, setup);
+    let (mut conn, (request, mut respond), leaf) = monoio::select! {
+        r = setup => r.map_err(|_| "agent handshake timed out")??,
+        _ = shed => {
+            // Counted (edgetunnel_agent_handshakes_shed_total); a flood
+            // would make a line each.
+            tracing::debug!(%peer, "handshake shed: a newer connection took its slot");
+            return Ok(());
+        }
+    };
     conn.set_initial_window_size(grpc::STREAM_WINDOW).ok();
 
     let (head, body) = request.into_parts();

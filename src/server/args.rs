@@ -258,7 +258,21 @@ pub struct ServerArgs {
     /// `default-route`; the certificate must have the clientAuth usage, and
     /// an agent ID held by another certificate's connection is refused.
     /// Token-authenticated agents without a certificate are not bound.
-    #[arg(long)]
+    /// On by default: any valid client certificate could otherwise
+    /// register any node's ID and receive its dials. Each node then needs
+    /// its own certificate naming its ID (`edgetunnel certs`);
+    /// `--bind-agent-identity=false` accepts any certificate the CA signed
+    /// (ANP's behaviour, and that of the proxy-server and
+    /// yurt-tunnel-server faces).
+    #[arg(
+        long,
+        action = clap::ArgAction::Set,
+        default_value_t = true,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
     pub bind_agent_identity: bool,
     /// Publish this server's Lease in ANP's format
     /// (`konnectivity-proxy-server-<server ID>`, renewed every 15 s, 30 s

@@ -289,8 +289,14 @@ impl Server {
             .arg("--connect-uds")
             .arg(&connect_uds)
             .arg("--grpc-uds")
-            .arg(&grpc_uds)
-            .args(extra);
+            .arg(&grpc_uds);
+        // The test agents share one certificate (CN edgetunnel-agent)
+        // whatever their --agent-id: identities are bound (the server's
+        // default) only where a test names the flag.
+        if !extra.iter().any(|a| a.starts_with("--bind-agent-identity")) {
+            cmd.arg("--bind-agent-identity=false");
+        }
+        cmd.args(extra);
         (cmd, n, connect_uds, grpc_uds)
     }
 

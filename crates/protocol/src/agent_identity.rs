@@ -211,6 +211,43 @@ impl IdentityError {
     }
 }
 
+impl IdentityError {
+    /// What an operator changes so that the agent gets in: sent to the
+    /// agent with the refusal and logged by the server.
+    pub fn hint(&self) -> &'static str {
+        match self {
+            IdentityError::BadCertificate(_) | IdentityError::NotClientAuth => {
+                "give the agent a client certificate (clientAuth usage) whose CN or DNS SAN is \
+                 its agent ID, e.g. from `edgetunnel certs` (`certs init DIR --agent-name <ID>`)"
+            }
+            IdentityError::NoCertificate => {
+                "give the agent a client certificate (--cert/--key) naming its agent ID, or \
+                 authenticate agents by token (--agent-namespace ...)"
+            }
+            IdentityError::AgentId { .. } | IdentityError::Host { .. } => {
+                "the agent's certificate must name its --agent-id and each host identifier as CN \
+                 (`system:node:<ID>` counts as <ID>) or DNS SAN: issue one per node with \
+                 `edgetunnel certs` (`certs init DIR --agent-name <ID>` gives CN and SAN <ID>), \
+                 or start the server with --bind-agent-identity=false to accept any \
+                 certificate of the CA (ANP's behaviour)"
+            }
+            IdentityError::Ip { .. } | IdentityError::Cidr { .. } => {
+                "put the agent's ipv4/ipv6 identifiers in its certificate as IP SANs (a cidr \
+                 only as every address of it), or drop them from --agent-identifiers, or start \
+                 the server with --bind-agent-identity=false"
+            }
+            IdentityError::DefaultRoute => {
+                "drop default-route=true from --agent-identifiers (route by host or address), \
+                 or start the server with --bind-agent-identity=false"
+            }
+            IdentityError::Taken(_) => {
+                "another certificate's agent holds this ID: give every node its own agent ID and \
+                 certificate"
+            }
+        }
+    }
+}
+
 /// Every `reason` [`IdentityError::reason`] gives.
 pub const REASONS: [&str; 10] = [
     "bad_certificate",
@@ -442,6 +479,30 @@ mod tests {
         );
         // No CN, no SANs: nothing can be registered.
         assert!(check(&cert("", &[], &[]), "node-a", &ids("")).is_err());
+    }
+
+    #[test]
+    fn refusals_say_what_to_change() {
+        let allowed = Allowed {
+            names: vec!["edgetunnel-agent".into()],
+            ips: vec![],
+        };
+        let e = IdentityError::AgentId {
+            id: "node1".into(),
+            allowed,
+        };
+        let text = format!("{e}; {}", e.hint());
+        for want in [
+            "node1",
+            "edgetunnel-agent",
+            "edgetunnel certs",
+            "--bind-agent-identity=false",
+        ] {
+            assert!(text.contains(want), "{want:?} not in {text:?}");
+        }
+        assert!(IdentityError::Taken("n".into())
+            .hint()
+            .contains("its own agent ID"));
     }
 
     #[test]
