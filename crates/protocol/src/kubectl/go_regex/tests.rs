@@ -276,6 +276,21 @@ fn errors_worded_as_go() {
 /// try running `f(small)` 8 times so that both take about as long (and are
 /// as likely to lose the processor to another process on a shared machine).
 fn growth<T: ?Sized>(small: &T, large: &T, f: &dyn Fn(&T)) -> f64 {
+    // A ratio over the bound is measured again, twice at most: a busy
+    // machine can slow the large input's tries (a larger working set) in
+    // one round; a quadratic path is over in every round (x73 and x93 were
+    // seen for the two fixed here).
+    let mut least = f64::MAX;
+    for _ in 0..3 {
+        least = least.min(growth_once(small, large, f));
+        if least < 30.0 {
+            break;
+        }
+    }
+    least
+}
+
+fn growth_once<T: ?Sized>(small: &T, large: &T, f: &dyn Fn(&T)) -> f64 {
     let (mut a, mut b) = (std::time::Duration::MAX, std::time::Duration::MAX);
     for _ in 0..7 {
         let t = std::time::Instant::now();
