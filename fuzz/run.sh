@@ -140,8 +140,10 @@ for t in "${targets[@]}"; do
         fi
         after=$(find "corpus/$t" -type f | wc -l)
     fi
+    rate=-
+    [ "$secs" -gt 0 ] && rate=$((${runs:-0} / secs))
     summary+=("$(printf '%-16s %-8s %12s runs %6ss  %8s exec/s  corpus %s -> %s' \
-        "$t" "$status" "${runs:-?}" "$secs" "$(( ${runs:-0} / (secs > 0 ? secs : 1) ))" "$before" "$after")")
+        "$t" "$status" "${runs:-?}" "$secs" "$rate" "$before" "$after")")
 done
 echo "== $mode total $(($(date +%s) - start))s (sanitizer: $sanitizer)"
 printf '   %s\n' "${summary[@]}"
