@@ -73,7 +73,7 @@ pub enum H2Error {
     /// kube-apiserver's egress selector says HTTPConnect and the server
     /// serves gRPC on that socket).
     #[error("{}", http1_on_h2(.method))]
-    Http1Request { method: String },
+    Http1Request { method: &'static str },
 }
 
 fn http1_on_h2(method: &str) -> String {
@@ -91,18 +91,33 @@ fn http1_on_h2(method: &str) -> String {
     }
 }
 
-/// Bytes of a connection's start kept to explain a bad preface.
-const START_KEPT: usize = 16;
+/// Bytes of a connection's start kept to explain a bad preface: enough to
+/// tell the HTTP/1.1 methods apart, small enough to live in the padding of
+/// [`H2Conn`] (every idle gRPC caller's task holds one; its size is a
+/// memory budget, see `grpc_frontend`'s task-size test).
+const START_KEPT: usize = 4;
+
+/// The HTTP/1.1 methods (RFC 9110 9.1) by their first four bytes.
+const METHODS: [(&[u8; 4], &str); 8] = [
+    (b"CONN", "CONNECT"),
+    (b"GET ", "GET"),
+    (b"HEAD", "HEAD"),
+    (b"POST", "POST"),
+    (b"PUT ", "PUT"),
+    (b"DELE", "DELETE"),
+    (b"OPTI", "OPTIONS"),
+    (b"PATC", "PATCH"),
+];
 
 /// The method of an HTTP/1 request line at the start of a connection
-/// (`CONNECT host:port HTTP/1.1`), if that is what `start` looks like:
-/// an upper-case token of at most 10 letters, then a space. The HTTP/2
-/// preface's `PRI` is not one.
-fn http1_method(start: &[u8]) -> Option<String> {
-    let sp = start.iter().position(|&b| b == b' ')?;
-    let m = &start[..sp];
-    (!m.is_empty() && m.len() <= 10 && m.iter().all(u8::is_ascii_uppercase) && m != b"PRI")
-        .then(|| String::from_utf8_lossy(m).into_owned())
+/// (`CONNECT host:port HTTP/1.1`), if its first four bytes name one. The
+/// HTTP/2 preface's `PRI ` is not one.
+fn http1_method(start: &[u8]) -> Option<&'static str> {
+    let head = start.get(..START_KEPT)?;
+    METHODS
+        .iter()
+        .find(|(prefix, _)| prefix.as_slice() == head)
+        .map(|(_, m)| *m)
 }
 
 /// A stream's wakers, kept with the stream in [`ServerConn`].
@@ -173,8 +188,9 @@ pub struct H2Conn<T> {
     done: bool,
     started: bool,
     /// The connection's first bytes (up to [`START_KEPT`]), to name an
-    /// HTTP/1 caller in the error.
-    start: Vec<u8>,
+    /// HTTP/1 caller in the error, and how many there are.
+    start: [u8; START_KEPT],
+    start_len: u8,
 }
 
 impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
@@ -190,7 +206,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
             flush: false,
             done: false,
             started: false,
-            start: Vec::new(),
+            start: [0; START_KEPT],
+            start_len: 0,
         }
     }
 
@@ -297,7 +314,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
                 // The GOAWAY is out (or could not be written).
                 if self.shared.borrow().conn.output_len() == 0 {
                     if !self.started {
-                        if let Some(method) = http1_method(&self.start) {
+                        if let Some(method) = http1_method(&self.start[..self.start_len as usize]) {
                             return Poll::Ready(Some(H2Error::Http1Request { method }));
                         }
                     }
@@ -343,10 +360,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
                     return Poll::Ready(None);
                 }
                 Poll::Ready(Ok(_)) => {
-                    if !self.started && self.start.len() < START_KEPT {
+                    let kept = self.start_len as usize;
+                    if !self.started && kept < START_KEPT {
                         let new = &buf[had..];
-                        let n = new.len().min(START_KEPT - self.start.len());
-                        self.start.extend_from_slice(&new[..n]);
+                        let n = new.len().min(START_KEPT - kept);
+                        self.start[kept..kept + n].copy_from_slice(&new[..n]);
+                        self.start_len += n as u8;
                     }
                     // Errors are acted on above: the GOAWAY goes out first.
                     let _ = self.shared.borrow_mut().conn.recv(&mut buf);
@@ -605,14 +624,11 @@ mod tests {
 
     #[test]
     fn an_http1_request_line_is_told_from_the_http2_preface() {
-        assert_eq!(
-            http1_method(b"CONNECT 10.0.0.1:10250 H").as_deref(),
-            Some("CONNECT")
-        );
-        assert_eq!(http1_method(b"GET / HTTP/1.1\r\n").as_deref(), Some("GET"));
-        assert_eq!(http1_method(b"PRI * HTTP/2.0\r\n"), None);
-        assert_eq!(http1_method(b"\x16\x03\x01\x02\x00 "), None);
-        assert_eq!(http1_method(b"CONNECT"), None);
-        assert_eq!(http1_method(b" x"), None);
+        assert_eq!(http1_method(b"CONN"), Some("CONNECT"));
+        assert_eq!(http1_method(b"GET "), Some("GET"));
+        assert_eq!(http1_method(b"PRI "), None);
+        assert_eq!(http1_method(b"\x16\x03\x01\x02"), None);
+        assert_eq!(http1_method(b"GETX"), None);
+        assert_eq!(http1_method(b"CON"), None);
     }
 }

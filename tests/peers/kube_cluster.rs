@@ -212,7 +212,11 @@ fn issue(
     usage: rcgen::ExtendedKeyUsagePurpose,
 ) -> (PathBuf, PathBuf) {
     let read = |f: &str| std::fs::read_to_string(env.certs().join(f)).unwrap();
-    let ca_key = rcgen::KeyPair::from_pem(&read("ca.key")).unwrap();
+    // certs init keeps the CA key apart, in DIR-ca.
+    let ca_key = rcgen::KeyPair::from_pem(
+        &std::fs::read_to_string(crate::support::ca_key(&env.certs())).unwrap(),
+    )
+    .unwrap();
     let ca = rcgen::CertificateParams::from_ca_cert_pem(&read("ca.crt"))
         .unwrap()
         .self_signed(&ca_key)
