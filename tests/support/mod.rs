@@ -7,6 +7,7 @@ pub(crate) mod fake_kube;
 pub(crate) mod fwd_proxy;
 pub(crate) mod http_raw;
 pub(crate) mod netns;
+pub(crate) mod peer_bins;
 pub(crate) mod proxy_proc;
 pub(crate) mod raw_h2;
 pub(crate) mod tls_client;
@@ -77,6 +78,20 @@ impl Env {
         sans: &[&str],
         usages: &[rcgen::ExtendedKeyUsagePurpose],
     ) -> (String, String) {
+        self.issue_with_org(name, cn, None, sans, usages)
+    }
+
+    /// [`Env::issue`] with an organization (O) in the subject, as
+    /// Kubernetes reads groups from it (`name` may name a subdirectory
+    /// that exists).
+    pub(crate) fn issue_with_org(
+        &self,
+        name: &str,
+        cn: &str,
+        org: Option<&str>,
+        sans: &[&str],
+        usages: &[rcgen::ExtendedKeyUsagePurpose],
+    ) -> (String, String) {
         let read = |f: &str| std::fs::read_to_string(self.certs().join(f)).unwrap();
         let ca_key =
             rcgen::KeyPair::from_pem(&std::fs::read_to_string(ca_key(&self.certs())).unwrap())
@@ -89,6 +104,10 @@ impl Env {
             rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
                 .unwrap();
         p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        if let Some(o) = org {
+            p.distinguished_name
+                .push(rcgen::DnType::OrganizationName, o);
+        }
         p.extended_key_usages = usages.to_vec();
         p.key_usages = vec![
             rcgen::KeyUsagePurpose::DigitalSignature,
