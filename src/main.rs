@@ -40,6 +40,17 @@ fn main() {
     if let Some(t) = &compat {
         t.log_notes();
     }
+    // Every role: the soft descriptor limit up to the hard one (Go's
+    // runtime does the same at start since Go 1.19, os/rlimit.go), so that
+    // the usual soft 1,024 does not bound tunnels and handshakes.
+    match edgetunnel::engine::sys::raise_nofile_limit() {
+        // The drop-in `proxy` keeps kubectl's quiet stderr.
+        Ok((soft, hard)) if matches!(cli.command, Command::Proxy(_)) => {
+            tracing::debug!(soft, hard, "descriptor limit (RLIMIT_NOFILE)")
+        }
+        Ok((soft, hard)) => tracing::info!(soft, hard, "descriptor limit (RLIMIT_NOFILE)"),
+        Err(e) => tracing::warn!(error = %e, "soft descriptor limit not raised to the hard one"),
+    }
     if let Err(e) = thp {
         tracing::warn!(error = %e, "transparent huge pages stay on: more memory per idle tunnel");
     }

@@ -454,13 +454,21 @@ impl Metrics {
         );
         let hr = Family::<Label1, Counter>::default();
         let hs = Family::<Label1, Counter>::default();
+        let hc = Family::<Label1, Gauge>::default();
         let handshakes = crate::engine::admission::AdmissionMetrics {
             in_progress,
+            cap_total: hc.get_or_create_owned(&[("cap", "total")]),
+            cap_per_ip: hc.get_or_create_owned(&[("cap", "per_ip")]),
             refused_total: hr.get_or_create_owned(&[("cap", "total")]),
             refused_per_ip: hr.get_or_create_owned(&[("cap", "per_ip")]),
             shed_total: hs.get_or_create_owned(&[("cap", "total")]),
             shed_per_ip: hs.get_or_create_owned(&[("cap", "per_ip")]),
         };
+        x.add(
+            "edgetunnel_agent_handshakes_cap",
+            "The caps on agent connections in their handshake in force (--max-handshakes, by default sized from the descriptor limit; --max-handshakes-per-ip); 0: no cap. Reaching one sheds or refuses (edgetunnel_agent_handshakes_shed_total, _refused_total).",
+            hc,
+        );
         x.add(
             "edgetunnel_agent_handshakes_refused",
             "Agent connections closed at once because --max-handshakes or --max-handshakes-per-ip was reached and every handshake in the way had completed TLS.",

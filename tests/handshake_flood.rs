@@ -36,15 +36,20 @@ const PER_IP: usize = 24;
 
 /// A server whose RLIMIT_NOFILE is [`NOFILE`].
 fn limited_server(env: &Env, extra: &[&str]) -> Server {
+    server_with_nofile(env, extra, NOFILE, NOFILE)
+}
+
+/// A server started under RLIMIT_NOFILE `soft`:`hard`.
+fn server_with_nofile(env: &Env, extra: &[&str], soft: u64, hard: u64) -> Server {
     let certs = env.certs().display().to_string();
     let (mut cmd, n, connect_uds, grpc_uds) =
         Server::command(env, &["--certs-dir", &certs], &Binds::default(), extra);
     // SAFETY: only setrlimit between fork and exec.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             let r = libc::rlimit {
-                rlim_cur: NOFILE,
-                rlim_max: NOFILE,
+                rlim_cur: soft,
+                rlim_max: hard,
             };
             if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
                 return Err(std::io::Error::last_os_error());
@@ -205,6 +210,87 @@ fn handshake_flood_leaves_descriptors_for_connect_dials() {
     let _agent2 = Agent::start(&env, server.agent, "node2", "host=node2", &[]);
     server.wait_metric("edgetunnel_agents_connected", 2.0);
     dial(server.connect, echo.addr, 51).expect("dial after the flood");
+}
+
+/// The soft and hard "Max open files" of process `pid`.
+fn nofile_of(pid: u32) -> (u64, u64) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (v[0], v[1])
+}
+
+/// Issue 27 item 4: the server raises its soft descriptor limit to the
+/// hard one at start (as Go's runtime does), and the default
+/// --max-handshakes is sized from the limit then in force (a quarter, at
+/// most 1024), shown by `edgetunnel_agent_handshakes_cap`. Before, the
+/// soft limit stayed at 256 and the cap at 1024, above it.
+#[test]
+fn descriptor_limit_is_raised_and_sizes_the_default_caps() {
+    let env = Env::new();
+    let server = server_with_nofile(&env, &["--workers", "1"], 256, 4096);
+    assert_eq!(nofile_of(server.proc.child.id()), (4096, 4096));
+    let cap = |c: &str| server.metric(&format!("edgetunnel_agent_handshakes_cap{{cap=\"{c}\"}}"));
+    assert_eq!((cap("total"), cap("per_ip")), (1024.0, 64.0));
+    drop(server);
+
+    // A hard limit of 256 leaves a cap of 64; an explicit cap is kept.
+    let server = server_with_nofile(&env, &["--workers", "1"], 256, 256);
+    assert_eq!(nofile_of(server.proc.child.id()), (256, 256));
+    let cap = |c: &str| server.metric(&format!("edgetunnel_agent_handshakes_cap{{cap=\"{c}\"}}"));
+    assert_eq!((cap("total"), cap("per_ip")), (64.0, 64.0));
+    drop(server);
+    let server = server_with_nofile(&env, &["--max-handshakes", "200"], 256, 256);
+    let cap = |c: &str| server.metric(&format!("edgetunnel_agent_handshakes_cap{{cap=\"{c}\"}}"));
+    assert_eq!((cap("total"), cap("per_ip")), (200.0, 64.0));
+    assert!(
+        server
+            .proc
+            .log_text()
+            .contains("--max-handshakes leaves too few descriptors"),
+        "{}",
+        tail(&server.proc.log_text())
+    );
+}
+
+/// Issue 27 item 4: with the default caps, a flood from five source
+/// addresses, more connections than the server has descriptors (256),
+/// leaves CONNECT dials through a connected agent working. Before, the
+/// default cap (1024) was above the limit: the flood took every
+/// descriptor and the dials failed.
+#[test]
+fn default_caps_leave_descriptors_under_a_low_limit() {
+    let env = Env::new();
+    let echo = echo_server("127.0.0.1");
+    let server = limited_server(&env, &["--workers", "2"]);
+    let agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    server.wait_agent_links(2.0, &agent.proc);
+    dial(server.connect, echo.addr, 0).expect("dial before the flood");
+    let held: Vec<TcpStream> = (1..=5)
+        .flat_map(|i| flood(&format!("127.0.0.{i}"), server.agent, 60))
+        .collect();
+    let t0 = Instant::now();
+    while held.iter().filter(|s| !closed(s)).count() > 64 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let failed: Vec<String> = (1..=20)
+        .filter_map(|n| dial(server.connect, echo.addr, n).err())
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of 20 dials failed during the flood, first: {:?}\n{}",
+        failed.len(),
+        failed.first(),
+        tail(&server.proc.log_text())
+    );
+    assert!(server.metric("edgetunnel_agent_handshakes") <= 64.0);
+    drop(held);
 }
 
 /// Keeps `n` connections from each of `srcs` open to `to` until `stop`:

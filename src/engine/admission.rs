@@ -250,6 +250,9 @@ impl Table {
 #[derive(Debug, Clone, Default)]
 pub struct AdmissionMetrics {
     pub in_progress: Gauge,
+    /// The caps in force (0: none), set once at start.
+    pub cap_total: Gauge,
+    pub cap_per_ip: Gauge,
     pub refused_total: Counter,
     pub refused_per_ip: Counter,
     pub shed_total: Counter,
@@ -278,6 +281,9 @@ pub struct Admission {
 
 impl Admission {
     pub fn new(limits: Limits, metrics: AdmissionMetrics) -> Arc<Self> {
+        let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        metrics.cap_total.set(gauge(limits.total));
+        metrics.cap_per_ip.set(gauge(limits.per_ip));
         Arc::new(Admission {
             inner: Mutex::new(Shared {
                 table: Table::new(limits),

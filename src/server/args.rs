@@ -55,12 +55,17 @@ pub struct ServerArgs {
     #[arg(long, default_value_t = 3600.0)]
     pub frontend_keepalive_secs: f64,
     /// Agent connections that may be in their handshake at once (TLS,
-    /// HTTP/2, first request, token review); more are closed as soon as
-    /// they are accepted, so that a flood of unauthenticated connections
-    /// cannot take every descriptor. 0: no cap.
-    #[arg(long, default_value_t = 1024)]
-    pub max_handshakes: usize,
-    /// The same cap per source address. 0: no cap.
+    /// HTTP/2, first request, token review); over it the oldest is shed or
+    /// the newcomer closed, so that a flood of unauthenticated connections
+    /// cannot take every descriptor. Default: a quarter of the descriptor
+    /// limit in force (the soft RLIMIT_NOFILE, raised to the hard one at
+    /// start), at most 1024; the other three quarters stay for listeners,
+    /// agents and tunnels (each CONNECT or gRPC caller holds one). An
+    /// explicit value above half the limit draws a warning. 0: no cap.
+    #[arg(long)]
+    pub max_handshakes: Option<usize>,
+    /// The same cap per source address; never above --max-handshakes by
+    /// default. 0: no cap.
     #[arg(long, default_value_t = 64)]
     pub max_handshakes_per_ip: usize,
     /// A gRPC frontend connection that sends no HTTP/2 preface, or has no
@@ -602,14 +607,50 @@ impl ServerArgs {
             keepalive: Duration::from_secs(self.engine.keepalive_secs.max(1)),
             frontend_keepalive: secs(self.frontend_keepalive_secs).max(Duration::from_millis(100)),
             graceful_shutdown: secs(self.graceful_shutdown_timeout_secs),
-            handshake_limits: crate::engine::admission::Limits {
-                total: self.max_handshakes,
-                per_ip: self.max_handshakes_per_ip,
-            },
+            handshake_limits: handshake_limits(
+                self.max_handshakes,
+                self.max_handshakes_per_ip,
+                crate::engine::sys::nofile_limit(),
+            ),
             frontend_idle: secs(self.frontend_idle_secs).max(Duration::from_millis(100)),
             half_close_linger: secs(self.engine.half_close_linger_secs),
         })
     }
+}
+
+/// The default --max-handshakes: at most this many.
+const DEFAULT_MAX_HANDSHAKES: usize = 1024;
+
+/// The handshake caps for a descriptor limit `nofile`: an unset total is a
+/// quarter of the limit (at most [`DEFAULT_MAX_HANDSHAKES`], at least 1),
+/// and then bounds the per-address cap; an explicit total is kept, with a
+/// warning above half the limit.
+pub fn handshake_limits(
+    total: Option<usize>,
+    per_ip: usize,
+    nofile: u64,
+) -> crate::engine::admission::Limits {
+    let allowed = usize::try_from(nofile / 4).unwrap_or(usize::MAX);
+    let total = match total {
+        Some(t) => {
+            if t as u64 > nofile / 2 {
+                tracing::warn!(
+                    max_handshakes = t,
+                    nofile,
+                    "--max-handshakes leaves too few descriptors for established tunnels \
+                     under this descriptor limit"
+                );
+            }
+            t
+        }
+        None => allowed.clamp(1, DEFAULT_MAX_HANDSHAKES),
+    };
+    let per_ip = if total > 0 && per_ip > total {
+        total
+    } else {
+        per_ip
+    };
+    crate::engine::admission::Limits { total, per_ip }
 }
 
 fn parse_no_agent_status(s: &str) -> Result<u16, String> {
