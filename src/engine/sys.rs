@@ -241,6 +241,45 @@ unsafe impl monoio::buf::IoVecBuf for BytesVec {
     }
 }
 
+/// Raises the soft RLIMIT_NOFILE to the hard limit (as Go's runtime does at
+/// start since Go 1.19) and returns the limits then in force, `(soft,
+/// hard)`. An infinite limit reads as `u64::MAX`.
+pub fn raise_nofile_limit() -> io::Result<(u64, u64)> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `r` is a valid rlimit the call writes.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if r.rlim_cur < r.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: r.rlim_max,
+            rlim_max: r.rlim_max,
+        };
+        // SAFETY: `raised` is a valid rlimit the call only reads.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        r = raised;
+    }
+    Ok((r.rlim_cur, r.rlim_max))
+}
+
+/// The soft RLIMIT_NOFILE in force (`u64::MAX` when infinite or unknown).
+pub fn nofile_limit() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `r` is a valid rlimit the call writes.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return u64::MAX;
+    }
+    r.rlim_cur
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,43 +311,4 @@ mod tests {
         assert_eq!(monoio::buf::IoVecBuf::read_iovec_len(&v), 2);
         assert_eq!(v.into_chunks().concat(), b"abc");
     }
-}
-
-/// Raises the soft RLIMIT_NOFILE to the hard limit (as Go's runtime does at
-/// start since Go 1.19) and returns the limits then in force, `(soft,
-/// hard)`. An infinite limit reads as `u64::MAX`.
-pub fn raise_nofile_limit() -> io::Result<(u64, u64)> {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `r` is a valid rlimit the call writes.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if r.rlim_cur < r.rlim_max {
-        let raised = libc::rlimit {
-            rlim_cur: r.rlim_max,
-            rlim_max: r.rlim_max,
-        };
-        // SAFETY: `raised` is a valid rlimit the call only reads.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        r = raised;
-    }
-    Ok((r.rlim_cur as u64, r.rlim_max as u64))
-}
-
-/// The soft RLIMIT_NOFILE in force (`u64::MAX` when infinite or unknown).
-pub fn nofile_limit() -> u64 {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `r` is a valid rlimit the call writes.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
-        return u64::MAX;
-    }
-    r.rlim_cur as u64
 }
