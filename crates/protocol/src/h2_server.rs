@@ -152,10 +152,24 @@ impl Default for Config {
 pub struct ConnError {
     pub code: u32,
     pub what: &'static str,
+    /// The error is a flood the connection bounds (for metrics).
+    pub flood: Option<Flood>,
 }
 
 fn conn_err(code: u32, what: &'static str) -> ConnError {
-    ConnError { code, what }
+    ConnError {
+        code,
+        what,
+        flood: None,
+    }
+}
+
+fn flood_err(flood: Flood, what: &'static str) -> ConnError {
+    ConnError {
+        code: reason::ENHANCE_YOUR_CALM,
+        what,
+        flood: Some(flood),
+    }
 }
 
 /// The parts of a request head the frontend looks at.
@@ -308,9 +322,9 @@ pub const MAX_PENDING_RESETS: usize = 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flood {
     /// Streams opened and reset faster than the caller takes them.
-    RapidReset,
+    RapidReset = 0,
     /// A header block in more CONTINUATION frames than its size needs.
-    Continuation,
+    Continuation = 1,
 }
 
 impl Flood {
@@ -343,7 +357,6 @@ pub struct ServerConn<U> {
     /// Streams the client reset whose request the caller has not taken
     /// (see [`MAX_PENDING_RESETS`]).
     pending_resets: u32,
-    flood: Option<Flood>,
     /// The GOAWAY we sent (its last stream id).
     goaway_sent: Option<u32>,
     goaway_received: bool,
@@ -383,7 +396,6 @@ impl<U: Default> ServerConn<U> {
             recent_next: 0,
             last_stream: 0,
             pending_resets: 0,
-            flood: None,
             goaway_sent: None,
             goaway_received: false,
             closed: None,
@@ -481,7 +493,7 @@ impl<U: Default> ServerConn<U> {
 
     /// The flood that ended the connection, if one did.
     pub fn flood(&self) -> Option<Flood> {
-        self.flood
+        self.closed.as_ref().and_then(|e| e.flood)
     }
 
     /// Whether the connection is over (a connection error).
@@ -801,9 +813,8 @@ impl<U: Default> ServerConn<U> {
                     {
                         self.pending_resets += 1;
                         if self.pending_resets as usize > MAX_PENDING_RESETS {
-                            self.flood = Some(Flood::RapidReset);
-                            return Err(conn_err(
-                                reason::ENHANCE_YOUR_CALM,
+                            return Err(flood_err(
+                                Flood::RapidReset,
                                 "too many streams reset before they were taken",
                             ));
                         }
@@ -1042,9 +1053,8 @@ impl<U: Default> ServerConn<U> {
             block.continuations += 1;
             let needed = (self.cfg.max_header_list / MIN_MAX_FRAME).max(1);
             if block.continuations > (needed + needed / 4).max(5) {
-                self.flood = Some(Flood::Continuation);
-                return Err(conn_err(
-                    reason::ENHANCE_YOUR_CALM,
+                return Err(flood_err(
+                    Flood::Continuation,
                     "too many CONTINUATION frames",
                 ));
             }
