@@ -34,6 +34,11 @@
 //!   still holds it; the header list size, the frame size we advertise; a
 //!   protocol violation is a connection error (GOAWAY, then the caller
 //!   closes) or, where RFC 9113 allows, a stream error (RST_STREAM);
+//! * floods ([`Flood`]), GOAWAY ENHANCE_YOUR_CALM as the h2 crate does:
+//!   more than [`MAX_PENDING_RESETS`] streams reset by the client before
+//!   the caller took them (rapid reset, CVE-2023-44487), and a header
+//!   block in more CONTINUATION frames than its largest size needs (empty
+//!   ones add no bytes to the size limit);
 //! * stream states (RFC 9113 5.1): a new stream id not above the last is
 //!   a connection error; HEADERS or DATA on a half-closed (remote) or
 //!   closed stream is STREAM_CLOSED, except what was in flight when we
