@@ -31,6 +31,7 @@ use prometheus_client::registry::{Metric, Registry};
 
 use crate::engine::grpc;
 use crate::protocol::agent_identity::REASONS;
+use crate::protocol::h2_server::Flood;
 use crate::protocol::packet::Frame;
 use crate::protocol::routing::Strategy;
 
@@ -359,6 +360,9 @@ pub struct Metrics {
     /// Keepalive PINGs left unanswered: toward agents, toward gRPC
     /// frontend callers.
     keepalive_timeouts: [Counter; 2],
+    /// gRPC frontend connections ended for an HTTP/2 flood, by kind
+    /// ([`Flood`]: rapid reset, CONTINUATION).
+    frontend_h2_floods: [Counter; 2],
     /// Per server worker: agent links held, dials sent, payload bytes.
     worker_links: Family<Label1, Gauge>,
     worker_dials: Family<Label1, Counter>,
@@ -573,6 +577,14 @@ impl Metrics {
             "Connections dropped because an HTTP/2 keepalive PING was not answered, by peer (agent: --keepalive-secs; frontend: a gRPC caller, --frontend-keepalive-secs).",
             kt,
         );
+        let fl = Family::<Label1, Counter>::default();
+        let frontend_h2_floods = [Flood::RapidReset, Flood::Continuation]
+            .map(|k| fl.get_or_create_owned(&[("kind", k.label())]));
+        x.add(
+            "edgetunnel_frontend_h2_floods",
+            "gRPC frontend connections ended with GOAWAY ENHANCE_YOUR_CALM for an HTTP/2 flood, by kind (rapid_reset: streams reset faster than served, CVE-2023-44487; continuation: a header block in too many CONTINUATION frames).",
+            fl,
+        );
         let worker_links = Family::<Label1, Gauge>::default();
         x.add(
             "edgetunnel_worker_agent_links",
@@ -597,6 +609,7 @@ impl Metrics {
             agents_refused,
             agent_drains,
             keepalive_timeouts,
+            frontend_h2_floods,
             worker_links,
             worker_dials,
             worker_bytes,
@@ -666,6 +679,10 @@ impl Metrics {
     /// A connection dropped by its keepalive: `peer` is who went silent.
     pub fn keepalive_timeout(&self, peer: KeepalivePeer) {
         self.keepalive_timeouts[peer as usize].inc();
+    }
+
+    pub fn frontend_h2_flood(&self, kind: Flood) {
+        self.frontend_h2_floods[kind as usize].inc();
     }
 
     pub fn dials(&self, result: DialResult) -> u64 {
@@ -810,6 +827,7 @@ mod tests {
         m.agent_refused(grpc::code::INTERNAL);
         m.agent_drains.inc();
         m.keepalive_timeout(KeepalivePeer::Frontend);
+        m.frontend_h2_flood(Flood::Continuation);
         let t = m.render();
         for (s, v) in [
             (
@@ -829,6 +847,14 @@ mod tests {
             ("edgetunnel_keepalive_timeouts_total{peer=\"agent\"}", 0.0),
             (
                 "edgetunnel_keepalive_timeouts_total{peer=\"frontend\"}",
+                1.0,
+            ),
+            (
+                "edgetunnel_frontend_h2_floods_total{kind=\"rapid_reset\"}",
+                0.0,
+            ),
+            (
+                "edgetunnel_frontend_h2_floods_total{kind=\"continuation\"}",
                 1.0,
             ),
             ("edgetunnel_agents_connected", 1.0),

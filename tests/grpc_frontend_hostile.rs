@@ -193,3 +193,64 @@ fn hostile_callers_lose_only_their_own_connection_or_stream() {
     drop(s);
     good.echo(1, "after the flooder left");
 }
+
+/// Writes `bytes` from a thread (the server may stop reading and close
+/// early) and returns the GOAWAY code the server sent before closing.
+fn flood(server: &Server, bytes: Vec<u8>) -> Option<u32> {
+    let mut s = TcpStream::connect(server.grpc).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        let _ = w.write_all(&bytes);
+    });
+    let code = goaway_then_close(&mut s);
+    writer.join().unwrap();
+    code
+}
+
+/// HTTP/2 floods (issue 27 item 5): rapid reset (CVE-2023-44487: HEADERS
+/// then RST_STREAM, 100,000 times on one connection) and empty
+/// CONTINUATION frames without end. Each attacker gets GOAWAY
+/// ENHANCE_YOUR_CALM and is counted; a tunnel on another connection keeps
+/// echoing through the attacks.
+#[test]
+fn http2_floods_end_the_attackers_connection() {
+    let env = Env::new();
+    let server = Server::start(&env, &[]);
+    let _agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    let target = echo_server("127.0.0.1");
+    let mut good = Tunnel::open(&server, target.addr, 1);
+    good.echo(1, "before");
+
+    let head = hpack_literals(&proxy_request("localhost"));
+    let mut rapid = after_preface(&[]);
+    for k in 0..100_000u32 {
+        let id = 1 + 2 * k;
+        rapid.extend(frame(HEADERS, END_HEADERS, id, &head));
+        rapid.extend(frame(RST_STREAM, 0, id, &8u32.to_be_bytes()));
+    }
+    assert_eq!(
+        flood(&server, rapid),
+        Some(ENHANCE_YOUR_CALM),
+        "rapid reset"
+    );
+    good.echo(1, "after a rapid reset flood");
+    assert_eq!(
+        server.metric("edgetunnel_frontend_h2_floods_total{kind=\"rapid_reset\"}"),
+        1.0
+    );
+
+    let mut cont = after_preface(&[frame(HEADERS, 0, 1, &head)]);
+    for _ in 0..1_000_000 {
+        cont.extend(frame(CONTINUATION, 0, 1, &[]));
+    }
+    assert_eq!(
+        flood(&server, cont),
+        Some(ENHANCE_YOUR_CALM),
+        "empty CONTINUATION"
+    );
+    good.echo(1, "after a CONTINUATION flood");
+    assert_eq!(
+        server.metric("edgetunnel_frontend_h2_floods_total{kind=\"continuation\"}"),
+        1.0
+    );
+}

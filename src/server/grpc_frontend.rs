@@ -269,6 +269,12 @@ where
             let (head, recv, mut send) = match next {
                 None => return,
                 Some(Err(e)) => {
+                    if let H2Error::Protocol(h2_server::ConnError {
+                        flood: Some(kind), ..
+                    }) = &e
+                    {
+                        shared.metrics.frontend_h2_flood(*kind);
+                    }
                     tracing::info!(%peer, error = %e, "gRPC frontend connection failed");
                     return;
                 }

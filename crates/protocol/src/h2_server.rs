@@ -34,6 +34,11 @@
 //!   still holds it; the header list size, the frame size we advertise; a
 //!   protocol violation is a connection error (GOAWAY, then the caller
 //!   closes) or, where RFC 9113 allows, a stream error (RST_STREAM);
+//! * floods ([`Flood`]), GOAWAY ENHANCE_YOUR_CALM as the h2 crate does:
+//!   more than [`MAX_PENDING_RESETS`] streams reset by the client before
+//!   the caller took them (rapid reset, CVE-2023-44487), and a header
+//!   block in more CONTINUATION frames than its largest size needs (empty
+//!   ones add no bytes to the size limit);
 //! * stream states (RFC 9113 5.1): a new stream id not above the last is
 //!   a connection error; HEADERS or DATA on a half-closed (remote) or
 //!   closed stream is STREAM_CLOSED, except what was in flight when we
@@ -152,10 +157,24 @@ impl Default for Config {
 pub struct ConnError {
     pub code: u32,
     pub what: &'static str,
+    /// The error is a flood the connection bounds (for metrics).
+    pub flood: Option<Flood>,
 }
 
 fn conn_err(code: u32, what: &'static str) -> ConnError {
-    ConnError { code, what }
+    ConnError {
+        code,
+        what,
+        flood: None,
+    }
+}
+
+fn flood_err(flood: Flood, what: &'static str) -> ConnError {
+    ConnError {
+        code: reason::ENHANCE_YOUR_CALM,
+        what,
+        flood: Some(flood),
+    }
 }
 
 /// The parts of a request head the frontend looks at.
@@ -258,6 +277,8 @@ struct Stream<U> {
     /// goes on: what the client still sends is checked and dropped until
     /// it ends its side (see [`ServerConn::release`]).
     released: bool,
+    /// The caller took its [`Event::Request`].
+    taken: bool,
 }
 
 enum In {
@@ -285,6 +306,8 @@ struct Block {
     /// The HEADERS frame's priority made the stream depend on itself.
     self_dependent: bool,
     bytes: Vec<u8>,
+    /// CONTINUATION frames so far without END_HEADERS.
+    continuations: u32,
 }
 
 /// How many ids of streams we reset (and forgot) are remembered, so that
@@ -292,6 +315,32 @@ struct Block {
 /// 9113 5.1, "closed"); a frame on an older one is answered as on any
 /// closed stream. Inline: an idle connection holds no buffer.
 const RECENT_RESETS: usize = 8;
+
+/// Client resets of streams the caller had not taken yet (their request
+/// still queued) allowed at once; one more is a flood (CVE-2023-44487,
+/// "rapid reset"): GOAWAY ENHANCE_YOUR_CALM. The h2 crate bounds the same
+/// count, 20 by default (`max_pending_accept_reset_streams`,
+/// src/proto/mod.rs `DEFAULT_REMOTE_RESET_STREAM_MAX`).
+pub const MAX_PENDING_RESETS: usize = 20;
+
+/// A flood the connection ended (GOAWAY ENHANCE_YOUR_CALM), for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flood {
+    /// Streams opened and reset faster than the caller takes them.
+    RapidReset = 0,
+    /// A header block in more CONTINUATION frames than its size needs.
+    Continuation = 1,
+}
+
+impl Flood {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Flood::RapidReset => "rapid_reset",
+            Flood::Continuation => "continuation",
+        }
+    }
+}
 
 /// The connection; see the module documentation.
 pub struct ServerConn<U> {
@@ -310,6 +359,9 @@ pub struct ServerConn<U> {
     recent_next: usize,
     /// The highest stream id the client opened.
     last_stream: u32,
+    /// Streams the client reset whose request the caller has not taken
+    /// (see [`MAX_PENDING_RESETS`]).
+    pending_resets: u32,
     /// The GOAWAY we sent (its last stream id).
     goaway_sent: Option<u32>,
     goaway_received: bool,
@@ -348,6 +400,7 @@ impl<U: Default> ServerConn<U> {
             recent_resets: [0; RECENT_RESETS],
             recent_next: 0,
             last_stream: 0,
+            pending_resets: 0,
             goaway_sent: None,
             goaway_received: false,
             closed: None,
@@ -387,6 +440,15 @@ impl<U: Default> ServerConn<U> {
     /// The next event, if any.
     pub fn poll_event(&mut self) -> Option<Event> {
         let e = self.events.pop_front();
+        if let Some(Event::Request { stream, .. }) = &e {
+            if let Some(i) = self.index(*stream) {
+                let s = &mut self.streams[i];
+                s.taken = true;
+                if matches!(s.recv_side, RecvSide::PeerReset(_)) {
+                    self.pending_resets = self.pending_resets.saturating_sub(1);
+                }
+            }
+        }
         if e.is_none() && self.events.capacity() > 0 {
             self.events = VecDeque::new();
         }
@@ -432,6 +494,11 @@ impl<U: Default> ServerConn<U> {
                 Err(e)
             }
         }
+    }
+
+    /// The flood that ended the connection, if one did.
+    pub fn flood(&self) -> Option<Flood> {
+        self.closed.as_ref().and_then(|e| e.flood)
     }
 
     /// Whether the connection is over (a connection error).
@@ -746,6 +813,17 @@ impl<U: Default> ServerConn<U> {
                 }
                 let code = u32::from_be_bytes([p[0], p[1], p[2], p[3]]);
                 if let Some(i) = self.index(id) {
+                    if !self.streams[i].taken
+                        && !matches!(self.streams[i].recv_side, RecvSide::PeerReset(_))
+                    {
+                        self.pending_resets += 1;
+                        if self.pending_resets as usize > MAX_PENDING_RESETS {
+                            return Err(flood_err(
+                                Flood::RapidReset,
+                                "too many streams reset before they were taken",
+                            ));
+                        }
+                    }
                     self.drop_received(i);
                     let s = &mut self.streams[i];
                     s.recv_side = RecvSide::PeerReset(code);
@@ -945,6 +1023,7 @@ impl<U: Default> ServerConn<U> {
             end_stream: flags & END_STREAM != 0,
             self_dependent,
             bytes: fragment.to_vec(),
+            continuations: 0,
         };
         self.check_block_size(block.bytes.len())?;
         if flags & END_HEADERS != 0 {
@@ -970,6 +1049,21 @@ impl<U: Default> ServerConn<U> {
         }
         block.bytes.extend_from_slice(p);
         self.check_block_size(block.bytes.len())?;
+        if flags & END_HEADERS == 0 {
+            // An empty CONTINUATION adds nothing to the block's size: the
+            // frames are counted too, up to what the largest header list
+            // takes in the smallest frames a client may send, plus a
+            // quarter, at least 5 (the h2 crate's bound,
+            // src/codec/framed_read.rs `calc_max_continuation_frames`).
+            block.continuations += 1;
+            let needed = (self.cfg.max_header_list / MIN_MAX_FRAME).max(1);
+            if block.continuations > (needed + needed / 4).max(5) {
+                return Err(flood_err(
+                    Flood::Continuation,
+                    "too many CONTINUATION frames",
+                ));
+            }
+        }
         if flags & END_HEADERS != 0 {
             self.header_block(block)
         } else {
@@ -1085,6 +1179,7 @@ impl<U: Default> ServerConn<U> {
             trailers: None,
             content_left: head.content_length,
             released: false,
+            taken: false,
         });
         self.events.push_back(Event::Request {
             stream: id,

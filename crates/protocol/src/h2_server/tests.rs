@@ -1102,3 +1102,95 @@ fn a_table_size_update_at_the_end_of_a_block_is_a_compression_error() {
     let e = feed(&mut c, &frame(HEADERS, END_HEADERS | END_STREAM, 1, &b)).unwrap_err();
     assert_eq!(e.code, reason::COMPRESSION_ERROR);
 }
+
+/// HEADERS + RST_STREAM pairs (CVE-2023-44487, "rapid reset") for the
+/// streams `first`, `first + 2`, ... (`n` of them), in one piece.
+fn rapid_resets(first: u32, n: u32) -> Vec<u8> {
+    let mut b = Vec::new();
+    for k in 0..n {
+        let id = first + 2 * k;
+        b.extend(frame(HEADERS, END_HEADERS, id, &request_fields(None)));
+        b.extend(frame(RST_STREAM, 0, id, &reason::CANCEL.to_be_bytes()));
+    }
+    b
+}
+
+#[test]
+fn rapid_reset_is_answered_with_goaway_enhance_your_calm() {
+    let mut c = open();
+    // 10,000 streams opened and reset before the caller took any: the
+    // connection ends early (GOAWAY ENHANCE_YOUR_CALM), without keeping a
+    // stream or an event per attempt.
+    let err = feed(&mut c, &rapid_resets(1, 10_000)).unwrap_err();
+    assert_eq!(err.code, reason::ENHANCE_YOUR_CALM);
+    assert_eq!(
+        goaway_code(&response_frames(&mut c)),
+        Some(reason::ENHANCE_YOUR_CALM)
+    );
+    assert_eq!(c.flood(), Some(Flood::RapidReset));
+    assert!(c.stream_count() <= 2 * MAX_PENDING_RESETS);
+    assert!(events(&mut c).len() <= 4 * MAX_PENDING_RESETS);
+}
+
+#[test]
+fn streams_reset_after_the_caller_took_them_are_no_flood() {
+    // A client that cancels calls it made (the caller saw each) is fine,
+    // however many: 1,000 of them, and a few rapid ones at a time.
+    let mut c = open();
+    let mut id = 1;
+    for _ in 0..1_000 {
+        request(&mut c, id);
+        feed(
+            &mut c,
+            &frame(RST_STREAM, 0, id, &reason::CANCEL.to_be_bytes()),
+        )
+        .unwrap();
+        assert_eq!(events(&mut c), vec![Event::Wake(id)]);
+        c.release(id);
+        id += 2;
+    }
+    for _ in 0..100 {
+        feed(&mut c, &rapid_resets(id, MAX_PENDING_RESETS as u32)).unwrap();
+        for e in events(&mut c) {
+            if let Event::Request { stream, .. } = e {
+                c.release(stream);
+            }
+        }
+        id += 2 * MAX_PENDING_RESETS as u32;
+    }
+    assert!(c.error().is_none());
+    assert_eq!(c.flood(), None);
+    request(&mut c, id);
+}
+
+#[test]
+fn empty_continuation_frames_are_bounded() {
+    let mut c = open();
+    let block = request_fields(None);
+    let mut bytes = frame(HEADERS, 0, 1, &block);
+    for _ in 0..100_000 {
+        bytes.extend(frame(CONTINUATION, 0, 1, &[]));
+    }
+    let err = feed(&mut c, &bytes).unwrap_err();
+    assert_eq!(err.code, reason::ENHANCE_YOUR_CALM);
+    assert_eq!(
+        goaway_code(&response_frames(&mut c)),
+        Some(reason::ENHANCE_YOUR_CALM)
+    );
+    assert_eq!(c.flood(), Some(Flood::Continuation));
+
+    // A head split into as many frames as a tight packing of the largest
+    // header list takes (plus a few) still goes through.
+    let mut c = open();
+    let mut bytes = frame(HEADERS, 0, 1, &block[..1]);
+    for _ in 0..4 {
+        bytes.extend(frame(CONTINUATION, 0, 1, &[]));
+    }
+    bytes.extend(frame(CONTINUATION, END_HEADERS, 1, &block[1..]));
+    feed(&mut c, &bytes).unwrap();
+    assert!(matches!(
+        events(&mut c).as_slice(),
+        [Event::Request { stream: 1, .. }]
+    ));
+    assert_eq!(c.flood(), None);
+}
