@@ -218,7 +218,7 @@ impl IdentityError {
         match self {
             IdentityError::BadCertificate(_) | IdentityError::NotClientAuth => {
                 "give the agent a client certificate (clientAuth usage) whose CN or DNS SAN is \
-                 its agent ID, e.g. from `edgetunnel certs` (`certs init DIR --agent-name <ID>`)"
+                 its agent ID, e.g. `edgetunnel certs issue agent OUT --ca-dir CA --name <ID>`"
             }
             IdentityError::NoCertificate => {
                 "give the agent a client certificate (--cert/--key) naming its agent ID, or \
@@ -227,7 +227,7 @@ impl IdentityError {
             IdentityError::AgentId { .. } | IdentityError::Host { .. } => {
                 "the agent's certificate must name its --agent-id and each host identifier as CN \
                  (`system:node:<ID>` counts as <ID>) or DNS SAN: issue one per node with \
-                 `edgetunnel certs` (`certs init DIR --agent-name <ID>` gives CN and SAN <ID>), \
+                 `edgetunnel certs issue agent OUT --ca-dir CA --name <ID>` (CN and SAN <ID>), \
                  or start the server with --bind-agent-identity=false to accept any \
                  certificate of the CA (ANP's behaviour)"
             }
