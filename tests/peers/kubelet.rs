@@ -17,11 +17,11 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 
 use crate::kube_cluster::in_netns;
 use crate::spdy;
+use crate::support::apiserver::{self, load_certs, load_key};
 
 /// Lines of the small log (`tailLines` picks the last ones).
 pub(crate) const SMALL_LINES: usize = 1000;
@@ -76,20 +76,6 @@ pub(crate) struct Stats {
 pub(crate) struct FakeKubelet {
     pub addr: SocketAddr,
     pub stats: Arc<Stats>,
-}
-
-fn load_certs(p: &Path) -> Vec<CertificateDer<'static>> {
-    let pem = std::fs::read(p).expect("read cert");
-    rustls_pemfile::certs(&mut &pem[..])
-        .collect::<Result<_, _>>()
-        .expect("certs")
-}
-
-fn load_key(p: &Path) -> PrivateKeyDer<'static> {
-    let pem = std::fs::read(p).expect("read key");
-    rustls_pemfile::private_key(&mut &pem[..])
-        .expect("key")
-        .expect("a key")
 }
 
 fn common_name(der: &[u8]) -> Option<String> {
@@ -216,26 +202,7 @@ impl Head {
 
 /// Reads one request head; `None` at EOF or on garbage.
 pub(crate) fn read_head<R: BufRead>(r: &mut R) -> Option<Head> {
-    let mut line = String::new();
-    if r.read_line(&mut line).ok()? == 0 {
-        return None;
-    }
-    let mut parts = line.trim_end().splitn(3, ' ');
-    let method = parts.next()?.to_string();
-    let target = parts.next()?.to_string();
-    let mut headers = Vec::new();
-    loop {
-        let mut h = String::new();
-        if r.read_line(&mut h).ok()? == 0 {
-            return None;
-        }
-        let h = h.trim_end_matches(['\r', '\n']);
-        if h.is_empty() {
-            break;
-        }
-        let (n, v) = h.split_once(':')?;
-        headers.push((n.trim().to_ascii_lowercase(), v.trim().to_string()));
-    }
+    let (method, target, headers) = apiserver::read_head(r)?;
     Some(Head {
         method,
         target,

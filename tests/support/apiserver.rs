@@ -70,14 +70,16 @@ impl FakeApiServer {
     }
 }
 
-fn load_certs(p: &Path) -> Vec<CertificateDer<'static>> {
+/// The certificates of a PEM file.
+pub(crate) fn load_certs(p: &Path) -> Vec<CertificateDer<'static>> {
     let pem = std::fs::read(p).expect("read cert");
     rustls_pemfile::certs(&mut &pem[..])
         .collect::<Result<_, _>>()
         .expect("certs")
 }
 
-fn load_key(p: &Path) -> PrivateKeyDer<'static> {
+/// The private key of a PEM file.
+pub(crate) fn load_key(p: &Path) -> PrivateKeyDer<'static> {
     let pem = std::fs::read(p).expect("read key");
     rustls_pemfile::private_key(&mut &pem[..])
         .expect("key")
@@ -140,7 +142,8 @@ pub(crate) fn start_at(certs: &Path, bind: &str) -> FakeApiServer {
 }
 
 type Tls = rustls::StreamOwned<rustls::ServerConnection, TcpStream>;
-type Head = (String, String, Vec<(String, String)>);
+/// Method, target and headers (names lower-cased) of a request head.
+pub(crate) type Head = (String, String, Vec<(String, String)>);
 
 /// A served connection: TLS or plain.
 trait Conn: Read + Write {
@@ -236,7 +239,8 @@ struct Req {
     body: Vec<u8>,
 }
 
-fn read_head<S: Conn>(r: &mut BufReader<S>) -> Option<Head> {
+/// Reads one HTTP/1.1 request head; `None` at EOF or on garbage.
+pub(crate) fn read_head<R: BufRead>(r: &mut R) -> Option<Head> {
     let mut line = String::new();
     if r.read_line(&mut line).ok()? == 0 {
         return None;
