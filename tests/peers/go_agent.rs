@@ -140,12 +140,9 @@ impl Case<'_> {
     }
 }
 
-/// mTLS: the Go agent with the `certs init` agent certificate; echo, up
-/// and down through every frontend kind, then nothing left open.
-#[test]
-fn go_agent_mtls_carries_grpc_and_connect() {
-    let Some(p) = peers() else { return };
-    let _g = serial();
+/// A Go target, our server and one Go agent (`go-1`, mutual TLS with the
+/// `certs init` agent certificate) linked to it.
+fn one_go_agent(p: &Peers) -> (Env, GoTarget, Server, Logged) {
     let env = Env::new();
     let target = GoTarget::start(p, &env, "127.0.0.1:0");
     let server = Server::start(&env, &[]);
@@ -156,6 +153,16 @@ fn go_agent_mtls_carries_grpc_and_connect() {
         &go_agent_args(server.agent.port(), "go-1", "host=go-1", &agent_mtls(&env)),
     );
     server.wait_metric("edgetunnel_agents_connected", 1.0);
+    (env, target, server, agent)
+}
+
+/// mTLS: the Go agent with the `certs init` agent certificate; echo, up
+/// and down through every frontend kind, then nothing left open.
+#[test]
+fn go_agent_mtls_carries_grpc_and_connect() {
+    let Some(p) = peers() else { return };
+    let _g = serial();
+    let (env, target, server, agent) = one_go_agent(p);
     let c = Case {
         peers: p,
         server,
@@ -457,16 +464,7 @@ fn go_agent_drain_keeps_open_connections_and_moves_new_dials() {
 fn go_agent_killed_mid_transfer() {
     let Some(p) = peers() else { return };
     let _g = serial();
-    let env = Env::new();
-    let target = GoTarget::start(p, &env, "127.0.0.1:0");
-    let server = Server::start(&env, &[]);
-    let agent = go_agent(
-        p,
-        &env,
-        "go-agent",
-        &go_agent_args(server.agent.port(), "go-1", "host=go-1", &agent_mtls(&env)),
-    );
-    server.wait_metric("edgetunnel_agents_connected", 1.0);
+    let (_env, target, server, agent) = one_go_agent(p);
     let t = target.target();
     let runs: Vec<_> = [
         ("grpc-uds", server.grpc_uds.display().to_string()),
