@@ -27,7 +27,14 @@
 //! tree recurses deeper), and matching is the `regex` crate's, linear in
 //! the subject; `tests::time_per_byte_stays_flat` checks both. Compiling
 //! is linear too but a large Unicode class (`\pL`) costs the `regex` crate
-//! about 4 ms each in this build, against one instruction in Go.
+//! about 1 ms and some 40 KB each, against one instruction in Go, so the
+//! compiled size is what bounds a pattern: [`COMPILED_SIZE_LIMIT`] is Go's
+//! own budget for a compiled program (`regexp/syntax`'s `maxSize` is
+//! `128 << 20 / instSize` instructions, 128 MiB). A pattern past it is
+//! refused at start with Go's "expression too large" wording after about
+//! 3 s of compiling; `\pL{1000}` (40 MiB, about 1 s) and
+//! `(?:\pL{1000}){3}` still compile. Matching costs the compiled size
+//! times the path's length, as Go's NFA does.
 //!
 //! Differences left: Unicode tables are the `regex` crate's (Unicode 16)
 //! where Go 1.23 (kubectl 1.32) has Unicode 15.0 (characters assigned
@@ -67,6 +74,13 @@ const UNEXPECTED_PAREN: &str = "unexpected )";
 const NESTING_DEPTH: &str = "expression nests too deeply";
 
 const LARGE: &str = "expression too large";
+
+/// The most memory the `regex` crate may give one compiled pattern: Go's
+/// budget for a compiled program (`maxSize` in `regexp/syntax/parse.go`
+/// counts `128 << 20` bytes of instructions). Past it the pattern is
+/// refused as [`LARGE`]; the `regex` crate's default, 10 MiB, would refuse
+/// `\pL{1000}`, which Go accepts.
+pub const COMPILED_SIZE_LIMIT: usize = 128 << 20;
 
 const MAX_REPEAT: u32 = 1000;
 /// Go's `maxSize` (128 MB of 40-byte instructions) and `maxRunes`.
@@ -1222,7 +1236,7 @@ impl GoRegex {
         let node = parse(pattern)?;
         let re = regex::RegexBuilder::new(&to_rust(&node))
             .nest_limit(8 * MAX_HEIGHT as u32)
-            .size_limit(1 << 30)
+            .size_limit(COMPILED_SIZE_LIMIT)
             .build()
             .map_err(|e| GoRegexError {
                 code: LARGE,

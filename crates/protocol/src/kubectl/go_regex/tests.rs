@@ -408,3 +408,16 @@ fn nesting_too_deep_is_refused_early() {
         "expression nests too deeply"
     );
 }
+
+#[test]
+fn compiled_size_is_bounded_by_gos_budget() {
+    // Four `\pL{1000}` need about 160 MiB in the `regex` crate: refused with
+    // Go's wording instead of growing without bound (the limit was 1 GiB).
+    let big = r"\pL{1000}\pL{1000}\pL{1000}\pL{1000}";
+    let e = GoRegex::new(big).unwrap_err();
+    assert_eq!(e.code, "expression too large", "{e}");
+    // One of them (about 40 MiB) is what Go accepts and so do we.
+    let one = ok(r"^/api/\pL{1000}$");
+    assert!(one.is_match(&format!("/api/{}", "ж".repeat(1000))));
+    assert!(!one.is_match(&format!("/api/{}", "ж".repeat(999))));
+}
