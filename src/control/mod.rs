@@ -25,6 +25,7 @@ pub mod lease;
 pub mod lease_count;
 pub mod manager;
 pub mod nodes;
+pub mod review_cache;
 pub mod server_lease;
 pub mod token_review;
 pub mod tunnel_addr;

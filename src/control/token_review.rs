@@ -7,13 +7,20 @@
 //! `--agent-service-account`.
 //!
 //! The data plane never talks to Kubernetes: it sends a [`ReviewRequest`]
-//! to the control thread and awaits the answer on a oneshot channel.
+//! to the control thread and awaits the answer on a oneshot channel. The
+//! control thread remembers verdicts, asks once for a token that several
+//! Connects present at the same time, and paces what it sends
+//! ([`super::review_cache`]).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures::channel::{mpsc, oneshot};
 use futures::StreamExt;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenReviewStatus};
+
+use super::review_cache::{key_of, CacheConfig, Pacer, ReviewCache, TokenKey, Verdict};
 
 /// Who may connect as an agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +28,27 @@ pub struct AgentAuthSpec {
     pub audience: String,
     pub namespace: String,
     pub service_account: String,
+    pub limits: ReviewLimits,
+}
+
+/// How verdicts are remembered and reviews paced ([`super::review_cache`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReviewLimits {
+    /// How long an acceptance is believed (0: review every Connect).
+    pub accepted_ttl: Duration,
+    /// Reviews per second at most (0: no limit), bursts of `burst`.
+    pub qps: u32,
+    pub burst: u32,
+}
+
+impl Default for ReviewLimits {
+    fn default() -> Self {
+        ReviewLimits {
+            accepted_ttl: super::review_cache::DEFAULT_ACCEPTED_TTL,
+            qps: 500,
+            burst: 1000,
+        }
+    }
 }
 
 /// One token to review, with where the verdict goes.
@@ -117,23 +145,62 @@ pub fn judge(status: Option<&TokenReviewStatus>, spec: &AgentAuthSpec) -> Result
     Ok(username)
 }
 
-/// Runs on the control thread: answers every review request.
+type Reply = oneshot::Sender<Result<String, String>>;
+
+/// Runs on the control thread: answers every review request, from memory
+/// when it can, with one TokenReview per token otherwise.
 pub async fn serve(client: kube::Client, queue: ReviewQueue) {
     let Some(mut rx) = queue.rx.lock().ok().and_then(|mut r| r.take()) else {
         return;
     };
     let api: kube::Api<TokenReview> = kube::Api::all(client);
-    while let Some(req) = rx.next().await {
-        let api = api.clone();
-        let spec = queue.spec.clone();
-        tokio::spawn(async move {
-            let review = review_for(&req.token, &spec);
-            let verdict = match api.create(&Default::default(), &review).await {
-                Ok(r) => judge(r.status.as_ref(), &spec),
-                Err(e) => Err(format!("Failed to authenticate request. err:{e}")),
-            };
-            let _ = req.reply.send(verdict);
-        });
+    let limits = &queue.spec.limits;
+    let mut cache = ReviewCache::new(CacheConfig {
+        accepted_ttl: limits.accepted_ttl,
+        ..Default::default()
+    });
+    let mut pacer = Pacer::new(f64::from(limits.qps), limits.burst);
+    // Tokens under review, with everyone waiting for the verdict.
+    let mut waiting: HashMap<TokenKey, Vec<Reply>> = HashMap::new();
+    let (done_tx, mut done_rx) = mpsc::unbounded::<(TokenKey, String, Verdict)>();
+    loop {
+        tokio::select! {
+            req = rx.next() => {
+                let Some(req) = req else { break };
+                let key = key_of(&req.token);
+                if let Some(v) = cache.get(&key, Instant::now()) {
+                    let _ = req.reply.send(v.into_result());
+                    continue;
+                }
+                if let Some(w) = waiting.get_mut(&key) {
+                    w.push(req.reply);
+                    continue;
+                }
+                waiting.insert(key, vec![req.reply]);
+                let wait = pacer.take(Instant::now());
+                let (api, spec, done) = (api.clone(), queue.spec.clone(), done_tx.clone());
+                tokio::spawn(async move {
+                    if !wait.is_zero() {
+                        tokio::time::sleep(wait).await;
+                    }
+                    let review = review_for(&req.token, &spec);
+                    let verdict = match api.create(&Default::default(), &review).await {
+                        Ok(r) => match judge(r.status.as_ref(), &spec) {
+                            Ok(user) => Verdict::Accepted(user),
+                            Err(e) => Verdict::Denied(e),
+                        },
+                        Err(e) => Verdict::Failed(format!("Failed to authenticate request. err:{e}")),
+                    };
+                    let _ = done.unbounded_send((key, req.token, verdict));
+                });
+            }
+            Some((key, token, verdict)) = done_rx.next() => {
+                cache.put(key, &token, &verdict, Instant::now());
+                for reply in waiting.remove(&key).unwrap_or_default() {
+                    let _ = reply.send(verdict.clone().into_result());
+                }
+            }
+        }
     }
 }
 
@@ -169,6 +236,7 @@ mod tests {
 
     fn spec() -> AgentAuthSpec {
         AgentAuthSpec {
+            limits: ReviewLimits::default(),
             audience: "system:konnectivity-server".into(),
             namespace: "kube-system".into(),
             service_account: "konnectivity-agent".into(),

@@ -256,6 +256,19 @@ pub struct ServerArgs {
     /// The audience the agents' tokens must carry (see --agent-namespace).
     #[arg(long)]
     pub authentication_audience: Option<String>,
+    /// Seconds an accepted agent token is believed without a new
+    /// TokenReview (never past the token's own expiry); 0 reviews every
+    /// Connect, as ANP does. A restart of N agents then costs about N
+    /// reviews, not N times the retries.
+    #[arg(long, default_value_t = 120)]
+    pub token_review_cache_secs: u64,
+    /// TokenReviews sent to the kube-apiserver per second at most (0: no
+    /// limit); the same token asked for twice meanwhile waits for one.
+    #[arg(long, default_value_t = 500)]
+    pub token_review_qps: u32,
+    /// TokenReviews sent at once before --token-review-qps spaces them.
+    #[arg(long, default_value_t = 1000)]
+    pub token_review_burst: u32,
     /// Bind each agent to its client certificate: the agent ID must be the
     /// certificate's CN (`system:node:<name>` counts as `<name>`) or a DNS
     /// SAN, `host` identifiers such names, `ipv4`/`ipv6` identifiers IP
@@ -493,6 +506,11 @@ impl ServerArgs {
                     audience: aud.clone(),
                     namespace: ns.clone(),
                     service_account: sa.clone(),
+                    limits: crate::control::token_review::ReviewLimits {
+                        accepted_ttl: Duration::from_secs(self.token_review_cache_secs),
+                        qps: self.token_review_qps,
+                        burst: self.token_review_burst,
+                    },
                 })
             }
             _ => {
