@@ -60,15 +60,22 @@ fn confined(profile: &Path, cmd: &Command) -> Command {
 fn tunnel_under(env: &Env, profile: &Path, driver: &str) -> String {
     let echo = echo_server("127.0.0.1");
     let drv = ["--driver", driver];
-    let (cmd, n, connect_uds, grpc_uds) =
-        Server::command(env, &["--certs-dir", &env.certs().display().to_string()], &Binds::default(), &drv);
+    let (cmd, n, connect_uds, grpc_uds) = Server::command(
+        env,
+        &["--certs-dir", &env.certs().display().to_string()],
+        &Binds::default(),
+        &drv,
+    );
     let server = Server::spawn(env, confined(profile, &cmd), n, connect_uds, grpc_uds);
     let allow = format!("127.0.0.1/32:{}", echo.addr.port());
     let mut extra = vec!["--allow-destinations", &allow];
     extra.extend_from_slice(&drv);
     let cmd = Agent::command(env, server.agent, "node-1", "ipv4=127.0.0.1", &extra);
     let agent = Agent {
-        proc: Proc::spawn(confined(profile, &cmd), env.path(&format!("agent-{driver}.log"))),
+        proc: Proc::spawn(
+            confined(profile, &cmd),
+            env.path(&format!("agent-{driver}.log")),
+        ),
     };
     agent.proc.wait_line("CONNECTED");
     let target = echo.addr.to_string();
@@ -79,7 +86,10 @@ fn tunnel_under(env: &Env, profile: &Path, driver: &str) -> String {
         assert!(echo_roundtrip(s, &data) == data, "{size} bytes over TCP");
         let (code, body, s) = connect_unix(&server.connect_uds, &target);
         assert_eq!(code, 200, "{body}");
-        assert!(echo_roundtrip(s, &data) == data, "{size} bytes over the unix socket");
+        assert!(
+            echo_roundtrip(s, &data) == data,
+            "{size} bytes over the unix socket"
+        );
     }
     server.wait_metric("edgetunnel_open_connections", 0.0);
     for p in [&server.proc, &agent.proc] {
@@ -135,7 +145,10 @@ fn docker_default_profile_falls_back_to_epoll() {
         names.retain(|n| !n.as_str().unwrap().starts_with("io_uring_"));
         removed += before - names.len();
     }
-    assert_eq!(removed, 3, "edgetunnel.json should add exactly the io_uring calls");
+    assert_eq!(
+        removed, 3,
+        "edgetunnel.json should add exactly the io_uring calls"
+    );
     let docker = env.path("docker-default.json");
     std::fs::write(&docker, p.to_string()).unwrap();
     let log = tunnel_under(&env, &docker, "auto");

@@ -38,7 +38,11 @@ const KUBELET_PORTS: [u16; 2] = [10250, 10255];
 /// The server ConfigMap's extra ports and the listener port each goes to:
 /// `insecure` is the plain interception listener's port (yurt's
 /// `--insecure-port`, 10264), `secure` the TLS one's (10263).
-pub fn proxy_ports(data: &BTreeMap<String, String>, insecure: u16, secure: u16) -> BTreeMap<u16, u16> {
+pub fn proxy_ports(
+    data: &BTreeMap<String, String>,
+    insecure: u16,
+    secure: u16,
+) -> BTreeMap<u16, u16> {
     let field = |k: &str| data.get(k).map(String::as_str).unwrap_or("");
     let insecure_s = insecure.to_string();
     let mut out = BTreeMap::new();
@@ -178,10 +182,18 @@ mod tests {
             BTreeMap::from([(9100, 10264), (9300, 10263), (9400, 10263)])
         );
         // A value with a '=' is read as pairs: bare ports in it count not.
-        assert!(proxy_ports(&data(&[("dnat-ports-pair", "9100,9200=10264")]), 10264, 10263)
-            .contains_key(&9200));
-        assert!(!proxy_ports(&data(&[("dnat-ports-pair", "9100,9200=10264")]), 10264, 10263)
-            .contains_key(&9100));
+        assert!(proxy_ports(
+            &data(&[("dnat-ports-pair", "9100,9200=10264")]),
+            10264,
+            10263
+        )
+        .contains_key(&9200));
+        assert!(!proxy_ports(
+            &data(&[("dnat-ports-pair", "9100,9200=10264")]),
+            10264,
+            10263
+        )
+        .contains_key(&9100));
         assert!(proxy_ports(&data(&[]), 10264, 10263).is_empty());
     }
 
@@ -215,7 +227,11 @@ mod tests {
         let got = resolve(&got, &BTreeMap::new()).expect("changed");
         assert_eq!(
             got,
-            vec![base[0].clone(), base[1].clone(), port("metrics", 9500, 10264)]
+            vec![
+                base[0].clone(),
+                base[1].clone(),
+                port("metrics", 9500, 10264)
+            ]
         );
         // A UDP port of the same number is not ours: a TCP one is added.
         let mut udp = port("dnat-9100", 9100, 10264);

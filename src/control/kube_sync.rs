@@ -160,8 +160,12 @@ impl Kube {
         };
         spec.ports = Some(ports);
         match api.replace(name, &PostParams::default(), &svc).await {
-            Ok(_) => tracing::info!(service = %format!("{namespace}/{name}"), ports = ?wanted, "dnat ports synced"),
-            Err(e) => tracing::warn!(service = %format!("{namespace}/{name}"), "updating dnat ports: {e}"),
+            Ok(_) => {
+                tracing::info!(service = %format!("{namespace}/{name}"), ports = ?wanted, "dnat ports synced")
+            }
+            Err(e) => {
+                tracing::warn!(service = %format!("{namespace}/{name}"), "updating dnat ports: {e}")
+            }
         }
     }
 

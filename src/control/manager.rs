@@ -393,7 +393,10 @@ async fn run(spec: ControlSpec, sources: Sources, shutdown: Arc<Shutdown>) {
                     k.publish_records(&text).await;
                 }
             }
-            if let (Some(dnat), Some(k)) = (spec.dns.as_ref().and_then(|d| d.service_dnat.as_ref()), &kube) {
+            if let (Some(dnat), Some(k)) = (
+                spec.dns.as_ref().and_then(|d| d.service_dnat.as_ref()),
+                &kube,
+            ) {
                 if due {
                     k.sync_dnat_ports(dnat).await;
                 }

@@ -14,6 +14,7 @@
 mod support;
 
 mod common;
+mod deploy_path;
 mod go_agent;
 mod go_server;
 mod h2_conformance;
