@@ -24,3 +24,4 @@ mod kube_cluster;
 mod kubelet;
 mod spdy;
 mod tls_frontends;
+mod yurt_dnat;
