@@ -760,7 +760,9 @@ fn ns_of(r: &str) -> &str {
 
 /// What a role's flags make it call, read from src/control/*.rs: the
 /// node list-and-watch (kube_sync.rs, with --iptables or DNS records) and
-/// the server ConfigMap poll (with --iptables), the DNS records ConfigMap and its leader Lease, the server
+/// the server ConfigMap poll (with --iptables or --dns-service-dnat-ports),
+/// the tunnel Service (read; updated for its dnat ports), the DNS records
+/// ConfigMap and its leader Lease, the server
 /// leases (server_lease.rs: get/create/update, list and delete for the
 /// expired ones), lease counting (lease_count.rs: list), TokenReviews
 /// (token_review.rs), CSRs (csr.rs: create, then get until signed; the
@@ -779,8 +781,16 @@ fn needs(role: &Role) -> BTreeSet<Grant> {
                 n.insert(grant("", "nodes", "list", ""));
                 n.insert(grant("", "nodes", "watch", ""));
             }
-            if s.iptables {
+            if s.iptables || s.dns_service_dnat_ports {
                 n.insert(grant("", "configmaps", "get", ns_of(&s.server_configmap)));
+            }
+            // The tunnel Service's ClusterIP for the records; its dnat-PORT
+            // ports (kube_sync.rs `sync_dnat_ports`).
+            if let Some(svc) = &s.dns_tunnel_service {
+                n.insert(grant("", "services", "get", ns_of(svc)));
+                if s.dns_service_dnat_ports {
+                    n.insert(grant("", "services", "update", ns_of(svc)));
+                }
             }
             if let Some(dns) = &s.dns_configmap {
                 for v in ["get", "create", "update"] {

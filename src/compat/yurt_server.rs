@@ -34,9 +34,12 @@
 //! `--dns-configmap`, `--dns-tunnel-service`, `--leader-lease`. Unlike Go,
 //! a node with a connected agent also counts as an edge node, and the
 //! records follow node and agent changes within a second (a full rewrite
-//! at least every 15 s), so `--dns-sync-period` changes nothing. Not done:
-//! Go also adds `dnat-PORT` ports for the ConfigMap's extra proxy ports to
-//! `x-tunnel-server-internal-svc` (`updateTunnelServerSvcDnatPorts`).
+//! at least every 15 s), so `--dns-sync-period` changes nothing. The
+//! elected writer also keeps a `dnat-PORT` port on
+//! `x-tunnel-server-internal-svc` for each extra proxy port of
+//! `yurt-tunnel-server-cfg` (`dns.go` `updateTunnelServerSvcDnatPorts`,
+//! `util.go` `GetConfiguredProxyPortsAndMappings`):
+//! `--dns-service-dnat-ports`, see `control::dnat_ports`.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -115,7 +118,7 @@ pub fn flags() -> Vec<Flag> {
             "enable-dns-controller",
             Bool,
             "true",
-            Composite("--dns-configmap, --dns-tunnel-service, --leader-lease"),
+            Composite("--dns-configmap, --dns-tunnel-service, --leader-lease, --dns-service-dnat-ports"),
         ),
         f(
             "dns-sync-period",
@@ -266,6 +269,7 @@ pub fn translate(p: &Parsed, out: &mut Out, host: &dyn Host) -> Result<(), Compa
         out.arg("--dns-configmap", DNS_CONFIGMAP);
         out.arg("--dns-tunnel-service", DNS_TUNNEL_SERVICE);
         out.arg("--leader-lease", DNS_LEASE);
+        out.switch("--dns-service-dnat-ports");
     }
     Ok(())
 }
@@ -386,6 +390,7 @@ mod tests {
                 "--dns-configmap kube-system/yurt-tunnel-nodes",
                 "--dns-tunnel-service kube-system/x-tunnel-server-internal-svc",
                 "--leader-lease kube-system/tunnel-dns-controller",
+                "--dns-service-dnat-ports",
             ]
         );
         assert!(t.notes.is_empty(), "{:?}", t.notes);

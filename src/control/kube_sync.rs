@@ -28,6 +28,9 @@ pub struct View {
     pub nodes: BTreeMap<String, NodeInfo>,
     pub extra_http: Vec<u16>,
     pub extra_https: Vec<u16>,
+    /// The server ConfigMap's data once read (empty when it does not
+    /// exist), for yurt's `dnat-PORT` Service ports.
+    pub server_cfg: Option<BTreeMap<String, String>>,
 }
 
 /// Handle to the running Kubernetes tasks.
@@ -125,6 +128,45 @@ impl Kube {
         let ip = s.spec.and_then(|s| s.cluster_ip).unwrap_or_default();
         ip.parse()
             .map_err(|_| format!("no ClusterIP (spec.clusterIP {ip:?})"))
+    }
+
+    /// Gives Service `svc` a `dnat-PORT` port for each extra port of the
+    /// server ConfigMap (yurt-tunnel's DNS controller, `dns.go`
+    /// `updateTunnelServerSvcDnatPorts`); only the elected writer does,
+    /// and only once the ConfigMap was read.
+    pub async fn sync_dnat_ports(&self, dnat: &super::manager::ServiceDnat) {
+        if !self.leader.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(data) = self.view().server_cfg else {
+            return;
+        };
+        let wanted = super::dnat_ports::proxy_ports(&data, dnat.insecure_port, dnat.secure_port);
+        let ObjectRef { namespace, name } = &dnat.service;
+        let api: Api<k8s_openapi::api::core::v1::Service> =
+            Api::namespaced(self.client.clone(), namespace);
+        let mut svc = match api.get_opt(name).await {
+            Ok(Some(s)) => s,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::debug!(service = %format!("{namespace}/{name}"), "reading for dnat ports: {e}");
+                return;
+            }
+        };
+        let spec = svc.spec.get_or_insert_with(Default::default);
+        let current = spec.ports.clone().unwrap_or_default();
+        let Some(ports) = super::dnat_ports::resolve(&current, &wanted) else {
+            return;
+        };
+        spec.ports = Some(ports);
+        match api.replace(name, &PostParams::default(), &svc).await {
+            Ok(_) => {
+                tracing::info!(service = %format!("{namespace}/{name}"), ports = ?wanted, "dnat ports synced")
+            }
+            Err(e) => {
+                tracing::warn!(service = %format!("{namespace}/{name}"), "updating dnat ports: {e}")
+            }
+        }
     }
 
     /// Writes the DNS records to their ConfigMap when they changed.
@@ -312,6 +354,14 @@ async fn poll_server_cfg(
         match api.get_opt(&name).await {
             Ok(cm) => {
                 let data = cm.and_then(|c| c.data).unwrap_or_default();
+                {
+                    let mut v = view.lock().expect("view lock");
+                    if v.server_cfg.as_ref() != Some(&data) {
+                        v.server_cfg = Some(data.clone());
+                        drop(v);
+                        bump(&generation);
+                    }
+                }
                 let http = data
                     .get("http-proxy-ports")
                     .map(|v| parse_ports(v))

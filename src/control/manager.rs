@@ -167,6 +167,19 @@ pub struct DnsSpec {
     pub tunnel: DnsTunnel,
     /// Cloud nodes and their addresses.
     pub cloud_nodes: std::collections::BTreeMap<String, IpAddr>,
+    /// yurt's `dnat-PORT` ports on the tunnel Service (needs `kube`).
+    pub service_dnat: Option<ServiceDnat>,
+}
+
+/// The Service that gets a `dnat-PORT` port per extra port of the server
+/// ConfigMap, and the listener ports they target (`dnat_ports`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceDnat {
+    pub service: ObjectRef,
+    /// The plain interception listener's port (yurt's insecure port).
+    pub insecure_port: u16,
+    /// The TLS interception listener's port (yurt's secure port).
+    pub secure_port: u16,
 }
 
 /// The address edge node names resolve to.
@@ -378,6 +391,14 @@ async fn run(spec: ControlSpec, sources: Sources, shutdown: Arc<Shutdown>) {
                 }
                 if let Some(k) = &kube {
                     k.publish_records(&text).await;
+                }
+            }
+            if let (Some(dnat), Some(k)) = (
+                spec.dns.as_ref().and_then(|d| d.service_dnat.as_ref()),
+                &kube,
+            ) {
+                if due {
+                    k.sync_dnat_ports(dnat).await;
                 }
             }
             if due {

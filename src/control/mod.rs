@@ -6,7 +6,8 @@
 //! - iptables rules (`iptables` plans them, `iptables_sync` applies them),
 //!   DNAT of kubelet ports towards the interception listeners;
 //! - DNS records for CoreDNS (`dns`: a hosts file and/or a ConfigMap),
-//!   written by the one server elected with a Lease (`lease`);
+//!   written by the one server elected with a Lease (`lease`), and yurt's
+//!   `dnat-PORT` ports on the tunnel Service (`dnat_ports`);
 //! - the cluster view (`kube_sync`, `nodes`: edge and cloud nodes, extra
 //!   ports from yurt-tunnel's ConfigMap);
 //! - certificates from Kubernetes CSRs with renewal (`csr`);
@@ -17,6 +18,7 @@
 //! `manager` starts it all from one spec per role.
 
 pub mod csr;
+pub mod dnat_ports;
 pub mod dns;
 pub mod iptables;
 pub mod iptables_sync;

@@ -199,6 +199,15 @@ pub struct ServerArgs {
     /// instead of --dns-tunnel-ip; needs --kube.
     #[arg(long, conflicts_with = "dns_tunnel_ip")]
     pub dns_tunnel_service: Option<String>,
+    /// Keep a `dnat-PORT` port on the --dns-tunnel-service Service for
+    /// every extra port of --server-configmap (`dnat-ports-pair`,
+    /// `http-proxy-ports`, `https-proxy-ports`), aimed at the
+    /// --interception-bind or --interception-tls-bind port, and remove the
+    /// ones no longer listed, as yurt-tunnel's DNS controller does; the
+    /// server elected by --leader-lease writes. Needs both interception
+    /// listeners.
+    #[arg(long, requires = "dns_tunnel_service")]
+    pub dns_service_dnat_ports: bool,
     /// A cloud node's record, `name=ip` (repeatable).
     #[arg(long, value_parser = crate::control::dns::parse_node)]
     pub dns_cloud_node: Vec<(String, std::net::IpAddr)>,
@@ -439,8 +448,7 @@ impl ServerArgs {
                     // a server (e.g. ANP's proxy-server face with
                     // --kubeconfig for TokenReviews and leases) reads
                     // neither, as ANP does not, and needs no RBAC for them.
-                    server_configmap: self
-                        .iptables
+                    server_configmap: (self.iptables || self.dns_service_dnat_ports)
                         .then(|| ns_name(&self.server_configmap))
                         .transpose()?,
                     watch_nodes: self.iptables
@@ -561,6 +569,20 @@ impl ServerArgs {
                     hosts_file: file.clone(),
                     tunnel,
                     cloud_nodes: self.dns_cloud_node.iter().cloned().collect(),
+                    service_dnat: match (&self.dns_tunnel_service, self.dns_service_dnat_ports) {
+                        (Some(svc), true) => Some(crate::control::manager::ServiceDnat {
+                            service: ns_name(svc)?,
+                            insecure_port: self
+                                .interception_bind
+                                .ok_or("--dns-service-dnat-ports needs --interception-bind")?
+                                .port(),
+                            secure_port: self
+                                .interception_tls_bind
+                                .ok_or("--dns-service-dnat-ports needs --interception-tls-bind")?
+                                .port(),
+                        }),
+                        _ => None,
+                    },
                 })
             }
         };

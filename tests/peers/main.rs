@@ -14,6 +14,7 @@
 mod support;
 
 mod common;
+mod deploy_path;
 mod go_agent;
 mod go_server;
 mod h2_conformance;
@@ -23,3 +24,4 @@ mod kube_cluster;
 mod kubelet;
 mod spdy;
 mod tls_frontends;
+mod yurt_dnat;
