@@ -641,13 +641,44 @@ mod tests {
             (&["--v=5"], Maps(&["--log info,edgetunnel=debug"])),
             (&["--vmodule=server=5"], NoEffect),
             (&["--logtostderr=true"], Maps(&[])),
-            (&["--logtostderr=false"], NoEffect),
+            (
+                &["--logtostderr=false", "--log-file=/var/log/konnectivity-server.log"],
+                Maps(&[
+                    "--log-format klog",
+                    "--log-file /var/log/konnectivity-server.log",
+                    "--log-stderr-threshold error",
+                ]),
+            ),
+            (
+                &[
+                    "--logtostderr=false",
+                    "--log-file=/var/log/konnectivity-server.log",
+                    "--alsologtostderr",
+                ],
+                Maps(&[
+                    "--log-format klog",
+                    "--log-file /var/log/konnectivity-server.log",
+                    "--log-stderr-threshold all",
+                ]),
+            ),
+            (
+                &[
+                    "--logtostderr=false",
+                    "--log-file=/var/log/konnectivity-server.log",
+                    "--stderrthreshold=WARNING",
+                ],
+                Maps(&[
+                    "--log-format klog",
+                    "--log-file /var/log/konnectivity-server.log",
+                    "--log-stderr-threshold warn",
+                ]),
+            ),
             (&["--alsologtostderr"], Same),
             (&["--log-file=/var/log/konnectivity-server.log"], Same),
             (&["--log-dir=/var/log"], Same),
             (&["--log-file-max-size=0"], Same),
-            (&["--stderrthreshold=INFO"], NoEffect),
-            (&["--alsologtostderrthreshold=ERROR"], NoEffect),
+            (&["--stderrthreshold=INFO"], Same),
+            (&["--alsologtostderrthreshold=ERROR"], Same),
             (&["--legacy-stderr-threshold-behavior=false"], NoEffect),
             (&["--add-dir-header"], NoEffect),
             (&["--skip-headers"], NoEffect),
