@@ -24,7 +24,13 @@ use crate::BoxError;
 pub struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `edgetunnel=debug`.
     /// A format word (`json`) or a directive that does not parse is refused.
-    #[arg(long, env = "EDGETUNNEL_LOG", default_value = "info", global = true, help_heading = "Logging")]
+    #[arg(
+        long,
+        env = "EDGETUNNEL_LOG",
+        default_value = "info",
+        global = true,
+        help_heading = "Logging"
+    )]
     pub log: String,
     /// Log line format.
     #[arg(long, env = "EDGETUNNEL_LOG_FORMAT", value_enum, default_value_t = crate::logging::LogFormat::Text, global = true, help_heading = "Logging")]
@@ -206,7 +212,12 @@ pub(crate) fn read_token(path: &Option<PathBuf>) -> Result<Option<String>, BoxEr
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
     /// I/O driver: auto (io_uring, else epoll), uring, legacy (epoll).
-    #[arg(long, help_heading = "Data plane", env = "EDGETUNNEL_DRIVER", default_value = "auto")]
+    #[arg(
+        long,
+        help_heading = "Data plane",
+        env = "EDGETUNNEL_DRIVER",
+        default_value = "auto"
+    )]
     pub driver: Driver,
     /// Largest gRPC message accepted, in bytes.
     #[arg(long, help_heading = "Data plane", default_value_t = DEFAULT_MAX_MESSAGE)]

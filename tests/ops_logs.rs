@@ -124,7 +124,6 @@ fn a_closed_stderr_neither_kills_nor_wedges_the_server() {
     assert!(gone_within(&grpc_uds, Duration::from_secs(1)));
 }
 
-
 /// The server's log lines (its stderr).
 fn lines(p: &Proc) -> Vec<String> {
     p.log_text().lines().map(str::to_string).collect()
@@ -219,7 +218,10 @@ fn log_file_gets_the_lines_and_stderr_only_errors() {
     let text = std::fs::read_to_string(&file).unwrap();
     assert!(text.contains("edgetunnel server starting"), "{text}");
     assert!(
-        !server.proc.log_text().contains("edgetunnel server starting"),
+        !server
+            .proc
+            .log_text()
+            .contains("edgetunnel server starting"),
         "{}",
         server.proc.log_text()
     );
@@ -239,12 +241,7 @@ fn log_file_gets_the_lines_and_stderr_only_errors() {
 /// word).
 fn loud(log: &str) -> Vec<&str> {
     log.lines()
-        .filter(|l| {
-            matches!(
-                l.split_whitespace().nth(1),
-                Some("INFO" | "WARN" | "ERROR")
-            )
-        })
+        .filter(|l| matches!(l.split_whitespace().nth(1), Some("INFO" | "WARN" | "ERROR")))
         .collect()
 }
 
@@ -373,12 +370,18 @@ fn sighup_reloads_and_never_kills() {
     let target = format!("127.0.0.1:{}", echo.addr.port());
     let agent = Agent::start(&env, server.agent, "hup", "host=hup", &[]);
     server.wait_metric("edgetunnel_agents_connected", 1.0);
-    assert_eq!(served_cert(&env, server.agent, &roots), pem_der(&a.join("server.crt")));
+    assert_eq!(
+        served_cert(&env, server.agent, &roots),
+        pem_der(&a.join("server.crt"))
+    );
 
     // A SIGHUP with nothing changed.
     server.proc.signal(libc::SIGHUP);
     std::thread::sleep(Duration::from_millis(300));
-    assert!(server.proc.child.try_wait().unwrap().is_none(), "SIGHUP killed the server");
+    assert!(
+        server.proc.child.try_wait().unwrap().is_none(),
+        "SIGHUP killed the server"
+    );
     assert!(server.connect_uds.exists() && server.grpc_uds.exists());
     assert_eq!(http_get(server.admin, "/healthz").0, 200);
     let (status, _, s) = connect_unix(&server.connect_uds, &target);
@@ -397,10 +400,17 @@ fn sighup_reloads_and_never_kills() {
     server.proc.signal(libc::SIGHUP);
     let deadline = Instant::now() + Duration::from_secs(5);
     while served_cert(&env, server.agent, &roots) != pem_der(&b.join("server.crt")) {
-        assert!(Instant::now() < deadline, "SIGHUP did not reload:\n{}", server.proc.log_text());
+        assert!(
+            Instant::now() < deadline,
+            "SIGHUP did not reload:\n{}",
+            server.proc.log_text()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(server.proc.log_text().contains("SIGHUP: certificate reloaded"));
+    assert!(server
+        .proc
+        .log_text()
+        .contains("SIGHUP: certificate reloaded"));
     // The agent connected before still carries tunnels.
     let (status, _, s) = connect_tcp(server.connect, &target);
     assert_eq!(status, 200);
@@ -410,11 +420,18 @@ fn sighup_reloads_and_never_kills() {
     agent.proc.signal(libc::SIGHUP);
     std::thread::sleep(Duration::from_millis(300));
     let mut agent = agent;
-    assert!(agent.proc.child.try_wait().unwrap().is_none(), "SIGHUP killed the agent");
+    assert!(
+        agent.proc.child.try_wait().unwrap().is_none(),
+        "SIGHUP killed the agent"
+    );
     let (status, _, s) = connect_tcp(server.connect, &target);
     assert_eq!(status, 200);
     assert_eq!(echo_roundtrip(s, b"agent hup"), b"agent hup");
-    assert!(agent.proc.log_text().contains("SIGHUP"), "{}", agent.proc.log_text());
+    assert!(
+        agent.proc.log_text().contains("SIGHUP"),
+        "{}",
+        agent.proc.log_text()
+    );
     agent.proc.signal(libc::SIGTERM);
     assert!(agent.proc.wait_exit(Duration::from_secs(10)).is_some());
 
@@ -461,13 +478,17 @@ fn unix_sockets_and_proxy_metrics_are_announced() {
     );
     let proxy = Proc::spawn(cmd, env.path("proxy.log"));
     let first = proxy.wait_line_any(&["Starting to serve on ", "LISTEN "], support::WAIT);
-    assert!(first.starts_with("Starting to serve on "), "kubectl's line first: {first}");
+    assert!(
+        first.starts_with("Starting to serve on "),
+        "kubectl's line first: {first}"
+    );
     let metrics = support::listen_addr(&proxy, "metrics");
     let (status, body) = http_get(metrics, "/metrics");
     assert_eq!(status, 200, "{body}");
 }
 
-/// `server --help` groups its flags under headings, each with flags.
+/// `server --help` and `agent --help` group their flags under headings,
+/// each with flags; `proxy --help` sets kubectl's global flags apart.
 #[test]
 fn server_and_agent_help_are_grouped() {
     for (role, headings) in [
@@ -512,7 +533,8 @@ fn server_and_agent_help_are_grouped() {
                 .position(|l| l == h)
                 .unwrap_or_else(|| panic!("{role}: no heading {h:?}:\n{text}"));
             assert!(
-                all.get(at + 1).is_some_and(|l| l.trim_start().starts_with("--")),
+                all.get(at + 1)
+                    .is_some_and(|l| l.trim_start().starts_with("--")),
                 "{role}: heading {h:?} has no flag under it:\n{text}"
             );
         }
@@ -525,4 +547,24 @@ fn server_and_agent_help_are_grouped() {
             .count();
         assert_eq!(flags, 1, "{role}: flags without a heading:\n{text}");
     }
+    // The drop-in proxy keeps kubectl proxy's own flags under `Options:`;
+    // kubectl's global ones and edgetunnel's additions get headings.
+    let out = Command::new(BIN)
+        .args(["proxy", "--help"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    for h in [
+        "Options:",
+        "kubectl global options (kubectl options):",
+        "edgetunnel:",
+        "Logging:",
+    ] {
+        assert!(text.lines().any(|l| l == h), "proxy: no {h:?}:\n{text}");
+    }
+    let own = text.split("kubectl global options").next().unwrap();
+    assert!(
+        own.contains("--accept-paths") && !own.contains("--kubeconfig"),
+        "{text}"
+    );
 }

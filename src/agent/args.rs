@@ -15,7 +15,11 @@ use crate::BoxError;
 #[derive(Args, Debug)]
 pub struct AgentArgs {
     /// Server agent-listener address host:port; repeatable.
-    #[arg(long = "server-addr", help_heading = "Servers", required_unless_present = "server_service")]
+    #[arg(
+        long = "server-addr",
+        help_heading = "Servers",
+        required_unless_present = "server_service"
+    )]
     pub server_addr: Vec<String>,
     /// Without --server-addr: find the server through this Service
     /// (`namespace/name`, needs --kube) at start, as yurt-tunnel-agent does
@@ -63,11 +67,21 @@ pub struct AgentArgs {
     /// link-local (cloud metadata) and unspecified addresses are refused
     /// unless an entry inside them lists them (`127.0.0.1/32:10255`;
     /// `0.0.0.0/0` does not). Checked on every resolved address.
-    #[arg(long, help_heading = "Dialing", env = "EDGETUNNEL_ALLOW_DESTINATIONS", value_delimiter = ',')]
+    #[arg(
+        long,
+        help_heading = "Dialing",
+        env = "EDGETUNNEL_ALLOW_DESTINATIONS",
+        value_delimiter = ','
+    )]
     pub allow_destinations: Vec<crate::protocol::dest_policy::Entry>,
     /// Destinations this agent never dials (same syntax); wins over
     /// --allow-destinations.
-    #[arg(long, help_heading = "Dialing", env = "EDGETUNNEL_DENY_DESTINATIONS", value_delimiter = ',')]
+    #[arg(
+        long,
+        help_heading = "Dialing",
+        env = "EDGETUNNEL_DENY_DESTINATIONS",
+        value_delimiter = ','
+    )]
     pub deny_destinations: Vec<crate::protocol::dest_policy::Entry>,
     /// Do not offer the half-close extension (behave exactly like ANP's agent).
     #[arg(long, help_heading = "Dialing")]

@@ -659,7 +659,10 @@ mod tests {
             (&["--vmodule=server=5"], NoEffect),
             (&["--logtostderr=true"], Maps(&[])),
             (
-                &["--logtostderr=false", "--log-file=/var/log/konnectivity-server.log"],
+                &[
+                    "--logtostderr=false",
+                    "--log-file=/var/log/konnectivity-server.log",
+                ],
                 Maps(&[
                     "--log-format klog",
                     "--log-file /var/log/konnectivity-server.log",

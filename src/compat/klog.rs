@@ -38,7 +38,8 @@ const fn klog(
 }
 
 /// Files and stderr: read together by [`translate`].
-const OUTPUT: &str = "--log-file, --log-format klog and --log-stderr-threshold, as klog writes files and stderr";
+const OUTPUT: &str =
+    "--log-file, --log-format klog and --log-stderr-threshold, as klog writes files and stderr";
 
 /// The klog flags, `-v` defaulting to `v_default` ("4" in ANP, "0" in
 /// yurt-tunnel).

@@ -94,7 +94,11 @@ pub struct ServerArgs {
     #[arg(long, help_heading = "Frontends")]
     pub keep_existing_uds: bool,
     /// Admin listener: /metrics, /healthz, /readyz.
-    #[arg(long, help_heading = "Observability", default_value = "127.0.0.1:10265")]
+    #[arg(
+        long,
+        help_heading = "Observability",
+        default_value = "127.0.0.1:10265"
+    )]
     pub admin_bind: SocketAddr,
     /// Health listener: /healthz, /readyz (/ready), /metrics, like the
     /// admin one, for kubelet probes (ANP's --health-port).
@@ -131,7 +135,12 @@ pub struct ServerArgs {
     #[arg(long, help_heading = "Interception (yurt-tunnel)")]
     pub interception_bind: Option<SocketAddr>,
     /// Intercepted ports dialed on the node's 127.0.0.1 instead of its IP.
-    #[arg(long, help_heading = "Interception (yurt-tunnel)", value_delimiter = ',', default_value = "10266,10267")]
+    #[arg(
+        long,
+        help_heading = "Interception (yurt-tunnel)",
+        value_delimiter = ',',
+        default_value = "10266,10267"
+    )]
     pub localhost_proxy_ports: Vec<u16>,
     /// Keep iptables NAT rules (nat OUTPUT -> TUNNEL-PORT chains) that send
     /// edge nodes' kubelet ports to the interception listener; removed on exit.
@@ -164,10 +173,20 @@ pub struct ServerArgs {
     pub kubelet_insecure_skip_verify: bool,
     /// Intercepted TLS ports (DNAT to the TLS interception listener when
     /// set, else relayed as they are by the plain one).
-    #[arg(long, help_heading = "iptables", value_delimiter = ',', default_value = "10250")]
+    #[arg(
+        long,
+        help_heading = "iptables",
+        value_delimiter = ',',
+        default_value = "10250"
+    )]
     pub iptables_https_ports: Vec<u16>,
     /// Intercepted plain-HTTP ports (DNAT to the interception listener).
-    #[arg(long, help_heading = "iptables", value_delimiter = ',', default_value = "10255")]
+    #[arg(
+        long,
+        help_heading = "iptables",
+        value_delimiter = ',',
+        default_value = "10255"
+    )]
     pub iptables_http_ports: Vec<u16>,
     /// Address the rules DNAT to (repeatable, one per family; default: the
     /// interception listener's address).
@@ -210,7 +229,11 @@ pub struct ServerArgs {
     #[arg(long, help_heading = "Kubernetes")]
     pub kube: Option<String>,
     /// Label (`key=value`) that marks edge nodes.
-    #[arg(long, help_heading = "Kubernetes", default_value = "openyurt.io/is-edge-worker=true")]
+    #[arg(
+        long,
+        help_heading = "Kubernetes",
+        default_value = "openyurt.io/is-edge-worker=true"
+    )]
     pub edge_node_label: String,
     /// `namespace/name` of the ConfigMap that gets the DNS records (key
     /// `tunnel-nodes`, for CoreDNS's `hosts` plugin); needs --kube.
@@ -219,11 +242,19 @@ pub struct ServerArgs {
     /// `namespace/name` of yurt-tunnel's server ConfigMap with extra ports
     /// (`http-proxy-ports`, `https-proxy-ports`); needs --kube, read only
     /// with --iptables (the ports it adds are intercepted ports).
-    #[arg(long, help_heading = "Kubernetes", default_value = "kube-system/yurt-tunnel-server-cfg")]
+    #[arg(
+        long,
+        help_heading = "Kubernetes",
+        default_value = "kube-system/yurt-tunnel-server-cfg"
+    )]
     pub server_configmap: String,
     /// `namespace/name` of the Lease electing the one server that writes
     /// the DNS records ConfigMap when several run; needs --kube.
-    #[arg(long, help_heading = "Kubernetes", default_value = "kube-system/edgetunnel-dns")]
+    #[arg(
+        long,
+        help_heading = "Kubernetes",
+        default_value = "kube-system/edgetunnel-dns"
+    )]
     pub leader_lease: String,
     /// Where the server's certificates come from: `files` (watched and
     /// reloaded) or `csr` (Kubernetes CertificateSigningRequests, written to

@@ -339,7 +339,9 @@ where
 fn caller_left(e: &(dyn std::error::Error + 'static)) -> bool {
     matches!(
         e.downcast_ref::<GrpcError>(),
-        Some(GrpcError::Recv(RecvError::Reset(0 | 0x8) | RecvError::ConnClosed) | GrpcError::Closed)
+        Some(
+            GrpcError::Recv(RecvError::Reset(0 | 0x8) | RecvError::ConnClosed) | GrpcError::Closed
+        )
     )
 }
 

@@ -126,7 +126,12 @@ pub fn canonical(args: &[String]) -> Result<Outcome, FlagError> {
 pub fn subcommand_index(args: &[String]) -> Option<usize> {
     let mut i = 1;
     // edgetunnel's global flags that take a value.
-    const VALUED: [&str; 4] = ["--log", "--log-format", "--log-file", "--log-stderr-threshold"];
+    const VALUED: [&str; 4] = [
+        "--log",
+        "--log-format",
+        "--log-file",
+        "--log-stderr-threshold",
+    ];
     while i < args.len() {
         let a = args[i].as_str();
         match a.split_once('=') {
