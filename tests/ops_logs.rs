@@ -253,7 +253,22 @@ fn one_agent_makes_few_info_lines() {
     let server = Server::start(&env, &["--workers", "8"]);
     let echo = echo_server("127.0.0.1");
     let mut agent = Agent::start(&env, server.agent, "quiet", "host=quiet", &[]);
-    server.wait_agent_links(8.0, &agent.proc);
+    // A link per server worker; the agent may give one up when the
+    // kernel's SO_REUSEPORT spread keeps missing a worker (its
+    // STEER_ATTEMPTS): then the count settles below 8.
+    let (mut last, mut since) = (0.0, Instant::now());
+    loop {
+        let n = server.agent_links();
+        if n != last {
+            (last, since) = (n, Instant::now());
+        }
+        if n == 8.0 || (n >= 2.0 && since.elapsed() > Duration::from_secs(1)) {
+            break;
+        }
+        assert!(since.elapsed() < support::WAIT, "links: {n}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    eprintln!("links: {last}");
     let target = format!("127.0.0.1:{}", echo.addr.port());
     let s = std::net::TcpStream::connect(server.connect).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
