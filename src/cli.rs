@@ -23,8 +23,26 @@ use crate::BoxError;
 )]
 pub struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `edgetunnel=debug`.
-    #[arg(long, env = "EDGETUNNEL_LOG", default_value = "info", global = true)]
+    /// A format word (`json`) or a directive that does not parse is refused.
+    #[arg(
+        long,
+        env = "EDGETUNNEL_LOG",
+        default_value = "info",
+        global = true,
+        help_heading = "Logging"
+    )]
     pub log: String,
+    /// Log line format.
+    #[arg(long, env = "EDGETUNNEL_LOG_FORMAT", value_enum, default_value_t = crate::logging::LogFormat::Text, global = true, help_heading = "Logging")]
+    pub log_format: crate::logging::LogFormat,
+    /// Write logs to this file (appended) instead of stderr; lines at or
+    /// above --log-stderr-threshold still go to stderr too.
+    #[arg(long, global = true, help_heading = "Logging")]
+    pub log_file: Option<PathBuf>,
+    /// With --log-file: which lines also go to stderr (klog's
+    /// --stderrthreshold; `all` is klog's --alsologtostderr).
+    #[arg(long, value_enum, default_value_t = crate::logging::StderrThreshold::Error, global = true, help_heading = "Logging")]
+    pub log_stderr_threshold: crate::logging::StderrThreshold,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -152,16 +170,16 @@ impl CertRole {
 pub struct TlsArgs {
     /// Directory with ca.crt and this side's certificate and key (from
     /// `certs init`); --cert/--key/--ca override single files.
-    #[arg(long)]
+    #[arg(long, help_heading = "TLS")]
     pub certs_dir: Option<PathBuf>,
     /// This side's certificate (PEM): server.crt or agent.crt in --certs-dir.
-    #[arg(long)]
+    #[arg(long, help_heading = "TLS")]
     pub cert: Option<PathBuf>,
     /// This side's private key (PEM): server.key or agent.key in --certs-dir.
-    #[arg(long)]
+    #[arg(long, help_heading = "TLS")]
     pub key: Option<PathBuf>,
     /// CA that verifies the other side's certificate (PEM).
-    #[arg(long)]
+    #[arg(long, help_heading = "TLS")]
     pub ca: Option<PathBuf>,
 }
 
@@ -194,19 +212,24 @@ pub(crate) fn read_token(path: &Option<PathBuf>) -> Result<Option<String>, BoxEr
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
     /// I/O driver: auto (io_uring, else epoll), uring, legacy (epoll).
-    #[arg(long, env = "EDGETUNNEL_DRIVER", default_value = "auto")]
+    #[arg(
+        long,
+        help_heading = "Data plane",
+        env = "EDGETUNNEL_DRIVER",
+        default_value = "auto"
+    )]
     pub driver: Driver,
     /// Largest gRPC message accepted, in bytes.
-    #[arg(long, default_value_t = DEFAULT_MAX_MESSAGE)]
+    #[arg(long, help_heading = "Data plane", default_value_t = DEFAULT_MAX_MESSAGE)]
     pub max_message_size: usize,
     /// HTTP/2 keepalive PING interval, seconds.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, help_heading = "Data plane", default_value_t = 30)]
     pub keepalive_secs: u64,
     /// Seconds a half-closed tunnel (one side finished sending, with the
     /// half-close extension between edgetunnel peers) waits for the other
     /// side to finish before it is closed, like haproxy's `timeout
     /// client-fin`.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, help_heading = "Data plane", default_value_t = 30.0)]
     pub half_close_linger_secs: f64,
 }
 

@@ -16,7 +16,7 @@
 //!   only `unsafe` code.
 //! - [`control`]: the control thread (tokio, kube): certificates, iptables,
 //!   DNS records, leases, TokenReviews; it never runs on a data-plane core.
-//! - [`metrics`], [`certs`], [`admin`]: shared services of the roles.
+//! - [`metrics`], [`certs`], [`admin`], [`logging`]: shared services of the roles.
 //! - The roles: [`server`], [`agent`] and [`proxy`] (`kubectl proxy`),
 //!   configured by [`cli`]; [`compat`] translates the Go binaries' command
 //!   lines (ANP, yurt-tunnel) into the roles' own flags.
@@ -31,6 +31,7 @@ pub mod cli;
 pub mod compat;
 pub mod control;
 pub mod engine;
+pub mod logging;
 pub mod metrics;
 pub mod proxy;
 pub mod readiness;

@@ -29,14 +29,16 @@ fn main() {
         ),
         _ => cli.log.clone(),
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_new(&log)
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let spec = edgetunnel::logging::LogSpec {
+        filter: log,
+        format: cli.log_format,
+        file: cli.log_file.clone(),
+        stderr_threshold: cli.log_stderr_threshold,
+    };
+    if let Err(e) = edgetunnel::logging::init(&spec) {
+        say(&format!("edgetunnel: {e}"));
+        std::process::exit(2);
+    }
     if let Some(t) = &compat {
         t.log_notes();
     }
@@ -73,7 +75,7 @@ fn main() {
         Command::Certs(cmd) => edgetunnel::certs::run(cmd),
     };
     if let Err(e) = result {
-        eprintln!("{prefix}: {e}");
+        say(&format!("{prefix}: {e}"));
         std::process::exit(1);
     }
 }
@@ -107,7 +109,7 @@ fn iptables(cmd: IptablesCommand) -> Result<(), Box<dyn std::error::Error + Send
         IptablesCommand::Cleanup => {
             iptables_sync::cleanup(Family::V4)?;
             if let Err(e) = iptables_sync::cleanup(Family::V6) {
-                eprintln!("edgetunnel: ip6tables cleanup skipped: {e}");
+                say(&format!("edgetunnel: ip6tables cleanup skipped: {e}"));
             }
             Ok(())
         }
@@ -122,4 +124,11 @@ fn stdout_announce() -> Announce {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{ready}").and_then(|()| out.flush());
     })
+}
+
+/// One line on stderr that cannot panic (`eprintln!` does when stderr is
+/// closed).
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }

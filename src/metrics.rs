@@ -603,6 +603,11 @@ impl Metrics {
             "Payload bytes relayed through agent links by each server worker.",
             worker_bytes.clone(),
         );
+        x.add(
+            "edgetunnel_log_write_errors",
+            "Log lines dropped because their write failed (stderr closed, disk full).",
+            crate::logging::write_errors(),
+        );
         let mut registry = Registry::default();
         registry.register_collector(Box::new(x));
         Metrics {

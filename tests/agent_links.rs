@@ -86,7 +86,8 @@ fn agent_links_every_worker_and_tunnels_use_both() {
         server.agent,
         "node1",
         "host=node1",
-        &["--workers", "2"],
+        // Links are logged at debug.
+        &["--workers", "2", "--log", "info,edgetunnel::agent=debug"],
     );
     wait_both_linked(&server, &agent);
     // One agent, two links.

@@ -601,7 +601,13 @@ fn agent_serves_several_servers_and_honours_server_count() {
         s1.agent,
         "multi",
         "host=node1",
-        &["--server-addr", &s2.agent.to_string()],
+        // Duplicates are logged at debug.
+        &[
+            "--server-addr",
+            &s2.agent.to_string(),
+            "--log",
+            "info,edgetunnel::agent=debug",
+        ],
     );
     s1.wait_metric("edgetunnel_agents_connected", 1.0);
     s2.wait_metric("edgetunnel_agents_connected", 1.0);

@@ -285,7 +285,8 @@ fn our_agent_against_grpcio_server() {
         addr,
         "rust-agent",
         "host=edge-1&ipv4=10.0.0.5",
-        &["--workers", "2"],
+        // Links are logged at debug.
+        &["--workers", "2", "--log", "info,edgetunnel::agent=debug"],
     );
     let seen = server.wait_line("AGENT");
     assert!(seen.contains("id=rust-agent"), "{seen}");

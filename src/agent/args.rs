@@ -15,7 +15,11 @@ use crate::BoxError;
 #[derive(Args, Debug)]
 pub struct AgentArgs {
     /// Server agent-listener address host:port; repeatable.
-    #[arg(long = "server-addr", required_unless_present = "server_service")]
+    #[arg(
+        long = "server-addr",
+        help_heading = "Servers",
+        required_unless_present = "server_service"
+    )]
     pub server_addr: Vec<String>,
     /// Without --server-addr: find the server through this Service
     /// (`namespace/name`, needs --kube) at start, as yurt-tunnel-agent does
@@ -23,39 +27,39 @@ pub struct AgentArgs {
     /// cloud node's for a NodePort Service, the
     /// `x-tunnel-server-external-addr` annotation's host, else the
     /// ClusterIP; the port named `tcp`).
-    #[arg(long, conflicts_with = "server_addr")]
+    #[arg(long, help_heading = "Servers", conflicts_with = "server_addr")]
     pub server_service: Option<String>,
     /// TLS name to verify on the server certificate (default: the host).
-    #[arg(long)]
+    #[arg(long, help_heading = "Servers")]
     pub server_name: Option<String>,
     /// Agent ID (default: the host name).
-    #[arg(long)]
+    #[arg(long, help_heading = "Identity")]
     pub agent_id: Option<String>,
     /// Identifiers in URL query form: host=node1&ipv4=10.0.0.5&cidr=10.1.0.0/16&default-route=true
     /// (keys: host, ipv4, ipv6, cidr, default-route; any other is refused)
-    #[arg(long, default_value = "")]
+    #[arg(long, help_heading = "Identity", default_value = "")]
     pub agent_identifiers: String,
     #[command(flatten)]
     pub tls: TlsArgs,
     /// File holding the bearer token to present.
-    #[arg(long)]
+    #[arg(long, help_heading = "Identity")]
     pub token_file: Option<PathBuf>,
     /// First reconnect delay, seconds (doubles up to --backoff-max-secs, with jitter).
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, help_heading = "Servers", default_value_t = 0.5)]
     pub backoff_initial_secs: f64,
     /// Longest reconnect delay, seconds.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, help_heading = "Servers", default_value_t = 30.0)]
     pub backoff_max_secs: f64,
     /// A connection that stayed up this many seconds resets the backoff
     /// (the next retry comes within --backoff-initial-secs); shorter ones,
     /// like failed attempts, keep it growing.
-    #[arg(long, default_value_t = crate::agent::backoff::DEFAULT_RESET_AFTER.as_secs_f64())]
+    #[arg(long, help_heading = "Servers", default_value_t = crate::agent::backoff::DEFAULT_RESET_AFTER.as_secs_f64())]
     pub backoff_reset_after_secs: f64,
     /// After SIGTERM (DRAIN sent), how long open connections may finish.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, help_heading = "Servers", default_value_t = 30.0)]
     pub drain_grace_secs: f64,
     /// Timeout for dialing a local target, seconds.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, help_heading = "Dialing", default_value_t = 5.0)]
     pub dial_timeout_secs: f64,
     /// Destinations this agent may dial, as a comma list (repeatable) of
     /// `CIDR[:PORT[-PORT]]` (IPv6 with a port in brackets:
@@ -63,67 +67,77 @@ pub struct AgentArgs {
     /// link-local (cloud metadata) and unspecified addresses are refused
     /// unless an entry inside them lists them (`127.0.0.1/32:10255`;
     /// `0.0.0.0/0` does not). Checked on every resolved address.
-    #[arg(long, env = "EDGETUNNEL_ALLOW_DESTINATIONS", value_delimiter = ',')]
+    #[arg(
+        long,
+        help_heading = "Dialing",
+        env = "EDGETUNNEL_ALLOW_DESTINATIONS",
+        value_delimiter = ','
+    )]
     pub allow_destinations: Vec<crate::protocol::dest_policy::Entry>,
     /// Destinations this agent never dials (same syntax); wins over
     /// --allow-destinations.
-    #[arg(long, env = "EDGETUNNEL_DENY_DESTINATIONS", value_delimiter = ',')]
+    #[arg(
+        long,
+        help_heading = "Dialing",
+        env = "EDGETUNNEL_DENY_DESTINATIONS",
+        value_delimiter = ','
+    )]
     pub deny_destinations: Vec<crate::protocol::dest_policy::Entry>,
     /// Do not offer the half-close extension (behave exactly like ANP's agent).
-    #[arg(long)]
+    #[arg(long, help_heading = "Dialing")]
     pub no_half_close: bool,
     /// Do not offer per-connection flow control: every connection then
     /// shares the server's buffer budget, as with ANP's agent, and one
     /// stalled reader can hold up the others once that budget is spent.
-    #[arg(long)]
+    #[arg(long, help_heading = "Dialing")]
     pub no_flow_control: bool,
     /// Kubernetes access for `--cert-mode csr`: a kubeconfig path, or
     /// `in-cluster`.
-    #[arg(long)]
+    #[arg(long, help_heading = "Kubernetes")]
     pub kube: Option<String>,
     /// Where the agent's certificate comes from: `files` (watched and
     /// reloaded) or `csr` (a CertificateSigningRequest with signer
     /// kubernetes.io/kube-apiserver-client, CN tunnel-agent-client, SANs the
     /// agent ID and its addresses; written to --cert/--key and renewed at
     /// 80% of its lifetime).
-    #[arg(long, value_enum, default_value_t = CertMode::Files)]
+    #[arg(long, help_heading = "TLS", value_enum, default_value_t = CertMode::Files)]
     pub cert_mode: CertMode,
     /// Keep as many server connections as there are valid server leases
     /// (ANP's format, see the server's --enable-lease-controller) rather
     /// than the servers' reported count; needs --kube.
-    #[arg(long)]
+    #[arg(long, help_heading = "Kubernetes")]
     pub count_server_leases: bool,
     /// Namespace of the server leases.
-    #[arg(long, default_value = crate::control::server_lease::DEFAULT_NAMESPACE)]
+    #[arg(long, help_heading = "Kubernetes", default_value = crate::control::server_lease::DEFAULT_NAMESPACE)]
     pub lease_namespace: String,
     /// Label selector of the server leases counted.
-    #[arg(long, alias = "lease-label", default_value = crate::control::server_lease::DEFAULT_LABEL)]
+    #[arg(long, help_heading = "Kubernetes", alias = "lease-label", default_value = crate::control::server_lease::DEFAULT_LABEL)]
     pub lease_label_selector: String,
     /// How lease and server-reported counts combine: `default` (the lease
     /// count when counting leases, else the servers') or `max`.
-    #[arg(long, default_value = "default")]
+    #[arg(long, help_heading = "Kubernetes", default_value = "default")]
     pub server_count_source: String,
     /// How often the server leases are listed, seconds (validity is judged
     /// every second).
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, help_heading = "Kubernetes", default_value_t = 10.0)]
     pub lease_poll_secs: f64,
     /// Health listener: /healthz, /ready and /readyz (500 while no server
     /// connection is up), /metrics (ANP's --health-server-port; off by
     /// default here).
-    #[arg(long)]
+    #[arg(long, help_heading = "Observability")]
     pub health_bind: Option<SocketAddr>,
     /// Admin listener: /metrics (and the health paths); off by default.
-    #[arg(long)]
+    #[arg(long, help_heading = "Observability")]
     pub admin_bind: Option<SocketAddr>,
     /// Worker cores (monoio runtimes) for the links to edgetunnel servers;
     /// default: all cores. Links are spread over them.
-    #[arg(long)]
+    #[arg(long, help_heading = "Data plane")]
     pub workers: Option<usize>,
     /// Most connections ("links") kept to one edgetunnel server, which
     /// asks for one per server worker so that tunnels spread over its
     /// cores; 1: one connection per server, as ANP's agent. ANP's Go
     /// server never asks.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=64))]
+    #[arg(long, help_heading = "Servers", default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub max_links_per_server: u64,
     #[command(flatten)]
     pub engine: EngineArgs,

@@ -207,7 +207,7 @@ pub(crate) async fn run(
         }
         Role::Secondary => {
             let worker = answer.link.map(|(_, w)| w);
-            tracing::info!(server = %addr, %server_id, ?worker, "secondary link up");
+            tracing::debug!(server = %addr, %server_id, ?worker, "secondary link up");
             cfg.announce.send(Ready::Linked {
                 server: addr.to_string(),
                 server_id: server_id.clone(),
@@ -336,7 +336,9 @@ async fn serve(
     };
     let drain = async {
         slots.shutdown.wait(1).await;
-        tracing::info!(server = %addr, "draining: no new dials will be accepted by the server");
+        if role == Role::Primary {
+            tracing::info!(server = %addr, "draining: no new dials will be accepted by the server");
+        }
         let _ = shared.ctl.unbounded_send(Frame::Drain);
         let deadline = monoio::time::Instant::now() + cfg.drain_grace;
         loop {
@@ -387,7 +389,12 @@ async fn serve(
     for c in orphans {
         let _ = c.tx.unbounded_send(ConnEvent::Abort);
     }
-    tracing::info!(server = %addr, "disconnected from server");
+    // One line per server at INFO; each further link's end at DEBUG.
+    if role == Role::Primary {
+        tracing::info!(server = %addr, "disconnected from server");
+    } else {
+        tracing::debug!(server = %addr, "secondary link ended");
+    }
     outcome
 }
 

@@ -97,7 +97,7 @@ pub fn run(mut cfg: AgentConfig) -> Result<(), BoxError> {
         (tls::client_config_without_cert(&cfg.tls.ca)?, Vec::new())
     };
     let shutdown = signals::Shutdown::new();
-    signals::install(shutdown.clone())?;
+    signals::install(shutdown.clone(), signals::reload_certs(certs.clone()))?;
     // The control thread swaps in a renewed agent certificate.
     let control = crate::control::manager::spawn(
         crate::control::manager::ControlSpec {
@@ -291,7 +291,13 @@ impl ServerSlots {
                 }
                 _ => None,
             };
-            tracing::info!(server = %self.addr, ?delay, ?up, "reconnecting");
+            // A duplicate (a second way to a server already connected)
+            // is normal behind a load balancer.
+            if matches!(attempt, Attempt::Duplicate) {
+                tracing::debug!(server = %self.addr, ?delay, "reconnecting: duplicate of a connected server");
+            } else {
+                tracing::info!(server = %self.addr, ?delay, ?up, "reconnecting");
+            }
             monoio::select! {
                 _ = monoio::time::sleep(delay) => {}
                 _ = self.shutdown.wait(1) => return,

@@ -431,13 +431,44 @@ mod tests {
             (&["-v", "7"], Maps(&["--log info,edgetunnel=trace"])),
             (&["--vmodule=agent=5"], NoEffect),
             (&["--logtostderr=true"], Maps(&[])),
-            (&["--logtostderr=false"], NoEffect),
+            (
+                &["--logtostderr=false", "--log-file=/var/log/agent.log"],
+                Maps(&[
+                    "--log-format klog",
+                    "--log-file /var/log/agent.log",
+                    "--log-stderr-threshold error",
+                ]),
+            ),
+            (
+                &[
+                    "--logtostderr=false",
+                    "--log-file=/var/log/agent.log",
+                    "--alsologtostderr",
+                ],
+                Maps(&[
+                    "--log-format klog",
+                    "--log-file /var/log/agent.log",
+                    "--log-stderr-threshold all",
+                ]),
+            ),
+            (
+                &[
+                    "--logtostderr=false",
+                    "--log-file=/var/log/agent.log",
+                    "--stderrthreshold=WARNING",
+                ],
+                Maps(&[
+                    "--log-format klog",
+                    "--log-file /var/log/agent.log",
+                    "--log-stderr-threshold warn",
+                ]),
+            ),
             (&["--alsologtostderr"], Same),
             (&["--log-file=/var/log/agent.log"], Same),
             (&["--log-dir=/var/log"], Same),
             (&["--log-file-max-size=10"], Same),
-            (&["--stderrthreshold=1"], NoEffect),
-            (&["--alsologtostderrthreshold=1"], NoEffect),
+            (&["--stderrthreshold=1"], Same),
+            (&["--alsologtostderrthreshold=1"], Same),
             (&["--legacy-stderr-threshold-behavior=false"], NoEffect),
             (&["--add-dir-header"], NoEffect),
             (&["--skip-headers"], NoEffect),

@@ -379,6 +379,23 @@ mod tests {
         FakeHost::default().with_file("/pki/ca.crt", b"CA")
     }
 
+    /// klog v2 (`klog_file.go` `logName`): a file in --log-dir named
+    /// `program.host.user.log.INFO.yyyymmdd-hhmmss.pid`.
+    #[test]
+    fn log_dir_gets_a_klog_named_file() {
+        let mut args = CERTS.to_vec();
+        args.extend(["--logtostderr=false", "--log-dir=/var/log/anp"]);
+        let t = run(Binary::ProxyServer, &args, &host()).unwrap();
+        let at = t.argv.iter().position(|a| a == "--log-file").unwrap();
+        let file = &t.argv[at + 1];
+        let name = file.strip_prefix("/var/log/anp/proxy-server.").unwrap();
+        let (_, tail) = name.split_once(".log.INFO.").unwrap();
+        let (stamp, pid) = tail.split_once('.').unwrap();
+        assert_eq!(stamp.len(), 15, "{file}");
+        assert_eq!(pid, std::process::id().to_string(), "{file}");
+        assert!(pairs(&t).contains(&"--log-format klog".to_string()));
+    }
+
     #[test]
     fn go_defaults_when_flags_are_absent() {
         let t = run(Binary::ProxyServer, CERTS, &host()).unwrap();
@@ -641,13 +658,47 @@ mod tests {
             (&["--v=5"], Maps(&["--log info,edgetunnel=debug"])),
             (&["--vmodule=server=5"], NoEffect),
             (&["--logtostderr=true"], Maps(&[])),
-            (&["--logtostderr=false"], NoEffect),
+            (
+                &[
+                    "--logtostderr=false",
+                    "--log-file=/var/log/konnectivity-server.log",
+                ],
+                Maps(&[
+                    "--log-format klog",
+                    "--log-file /var/log/konnectivity-server.log",
+                    "--log-stderr-threshold error",
+                ]),
+            ),
+            (
+                &[
+                    "--logtostderr=false",
+                    "--log-file=/var/log/konnectivity-server.log",
+                    "--alsologtostderr",
+                ],
+                Maps(&[
+                    "--log-format klog",
+                    "--log-file /var/log/konnectivity-server.log",
+                    "--log-stderr-threshold all",
+                ]),
+            ),
+            (
+                &[
+                    "--logtostderr=false",
+                    "--log-file=/var/log/konnectivity-server.log",
+                    "--stderrthreshold=WARNING",
+                ],
+                Maps(&[
+                    "--log-format klog",
+                    "--log-file /var/log/konnectivity-server.log",
+                    "--log-stderr-threshold warn",
+                ]),
+            ),
             (&["--alsologtostderr"], Same),
             (&["--log-file=/var/log/konnectivity-server.log"], Same),
             (&["--log-dir=/var/log"], Same),
             (&["--log-file-max-size=0"], Same),
-            (&["--stderrthreshold=INFO"], NoEffect),
-            (&["--alsologtostderrthreshold=ERROR"], NoEffect),
+            (&["--stderrthreshold=INFO"], Same),
+            (&["--alsologtostderrthreshold=ERROR"], Same),
             (&["--legacy-stderr-threshold-behavior=false"], NoEffect),
             (&["--add-dir-header"], NoEffect),
             (&["--skip-headers"], NoEffect),

@@ -11,11 +11,11 @@
 //! `edgetunnel=debug`, 7 and above `edgetunnel=trace`. `--log` is only
 //! passed when `-v` is given, so `EDGETUNNEL_LOG` still works otherwise.
 //!
-//! Output: edgetunnel logs to stderr only. That is exactly klog with
-//! `--logtostderr=true` (its default), where klog ignores `--log-file`,
-//! `--log-dir`, `--log-file-max-size` and `--alsologtostderr` too; with
-//! `--logtostderr=false` klog would write files, which edgetunnel cannot
-//! yet, and says so.
+//! Output: as klog's. With `--logtostderr=true` (its default) everything
+//! goes to stderr and klog ignores `--log-file`, `--log-dir`,
+//! `--log-file-max-size` and `--alsologtostderr`; with `false` the lines go
+//! to a file in klog's format (`--log-format klog --log-file ...`) and the
+//! severe ones also to stderr (see [`translate`]).
 
 use super::goflag::{Kind, Spec};
 use super::{Effect, Flag, Out};
@@ -38,7 +38,8 @@ const fn klog(
 }
 
 /// Files and stderr: read together by [`translate`].
-const OUTPUT: &str = "edgetunnel logs to stderr (klog's --logtostderr=true); see the klog notes";
+const OUTPUT: &str =
+    "--log-file, --log-format klog and --log-stderr-threshold, as klog writes files and stderr";
 
 /// The klog flags, `-v` defaulting to `v_default` ("4" in ANP, "0" in
 /// yurt-tunnel).
@@ -78,11 +79,11 @@ pub fn flags(v_default: &'static str) -> Vec<Flag> {
         },
         Flag {
             spec: klog("stderrthreshold", None, Kind::KlogSeverity, "2"),
-            effect: NoEffect("every level goes to stderr"),
+            effect: Composite(OUTPUT),
         },
         Flag {
             spec: klog("alsologtostderrthreshold", None, Kind::KlogSeverity, "0"),
-            effect: NoEffect("every level goes to stderr"),
+            effect: Composite(OUTPUT),
         },
         Flag {
             spec: klog(
@@ -103,11 +104,11 @@ pub fn flags(v_default: &'static str) -> Vec<Flag> {
         },
         Flag {
             spec: klog("skip-log-headers", Some("skip_log_headers"), Kind::Bool, "false"),
-            effect: NoEffect("edgetunnel writes no log files"),
+            effect: NoEffect("edgetunnel writes no header lines into its log file"),
         },
         Flag {
             spec: klog("one-output", Some("one_output"), Kind::Bool, "false"),
-            effect: NoEffect("edgetunnel writes no log files"),
+            effect: NoEffect("edgetunnel writes one log file with every severity"),
         },
         Flag {
             spec: klog("log-backtrace-at", Some("log_backtrace_at"), Kind::KlogTrace, ""),
@@ -125,8 +126,14 @@ pub fn filter(v: i64) -> &'static str {
     }
 }
 
-/// Adds `--log` and the notes about log output.
-pub fn translate(p: &Parsed, out: &mut Out) {
+/// Adds `--log` and the log output flags (klog v2 `klog.go` `output`:
+/// with `--logtostderr=true`, its default, every line goes to stderr and
+/// the file flags are ignored; with `false`, every line goes to
+/// `--log-file`, else to a file in `--log-dir` (default: the temporary
+/// directory), and lines at or above `--stderrthreshold` (default ERROR),
+/// or with `--alsologtostderr` at or above `--alsologtostderrthreshold`
+/// (default INFO), also to stderr).
+pub fn translate(p: &Parsed, out: &mut Out, program: &str) {
     if p.is_set("v") {
         out.arg("--log", filter(p.int("v")));
     }
@@ -135,6 +142,8 @@ pub fn translate(p: &Parsed, out: &mut Out) {
         "log-dir",
         "log-file-max-size",
         "alsologtostderr",
+        "stderrthreshold",
+        "alsologtostderrthreshold",
     ]
     .into_iter()
     .filter(|n| p.is_set(n))
@@ -149,14 +158,64 @@ pub fn translate(p: &Parsed, out: &mut Out) {
         }
         return;
     }
-    let target = match (p.str("log-file"), p.str("log-dir")) {
-        ("", "") => "klog's default log directory".to_string(),
-        ("", dir) => format!("files in {dir}"),
+    out.arg("--log-format", "klog");
+    let file = match (p.str("log-file"), p.str("log-dir")) {
+        ("", dir) => {
+            let dir = if dir.is_empty() {
+                std::env::temp_dir()
+            } else {
+                dir.into()
+            };
+            dir.join(log_name(program)).display().to_string()
+        }
         (file, _) => file.to_string(),
     };
-    out.warn(format!(
-        "accepted, no effect: --logtostderr=false{}{}: edgetunnel cannot write log files yet; it logs to stderr, where klog would have written to {target}",
-        if files.is_empty() { "" } else { " " },
-        files.join(" ")
-    ));
+    out.arg("--log-file", file);
+    let threshold = if p.bool("alsologtostderr") {
+        p.int("alsologtostderrthreshold")
+    } else {
+        p.int("stderrthreshold")
+    };
+    out.arg("--log-stderr-threshold", stderr_threshold(threshold));
+    if p.is_set("log-file-max-size") {
+        out.info("accepted, no effect: --log-file-max-size: edgetunnel does not rotate its log file; use logrotate (copytruncate)");
+    }
+}
+
+/// `--log-stderr-threshold` for a klog severity (0 INFO, 1 WARNING,
+/// 2 ERROR, 3 FATAL: edgetunnel logs nothing fatal).
+fn stderr_threshold(severity: i64) -> &'static str {
+    match severity {
+        ..=0 => "all",
+        1 => "warn",
+        2 => "error",
+        _ => "off",
+    }
+}
+
+/// klog's file name in a log directory (`klog_file.go` `logName`):
+/// `program.host.user.log.INFO.yyyymmdd-hhmmss.pid`; edgetunnel writes
+/// every severity there (klog's INFO file holds them all too).
+fn log_name(program: &str) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().split('.').next().unwrap_or("").to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknownhost".into());
+    let user = std::env::var("USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "unknownuser".into())
+        .replace(['/', '\\'], "_");
+    let t = jiff::Zoned::now().datetime();
+    format!(
+        "{program}.{host}.{user}.log.INFO.{:04}{:02}{:02}-{:02}{:02}{:02}.{}",
+        t.year(),
+        t.month(),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+        std::process::id()
+    )
 }

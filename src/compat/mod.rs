@@ -390,7 +390,7 @@ pub fn translate(
         Binary::YurtTunnelServer => yurt_server::translate(&p, &mut out, host)?,
         Binary::YurtTunnelAgent => yurt_agent::translate(&p, &mut out, host)?,
     }
-    klog::translate(&p, &mut out);
+    klog::translate(&p, &mut out, binary.name());
     if !p.positional.is_empty() {
         match binary {
             // cobra's legacy rule for a root command without subcommands.

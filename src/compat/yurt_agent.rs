@@ -308,13 +308,44 @@ mod tests {
             (&["--v=6"], Maps(&["--log info,edgetunnel=debug"])),
             (&["--vmodule=agent=4"], NoEffect),
             (&["--logtostderr=true"], Maps(&[])),
-            (&["--logtostderr=false"], NoEffect),
+            (
+                &["--logtostderr=false", "--log-file=/var/log/a.log"],
+                Maps(&[
+                    "--log-format klog",
+                    "--log-file /var/log/a.log",
+                    "--log-stderr-threshold error",
+                ]),
+            ),
+            (
+                &[
+                    "--logtostderr=false",
+                    "--log-file=/var/log/a.log",
+                    "--alsologtostderr",
+                ],
+                Maps(&[
+                    "--log-format klog",
+                    "--log-file /var/log/a.log",
+                    "--log-stderr-threshold all",
+                ]),
+            ),
+            (
+                &[
+                    "--logtostderr=false",
+                    "--log-file=/var/log/a.log",
+                    "--stderrthreshold=WARNING",
+                ],
+                Maps(&[
+                    "--log-format klog",
+                    "--log-file /var/log/a.log",
+                    "--log-stderr-threshold warn",
+                ]),
+            ),
             (&["--alsologtostderr"], Same),
             (&["--log_file=/var/log/a.log"], Same),
             (&["--log-dir=/var/log"], Same),
             (&["--log_file_max_size=1"], Same),
-            (&["--stderrthreshold=WARNING"], NoEffect),
-            (&["--alsologtostderrthreshold=WARNING"], NoEffect),
+            (&["--stderrthreshold=WARNING"], Same),
+            (&["--alsologtostderrthreshold=WARNING"], Same),
             (&["--legacy_stderr_threshold_behavior=false"], NoEffect),
             (&["--add_dir_header"], NoEffect),
             (&["--skip_headers"], NoEffect),

@@ -484,13 +484,44 @@ mod tests {
             (&["--v=2"], Maps(&["--log info"])),
             (&["--vmodule=dns=4"], NoEffect),
             (&["--logtostderr=true"], Maps(&[])),
-            (&["--logtostderr=false"], NoEffect),
+            (
+                &["--logtostderr=false", "--log-file=/var/log/tunnel.log"],
+                Maps(&[
+                    "--log-format klog",
+                    "--log-file /var/log/tunnel.log",
+                    "--log-stderr-threshold error",
+                ]),
+            ),
+            (
+                &[
+                    "--logtostderr=false",
+                    "--log-file=/var/log/tunnel.log",
+                    "--alsologtostderr",
+                ],
+                Maps(&[
+                    "--log-format klog",
+                    "--log-file /var/log/tunnel.log",
+                    "--log-stderr-threshold all",
+                ]),
+            ),
+            (
+                &[
+                    "--logtostderr=false",
+                    "--log-file=/var/log/tunnel.log",
+                    "--stderrthreshold=WARNING",
+                ],
+                Maps(&[
+                    "--log-format klog",
+                    "--log-file /var/log/tunnel.log",
+                    "--log-stderr-threshold warn",
+                ]),
+            ),
             (&["--alsologtostderr"], Same),
             (&["--log_file=/var/log/tunnel.log"], Same),
             (&["--log_dir=/var/log"], Same),
             (&["--log_file_max_size=10"], Same),
-            (&["--stderrthreshold=ERROR"], NoEffect),
-            (&["--alsologtostderrthreshold=ERROR"], NoEffect),
+            (&["--stderrthreshold=ERROR"], Same),
+            (&["--alsologtostderrthreshold=ERROR"], Same),
             (&["--legacy_stderr_threshold_behavior=false"], NoEffect),
             (&["--add_dir_header"], NoEffect),
             (&["--skip_headers"], NoEffect),

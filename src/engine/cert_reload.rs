@@ -63,6 +63,16 @@ impl ReloadingCert {
         Ok(true)
     }
 
+    /// Loads the pair now, changed or not (SIGHUP). On an error the old
+    /// pair stays in use.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let now = (mtime(&self.cert), mtime(&self.key));
+        let ck = certified(&self.cert, &self.key)?;
+        *self.current.write().expect("cert lock") = ck;
+        *self.stamp.write().expect("stamp lock") = now;
+        Ok(())
+    }
+
     pub fn path(&self) -> &Path {
         &self.cert
     }

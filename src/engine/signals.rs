@@ -1,6 +1,7 @@
-//! Shutdown signalling: SIGTERM/SIGINT are blocked in every thread and taken
-//! by one watcher thread with `sigwait`; tasks on any core await
-//! [`Shutdown::wait`].
+//! Signals: SIGTERM/SIGINT/SIGHUP are blocked in every thread and taken by
+//! one watcher thread with `sigwait`. SIGTERM and SIGINT request shutdown
+//! (tasks on any core await [`Shutdown::wait`]); SIGHUP runs the role's
+//! reload (certificates from their files) and never ends the process.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -65,18 +66,53 @@ impl Future for WaitShutdown {
     }
 }
 
-/// Blocks SIGTERM and SIGINT in the calling thread (call before spawning
-/// workers so they inherit the mask) and starts a thread that triggers
-/// `shutdown` for each one received.
-pub fn install(shutdown: Arc<Shutdown>) -> std::io::Result<()> {
+/// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread (call before
+/// spawning workers so they inherit the mask) and starts a thread that
+/// triggers `shutdown` for each SIGTERM/SIGINT and runs `on_hangup` for
+/// each SIGHUP.
+pub fn install(
+    shutdown: Arc<Shutdown>,
+    on_hangup: impl Fn() + Send + 'static,
+) -> std::io::Result<()> {
     let signals = super::sys::ShutdownSignals::block()?;
     std::thread::Builder::new()
         .name("edgetunnel-signals".into())
         .spawn(move || loop {
-            if let Some(signal) = signals.wait() {
-                tracing::info!(signal, "shutdown signal received");
-                shutdown.trigger();
+            match signals.wait() {
+                Some(libc::SIGHUP) => {
+                    tracing::info!("SIGHUP received: reloading");
+                    on_hangup();
+                }
+                Some(signal) => {
+                    tracing::info!(signal, "shutdown signal received");
+                    shutdown.trigger();
+                }
+                None => {}
             }
         })?;
     Ok(())
+}
+
+/// The SIGHUP action of a role with certificate files: load each pair now,
+/// whether or not its files look changed, and log the outcome.
+pub fn reload_certs(
+    certs: Vec<Arc<super::cert_reload::ReloadingCert>>,
+) -> impl Fn() + Send + 'static {
+    move || {
+        if certs.is_empty() {
+            tracing::info!("SIGHUP: nothing to reload (no certificate files)");
+        }
+        for cert in &certs {
+            match cert.reload() {
+                Ok(()) => tracing::info!(
+                    file = %cert.path().display(),
+                    "SIGHUP: certificate reloaded; new handshakes use it"
+                ),
+                Err(e) => tracing::warn!(
+                    file = %cert.path().display(),
+                    "SIGHUP: certificate not reloaded (old one stays): {e}"
+                ),
+            }
+        }
+    }
 }

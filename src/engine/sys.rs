@@ -96,8 +96,10 @@ pub fn with_umask<R>(mask: u32, f: impl FnOnce() -> R) -> R {
     out
 }
 
-/// SIGTERM and SIGINT, blocked in the calling thread (and in the threads it
-/// spawns afterwards) so that only [`ShutdownSignals::wait`] receives them.
+/// SIGTERM, SIGINT and SIGHUP, blocked in the calling thread (and in the
+/// threads it spawns afterwards) so that only [`ShutdownSignals::wait`]
+/// receives them (SIGHUP's default action would end the process and leave
+/// its unix sockets behind).
 pub struct ShutdownSignals {
     set: libc::sigset_t,
 }
@@ -107,11 +109,12 @@ impl ShutdownSignals {
         // SAFETY: sigset_t is plain data; sigemptyset initialises it.
         let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
         // SAFETY: `set` is a valid, initialised signal set owned here, and
-        // SIGTERM/SIGINT are valid signal numbers.
+        // SIGTERM/SIGINT/SIGHUP are valid signal numbers.
         let rc = unsafe {
             libc::sigemptyset(&mut set);
             libc::sigaddset(&mut set, libc::SIGTERM);
             libc::sigaddset(&mut set, libc::SIGINT);
+            libc::sigaddset(&mut set, libc::SIGHUP);
             libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
         };
         if rc != 0 {

@@ -142,6 +142,11 @@ impl AgentMetrics {
             "DRAIN notices from servers shutting down (each server connection counts one).",
             server_drains.clone(),
         );
+        x.add(
+            "edgetunnel_log_write_errors",
+            "Log lines dropped because their write failed (stderr closed, disk full).",
+            crate::logging::write_errors(),
+        );
         let mut registry = Registry::default();
         registry.register_collector(Box::new(x));
         AgentMetrics {

@@ -13,6 +13,11 @@ use crate::engine::runtime::Driver;
 
 pub const DEFAULT_PORT: u16 = 8001;
 
+/// The help heading of kubectl's global flags (which `kubectl proxy --help`
+/// leaves to `kubectl options`); kubectl proxy's own flags stay under
+/// `Options:` as in kubectl, edgetunnel's additions under their own.
+const GLOBAL: &str = "kubectl global options (kubectl options)";
+
 #[derive(Args, Debug, Clone)]
 pub struct ProxyArgs {
     /// The port on which to run the proxy. Set to 0 to pick a random port.
@@ -56,108 +61,113 @@ pub struct ProxyArgs {
     pub append_server_path: bool,
 
     /// Path to the kubeconfig file to use for CLI requests.
-    #[arg(long, default_value = "")]
+    #[arg(long, help_heading = GLOBAL, default_value = "")]
     pub kubeconfig: String,
     /// The name of the kubeconfig context to use.
-    #[arg(long, default_value = "")]
+    #[arg(long, help_heading = GLOBAL, default_value = "")]
     pub context: String,
     /// The name of the kubeconfig cluster to use.
-    #[arg(long, default_value = "")]
+    #[arg(long, help_heading = GLOBAL, default_value = "")]
     pub cluster: String,
     /// The name of the kubeconfig user to use.
-    #[arg(long, default_value = "")]
+    #[arg(long, help_heading = GLOBAL, default_value = "")]
     pub user: String,
     /// The address and port of the Kubernetes API server.
-    #[arg(short = 's', long, default_value = "")]
+    #[arg(short = 's', long, help_heading = GLOBAL, default_value = "")]
     pub server: String,
     /// Bearer token for authentication to the API server.
-    #[arg(long, default_value = "")]
+    #[arg(long, help_heading = GLOBAL, default_value = "")]
     pub token: String,
     /// Path to a cert file for the certificate authority.
-    #[arg(long, default_value = "")]
+    #[arg(long, help_heading = GLOBAL, default_value = "")]
     pub certificate_authority: String,
     /// Path to a client certificate file for TLS.
-    #[arg(long, default_value = "")]
+    #[arg(long, help_heading = GLOBAL, default_value = "")]
     pub client_certificate: String,
     /// Path to a client key file for TLS.
-    #[arg(long, default_value = "")]
+    #[arg(long, help_heading = GLOBAL, default_value = "")]
     pub client_key: String,
     /// If true, the server's certificate will not be checked for validity. This will make your HTTPS connections insecure.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = ArgAction::Set)]
+    #[arg(long, help_heading = GLOBAL, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = ArgAction::Set)]
     pub insecure_skip_tls_verify: bool,
     /// If true, opt-out of response compression for all requests to the server.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = ArgAction::Set)]
+    #[arg(long, help_heading = GLOBAL, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = ArgAction::Set)]
     pub disable_compression: bool,
     /// Server name to use for server certificate validation.
-    #[arg(long, default_value = "")]
+    #[arg(long, help_heading = GLOBAL, default_value = "")]
     pub tls_server_name: String,
     /// If present, the namespace scope for this CLI request (accepted for compatibility; the proxy is not namespaced).
-    #[arg(short = 'n', long, default_value = "")]
+    #[arg(short = 'n', long, help_heading = GLOBAL, default_value = "")]
     pub namespace: String,
 
     /// Number for the log level verbosity (kubectl's klog `-v`: 4 and above add edgetunnel=debug to --log, 6 and above log each upstream round trip).
-    #[arg(long = "v", default_value_t = 0)]
+    #[arg(long = "v", help_heading = GLOBAL, default_value_t = 0)]
     pub v: i64,
     /// Comma-separated list of pattern=N settings for file-filtered logging (entries naming proxy_server, upgradeaware or round_trippers raise -v).
-    #[arg(long, default_value = "")]
+    #[arg(long, help_heading = GLOBAL, default_value = "")]
     pub vmodule: String,
     /// Maximum number of seconds between log flushes (accepted, no effect).
-    #[arg(long, default_value = "5s", value_parser = parse_go_duration)]
+    #[arg(long, help_heading = GLOBAL, default_value = "5s", value_parser = parse_go_duration)]
     pub log_flush_frequency: Duration,
     /// The length of time to wait before giving up on a single server request (validated as kubectl does; kubectl proxy does not apply it to proxied requests).
-    #[arg(long, default_value = "0")]
+    #[arg(long, help_heading = GLOBAL, default_value = "0")]
     pub request_timeout: String,
     /// Default cache directory (accepted, no effect: the proxy uses no discovery cache).
-    #[arg(long, default_value = "")]
+    #[arg(long, help_heading = GLOBAL, default_value = "")]
     pub cache_dir: String,
     /// Require server version to match client version (edgetunnel emulates kubectl v1.32.4).
-    #[arg(long, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = ArgAction::Set)]
+    #[arg(long, help_heading = GLOBAL, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = ArgAction::Set)]
     pub match_server_version: bool,
     /// Treat warnings received from the server as errors (accepted; the proxy relays warnings).
-    #[arg(long, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = ArgAction::Set)]
+    #[arg(long, help_heading = GLOBAL, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = ArgAction::Set)]
     pub warnings_as_errors: bool,
     /// Name of profile to capture. One of (none|cpu|heap|goroutine|threadcreate|block|mutex) (validated; no profile is written).
-    #[arg(long, default_value = "none")]
+    #[arg(long, help_heading = GLOBAL, default_value = "none")]
     pub profile: String,
     /// Name of the file to write the profile to (accepted, no effect).
-    #[arg(long, default_value = "profile.pprof")]
+    #[arg(long, help_heading = GLOBAL, default_value = "profile.pprof")]
     pub profile_output: String,
     /// Path to the kuberc file (kubectl 1.33+; accepted, no effect).
-    #[arg(long, default_value = "")]
+    #[arg(long, help_heading = GLOBAL, default_value = "")]
     pub kuberc: String,
 
     /// (edgetunnel) Worker cores; default: all cores.
-    #[arg(long)]
+    #[arg(long, help_heading = "edgetunnel")]
     pub workers: Option<usize>,
     /// (edgetunnel) I/O driver: auto, uring, legacy.
-    #[arg(long, env = "EDGETUNNEL_DRIVER", default_value = "auto")]
+    #[arg(
+        long,
+        help_heading = "edgetunnel",
+        env = "EDGETUNNEL_DRIVER",
+        default_value = "auto"
+    )]
     pub driver: Driver,
     /// (edgetunnel) Serve Prometheus metrics at this address (`/metrics`).
-    #[arg(long)]
+    #[arg(long, help_heading = "edgetunnel")]
     pub metrics_bind: Option<std::net::SocketAddr>,
     /// (edgetunnel) Offer HTTP/2 to an https upstream (as kubectl does) and use
     /// one multiplexed connection per core when it accepts; upgrades always
     /// go over HTTP/1.1.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_value = "true", default_missing_value = "true", action = ArgAction::Set)]
+    #[arg(long, help_heading = "edgetunnel", num_args = 0..=1, require_equals = true, default_value = "true", default_missing_value = "true", action = ArgAction::Set)]
     pub upstream_http2: bool,
     /// (edgetunnel) Idle upstream connections kept per core.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, help_heading = "edgetunnel", default_value_t = 64)]
     pub upstream_idle_per_core: usize,
 
     /// Username to impersonate for the operation. User could be a regular user or a service account in a namespace.
-    #[arg(long = "as", default_value = "")]
+    #[arg(long = "as", help_heading = GLOBAL, default_value = "")]
     pub as_user: String,
     /// Group to impersonate for the operation, this flag can be repeated to specify multiple groups.
-    #[arg(long = "as-group")]
+    #[arg(long = "as-group", help_heading = GLOBAL)]
     pub as_groups: Vec<String>,
     /// UID to impersonate for the operation.
-    #[arg(long = "as-uid", default_value = "")]
+    #[arg(long = "as-uid", help_heading = GLOBAL, default_value = "")]
     pub as_uid: String,
     /// Username for basic authentication to the API server.
-    #[arg(long, default_value = "")]
+    #[arg(long, help_heading = GLOBAL, default_value = "")]
     pub username: String,
     /// Password for basic authentication to the API server.
-    #[arg(long, default_value = "")]
+    #[arg(long, help_heading = GLOBAL, default_value = "")]
     pub password: String,
 }
 

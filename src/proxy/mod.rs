@@ -270,6 +270,13 @@ pub fn run(args: ProxyArgs, announce: crate::readiness::Announce) -> Result<(), 
     };
     tracing::info!(driver = args.driver().name(), workers, "proxy data plane");
     announce.send(crate::readiness::Ready::Serving { on: shown.clone() });
+    // After kubectl's own first line, which scripts read first.
+    if let Some(m) = &metrics {
+        announce.send(crate::readiness::Ready::Listen {
+            what: "metrics".into(),
+            addr: m.local_addr()?.to_string(),
+        });
+    }
     let _ = std::io::stdout().flush();
 
     let per_core = std::sync::Mutex::new(match bound {

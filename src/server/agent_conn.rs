@@ -48,9 +48,11 @@ pub(super) async fn accept_loop(
         let shared = shared.clone();
         let acceptor = acceptor.clone();
         async move {
-            // The span of the connection names the peer.
+            // Refusals and the ends of registered agents are logged where
+            // they happen; what is left failed before the Connect request
+            // (TLS, HTTP/2): worth a line, not a warning (probes do it).
             if let Err(e) = serve(core, shared, acceptor, c.stream, c.permit).await {
-                tracing::info!(error = %e, "agent connection ended");
+                tracing::info!(error = %e, "agent connection failed before its Connect request");
             }
         }
     })
@@ -323,7 +325,8 @@ async fn serve(
             conn.graceful_shutdown();
             let closed = futures::future::poll_fn(|cx| conn.poll_closed(cx));
             let _ = monoio::time::timeout(Duration::from_secs(5), closed).await;
-            return Err(m.into());
+            // Logged above.
+            return Ok(());
         }
     };
     let AgentHello {
@@ -359,7 +362,13 @@ async fn serve(
 
     let span = tracing::info_span!("agent", id = %agent_id, %peer, key);
     let secondary = link.as_ref().is_some_and(|l| l.secondary_of.is_some());
-    tracing::info!(parent: &span, identifiers = %ids.encode(), half_close, window, core, secondary, "agent connected");
+    // One line per agent at INFO; its further links (one per server
+    // worker) at DEBUG.
+    if first {
+        tracing::info!(parent: &span, identifiers = %ids.encode(), half_close, window, core, secondary, "agent connected");
+    } else {
+        tracing::debug!(parent: &span, identifiers = %ids.encode(), half_close, window, core, secondary, "agent link up");
+    }
     let send = match sent {
         Ok(s) => s,
         Err(e) => {
@@ -388,7 +397,7 @@ async fn serve(
             };
             let Some(next) = next else {
                 told = true;
-                tracing::info!("server draining: agent told (GOAWAY, DRAIN)");
+                tracing::debug!("server draining: agent told (GOAWAY, DRAIN)");
                 conn.graceful_shutdown();
                 let _ = drain_ctl.unbounded_send(Frame::Drain);
                 continue;
@@ -420,6 +429,7 @@ async fn serve(
         budget: Budget::new(FRONTEND_BUDGET),
         window,
         worker: worker_metrics.clone(),
+        primary: first,
     });
     let reader = read_loop(
         state.clone(),
@@ -441,22 +451,33 @@ async fn serve(
         r = keepalive => r,
     };
     // Teardown: unregister, then tell every frontend.
-    unregister(&shared, key, &worker_metrics);
+    let gone = unregister(&shared, key, &worker_metrics);
     let orphans = state.tunnel.borrow_mut().drain_all();
     state.sync_gauges();
     let n = orphans.len();
     for sink in orphans {
         sink.deliver(FrontendEvent::AgentGone);
     }
-    match &result {
-        Ok(()) => tracing::info!(parent: &span, connections = n, "agent disconnected"),
-        Err(e) => tracing::info!(parent: &span, connections = n, error = %e, "agent disconnected"),
+    // The agent's last link: INFO (with the cause when the link failed);
+    // one of several, or a link ended by the server's own drain: DEBUG.
+    let draining = shared.shutdown.requested() > 0;
+    match (&result, gone && !draining) {
+        (Ok(()), true) => tracing::info!(parent: &span, connections = n, "agent disconnected"),
+        (Err(e), true) => {
+            tracing::info!(parent: &span, connections = n, error = %e, "agent disconnected")
+        }
+        (Ok(()), false) => tracing::debug!(parent: &span, connections = n, "agent link ended"),
+        (Err(e), false) => {
+            tracing::debug!(parent: &span, connections = n, error = %e, "agent link ended")
+        }
     }
-    result
+    // Logged here.
+    Ok(())
 }
 
-/// Removes a link from the registry; the agent is gone with its last link.
-fn unregister(shared: &ServerState, key: u64, worker: &metrics::WorkerMetrics) {
+/// Removes a link from the registry; the agent is gone with its last link
+/// (then returns true).
+fn unregister(shared: &ServerState, key: u64, worker: &metrics::WorkerMetrics) -> bool {
     let (removed, registered) = {
         let mut r = shared.registry.lock().expect("registry lock");
         let removed = r.remove_link(key);
@@ -464,8 +485,14 @@ fn unregister(shared: &ServerState, key: u64, worker: &metrics::WorkerMetrics) {
     };
     worker.links.dec();
     match removed {
-        Some((_, true)) => shared.metrics.agent_disconnected(registered),
-        _ => shared.metrics.links_changed(registered),
+        Some((_, true)) => {
+            shared.metrics.agent_disconnected(registered);
+            true
+        }
+        _ => {
+            shared.metrics.links_changed(registered);
+            false
+        }
     }
 }
 
@@ -482,6 +509,9 @@ struct AgentState {
     budget: Arc<Budget>,
     /// The agent negotiated per-connection windows.
     window: bool,
+    /// The agent's first link registered here (ANP's agents have only
+    /// one).
+    primary: bool,
 }
 
 impl AgentState {
@@ -585,7 +615,12 @@ async fn read_loop(
                 frontend.deliver(FrontendEvent::Closed(error));
             }
             ServerAction::Drain => {
-                tracing::info!("agent is draining: no new dials go to it");
+                // Each link says so; the agent's first one at INFO.
+                if state.primary {
+                    tracing::info!("agent is draining: no new dials go to it");
+                } else {
+                    tracing::debug!("agent link is draining");
+                }
                 state.shared.metrics.agent_drains.inc();
                 state
                     .shared

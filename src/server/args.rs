@@ -16,43 +16,43 @@ use crate::BoxError;
 #[derive(Args, Debug)]
 pub struct ServerArgs {
     /// Agent listener (gRPC AgentService over mutual TLS).
-    #[arg(long, default_value = "0.0.0.0:10262")]
+    #[arg(long, help_heading = "Agents", default_value = "0.0.0.0:10262")]
     pub agent_bind: SocketAddr,
     /// HTTP CONNECT frontend on TCP (as kube-apiserver's egress selector uses).
-    #[arg(long)]
+    #[arg(long, help_heading = "Frontends")]
     pub connect_bind: Option<SocketAddr>,
     /// HTTP CONNECT frontend on a unix socket.
-    #[arg(long)]
+    #[arg(long, help_heading = "Frontends")]
     pub connect_uds: Option<PathBuf>,
     /// gRPC ProxyService frontend (konnectivity-client) on TCP: plaintext
     /// h2, or TLS with --frontend-cert.
-    #[arg(long)]
+    #[arg(long, help_heading = "Frontends")]
     pub grpc_bind: Option<SocketAddr>,
     /// gRPC ProxyService frontend on a unix socket.
-    #[arg(long)]
+    #[arg(long, help_heading = "Frontends")]
     pub grpc_uds: Option<PathBuf>,
     /// Certificate (PEM) the TCP frontends (--connect-bind, --grpc-bind)
     /// present: with it they speak TLS only (ANP's --server-cert).
-    #[arg(long, requires = "frontend_key")]
+    #[arg(long, help_heading = "Frontends", requires = "frontend_key")]
     pub frontend_cert: Option<PathBuf>,
     /// Its private key (ANP's --server-key).
-    #[arg(long, requires = "frontend_cert")]
+    #[arg(long, help_heading = "Frontends", requires = "frontend_cert")]
     pub frontend_key: Option<PathBuf>,
     /// CA that signs the certificates TCP frontend callers must present
     /// (ANP's --server-ca-cert); without it no client certificate is asked.
-    #[arg(long, requires = "frontend_cert")]
+    #[arg(long, help_heading = "Frontends", requires = "frontend_cert")]
     pub frontend_ca: Option<PathBuf>,
     /// On SIGTERM/SIGINT, seconds open tunnels may take to finish before
     /// the server exits (ANP's --graceful-shutdown-timeout): listeners
     /// close at once, /readyz fails, agents get a DRAIN packet and an HTTP/2
     /// GOAWAY, gRPC callers a GOAWAY. 0 (the default): exit at once. A second
     /// signal ends the wait.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, help_heading = "Limits and shutdown", default_value_t = 0.0)]
     pub graceful_shutdown_timeout_secs: f64,
     /// HTTP/2 PING interval toward gRPC frontend callers, seconds (ANP's
     /// --frontend-keepalive-time, 1h by default); an unanswered PING
     /// (twice this long) closes the caller's connection.
-    #[arg(long, default_value_t = 3600.0)]
+    #[arg(long, help_heading = "Frontends", default_value_t = 3600.0)]
     pub frontend_keepalive_secs: f64,
     /// Agent connections that may be in their handshake at once (TLS,
     /// HTTP/2, first request, token review); over it the oldest is shed or
@@ -62,142 +62,161 @@ pub struct ServerArgs {
     /// start), at most 1024; the other three quarters stay for listeners,
     /// agents and tunnels (each CONNECT or gRPC caller holds one). An
     /// explicit value above half the limit draws a warning. 0: no cap.
-    #[arg(long)]
+    #[arg(long, help_heading = "Limits and shutdown")]
     pub max_handshakes: Option<usize>,
     /// The same cap per source address; never above --max-handshakes by
     /// default. 0: no cap.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, help_heading = "Limits and shutdown", default_value_t = 64)]
     pub max_handshakes_per_ip: usize,
     /// A gRPC frontend connection that sends no HTTP/2 preface, or has no
     /// stream open, for this many seconds is closed (GOAWAY first when it
     /// spoke HTTP/2). Hidden: for tests.
-    #[arg(long, hide = true, default_value_t = 30.0)]
+    #[arg(long, help_heading = "Frontends", hide = true, default_value_t = 30.0)]
     pub frontend_idle_secs: f64,
     /// Lowest TLS version of the agent and frontend listeners: VersionTLS12
     /// (default) or VersionTLS13 (ANP's --tls-min-version).
-    #[arg(long, default_value = "")]
+    #[arg(long, help_heading = "TLS", default_value = "")]
     pub tls_min_version: String,
     /// TLS 1.2 cipher suites the agent and frontend listeners allow, by
     /// IANA name, comma-separated (ANP's --cipher-suites; TLS 1.3 suites are
     /// not configurable). Default: all of edgetunnel's (ECDHE with AES-GCM
     /// or ChaCha20-Poly1305).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, help_heading = "TLS", value_delimiter = ',')]
     pub cipher_suites: Vec<String>,
     /// Permission bits (octal) of the --connect-uds/--grpc-uds socket files,
     /// set before anyone can connect.
-    #[arg(long, default_value = "0600", value_parser = crate::engine::listener::parse_mode)]
+    #[arg(long, help_heading = "Frontends", default_value = "0600", value_parser = crate::engine::listener::parse_mode)]
     pub uds_mode: u32,
     /// Never remove an existing file at a --connect-uds/--grpc-uds path (the
     /// bind then fails). Without it only a stale socket file (one that
     /// refuses connections) is removed, never a regular file or a live
     /// server's socket.
-    #[arg(long)]
+    #[arg(long, help_heading = "Frontends")]
     pub keep_existing_uds: bool,
     /// Admin listener: /metrics, /healthz, /readyz.
-    #[arg(long, default_value = "127.0.0.1:10265")]
+    #[arg(
+        long,
+        help_heading = "Observability",
+        default_value = "127.0.0.1:10265"
+    )]
     pub admin_bind: SocketAddr,
     /// Health listener: /healthz, /readyz (/ready), /metrics, like the
     /// admin one, for kubelet probes (ANP's --health-port).
-    #[arg(long)]
+    #[arg(long, help_heading = "Observability")]
     pub health_bind: Option<SocketAddr>,
     #[command(flatten)]
     pub tls: TlsArgs,
     /// File holding a bearer token agents must present.
-    #[arg(long)]
+    #[arg(long, help_heading = "Agents")]
     pub agent_token_file: Option<PathBuf>,
     /// Proxy strategies tried in order: destHost, defaultRoute, default.
-    #[arg(long, default_value = "destHost,default")]
+    #[arg(long, help_heading = "Routing", default_value = "destHost,default")]
     pub proxy_strategies: String,
     /// This server's ID, sent to agents and the holder of its lease
     /// (default: $PROXY_SERVER_ID, else random).
-    #[arg(long, env = "PROXY_SERVER_ID")]
+    #[arg(long, help_heading = "Routing", env = "PROXY_SERVER_ID")]
     pub server_id: Option<String>,
     /// Number of servers behind the agents' address (agents connect to each).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, help_heading = "Routing", default_value_t = 1)]
     pub server_count: u32,
     /// Worker cores (monoio runtimes); default: all cores.
-    #[arg(long)]
+    #[arg(long, help_heading = "Data plane")]
     pub workers: Option<usize>,
     /// Seconds to wait for the agent's DIAL_RSP before answering 504.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, help_heading = "Routing", default_value_t = 30.0)]
     pub dial_timeout_secs: f64,
     /// HTTP status answered when no agent can take a dial: 500 as ANP's
     /// server does (the default), or 503 Service Unavailable.
-    #[arg(long, default_value_t = 500, value_parser = parse_no_agent_status)]
+    #[arg(long, help_heading = "Routing", default_value_t = 500, value_parser = parse_no_agent_status)]
     pub no_agent_status: u16,
     /// Interception listener (yurt-tunnel's 10264): kubelet traffic sent here
     /// by iptables DNAT is relayed to its original destination through the
     /// node's agent; direct plain-HTTP clients are routed by their Host.
-    #[arg(long)]
+    #[arg(long, help_heading = "Interception (yurt-tunnel)")]
     pub interception_bind: Option<SocketAddr>,
     /// Intercepted ports dialed on the node's 127.0.0.1 instead of its IP.
-    #[arg(long, value_delimiter = ',', default_value = "10266,10267")]
+    #[arg(
+        long,
+        help_heading = "Interception (yurt-tunnel)",
+        value_delimiter = ',',
+        default_value = "10266,10267"
+    )]
     pub localhost_proxy_ports: Vec<u16>,
     /// Keep iptables NAT rules (nat OUTPUT -> TUNNEL-PORT chains) that send
     /// edge nodes' kubelet ports to the interception listener; removed on exit.
-    #[arg(long)]
+    #[arg(long, help_heading = "iptables")]
     pub iptables: bool,
     /// TLS interception listener (yurt-tunnel's 10263): terminates the
     /// caller's TLS and speaks TLS to the kubelet through the tunnel with the
     /// proxy-client certificate; the first request of each connection is
     /// logged (method, path, node, status, duration).
-    #[arg(long)]
+    #[arg(long, help_heading = "Interception (yurt-tunnel)")]
     pub interception_tls_bind: Option<SocketAddr>,
     /// Certificate the TLS interception listener presents (default: the
     /// server certificate).
-    #[arg(long)]
+    #[arg(long, help_heading = "Interception (yurt-tunnel)")]
     pub interception_cert: Option<PathBuf>,
     /// Its key (default: the server key).
-    #[arg(long)]
+    #[arg(long, help_heading = "Interception (yurt-tunnel)")]
     pub interception_key: Option<PathBuf>,
     /// Client certificate toward kubelets (default: proxy-client.crt in --certs-dir).
-    #[arg(long)]
+    #[arg(long, help_heading = "Interception (yurt-tunnel)")]
     pub kubelet_client_cert: Option<PathBuf>,
     /// Its key (default: proxy-client.key in --certs-dir).
-    #[arg(long)]
+    #[arg(long, help_heading = "Interception (yurt-tunnel)")]
     pub kubelet_client_key: Option<PathBuf>,
     /// CA that verifies kubelet certificates (default: the --ca / ca.crt).
-    #[arg(long)]
+    #[arg(long, help_heading = "Interception (yurt-tunnel)")]
     pub kubelet_ca: Option<PathBuf>,
     /// Do not verify kubelet certificates (as yurt-tunnel does).
-    #[arg(long)]
+    #[arg(long, help_heading = "Interception (yurt-tunnel)")]
     pub kubelet_insecure_skip_verify: bool,
     /// Intercepted TLS ports (DNAT to the TLS interception listener when
     /// set, else relayed as they are by the plain one).
-    #[arg(long, value_delimiter = ',', default_value = "10250")]
+    #[arg(
+        long,
+        help_heading = "iptables",
+        value_delimiter = ',',
+        default_value = "10250"
+    )]
     pub iptables_https_ports: Vec<u16>,
     /// Intercepted plain-HTTP ports (DNAT to the interception listener).
-    #[arg(long, value_delimiter = ',', default_value = "10255")]
+    #[arg(
+        long,
+        help_heading = "iptables",
+        value_delimiter = ',',
+        default_value = "10255"
+    )]
     pub iptables_http_ports: Vec<u16>,
     /// Address the rules DNAT to (repeatable, one per family; default: the
     /// interception listener's address).
-    #[arg(long)]
+    #[arg(long, help_heading = "iptables")]
     pub iptables_dnat_ip: Vec<std::net::IpAddr>,
     /// A node reached directly, never intercepted (repeatable). With any,
     /// the rules redirect everything but these and loopback (yurt-tunnel's
     /// layout); without, only addresses announced by agents.
-    #[arg(long)]
+    #[arg(long, help_heading = "iptables")]
     pub cloud_node_ip: Vec<std::net::IpAddr>,
     /// Full resync period, seconds (at least 15); changes in the connected
     /// agents are applied within a second.
-    #[arg(long, default_value_t = 15)]
+    #[arg(long, help_heading = "iptables", default_value_t = 15)]
     pub iptables_sync_period_secs: u64,
     /// Leave the rules in place on exit.
-    #[arg(long)]
+    #[arg(long, help_heading = "iptables")]
     pub iptables_keep_rules: bool,
     /// Keep a hosts-format DNS record file (for CoreDNS's `hosts` plugin or
     /// dnsmasq): connected edge nodes' names -> --dns-tunnel-ip, cloud nodes
     /// -> their address.
-    #[arg(long)]
+    #[arg(long, help_heading = "DNS records")]
     pub dns_hosts_file: Option<PathBuf>,
     /// The address edge node names resolve to (the tunnel server's; default:
     /// the interception listener's).
-    #[arg(long)]
+    #[arg(long, help_heading = "DNS records")]
     pub dns_tunnel_ip: Option<std::net::IpAddr>,
     /// Edge node names resolve to this Service's ClusterIP (`namespace/name`,
     /// read at every sync; yurt-tunnel's `x-tunnel-server-internal-svc`),
     /// instead of --dns-tunnel-ip; needs --kube.
-    #[arg(long, conflicts_with = "dns_tunnel_ip")]
+    #[arg(long, help_heading = "DNS records", conflicts_with = "dns_tunnel_ip")]
     pub dns_tunnel_service: Option<String>,
     /// Keep a `dnat-PORT` port on the --dns-tunnel-service Service for
     /// every extra port of --server-configmap (`dnat-ports-pair`,
@@ -209,61 +228,73 @@ pub struct ServerArgs {
     #[arg(long, requires = "dns_tunnel_service")]
     pub dns_service_dnat_ports: bool,
     /// A cloud node's record, `name=ip` (repeatable).
-    #[arg(long, value_parser = crate::control::dns::parse_node)]
+    #[arg(long, help_heading = "DNS records", value_parser = crate::control::dns::parse_node)]
     pub dns_cloud_node: Vec<(String, std::net::IpAddr)>,
     /// Use the Kubernetes cluster: with --iptables or DNS records, nodes
     /// (list and watch) decide which nodes iptables leaves alone and the
     /// DNS records; `--dns-configmap` and (with --iptables)
     /// `--server-configmap` are read and written there. Takes a
     /// kubeconfig path, or `in-cluster` for the service account.
-    #[arg(long)]
+    #[arg(long, help_heading = "Kubernetes")]
     pub kube: Option<String>,
     /// Label (`key=value`) that marks edge nodes.
-    #[arg(long, default_value = "openyurt.io/is-edge-worker=true")]
+    #[arg(
+        long,
+        help_heading = "Kubernetes",
+        default_value = "openyurt.io/is-edge-worker=true"
+    )]
     pub edge_node_label: String,
     /// `namespace/name` of the ConfigMap that gets the DNS records (key
     /// `tunnel-nodes`, for CoreDNS's `hosts` plugin); needs --kube.
-    #[arg(long)]
+    #[arg(long, help_heading = "DNS records")]
     pub dns_configmap: Option<String>,
     /// `namespace/name` of yurt-tunnel's server ConfigMap with extra ports
     /// (`http-proxy-ports`, `https-proxy-ports`); needs --kube, read only
     /// with --iptables (the ports it adds are intercepted ports).
-    #[arg(long, default_value = "kube-system/yurt-tunnel-server-cfg")]
+    #[arg(
+        long,
+        help_heading = "Kubernetes",
+        default_value = "kube-system/yurt-tunnel-server-cfg"
+    )]
     pub server_configmap: String,
     /// `namespace/name` of the Lease electing the one server that writes
     /// the DNS records ConfigMap when several run; needs --kube.
-    #[arg(long, default_value = "kube-system/edgetunnel-dns")]
+    #[arg(
+        long,
+        help_heading = "Kubernetes",
+        default_value = "kube-system/edgetunnel-dns"
+    )]
     pub leader_lease: String,
     /// Where the server's certificates come from: `files` (watched and
     /// reloaded) or `csr` (Kubernetes CertificateSigningRequests, written to
     /// --certs-dir and renewed at 80% of their lifetime; needs --kube).
-    #[arg(long, value_enum, default_value_t = CertMode::Files)]
+    #[arg(long, help_heading = "TLS", value_enum, default_value_t = CertMode::Files)]
     pub cert_mode: CertMode,
     /// A DNS name for the serving certificate in `csr` mode (repeatable).
-    #[arg(long)]
+    #[arg(long, help_heading = "TLS")]
     pub csr_dns_name: Vec<String>,
     /// An IP address for the serving certificate in `csr` mode (repeatable).
-    #[arg(long)]
+    #[arg(long, help_heading = "TLS")]
     pub csr_ip: Vec<std::net::IpAddr>,
     /// A Service (`namespace/name`, repeatable) whose cluster, external and
     /// load-balancer addresses join the serving certificate's SANs, read
     /// again at every renewal.
-    #[arg(long, default_values_t = ["kube-system/x-tunnel-server-svc".to_string(), "kube-system/x-tunnel-server-internal-svc".to_string()])]
+    #[arg(long, help_heading = "TLS", default_values_t = ["kube-system/x-tunnel-server-svc".to_string(), "kube-system/x-tunnel-server-internal-svc".to_string()])]
     pub csr_service: Vec<String>,
     /// Lease duration, seconds: a dead leader is replaced after this long.
-    #[arg(long, default_value_t = 15)]
+    #[arg(long, help_heading = "Kubernetes", default_value_t = 15)]
     pub leader_lease_secs: u32,
     /// Agents authenticate with a ServiceAccount token checked by a
     /// TokenReview (ANP's agent authentication): the agent's namespace.
     /// With --agent-service-account and --authentication-audience; needs
     /// --kube; agents then need no client certificate.
-    #[arg(long)]
+    #[arg(long, help_heading = "Agents")]
     pub agent_namespace: Option<String>,
     /// The agents' ServiceAccount name (see --agent-namespace).
-    #[arg(long)]
+    #[arg(long, help_heading = "Agents")]
     pub agent_service_account: Option<String>,
     /// The audience the agents' tokens must carry (see --agent-namespace).
-    #[arg(long)]
+    #[arg(long, help_heading = "Agents")]
     pub authentication_audience: Option<String>,
     /// Seconds an accepted agent token is believed without a new
     /// TokenReview (never past the token's own expiry); 0 reviews every
@@ -292,6 +323,7 @@ pub struct ServerArgs {
     /// (ANP's behaviour, and that of the proxy-server and
     /// yurt-tunnel-server faces).
     #[arg(
+        help_heading = "Agents",
         long,
         action = clap::ArgAction::Set,
         default_value_t = true,
@@ -306,23 +338,23 @@ pub struct ServerArgs {
     /// long) and delete expired ones with --lease-label, so that agents
     /// with --count-server-leases (ANP's or ours) find every server; needs
     /// --kube.
-    #[arg(long)]
+    #[arg(long, help_heading = "Kubernetes")]
     pub enable_lease_controller: bool,
     /// Namespace of the server leases.
-    #[arg(long, default_value = crate::control::server_lease::DEFAULT_NAMESPACE)]
+    #[arg(long, help_heading = "Kubernetes", default_value = crate::control::server_lease::DEFAULT_NAMESPACE)]
     pub lease_namespace: String,
     /// Labels (`k=v,...`) put on this server's lease and selecting the
     /// leases garbage-collected.
-    #[arg(long, default_value = crate::control::server_lease::DEFAULT_LABEL)]
+    #[arg(long, help_heading = "Kubernetes", default_value = crate::control::server_lease::DEFAULT_LABEL)]
     pub lease_label: String,
     /// Server lease duration, seconds (ANP: 30; for tests).
-    #[arg(long, hide = true, default_value_t = crate::control::server_lease::DEFAULT_DURATION_SECS)]
+    #[arg(long, help_heading = "Kubernetes", hide = true, default_value_t = crate::control::server_lease::DEFAULT_DURATION_SECS)]
     pub lease_duration_secs: i32,
     /// Server lease renewal period, seconds (ANP: 15; for tests).
-    #[arg(long, hide = true, default_value_t = 15.0)]
+    #[arg(long, help_heading = "Kubernetes", hide = true, default_value_t = 15.0)]
     pub lease_renew_secs: f64,
     /// Expired-lease collection period, seconds (ANP: 15; for tests).
-    #[arg(long, hide = true, default_value_t = 15.0)]
+    #[arg(long, help_heading = "Kubernetes", hide = true, default_value_t = 15.0)]
     pub lease_gc_secs: f64,
     #[command(flatten)]
     pub engine: EngineArgs,

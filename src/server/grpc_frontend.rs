@@ -317,14 +317,32 @@ where
                     Ok(()) => {
                         let _ = tx.finish_with_status(code::OK, "");
                     }
+                    // A caller that cancels its stream or closes its
+                    // connection ends normally (konnectivity-client does
+                    // so when its tunnel closes).
+                    Err(e) if caller_left(&*e) => {
+                        tracing::debug!(error = %e, "proxy stream ended by the caller");
+                        let _ = tx.finish_with_status(code::INVALID_ARGUMENT, &e.to_string());
+                    }
                     Err(e) => {
-                        tracing::info!(error = %e, "proxy stream ended with error");
+                        tracing::info!(error = %e, "proxy stream failed");
                         let _ = tx.finish_with_status(code::INVALID_ARGUMENT, &e.to_string());
                     }
                 }
             });
         }
     }
+}
+
+/// Whether a proxy stream ended because its caller left: RST_STREAM with
+/// CANCEL (0x8) or NO_ERROR, or the connection closed.
+fn caller_left(e: &(dyn std::error::Error + 'static)) -> bool {
+    matches!(
+        e.downcast_ref::<GrpcError>(),
+        Some(
+            GrpcError::Recv(RecvError::Reset(0 | 0x8) | RecvError::ConnClosed) | GrpcError::Closed
+        )
+    )
 }
 
 /// An agent one of this stream's dials went to.

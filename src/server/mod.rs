@@ -359,6 +359,17 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
     print_addr("health", &health_l);
     print_addr("interception", &intercept_l);
     print_addr("interception-tls", &intercept_tls_l);
+    for (what, path) in [
+        ("connect-uds", &cfg.connect_uds),
+        ("grpc-uds", &cfg.grpc_uds),
+    ] {
+        if let Some(p) = path {
+            cfg.announce.send(Ready::Listen {
+                what: what.to_string(),
+                addr: p.display().to_string(),
+            });
+        }
+    }
 
     let mut per_worker = Vec::with_capacity(n);
     for i in 0..n {
@@ -376,7 +387,10 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
     }
 
     let shutdown = signals::Shutdown::new();
-    signals::install(shutdown.clone())?;
+    // SIGHUP reloads every certificate the control thread watches.
+    let mut hup_certs = cfg.control.certs.clone();
+    hup_certs.extend(watched.iter().cloned());
+    signals::install(shutdown.clone(), signals::reload_certs(hup_certs))?;
     let metrics = Arc::new(Metrics::new(&cfg.strategies));
     let handshakes =
         crate::engine::admission::Admission::new(cfg.handshake_limits, metrics.handshakes.clone());

@@ -121,14 +121,22 @@ pub fn canonical(args: &[String]) -> Result<Outcome, FlagError> {
     Ok(Outcome::Args(out))
 }
 
-/// Where the subcommand is: after the program name and any `--log X` /
-/// `--log=X`.
+/// Where the subcommand is: after the program name and any of edgetunnel's
+/// global flags with their values (`--log X`, `--log-format=json`, ...).
 pub fn subcommand_index(args: &[String]) -> Option<usize> {
     let mut i = 1;
+    // edgetunnel's global flags that take a value.
+    const VALUED: [&str; 4] = [
+        "--log",
+        "--log-format",
+        "--log-file",
+        "--log-stderr-threshold",
+    ];
     while i < args.len() {
-        match args[i].as_str() {
-            "--log" => i += 2,
-            a if a.starts_with("--log=") => i += 1,
+        let a = args[i].as_str();
+        match a.split_once('=') {
+            Some((flag, _)) if VALUED.contains(&flag) => i += 1,
+            None if VALUED.contains(&a) => i += 2,
             _ => return Some(i),
         }
     }
@@ -196,6 +204,8 @@ mod tests {
         assert_eq!(subcommand_index(&v(&["e", "proxy"])), Some(1));
         assert_eq!(subcommand_index(&v(&["e", "--log", "x", "proxy"])), Some(3));
         assert_eq!(subcommand_index(&v(&["e", "--log=x", "proxy"])), Some(2));
+        let args = ["e", "--log-format", "json", "--log-file=f", "proxy"];
+        assert_eq!(subcommand_index(&v(&args)), Some(4));
         assert_eq!(subcommand_index(&v(&["e"])), None);
     }
 }
