@@ -9,6 +9,13 @@
 //! with `eprintln!`, which panics when stderr is closed; the writers here
 //! never report a failure to it, and its internal error reports are off.
 //!
+//! No thread that logs ever waits for the reader: a line is handed to the
+//! `edgetunnel-log` thread through a queue of [`QUEUE_LINES`] lines and
+//! that thread does the writes, so a stderr pipe nobody reads (a stalled
+//! log shipper) holds up only it. When the queue is full the line is
+//! dropped and counted as lost too. [`flush`] drains the queue, waiting a
+//! bounded time, before the process exits.
+//!
 //! The klog format follows klog v2's header (`internal/buffer/buffer.go`
 //! `FormatHeader`: `Lmmdd hh:mm:ss.uuuuuu PID file:line] `, the PID padded
 //! to 7 columns, local time) and its structured style (`"msg" key="value"`,
@@ -18,7 +25,9 @@ use std::fmt::{self, Write as _};
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
 use tracing::field::{Field, Visit};
@@ -114,10 +123,76 @@ pub fn write_errors() -> Counter {
     LOST.get_or_init(Counter::default).clone()
 }
 
+/// Lines waiting for the log thread at most; past them lines are lost.
+pub const QUEUE_LINES: usize = 8192;
+
+/// What the log thread is handed.
+enum Msg {
+    Line { bytes: Vec<u8>, stderr: bool },
+    Flushed(SyncSender<()>),
+}
+
+/// The log thread's queue, once [`init`] started it.
+static QUEUE: OnceLock<SyncSender<Msg>> = OnceLock::new();
+
+/// Starts the thread that writes lines to `file` and/or stderr.
+fn start_writer(file: Option<Arc<File>>) -> Option<SyncSender<Msg>> {
+    let (tx, rx) = mpsc::sync_channel::<Msg>(QUEUE_LINES);
+    std::thread::Builder::new()
+        .name("edgetunnel-log".into())
+        .spawn(move || {
+            for msg in rx {
+                match msg {
+                    Msg::Line { bytes, stderr } => {
+                        let mut lost = false;
+                        if let Some(mut f) = file.as_deref() {
+                            lost |= f.write_all(&bytes).is_err();
+                        }
+                        if stderr {
+                            lost |= io::stderr().write_all(&bytes).is_err();
+                        }
+                        if lost {
+                            write_errors().inc();
+                        }
+                    }
+                    Msg::Flushed(ack) => {
+                        let _ = ack.send(());
+                    }
+                }
+            }
+        })
+        .ok()?;
+    Some(tx)
+}
+
+/// Waits (at most `limit`) until every line logged so far is written: the
+/// last lines before an exit are not lost in the queue, and a stderr
+/// nobody reads does not hold the exit up longer than `limit`.
+pub fn flush(limit: Duration) {
+    let Some(q) = QUEUE.get() else { return };
+    let deadline = Instant::now() + limit;
+    let (ack, done) = mpsc::sync_channel(1);
+    let mut msg = Msg::Flushed(ack);
+    loop {
+        match q.try_send(msg) {
+            Ok(()) => break,
+            Err(TrySendError::Full(m)) if Instant::now() < deadline => {
+                msg = m;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(_) => return,
+        }
+    }
+    let _ = done.recv_timeout(deadline.saturating_duration_since(Instant::now()));
+}
+
 /// Installs the global subscriber for `spec`.
 pub fn init(spec: &LogSpec) -> Result<(), LogError> {
     let filter = parse_filter(&spec.filter)?;
     let sinks = Sinks::open(spec)?;
+    if let Some(tx) = start_writer(sinks.file.clone()) {
+        let _ = QUEUE.set(tx);
+    }
     let ansi = spec.file.is_none()
         && spec.format == LogFormat::Text
         && std::io::IsTerminal::is_terminal(&io::stderr());
@@ -202,6 +277,20 @@ struct LineWriter<'a> {
 
 impl LineWriter<'_> {
     fn put(&mut self, buf: &[u8]) {
+        if let Some(q) = QUEUE.get() {
+            if !self.stderr && self.file.is_none() {
+                return;
+            }
+            let line = Msg::Line {
+                bytes: buf.to_vec(),
+                stderr: self.stderr,
+            };
+            if q.try_send(line).is_err() {
+                write_errors().inc();
+            }
+            return;
+        }
+        // No log thread (it could not start): written here.
         let mut lost = false;
         if let Some(mut f) = self.file {
             lost |= f.write_all(buf).is_err();

@@ -74,6 +74,8 @@ fn main() {
         Command::Iptables(cmd) => iptables(cmd),
         Command::Certs(cmd) => edgetunnel::certs::run(cmd),
     };
+    // Lines still queued for the log thread are written before exiting.
+    edgetunnel::logging::flush(std::time::Duration::from_secs(1));
     if let Err(e) = result {
         say(&format!("{prefix}: {e}"));
         std::process::exit(1);

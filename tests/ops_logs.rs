@@ -125,6 +125,85 @@ fn a_closed_stderr_neither_kills_nor_wedges_the_server() {
 }
 
 /// The server's log lines (its stderr).
+/// A stderr that stays open but is never read (a stalled log shipper):
+/// once the pipe's 64 KiB are full a write blocks, and before the log
+/// thread it blocked the data-plane core that logged; now lines past the
+/// queue are lost and counted, and tunnels keep flowing.
+#[test]
+fn a_stderr_nobody_reads_holds_up_no_core() {
+    let env = Env::new();
+    let binds = Binds::default();
+    let certs = env.certs().display().to_string();
+    let (mut cmd, _, _, _) = Server::command(
+        &env,
+        &["--certs-dir", &certs],
+        &binds,
+        &["--workers", "2", "--log", "trace"],
+    );
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // stderr is kept open and never read.
+    let _stderr = child.stderr.take();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (mut agent_addr, mut connect, mut admin) = (None, None, None);
+    loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "stdout ended");
+        let line = line.trim();
+        let addr = || line.rsplit(' ').next().unwrap().parse::<SocketAddr>().ok();
+        if line.starts_with("LISTEN agent ") {
+            agent_addr = addr();
+        } else if line.starts_with("LISTEN connect ") {
+            connect = addr();
+        } else if line.starts_with("LISTEN admin ") {
+            admin = addr();
+        } else if line == "READY" {
+            break;
+        }
+    }
+    let (agent_addr, connect, admin) = (agent_addr.unwrap(), connect.unwrap(), admin.unwrap());
+    let echo = echo_server("127.0.0.1");
+    let agent = Agent::start(&env, agent_addr, "a1", "host=a1&ipv4=127.0.0.1", &[]);
+    let target = format!("127.0.0.1:{}", echo.addr.port());
+    // Trace lines per tunnel fill the pipe many times over.
+    let t = Instant::now();
+    let mut tunnels = 0;
+    while support::metric_at(admin, "edgetunnel_log_write_errors_total") == 0.0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{tunnels} tunnels and no line lost: the queue never filled"
+        );
+        let s = std::net::TcpStream::connect(connect).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        connect_and_echo(s, &target, 1000)
+            .unwrap_or_else(|e| panic!("tunnel {tunnels} with stderr full: {e:?}"));
+        tunnels += 1;
+    }
+    // Past the full queue, every core still serves.
+    for i in 0..20 {
+        let s = std::net::TcpStream::connect(connect).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        connect_and_echo(s, &target, 1000)
+            .unwrap_or_else(|e| panic!("tunnel {i} after the queue filled: {e:?}"));
+    }
+    assert_eq!(http_get(admin, "/healthz").0, 200);
+    drop(agent);
+    // SIGTERM: the exit waits for the log thread at most a second.
+    kill(child.id(), libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("SIGTERM did not stop the server within 5 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn lines(p: &Proc) -> Vec<String> {
     p.log_text().lines().map(str::to_string).collect()
 }

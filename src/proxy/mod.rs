@@ -149,6 +149,7 @@ fn shared_from(args: &ProxyArgs) -> Result<conn::ProxySettings, BoxError> {
             // kubectl: `klog.Fatalf("Error compiling re: %v", err)`, exit 255.
             Err(e) => {
                 eprintln!("Error compiling re: {e}");
+                crate::logging::flush(std::time::Duration::from_secs(1));
                 std::process::exit(255);
             }
         }
