@@ -521,7 +521,11 @@ async fn read_loop(
                 state
                     .shared
                     .metrics
-                    .stream_error(Segment::FromAgent, "Unknown", "Unknown");
+                    .stream_error(
+                        Segment::FromAgent,
+                        crate::engine::grpc::recv_error_code(&e),
+                        "Unknown",
+                    );
                 tracing::warn!(error = %e, "closing agent connection: bad input");
                 return Err(e.into());
             }
@@ -567,10 +571,20 @@ async fn read_loop(
                     .bytes_from_agent
                     .inc_by(payload.len() as u64);
                 state.worker.bytes_from_agent.inc_by(payload.len() as u64);
-                let credit = state
-                    .budget
-                    .charge_for(payload, state.window_of(&frontend))
-                    .await;
+                let charge = state.budget.charge_for(payload, state.window_of(&frontend));
+                let mut charge = std::pin::pin!(charge);
+                let credit = match futures::poll!(charge.as_mut()) {
+                    std::task::Poll::Ready(c) => c,
+                    std::task::Poll::Pending => {
+                        // ANP's full_receive_channels (Connect): this
+                        // agent's stream is not read until there is room.
+                        let _full = state
+                            .shared
+                            .metrics
+                            .full_receive_channel(crate::metrics::ServiceMethod::Connect);
+                        charge.await
+                    }
+                };
                 frontend.deliver(FrontendEvent::Data(credit));
             }
             ServerAction::Window { frontend, bytes } => {

@@ -3,7 +3,6 @@
 //! in small steps.
 
 use std::io;
-use std::sync::atomic::Ordering;
 
 use tokio::io::AsyncWriteExt;
 
@@ -62,7 +61,7 @@ impl Gunzip {
             write_piece(client, &out, self.chunked).await?;
             metrics
                 .bytes_down
-                .fetch_add(out.len() as u64, Ordering::Relaxed);
+                .inc_by(out.len() as u64);
             *self.gz.get_mut() = out;
             self.gz.get_mut().clear();
         }

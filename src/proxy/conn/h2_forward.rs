@@ -2,7 +2,6 @@
 //! the request body onto a stream, the answer back as HTTP/1.1.
 
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use tokio::io::AsyncWriteExt;
@@ -35,7 +34,7 @@ pub(super) async fn forward_h2(
     shared
         .metrics
         .upstream_reused
-        .fetch_add(1, Ordering::Relaxed);
+        .inc_by(1);
     let started = Instant::now();
     let gzip = forward::wants_gzip(head, false, shared.disable_compression);
     let headers =
@@ -132,7 +131,7 @@ pub(super) async fn forward_h2(
                             shared
                                 .metrics
                                 .bytes_down
-                                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                                .inc_by(chunk.len() as u64);
                             write_piece(client, &chunk, chunked_out).await
                         }
                     };
@@ -192,7 +191,7 @@ pub(super) async fn h2_request_body(
         for data in piece.data() {
             metrics
                 .bytes_up
-                .fetch_add(data.len() as u64, Ordering::Relaxed);
+                .inc_by(data.len() as u64);
             send_data(tx, data).await?;
         }
     }

@@ -2,7 +2,6 @@
 //! `--www` static files, upstream failures (kubectl's 500), and draining
 //! the request bodies such answers leave unread.
 
-use std::sync::atomic::Ordering;
 
 use tokio::io::AsyncWriteExt;
 
@@ -137,7 +136,7 @@ pub(super) async fn proxy_error(client: &mut Client, core: &Core, text: &str) ->
     core.shared
         .metrics
         .upstream_errors
-        .fetch_add(1, Ordering::Relaxed);
+        .inc_by(1);
     tracing::warn!("error while proxying request: {text}");
     let method = if client.head_request { "HEAD" } else { "GET" };
     send(
