@@ -89,7 +89,10 @@ impl ProcessStats {
             .as_deref()
             .and_then(boot_time);
         ProcessStats {
-            cpu_seconds: num(11).zip(num(12)).zip(ticks).map(|((u, s), t)| (u + s) / t),
+            cpu_seconds: num(11)
+                .zip(num(12))
+                .zip(ticks)
+                .map(|((u, s), t)| (u + s) / t),
             virtual_bytes: num(20),
             resident_bytes: num(21).zip(page).map(|(r, p)| r * p),
             start_time_seconds: num(19).zip(ticks).zip(boot).map(|((s, t), b)| b + s / t),
@@ -202,7 +205,10 @@ mod tests {
             .unwrap()
             .as_secs_f64();
         let start = s.start_time_seconds.unwrap();
-        assert!(start <= now + 1.0 && start > now - 86400.0 * 365.0, "{start}");
+        assert!(
+            start <= now + 1.0 && start > now - 86400.0 * 365.0,
+            "{start}"
+        );
         assert!(s.cpu_seconds.unwrap() >= 0.0);
     }
 }

@@ -518,14 +518,11 @@ async fn read_loop(
             Ok(None) => return Ok(()),
             Err(e) => {
                 state.shared.metrics.agent_protocol_errors.inc();
-                state
-                    .shared
-                    .metrics
-                    .stream_error(
-                        Segment::FromAgent,
-                        crate::engine::grpc::recv_error_code(&e),
-                        "Unknown",
-                    );
+                state.shared.metrics.stream_error(
+                    Segment::FromAgent,
+                    crate::engine::grpc::recv_error_code(&e),
+                    "Unknown",
+                );
                 tracing::warn!(error = %e, "closing agent connection: bad input");
                 return Err(e.into());
             }

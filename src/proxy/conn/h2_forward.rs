@@ -31,10 +31,7 @@ pub(super) async fn forward_h2(
 ) -> Next {
     use super::h2_upstream;
     let shared = &core.shared;
-    shared
-        .metrics
-        .upstream_reused
-        .inc_by(1);
+    shared.metrics.upstream_reused.inc_by(1);
     let started = Instant::now();
     let gzip = forward::wants_gzip(head, false, shared.disable_compression);
     let headers =
@@ -128,10 +125,7 @@ pub(super) async fn forward_h2(
                     let r = match gz.as_mut() {
                         Some(g) => g.feed(client, &chunk, &shared.metrics).await,
                         None => {
-                            shared
-                                .metrics
-                                .bytes_down
-                                .inc_by(chunk.len() as u64);
+                            shared.metrics.bytes_down.inc_by(chunk.len() as u64);
                             write_piece(client, &chunk, chunked_out).await
                         }
                     };
@@ -189,9 +183,7 @@ pub(super) async fn h2_request_body(
             Err(e) => return Err(e.to_string()),
         };
         for data in piece.data() {
-            metrics
-                .bytes_up
-                .inc_by(data.len() as u64);
+            metrics.bytes_up.inc_by(data.len() as u64);
             send_data(tx, data).await?;
         }
     }

@@ -52,9 +52,7 @@ pub(super) async fn stream_body(
         if !body.is_done() && client.buf.is_empty() {
             up.io.flush().await?;
         }
-        metrics
-            .bytes_up
-            .inc_by(piece.raw().len() as u64);
+        metrics.bytes_up.inc_by(piece.raw().len() as u64);
     }
     Ok(())
 }
@@ -154,10 +152,7 @@ pub(super) async fn forward_request(
         };
         let reused = up.reused;
         if reused {
-            shared
-                .metrics
-                .upstream_reused
-                .inc_by(1);
+            shared.metrics.upstream_reused.inc_by(1);
         }
         let may_retry = |failure| {
             attempt == 1
@@ -178,10 +173,7 @@ pub(super) async fn forward_request(
                     all.extend_from_slice(&upstream_head);
                     all.extend_from_slice(body);
                     write_counted(&mut up, &all, &mut written).await?;
-                    shared
-                        .metrics
-                        .bytes_up
-                        .inc_by(body.len() as u64);
+                    shared.metrics.bytes_up.inc_by(body.len() as u64);
                 }
                 None => {
                     write_counted(&mut up, &upstream_head, &mut written).await?;
