@@ -222,7 +222,11 @@ async fn serve(
     let setup = async {
         let tls = acceptor
             .accept(crate::engine::read_ahead::ReadAhead::new(io))
-            .await?;
+            .await
+            .map_err(|e| {
+                let files = &shared.cfg.tls;
+                crate::engine::tls::explain_agent_handshake(&e, peer, &files.ca, &files.cert)
+            })?;
         // TLS done (with mutual TLS: a certificate of the CA proved): a
         // newcomer over the handshake caps no longer sheds this one.
         if let Some(p) = &permit {
