@@ -194,3 +194,9 @@ pub(crate) fn scrape(addr: std::net::SocketAddr) -> Families {
     );
     parse(body).unwrap_or_else(|e| panic!("{e}\n{body}"))
 }
+
+/// Whether `name` is a family of `f` or a sample of one (a histogram's
+/// `_bucket`, `_sum`, `_count`).
+pub(crate) fn knows(f: &Families, name: &str) -> bool {
+    family_of(f, name).is_some()
+}
