@@ -27,7 +27,12 @@ const RULES: &str = "edgetunnel-alerts.rules.yml";
 /// functions, keywords, label names (in `{}` or `by (...)`-like lists) or
 /// durations.
 fn metric_names(expr: &str) -> BTreeSet<String> {
-    let strip = |re: &str, s: &str| regex::Regex::new(re).unwrap().replace_all(s, " ").to_string();
+    let strip = |re: &str, s: &str| {
+        regex::Regex::new(re)
+            .unwrap()
+            .replace_all(s, " ")
+            .to_string()
+    };
     let mut e = strip(r#""([^"\\]|\\.)*""#, expr);
     e = strip(r"\{[^}]*\}", &e);
     e = strip(r"\[[^\]]*\]", &e);
@@ -103,7 +108,10 @@ fn promql_metric_names_are_extracted() {
     let n = metric_names(
         r#"histogram_quantile(0.99, sum by (le) (rate(a_bucket{instance=~"$x", b="c"}[5m]))) / ignoring(x) b_total > 1e6 and on (y) c"#,
     );
-    assert_eq!(n, BTreeSet::from(["a_bucket".into(), "b_total".into(), "c".into()]));
+    assert_eq!(
+        n,
+        BTreeSet::from(["a_bucket".into(), "b_total".into(), "c".into()])
+    );
     let n = metric_names("label_values(edgetunnel_agents_connected, instance)");
     assert_eq!(n, BTreeSet::from(["edgetunnel_agents_connected".into()]));
 }
@@ -154,7 +162,10 @@ fn dashboard_and_rules_name_only_metrics_a_live_scrape_has() {
         "konnectivity_network_proxy_agent_known_server_count",
         "konnectivity_network_proxy_server_culled_leases_count",
     ] {
-        assert!(used.contains(must), "the dashboard or rules never use {must}");
+        assert!(
+            used.contains(must),
+            "the dashboard or rules never use {must}"
+        );
     }
     eprintln!("metrics used by deploy/monitoring: {used:?}");
 }
@@ -162,7 +173,12 @@ fn dashboard_and_rules_name_only_metrics_a_live_scrape_has() {
 #[test]
 fn promtool_checks_the_rules() {
     let file = monitoring().join(RULES);
-    match Command::new("promtool").arg("check").arg("rules").arg(&file).output() {
+    match Command::new("promtool")
+        .arg("check")
+        .arg("rules")
+        .arg(&file)
+        .output()
+    {
         Ok(out) => assert!(
             out.status.success(),
             "promtool check rules:\n{}{}",

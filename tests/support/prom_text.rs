@@ -79,7 +79,7 @@ fn parse_value(v: &str) -> Result<f64, String> {
 
 /// The family a sample belongs to: its own name, or for a histogram's
 /// (summary's) `_bucket`, `_sum`, `_count` the name without the suffix.
-fn family_of<'a>(families: &Families, name: &'a str) -> Option<String> {
+fn family_of(families: &Families, name: &str) -> Option<String> {
     if families.contains_key(name) {
         return Some(name.to_string());
     }
@@ -111,9 +111,7 @@ pub(crate) fn parse(text: &str) -> Result<Families, String> {
         if line.starts_with('#') {
             continue;
         }
-        let name_end = line
-            .find(|c: char| c == '{' || c == ' ')
-            .ok_or(format!("no value: {line}"))?;
+        let name_end = line.find(['{', ' ']).ok_or(format!("no value: {line}"))?;
         let name = &line[..name_end];
         let (labels, rest) = if line[name_end..].starts_with('{') {
             parse_labels(&line[name_end + 1..]).map_err(|e| format!("{e}: {line}"))?
