@@ -969,9 +969,11 @@ impl Metrics {
         self.streams.packets(segment, packet_type)
     }
 
-    /// A packet written to a frontend (gRPC `Send`, or a CONNECT
-    /// client's socket) took `elapsed`: ANP's
-    /// `frontend_write_duration_seconds`.
+    /// A packet written to a gRPC frontend's stream took `elapsed` (until
+    /// the stream took it, waiting for flow-control credit): ANP's
+    /// `frontend_write_duration_seconds` (Go's `ProxyClientConnection.send`
+    /// also times CONNECT writes; edgetunnel's CONNECT tunnels relay bytes,
+    /// not packets, and are not timed).
     pub fn frontend_write(&self, elapsed: Duration) {
         self.frontend_write_duration.observe(elapsed.as_secs_f64());
     }

@@ -223,3 +223,20 @@ fn handshake_failures_name_the_agent_and_the_cause() {
     assert!(line.contains("agent 127.0.0.1:"), "{line}");
     let _ = TcpStream::connect(server.agent);
 }
+
+#[test]
+fn version_names_the_commit() {
+    let out = Command::new(BIN).arg("--version").output().unwrap();
+    let v = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{v}");
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    // Outside a git checkout the build says `unknown`.
+    let want = head.unwrap_or_else(|| "unknown".into());
+    assert!(v.contains(&format!("(commit {want}, rustc ")), "{v}");
+}
