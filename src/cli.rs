@@ -18,7 +18,7 @@ use crate::BoxError;
 #[derive(Parser, Debug)]
 #[command(
     name = "edgetunnel",
-    version,
+    version = crate::metrics::process::LONG_VERSION,
     about = "Thread-per-core io_uring edge tunnel, wire-compatible with apiserver-network-proxy (konnectivity) and yurt-tunnel"
 )]
 pub struct Cli {

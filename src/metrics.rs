@@ -14,6 +14,7 @@
 //! handles created once (no label lookup on the hot path).
 
 pub mod agent;
+pub mod process;
 
 use std::fmt;
 use std::time::Duration;
@@ -163,12 +164,15 @@ pub fn encoded_type(message_head: &[u8]) -> usize {
     }
 }
 
-/// A counter shown under its exact name (no `_total` added) as an untyped
-/// sample, the way ANP's `*_count` counters read in the text format.
+/// A counter shown under its exact name (no `_total` added) with
+/// `# TYPE <name> counter`, as Go's client shows ANP's `*_count` counters
+/// (e.g. `dial_failure_count`). prometheus-client adds `_total` to every
+/// sample of a counter family, so the family is encoded as untyped and
+/// [`Exposition::render`] retypes it (see [`Exact::add_counter`]).
 #[derive(Debug, Clone, Default)]
-pub struct UntypedCounter(Counter);
+pub struct ExactCounter(Counter);
 
-impl UntypedCounter {
+impl ExactCounter {
     pub fn inc(&self) {
         self.0.inc();
     }
@@ -177,11 +181,11 @@ impl UntypedCounter {
     }
 }
 
-impl TypedMetric for UntypedCounter {
+impl TypedMetric for ExactCounter {
     const TYPE: MetricType = MetricType::Unknown;
 }
 
-impl EncodeMetric for UntypedCounter {
+impl EncodeMetric for ExactCounter {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), fmt::Error> {
         encoder.encode_gauge(&self.0.get())
     }
@@ -195,11 +199,25 @@ impl EncodeMetric for UntypedCounter {
 #[derive(Debug, Default)]
 pub(crate) struct Exact {
     items: Vec<(String, &'static str, Box<dyn Metric>)>,
+    /// Families of [`ExactCounter`]s, shown as counters.
+    counters: Vec<String>,
 }
 
 impl Exact {
     pub(crate) fn add(&mut self, name: impl Into<String>, help: &'static str, m: impl Metric) {
         self.items.push((name.into(), help, Box::new(m)));
+    }
+
+    /// A family of [`ExactCounter`]s (or one), under `name` exactly.
+    pub(crate) fn add_counter(
+        &mut self,
+        name: impl Into<String>,
+        help: &'static str,
+        m: impl Metric,
+    ) {
+        let name = name.into();
+        self.counters.push(name.clone());
+        self.add(name, help, m);
     }
 }
 
@@ -213,6 +231,37 @@ impl Collector for Exact {
             metric.encode(e)?;
         }
         Ok(())
+    }
+}
+
+/// A registry of [`Exact`] families plus the process and build families
+/// ([`process::ProcessCollector`]), rendered in the Prometheus text format.
+#[derive(Debug)]
+pub(crate) struct Exposition {
+    registry: Registry,
+    counters: Vec<String>,
+}
+
+impl Exposition {
+    pub(crate) fn new(mut exact: Exact) -> Self {
+        let counters = std::mem::take(&mut exact.counters);
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(exact));
+        registry.register_collector(Box::new(process::ProcessCollector));
+        Exposition { registry, counters }
+    }
+
+    /// The Prometheus text exposition ([`CONTENT_TYPE`]).
+    pub(crate) fn render(&self) -> String {
+        let mut s = String::new();
+        prometheus_text::encode(&mut s, &self.registry).expect("writing to a String");
+        for name in &self.counters {
+            let untyped = format!("# TYPE {name} untyped\n");
+            if let Some(at) = s.find(&untyped) {
+                s.replace_range(at..at + untyped.len(), &format!("# TYPE {name} counter\n"));
+            }
+        }
+        s
     }
 }
 
@@ -323,10 +372,130 @@ pub enum KeepalivePeer {
     Frontend = 1,
 }
 
+/// ANP's `service_method` label.
+#[derive(Debug, Clone, Copy)]
+pub enum ServiceMethod {
+    Proxy = 0,
+    Connect = 1,
+}
+
+/// Go client's `prometheus.DefBuckets`, the buckets of ANP's lease
+/// latency histograms (they set none).
+const GO_DEFAULT_BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+type LeaseLabels = Vec<(&'static str, String)>;
+type LatencyFamily = Family<LeaseLabels, Histogram, fn() -> Histogram>;
+
+fn lease_histogram() -> Histogram {
+    Histogram::new(GO_DEFAULT_BUCKETS)
+}
+
+/// ANP's lease garbage collection families (pkg/server/metrics/metrics.go,
+/// observed as pkg/server/leases/gc_controller.go does): the culled
+/// count, and each list and delete call by HTTP status code (200 on
+/// success; the API status's code and reason on failure). Only a server
+/// with `--enable-lease-controller` lists and deletes, so, as in Go, the
+/// labelled families appear once a call was made; `culled_leases_count`
+/// is always there.
+#[derive(Debug, Clone)]
+pub struct LeaseMetrics {
+    culled: ExactCounter,
+    delete_latency: LatencyFamily,
+    deletes: Family<LeaseLabels, Counter>,
+    list_latency: LatencyFamily,
+    lists: Family<LeaseLabels, Counter>,
+}
+
+impl Default for LeaseMetrics {
+    /// Handles registered nowhere (a lease controller without metrics).
+    fn default() -> Self {
+        LeaseMetrics {
+            culled: ExactCounter::default(),
+            delete_latency: Family::new_with_constructor(lease_histogram),
+            deletes: Family::default(),
+            list_latency: Family::new_with_constructor(lease_histogram),
+            lists: Family::default(),
+        }
+    }
+}
+
+impl LeaseMetrics {
+    fn register(x: &mut Exact) -> Self {
+        let m = LeaseMetrics::default();
+        x.add_counter(
+            format!("{ANP_SERVER}culled_leases_count"),
+            "Count of expired leases that the lease garbage collection controller has culled.",
+            m.culled.clone(),
+        );
+        x.add(
+            format!("{ANP_SERVER}lease_delete_latency_seconds"),
+            "Latency of lease deletion calls by the garbage collection controller in seconds.",
+            m.delete_latency.clone(),
+        );
+        x.add(
+            format!("{ANP_SERVER}lease_delete"),
+            "Count of lease delection calls by the garbage collection controller. Labeled by HTTP status code and reason.",
+            m.deletes.clone(),
+        );
+        x.add(
+            format!("{ANP_SERVER}lease_list_latency_seconds"),
+            "Latency of lease list calls by the garbage collection controller in seconds.",
+            m.list_latency.clone(),
+        );
+        x.add(
+            format!("{ANP_SERVER}lease_list"),
+            "Count of lease deletion calls by the garbage collection controller. Labeled by HTTP status code and reason.",
+            m.lists.clone(),
+        );
+        m
+    }
+
+    /// An expired lease deleted.
+    pub fn culled(&self) {
+        self.culled.inc();
+    }
+
+    pub fn culled_count(&self) -> u64 {
+        self.culled.get()
+    }
+
+    /// A list call answered `code` (`reason`: the API status reason, empty
+    /// on success) after `latency`.
+    pub fn list(&self, code: u16, reason: &str, latency: Duration) {
+        observe(&self.list_latency, &self.lists, code, reason, latency);
+    }
+
+    /// A delete call, as [`LeaseMetrics::list`].
+    pub fn delete(&self, code: u16, reason: &str, latency: Duration) {
+        observe(&self.delete_latency, &self.deletes, code, reason, latency);
+    }
+}
+
+fn observe(
+    latency: &LatencyFamily,
+    calls: &Family<LeaseLabels, Counter>,
+    code: u16,
+    reason: &str,
+    took: Duration,
+) {
+    let code = code.to_string();
+    latency
+        .get_or_create(&vec![("http_status_code", code.clone())])
+        .observe(took.as_secs_f64());
+    calls
+        .get_or_create(&vec![
+            ("http_status_code", code),
+            ("reason", reason.to_string()),
+        ])
+        .inc();
+}
+
 /// The server's metrics.
 #[derive(Debug)]
 pub struct Metrics {
-    registry: Registry,
+    exposition: Exposition,
     pub agents_connected: Gauge,
     pub open_connections: Gauge,
     pub pending_dials: Gauge,
@@ -343,6 +512,10 @@ pub struct Metrics {
     pub handshakes: crate::engine::admission::AdmissionMetrics,
     // ANP (konnectivity_network_proxy_server_*)
     anp_dial_duration: Histogram,
+    frontend_write_duration: Histogram,
+    full_receive_channels: [Gauge; 2],
+    /// ANP's lease GC families, handed to the control thread.
+    pub leases: LeaseMetrics,
     grpc_proxy: Gauge,
     grpc_connect: Gauge,
     http_connections: Gauge,
@@ -350,7 +523,7 @@ pub struct Metrics {
     ready_backends: Vec<Gauge>,
     anp_pending: Gauge,
     anp_established: Gauge,
-    dial_failures: [UntypedCounter; 7],
+    dial_failures: [ExactCounter; 7],
     streams: Streams,
     /// Agent Connects refused, by gRPC code ([`grpc::code::REFUSALS`],
     /// then `Unknown`).
@@ -497,6 +670,12 @@ impl Metrics {
             "Latency of dial to the remote endpoint in seconds",
             anp_dial_duration.clone(),
         );
+        let frontend_write_duration = Histogram::new(ANP_SERVER_LATENCY_BUCKETS);
+        x.add(
+            format!("{ANP_SERVER}frontend_write_duration_seconds"),
+            "Latency of write to the frontend in seconds",
+            frontend_write_duration.clone(),
+        );
         let grpc = Family::<Label1, Gauge>::default();
         let grpc_proxy = grpc.get_or_create_owned(&[("service_method", "Proxy")]);
         let grpc_connect = grpc.get_or_create_owned(&[("service_method", "Connect")]);
@@ -535,9 +714,17 @@ impl Metrics {
             &format!("{ANP_SERVER}established_connections"),
             "Current number of established end-to-end connections (post-dial).",
         );
-        let df = Family::<Label1, UntypedCounter>::default();
-        let dial_failures = DIAL_FAILURES.map(|r| df.get_or_create_owned(&[("reason", r)]));
+        let frc = Family::<Label1, Gauge>::default();
+        let full_receive_channels =
+            ["Proxy", "Connect"].map(|m| frc.get_or_create_owned(&[("service_method", m)]));
         x.add(
+            format!("{ANP_SERVER}full_receive_channels"),
+            "Number of current connections blocked by a full receive channel, partitioned by service method.",
+            frc,
+        );
+        let df = Family::<Label1, ExactCounter>::default();
+        let dial_failures = DIAL_FAILURES.map(|r| df.get_or_create_owned(&[("reason", r)]));
+        x.add_counter(
             format!("{ANP_SERVER}dial_failure_count"),
             "Number of dial failures observed. Multiple failures can occur for a single dial request.",
             df,
@@ -552,6 +739,7 @@ impl Metrics {
                 Segment::ToAgent,
             ],
         );
+        let leases = LeaseMetrics::register(&mut x);
         let ar = Family::<Label1, Counter>::default();
         let agents_refused = grpc::code::REFUSALS
             .iter()
@@ -605,12 +793,14 @@ impl Metrics {
         );
         x.add(
             "edgetunnel_log_write_errors",
-            "Log lines dropped because their write failed (stderr closed, disk full).",
+            "Log lines lost: their write failed (stderr closed, disk full) or the log queue was full (stderr not read).",
             crate::logging::write_errors(),
         );
-        let mut registry = Registry::default();
-        registry.register_collector(Box::new(x));
         Metrics {
+            exposition: Exposition::new(x),
+            frontend_write_duration,
+            full_receive_channels,
+            leases,
             agents_refused,
             agent_drains,
             keepalive_timeouts,
@@ -618,7 +808,6 @@ impl Metrics {
             worker_links,
             worker_dials,
             worker_bytes,
-            registry,
             agents_connected,
             open_connections,
             pending_dials,
@@ -785,11 +974,26 @@ impl Metrics {
         self.streams.packets(segment, packet_type)
     }
 
+    /// A packet written to a gRPC frontend's stream took `elapsed` (until
+    /// the stream took it, waiting for flow-control credit): ANP's
+    /// `frontend_write_duration_seconds` (Go's `ProxyClientConnection.send`
+    /// also times CONNECT writes; edgetunnel's CONNECT tunnels relay bytes,
+    /// not packets, and are not timed).
+    pub fn frontend_write(&self, elapsed: Duration) {
+        self.frontend_write_duration.observe(elapsed.as_secs_f64());
+    }
+
+    /// Held while a stream's reading waits because what it read cannot be
+    /// handed on (ANP's `full_receive_channels`): a Proxy stream whose
+    /// client payload waits for the agent's queue or window, an agent's
+    /// Connect stream whose payload waits for a frontend's memory budget.
+    pub fn full_receive_channel(&self, method: ServiceMethod) -> GaugeGuard {
+        GaugeGuard::new(&self.full_receive_channels[method as usize])
+    }
+
     /// The Prometheus text exposition ([`CONTENT_TYPE`]).
     pub fn render(&self) -> String {
-        let mut s = String::new();
-        prometheus_text::encode(&mut s, &self.registry).expect("writing to a String");
-        s
+        self.exposition.render()
     }
 }
 
@@ -937,7 +1141,7 @@ mod tests {
         assert!(t.contains(&format!(
             "# HELP {p}dial_duration_seconds Latency of dial to the remote endpoint in seconds\n# TYPE {p}dial_duration_seconds histogram\n"
         )));
-        assert!(t.contains(&format!("# TYPE {p}dial_failure_count untyped\n")));
+        assert!(t.contains(&format!("# TYPE {p}dial_failure_count counter\n")));
         assert!(t.contains(&format!(
             "# HELP {p}stream_packets_total Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)\n"
         )));

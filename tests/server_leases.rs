@@ -264,6 +264,42 @@ fn agents_count_server_leases_behind_a_load_balancer() {
         },
         || logs(&servers),
     );
+    // ANP's lease GC families on the survivors (one of them culled srv-c's
+    // lease): the culled count, list and delete calls by status code.
+    let scrapes: Vec<_> = servers
+        .iter()
+        .map(|s| support::prom_text::scrape(s.admin))
+        .collect();
+    let sum = |name: &str, labels: &[(&str, &str)]| -> f64 {
+        scrapes
+            .iter()
+            .filter_map(|f| support::prom_text::value(f, name, labels))
+            .sum()
+    };
+    const P: &str = "konnectivity_network_proxy_server_";
+    assert!(sum(&format!("{P}culled_leases_count"), &[]) >= 1.0);
+    assert!(
+        sum(
+            &format!("{P}lease_delete_total"),
+            &[("http_status_code", "200")]
+        ) >= 1.0
+    );
+    for f in &scrapes {
+        let lists = support::prom_text::value(
+            f,
+            &format!("{P}lease_list_total"),
+            &[("http_status_code", "200"), ("reason", "")],
+        );
+        assert!(lists.is_some_and(|n| n >= 1.0), "{lists:?}");
+        assert_eq!(
+            f[&format!("{P}lease_list_latency_seconds")].kind.as_deref(),
+            Some("histogram")
+        );
+        assert_eq!(
+            f[&format!("{P}culled_leases_count")].kind.as_deref(),
+            Some("counter")
+        );
+    }
     wait_metric_at(
         agent_admin,
         "konnectivity_network_proxy_agent_known_server_count",

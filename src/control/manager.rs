@@ -217,6 +217,8 @@ pub struct ControlSpec {
 pub struct Sources {
     pub addresses: EdgeSource,
     pub hosts: Arc<dyn Fn() -> BTreeSet<String> + Send + Sync>,
+    /// Where the server lease GC counts its calls (ANP's lease families).
+    pub lease_metrics: crate::metrics::LeaseMetrics,
 }
 
 impl Sources {
@@ -225,6 +227,7 @@ impl Sources {
         Sources {
             addresses: Arc::new(BTreeSet::new),
             hosts: Arc::new(BTreeSet::new),
+            lease_metrics: Default::default(),
         }
     }
 }
@@ -283,7 +286,11 @@ async fn run(spec: ControlSpec, sources: Sources, shutdown: Arc<Shutdown>) {
     let mut kube_tasks = Vec::new();
     if let Some(k) = &kube {
         if let Some(sl) = &spec.server_lease {
-            kube_tasks.extend(super::server_lease::start(k.client(), sl.clone()));
+            kube_tasks.extend(super::server_lease::start(
+                k.client(),
+                sl.clone(),
+                sources.lease_metrics.clone(),
+            ));
         }
         if let Some(lc) = &spec.lease_count {
             kube_tasks.push(tokio::spawn(super::lease_count::run(

@@ -20,6 +20,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
 use kube::Client;
 
+use crate::metrics::LeaseMetrics;
+
 /// ANP's lease name prefix (`cmd/server/app/server.go`).
 pub const LEASE_NAME_PREFIX: &str = "konnectivity-proxy-server-";
 /// ANP's defaults: namespace, labels, duration, renew and GC periods.
@@ -211,10 +213,25 @@ async fn keep_renewed(api: Api<Lease>, spec: ServerLeaseSpec) {
 }
 
 /// Deletes expired leases carrying our labels (every `gc_period`).
-async fn collect_garbage(api: Api<Lease>, spec: ServerLeaseSpec) {
+/// ANP's lease metrics of a call's outcome: 200, or the API status's code
+/// and reason (pkg/server/leases/gc_controller.go counts only API
+/// statuses; a call that got no answer is counted here as code 0).
+fn call_outcome<T>(r: &Result<T, kube::Error>) -> (u16, String) {
+    match r {
+        Ok(_) => (200, String::new()),
+        Err(kube::Error::Api(e)) => (e.code, e.reason.clone()),
+        Err(_) => (0, String::new()),
+    }
+}
+
+async fn collect_garbage(api: Api<Lease>, spec: ServerLeaseSpec, metrics: LeaseMetrics) {
     let lp = ListParams::default().labels(&format_labels(&spec.labels));
     loop {
-        match api.list(&lp).await {
+        let t0 = std::time::Instant::now();
+        let listed = api.list(&lp).await;
+        let (code, reason) = call_outcome(&listed);
+        metrics.list(code, &reason, t0.elapsed());
+        match listed {
             Ok(list) => {
                 for (name, rv) in expired(&list.items, Timestamp::now()) {
                     let dp = DeleteParams {
@@ -224,8 +241,15 @@ async fn collect_garbage(api: Api<Lease>, spec: ServerLeaseSpec) {
                         }),
                         ..Default::default()
                     };
-                    match api.delete(&name, &dp).await {
-                        Ok(_) => tracing::info!(lease = %name, "expired server lease culled"),
+                    let t0 = std::time::Instant::now();
+                    let deleted = api.delete(&name, &dp).await;
+                    let (code, reason) = call_outcome(&deleted);
+                    metrics.delete(code, &reason, t0.elapsed());
+                    match deleted {
+                        Ok(_) => {
+                            metrics.culled();
+                            tracing::info!(lease = %name, "expired server lease culled")
+                        }
                         Err(kube::Error::Api(e)) if e.code == 404 => {
                             tracing::debug!(lease = %name, "already deleted")
                         }
@@ -240,11 +264,15 @@ async fn collect_garbage(api: Api<Lease>, spec: ServerLeaseSpec) {
 }
 
 /// Starts renewal and garbage collection as tasks of the current runtime.
-pub fn start(client: Client, spec: ServerLeaseSpec) -> Vec<tokio::task::JoinHandle<()>> {
+pub fn start(
+    client: Client,
+    spec: ServerLeaseSpec,
+    metrics: LeaseMetrics,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let api: Api<Lease> = Api::namespaced(client, &spec.namespace);
     vec![
         tokio::spawn(keep_renewed(api.clone(), spec.clone())),
-        tokio::spawn(collect_garbage(api, spec)),
+        tokio::spawn(collect_garbage(api, spec, metrics)),
     ]
 }
 

@@ -26,7 +26,14 @@ pub struct ReloadingCert {
 
 fn certified(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, TlsError> {
     let provider = rustls::crypto::ring::default_provider();
-    let ck = CertifiedKey::from_der(load_certs(cert)?, load_key(key)?, &provider)?;
+    let ck =
+        CertifiedKey::from_der(load_certs(cert)?, load_key(key)?, &provider).map_err(|source| {
+            TlsError::KeyPair {
+                cert: cert.display().to_string(),
+                key: key.display().to_string(),
+                source,
+            }
+        })?;
     Ok(Arc::new(ck))
 }
 

@@ -349,6 +349,64 @@ pub mod code {
     ];
 }
 
+/// The name grpc-go's `codes.Code.String()` gives status `code`.
+pub fn code_name(code: u32) -> &'static str {
+    const NAMES: [&str; 17] = [
+        "OK",
+        "Canceled",
+        "Unknown",
+        "InvalidArgument",
+        "DeadlineExceeded",
+        "NotFound",
+        "AlreadyExists",
+        "PermissionDenied",
+        "ResourceExhausted",
+        "FailedPrecondition",
+        "Aborted",
+        "OutOfRange",
+        "Unimplemented",
+        "Internal",
+        "Unavailable",
+        "DataLoss",
+        "Unauthenticated",
+    ];
+    NAMES.get(code as usize).copied().unwrap_or("Unknown")
+}
+
+/// The status code a grpc-go server's `stream.Recv()` reports for a read
+/// that ended in `e`, by name (the `code` label of ANP's
+/// `stream_errors_total`). Taken from grpc-go's `internal/transport`: a
+/// client's RST_STREAM maps through `http2ErrConvTab` (CANCEL: Canceled,
+/// REFUSED_STREAM: Unavailable, FLOW_CONTROL_ERROR and ENHANCE_YOUR_CALM:
+/// ResourceExhausted, INADEQUATE_SECURITY: PermissionDenied, the rest
+/// Internal); a connection that goes away cancels its streams' contexts,
+/// read as Canceled; a message that does not decode is Internal. ANP's
+/// Go server (pkg/server/server.go, `GrpcFrontend.Recv`) counts every
+/// error but io.EOF, so a client closing its tunnel the usual way (its
+/// context canceled) is `Canceled` there.
+pub fn recv_error_code(e: &GrpcError) -> &'static str {
+    use crate::engine::h2_conn::RecvError;
+    let reset = |r: u32| match r {
+        0x8 => "Canceled",
+        0x7 => "Unavailable",
+        0x3 | 0xb => "ResourceExhausted",
+        0xc => "PermissionDenied",
+        _ => "Internal",
+    };
+    match e {
+        GrpcError::Recv(RecvError::Reset(r)) => reset(*r),
+        GrpcError::Recv(RecvError::ConnClosed) => "Canceled",
+        GrpcError::H2(h) => match h.reason() {
+            Some(r) => reset(r.into()),
+            None if h.is_io() || h.is_go_away() => "Canceled",
+            None => "Unknown",
+        },
+        GrpcError::Status { code, .. } => code_name(*code),
+        GrpcError::Frame(_) | GrpcError::Packet(_) => "Internal",
+        GrpcError::Closed | GrpcError::Send(_) => "Unknown",
+    }
+}
+
 /// Response head of a gRPC call with extra metadata.
 pub fn response_head(extra: &[(&str, String)]) -> http::Response<()> {
     let mut r = http::Response::builder()

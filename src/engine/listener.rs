@@ -100,14 +100,63 @@ fn retry_in_use<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
 pub fn bind_tcp(addr: SocketAddr, count: usize) -> io::Result<Vec<std::net::TcpListener>> {
     bind_tcp_inner(addr, count.max(1)).map_err(|e| {
         if e.kind() == io::ErrorKind::AddrInUse {
-            io::Error::new(
-                e.kind(),
-                format!("binding {addr}: address in use (another process listens there)"),
-            )
+            io::Error::new(e.kind(), in_use_message(addr, listening_ports()))
         } else {
             io::Error::new(e.kind(), format!("binding {addr}: {e}"))
         }
     })
+}
+
+/// What to tell about an address in use: a listener there (some process
+/// serves that port), or only connections (a socket bound to the port as
+/// its local end: an outgoing connection's port, or one closing), which
+/// no `ss -ltn` shows. `listening`: the TCP ports in LISTEN state, `None`
+/// when /proc/net could not be read.
+fn in_use_message(addr: SocketAddr, listening: Option<Vec<u16>>) -> String {
+    match listening {
+        Some(ports) if !ports.contains(&addr.port()) => format!(
+            "binding {addr}: address in use, but nothing listens on port {port}: a connection \
+             holds it as its local port (an outgoing connection's port from \
+             net.ipv4.ip_local_port_range, or one closing; see `ss -tan sport = :{port}`); \
+             choose a port outside that range, or reserve it with \
+             net.ipv4.ip_local_reserved_ports",
+            port = addr.port()
+        ),
+        _ => format!(
+            "binding {addr}: address in use (another process listens there; see `ss -ltnp sport = :{}`)",
+            addr.port()
+        ),
+    }
+}
+
+/// The local ports of TCP sockets in LISTEN state (`/proc/net/tcp` and
+/// `tcp6`, state `0A`), of this network namespace.
+fn listening_ports() -> Option<Vec<u16>> {
+    let mut ports = Vec::new();
+    let mut read_any = false;
+    for f in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(f) else {
+            continue;
+        };
+        read_any = true;
+        ports.extend(listening_in(&text));
+    }
+    read_any.then_some(ports)
+}
+
+/// The LISTEN ports in a `/proc/net/tcp` table.
+fn listening_in(table: &str) -> Vec<u16> {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let local = f.nth(1)?;
+            let state = f.nth(1)?;
+            let port = local.rsplit(':').next()?;
+            (state == "0A").then(|| u16::from_str_radix(port, 16).ok())?
+        })
+        .collect()
 }
 
 fn bind_tcp_inner(addr: SocketAddr, count: usize) -> io::Result<Vec<std::net::TcpListener>> {
@@ -215,8 +264,22 @@ pub fn bind_unix(
     count: usize,
     opts: UdsOptions,
 ) -> io::Result<(Vec<UnixListener>, UnixSocketFile)> {
-    bind_unix_inner(path, count, opts)
-        .map_err(|e| io::Error::new(e.kind(), format!("binding {}: {e}", path.display())))
+    bind_unix_inner(path, count, opts).map_err(|e| {
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+        match parent {
+            Some(dir) if e.kind() == io::ErrorKind::NotFound && !dir.is_dir() => {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "binding {}: the directory {} does not exist; create it (e.g. a volume mounted there) or choose a socket path in an existing directory",
+                        path.display(),
+                        dir.display()
+                    ),
+                )
+            }
+            _ => io::Error::new(e.kind(), format!("binding {}: {e}", path.display())),
+        }
+    })
 }
 
 /// Removes a stale socket file at `path`; an error for anything else there.
@@ -299,6 +362,20 @@ pub fn parse_mode(s: &str) -> Result<u32, String> {
 /// Sets TCP_NODELAY, ignoring failures (not every socket is TCP).
 pub fn nodelay(fd: &impl AsRawFd) {
     let _ = super::sys::with_sock(fd, |s| s.set_nodelay(true));
+}
+
+#[cfg(test)]
+mod in_use_tests {
+    use super::*;
+
+    #[test]
+    fn listen_state_ports_are_read_from_proc_net_tcp() {
+        let t = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1\n   1: 0100007F:F591 0100007F:1F90 01 00000000:00000000 00:00000000 00000000     0        0 2 1\n";
+        assert_eq!(listening_in(t), vec![8080]);
+        let a: SocketAddr = "127.0.0.1:62865".parse().unwrap();
+        assert!(in_use_message(a, Some(vec![8080])).contains("nothing listens on port 62865"));
+        assert!(in_use_message(a, Some(vec![62865])).contains("another process listens there"));
+    }
 }
 
 #[cfg(test)]

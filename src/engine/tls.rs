@@ -20,10 +20,65 @@ pub enum TlsError {
     Empty { path: String, what: &'static str },
     #[error("TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
+    #[error("{}", key_pair_message(cert, key, source))]
+    KeyPair {
+        cert: String,
+        key: String,
+        source: rustls::Error,
+    },
+    #[error("{cert} is not a server certificate: its extended key usage is {usages} without serverAuth, so TLS clients (Go's included) refuse it. It looks like an agent's or a client's certificate; issue a server one with `edgetunnel certs issue server OUT --ca-dir CA_DIR --name HOST` and pass it with its key")]
+    NotServerCert { cert: String, usages: String },
     #[error("client certificate verifier: {0}")]
     Verifier(#[from] rustls::server::VerifierBuilderError),
     #[error("{0}")]
     Policy(String),
+}
+
+fn key_pair_message(cert: &str, key: &str, e: &rustls::Error) -> String {
+    match e {
+        rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => format!(
+            "the private key {key} does not belong to the certificate {cert}: pass the key that was issued with that certificate"
+        ),
+        rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown) => format!(
+            "could not check that the private key {key} belongs to the certificate {cert}"
+        ),
+        e => format!("certificate {cert} with key {key}: {e}"),
+    }
+}
+
+/// Refuses a certificate to serve TLS with that cannot: its leaf has an
+/// extended key usage extension without serverAuth (or anyExtendedKeyUsage),
+/// e.g. an agent's clientAuth-only certificate. Go's clients check that
+/// usage and would refuse every handshake; better said at start.
+pub fn require_server_usage(cert: &Path) -> Result<(), TlsError> {
+    let certs = load_certs(cert)?;
+    let Ok((_, leaf)) = x509_parser::parse_x509_certificate(&certs[0]) else {
+        return Ok(());
+    };
+    let Ok(Some(eku)) = leaf.extended_key_usage() else {
+        return Ok(());
+    };
+    let eku = eku.value;
+    if eku.server_auth || eku.any {
+        return Ok(());
+    }
+    let mut usages = Vec::new();
+    for (on, name) in [
+        (eku.client_auth, "clientAuth"),
+        (eku.code_signing, "codeSigning"),
+        (eku.email_protection, "emailProtection"),
+        (eku.time_stamping, "timeStamping"),
+        (eku.ocsp_signing, "OCSPSigning"),
+    ] {
+        if on {
+            usages.push(name.to_string());
+        }
+    }
+    usages.extend(eku.other.iter().map(|o| o.to_id_string()));
+    Err(TlsError::NotServerCert {
+        cert: cert.display().to_string(),
+        usages: usages.join(", "),
+    })
 }
 
 /// ring, with AES-128-GCM preferred: with AES-NI it is about a third
@@ -253,6 +308,7 @@ pub fn server_config(
     client_cert: ClientCert,
     policy: &TlsPolicy,
 ) -> Result<(Arc<ServerConfig>, Arc<ReloadingCert>), TlsError> {
+    require_server_usage(&files.cert)?;
     let cert = ReloadingCert::load(&files.cert, &files.key)?;
     let (suites, versions) = policy.apply();
     let builder = ServerConfig::builder_with_provider(suites).with_protocol_versions(versions)?;
@@ -285,6 +341,7 @@ pub fn frontend_server_config(
     alpn: &[u8],
     policy: &TlsPolicy,
 ) -> Result<(Arc<ServerConfig>, Arc<ReloadingCert>), TlsError> {
+    require_server_usage(cert)?;
     let pair = ReloadingCert::load(cert, key)?;
     let (suites, versions) = policy.apply();
     let builder = ServerConfig::builder_with_provider(suites).with_protocol_versions(versions)?;
@@ -412,6 +469,54 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAnyServer {
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// A sentence naming the cause of a failed TLS handshake with an agent at
+/// `peer` (server side): what it presented, or what it refused of ours,
+/// and what to check. `ca`: the CA that verifies agents; `cert`: our
+/// certificate.
+pub fn explain_agent_handshake(
+    e: &io::Error,
+    peer: std::net::SocketAddr,
+    ca: &Path,
+    cert: &Path,
+) -> String {
+    use rustls::{AlertDescription as A, CertificateError as C, Error as E};
+    let ca = ca.display();
+    let Some(tls) = e.get_ref().and_then(|i| i.downcast_ref::<E>()) else {
+        return format!("agent {peer}: connection lost during the TLS handshake: {e}");
+    };
+    match tls {
+        E::InvalidCertificate(C::UnknownIssuer) => format!(
+            "agent {peer} presented a certificate not signed by the agent CA {ca}: issue the agent's certificate with that CA (`edgetunnel certs issue agent OUT --ca-dir CA_DIR --name NODE`) or give the server the CA that signed it"
+        ),
+        E::InvalidCertificate(C::BadSignature) => format!(
+            "agent {peer} presented a certificate not signed by the agent CA {ca}: its issuer has that CA's name but another key (a CA made again?); issue the agent's certificate with the CA the server trusts"
+        ),
+        E::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => {
+            format!("agent {peer} presented an expired certificate: renew it")
+        }
+        E::InvalidCertificate(C::NotValidYet | C::NotValidYetContext { .. }) => format!(
+            "agent {peer} presented a certificate not valid yet (a clock behind, or ahead here?)"
+        ),
+        E::InvalidCertificate(C::InvalidPurpose | C::InvalidPurposeContext { .. }) => format!(
+            "agent {peer} presented a certificate without the clientAuth usage (a server certificate?): give the agent its own (`edgetunnel certs issue agent`)"
+        ),
+        E::InvalidCertificate(C::Revoked) => {
+            format!("agent {peer} presented a revoked certificate")
+        }
+        E::NoCertificatesPresented => format!(
+            "agent {peer} presented no client certificate; it needs one signed by the agent CA {ca}"
+        ),
+        E::AlertReceived(a @ (A::BadCertificate | A::UnknownCA | A::CertificateUnknown | A::DecryptError | A::UnsupportedCertificate)) => format!(
+            "agent {peer} refused this server's certificate {} ({a:?}): the agent's CA does not trust the CA that signed it, or the name the agent dials is not among its names",
+            cert.display()
+        ),
+        E::InvalidCertificate(other) => {
+            format!("agent {peer} presented a certificate that does not verify: {other:?}")
+        }
+        other => format!("agent {peer}: TLS handshake failed: {other}"),
     }
 }
 

@@ -8,14 +8,12 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
 
-use super::{Exact, GaugeGuard, Label1, Segment, Streams, UntypedCounter};
+use super::{Exact, ExactCounter, Exposition, GaugeGuard, Label1, Segment, Streams};
 
 /// ANP agent `latencyBuckets` (pkg/agent/metrics/metrics.go).
 pub const ANP_AGENT_LATENCY_BUCKETS: [f64; 7] = [0.005, 0.025, 0.1, 0.5, 2.5, 10.0, 30.0];
@@ -41,9 +39,9 @@ pub enum Direction {
 
 #[derive(Debug)]
 pub struct AgentMetrics {
-    registry: Registry,
+    exposition: Exposition,
     dial_duration: Histogram,
-    server_failures: [UntypedCounter; 2],
+    server_failures: [ExactCounter; 2],
     dial_failures: [Counter; 3],
     open_server_connections: Gauge,
     known_server_count: Gauge,
@@ -72,10 +70,10 @@ impl AgentMetrics {
             "Latency of dial to the remote endpoint in seconds",
             dial_duration.clone(),
         );
-        let sf = Family::<Label1, UntypedCounter>::default();
+        let sf = Family::<Label1, ExactCounter>::default();
         let server_failures =
             ["to_server", "from_server"].map(|d| sf.get_or_create_owned(&[("direction", d)]));
-        x.add(
+        x.add_counter(
             format!("{ANP_AGENT}server_connection_failure_count"),
             "Count of failures to send to or receive from the proxy server, labeled by the direction (from_server or to_server). DEPRECATED, please use stream_events_error_total",
             sf,
@@ -144,13 +142,11 @@ impl AgentMetrics {
         );
         x.add(
             "edgetunnel_log_write_errors",
-            "Log lines dropped because their write failed (stderr closed, disk full).",
+            "Log lines lost: their write failed (stderr closed, disk full) or the log queue was full (stderr not read).",
             crate::logging::write_errors(),
         );
-        let mut registry = Registry::default();
-        registry.register_collector(Box::new(x));
         AgentMetrics {
-            registry,
+            exposition: Exposition::new(x),
             dial_duration,
             server_failures,
             dial_failures,
@@ -249,9 +245,7 @@ impl AgentMetrics {
     }
 
     pub fn render(&self) -> String {
-        let mut s = String::new();
-        prometheus_text::encode(&mut s, &self.registry).expect("writing to a String");
-        s
+        self.exposition.render()
     }
 }
 
@@ -299,6 +293,7 @@ mod tests {
             "edgetunnel_keepalive_timeouts_total{peer=\"server\"} 1\n".to_string(),
             "edgetunnel_agent_server_drains_total 1\n".to_string(),
             format!("# HELP {p}open_server_connections Current number of open server connections.\n"),
+            format!("# TYPE {p}server_connection_failure_count counter\n"),
         ] {
             assert!(t.contains(&s), "{s} missing in\n{t}");
         }

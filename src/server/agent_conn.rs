@@ -224,7 +224,11 @@ async fn serve(
     let setup = async {
         let tls = acceptor
             .accept(crate::engine::read_ahead::ReadAhead::new(io))
-            .await?;
+            .await
+            .map_err(|e| {
+                let files = &shared.cfg.tls;
+                crate::engine::tls::explain_agent_handshake(&e, peer, &files.ca, &files.cert)
+            })?;
         // TLS done (with mutual TLS: a certificate of the CA proved): a
         // newcomer over the handshake caps no longer sheds this one.
         if let Some(p) = &permit {
@@ -548,10 +552,11 @@ async fn read_loop(
             Ok(None) => return Ok(()),
             Err(e) => {
                 state.shared.metrics.agent_protocol_errors.inc();
-                state
-                    .shared
-                    .metrics
-                    .stream_error(Segment::FromAgent, "Unknown", "Unknown");
+                state.shared.metrics.stream_error(
+                    Segment::FromAgent,
+                    crate::engine::grpc::recv_error_code(&e),
+                    "Unknown",
+                );
                 tracing::warn!(error = %e, "closing agent connection: bad input");
                 return Err(e.into());
             }
@@ -597,10 +602,20 @@ async fn read_loop(
                     .bytes_from_agent
                     .inc_by(payload.len() as u64);
                 state.worker.bytes_from_agent.inc_by(payload.len() as u64);
-                let credit = state
-                    .budget
-                    .charge_for(payload, state.window_of(&frontend))
-                    .await;
+                let charge = state.budget.charge_for(payload, state.window_of(&frontend));
+                let mut charge = std::pin::pin!(charge);
+                let credit = match futures::poll!(charge.as_mut()) {
+                    std::task::Poll::Ready(c) => c,
+                    std::task::Poll::Pending => {
+                        // ANP's full_receive_channels (Connect): this
+                        // agent's stream is not read until there is room.
+                        let _full = state
+                            .shared
+                            .metrics
+                            .full_receive_channel(crate::metrics::ServiceMethod::Connect);
+                        charge.await
+                    }
+                };
                 frontend.deliver(FrontendEvent::Data(credit));
             }
             ServerAction::Window { frontend, bytes } => {

@@ -379,6 +379,9 @@ struct Parked {
     route: Rc<Route>,
     connect_id: i64,
     payload: Bytes,
+    /// Held once the payload had to wait: ANP's `full_receive_channels`
+    /// (Proxy).
+    full: Option<crate::metrics::GaugeGuard>,
 }
 
 impl Parked {
@@ -473,6 +476,7 @@ fn carry_out(shared: &ServerState, to_client: &ToClient, parked: &mut Option<Par
                 route: agent,
                 connect_id,
                 payload,
+                full: None,
             });
         }
         StreamAction::CloseAtAgent { agent, connect_id } => {
@@ -622,6 +626,13 @@ async fn proxy_stream(
                     if p.poll_send(cx).is_ready() {
                         return Poll::Ready(Next::Unparked);
                     }
+                    if p.full.is_none() {
+                        p.full = Some(
+                            shared
+                                .metrics
+                                .full_receive_channel(crate::metrics::ServiceMethod::Proxy),
+                        );
+                    }
                 } else if to_client.has_room(cx) {
                     if let Poll::Ready(r) = rx.poll_next(cx) {
                         return Poll::Ready(Next::Client(r));
@@ -639,9 +650,10 @@ async fn proxy_stream(
                     machine.on_client_frame(frame, Instant::now())
                 }
                 Next::Client(Err(e)) => {
+                    let code = crate::engine::grpc::recv_error_code(&e);
                     shared
                         .metrics
-                        .stream_error(Segment::FromClient, "Unknown", "Unknown");
+                        .stream_error(Segment::FromClient, code, "Unknown");
                     return Err(e);
                 }
                 Next::Client(end) => return end.map(|_| ()),
@@ -666,7 +678,10 @@ async fn proxy_stream(
                     to_client.taken();
                     let kind = metrics::frame_type(&f);
                     shared.metrics.packet(Segment::ToClient, kind);
-                    if let Err(e) = tx.send_frame(f).await {
+                    let t0 = Instant::now();
+                    let sent = tx.send_frame(f).await;
+                    shared.metrics.frontend_write(t0.elapsed());
+                    if let Err(e) = sent {
                         let t = metrics::PACKET_TYPES[kind];
                         shared
                             .metrics
@@ -677,7 +692,10 @@ async fn proxy_stream(
                 Some(Out::Data(connect_id, credit)) => {
                     shared.metrics.packet(Segment::ToClient, 4);
                     let m = packet::encode_data(connect_id, credit.bytes().clone());
-                    if let Err(e) = tx.send(m).await {
+                    let t0 = Instant::now();
+                    let sent = tx.send(m).await;
+                    shared.metrics.frontend_write(t0.elapsed());
+                    if let Err(e) = sent {
                         let t = metrics::PACKET_TYPES[4];
                         shared
                             .metrics
@@ -748,6 +766,9 @@ mod task_size_tests {
         // No timer inline: an alignment of 128 would pad the task.
         let align = alignment_of(serve_conn::<Tcp>);
         assert_eq!(align, 8, "serve_conn's future is {align}-byte aligned");
-        assert!(stream <= 1_160, "proxy_stream's future is {stream} bytes");
+        // 1,184: 1,160 plus the start of a write to the client (ANP's
+        // frontend_write_duration_seconds) and a parked payload's
+        // full_receive_channels guard; still in the 1,280-byte class.
+        assert!(stream <= 1_184, "proxy_stream's future is {stream} bytes");
     }
 }

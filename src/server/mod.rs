@@ -212,9 +212,17 @@ impl crate::admin::AdminState for AdminView {
         if self.0.shutdown.requested() > 0 {
             return Err("shutting down".to_string());
         }
-        let n = self.0.registry.lock().expect("registry lock").links();
-        if n > 0 {
-            Ok(format!("ok: {n} agent connection(s)"))
+        // Agents as `edgetunnel_agents_connected` and ANP's
+        // `ready_backend_connections` count them (an edgetunnel agent holds
+        // one link per server worker, counted once), then the links.
+        let (agents, links) = {
+            let r = self.0.registry.lock().expect("registry lock");
+            (r.len(), r.links())
+        };
+        if agents > 0 {
+            Ok(format!(
+                "ok: {agents} agent(s) connected over {links} link(s)"
+            ))
         } else {
             Err("no connection to any proxy agent".to_string())
         }
@@ -422,6 +430,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
         let sources = crate::control::manager::Sources {
             addresses: Arc::new(move || a.registry.lock().expect("registry lock").addresses()),
             hosts: Arc::new(move || h.registry.lock().expect("registry lock").hosts()),
+            lease_metrics: shared.metrics.leases.clone(),
         };
         let mut spec = cfg.control.clone();
         spec.certs.extend(watched);

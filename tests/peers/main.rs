@@ -22,6 +22,7 @@ mod konnectivity_client;
 mod kube_apiserver;
 mod kube_cluster;
 mod kubelet;
+mod metrics_scrape;
 mod spdy;
 mod tls_frontends;
 mod yurt_dnat;

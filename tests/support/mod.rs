@@ -8,6 +8,7 @@ pub(crate) mod fwd_proxy;
 pub(crate) mod http_raw;
 pub(crate) mod netns;
 pub(crate) mod peer_bins;
+pub(crate) mod prom_text;
 pub(crate) mod proxy_proc;
 pub(crate) mod raw_h2;
 pub(crate) mod tls_client;

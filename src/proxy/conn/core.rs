@@ -6,15 +6,16 @@
 use std::cell::{Cell, RefCell};
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use h2::client::SendRequest;
 use monoio::io::IntoPollIo;
+use prometheus_client::metrics::counter::Counter;
 
 use super::READ_CHUNK;
+use crate::metrics::{Exact, Exposition};
 use crate::protocol::kubectl::h2_pool;
 use crate::proxy::filter::Filter;
 use crate::proxy::io::{go_error_text, UpstreamIo};
@@ -24,76 +25,65 @@ use crate::proxy::upstream_config::Upstream;
 /// Pooled upstream connections idle longer than this are dropped.
 const POOL_IDLE: Duration = Duration::from_secs(60);
 
-/// Counters for `/metrics`.
-#[derive(Default)]
+/// Counters for `/metrics`, on prometheus-client like the server's and
+/// the agent's (and with the same process and build families).
 pub(crate) struct ProxyMetrics {
-    pub requests: AtomicU64,
-    pub forwarded: AtomicU64,
-    pub rejected: AtomicU64,
-    pub upgrades: AtomicU64,
-    pub upstream_dials: AtomicU64,
-    pub upstream_reused: AtomicU64,
-    pub upstream_errors: AtomicU64,
-    pub bytes_up: AtomicU64,
-    pub bytes_down: AtomicU64,
+    pub requests: Counter,
+    pub forwarded: Counter,
+    pub rejected: Counter,
+    pub upgrades: Counter,
+    pub upstream_dials: Counter,
+    pub upstream_reused: Counter,
+    pub upstream_errors: Counter,
+    pub bytes_up: Counter,
+    pub bytes_down: Counter,
+    exposition: Exposition,
+}
+
+impl Default for ProxyMetrics {
+    fn default() -> Self {
+        let mut x = Exact::default();
+        // Named without "_total": the text encoder adds it to counters.
+        let mut counter = |name: &str, help: &'static str| {
+            let c = Counter::default();
+            x.add(format!("edgetunnel_proxy_{name}"), help, c.clone());
+            c
+        };
+        let requests = counter("requests", "Requests read from clients.");
+        let forwarded = counter("forwarded", "Requests forwarded upstream.");
+        let rejected = counter("rejected", "Requests refused by the filter.");
+        let upgrades = counter("upgrades", "Upgraded connections relayed.");
+        let upstream_dials = counter("upstream_dials", "Upstream connections opened.");
+        let upstream_reused = counter(
+            "upstream_reused",
+            "Requests sent on a pooled upstream connection.",
+        );
+        let upstream_errors = counter("upstream_errors", "Requests that failed upstream.");
+        let bytes_up = counter("bytes_up", "Body bytes sent upstream.");
+        let bytes_down = counter("bytes_down", "Body bytes sent to clients.");
+        x.add(
+            "edgetunnel_log_write_errors",
+            "Log lines lost: their write failed (stderr closed, disk full) or the log queue was full (stderr not read).",
+            crate::logging::write_errors(),
+        );
+        ProxyMetrics {
+            requests,
+            forwarded,
+            rejected,
+            upgrades,
+            upstream_dials,
+            upstream_reused,
+            upstream_errors,
+            bytes_up,
+            bytes_down,
+            exposition: Exposition::new(x),
+        }
+    }
 }
 
 impl ProxyMetrics {
     pub(crate) fn render(&self) -> String {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let mut s = String::new();
-        for (name, help, v) in [
-            (
-                "edgetunnel_proxy_requests_total",
-                "Requests read from clients.",
-                g(&self.requests),
-            ),
-            (
-                "edgetunnel_proxy_forwarded_total",
-                "Requests forwarded upstream.",
-                g(&self.forwarded),
-            ),
-            (
-                "edgetunnel_proxy_rejected_total",
-                "Requests refused by the filter.",
-                g(&self.rejected),
-            ),
-            (
-                "edgetunnel_proxy_upgrades_total",
-                "Upgraded connections relayed.",
-                g(&self.upgrades),
-            ),
-            (
-                "edgetunnel_proxy_upstream_dials_total",
-                "Upstream connections opened.",
-                g(&self.upstream_dials),
-            ),
-            (
-                "edgetunnel_proxy_upstream_reused_total",
-                "Requests sent on a pooled upstream connection.",
-                g(&self.upstream_reused),
-            ),
-            (
-                "edgetunnel_proxy_upstream_errors_total",
-                "Requests that failed upstream.",
-                g(&self.upstream_errors),
-            ),
-            (
-                "edgetunnel_proxy_bytes_up_total",
-                "Body bytes sent upstream.",
-                g(&self.bytes_up),
-            ),
-            (
-                "edgetunnel_proxy_bytes_down_total",
-                "Body bytes sent to clients.",
-                g(&self.bytes_down),
-            ),
-        ] {
-            s.push_str(&format!(
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"
-            ));
-        }
-        s
+        self.exposition.render()
     }
 }
 
@@ -282,7 +272,7 @@ impl Core {
     /// Dials the upstream; with `offer_h2`, TLS offers HTTP/2 first.
     async fn dial_with(&self, offer_h2: bool) -> Result<UpConn, String> {
         let s = &self.shared;
-        s.metrics.upstream_dials.fetch_add(1, Ordering::Relaxed);
+        s.metrics.upstream_dials.inc_by(1);
         // The exec plugin's certificate, current before the handshake asks
         // for it (awaits the credential thread when it must run).
         if let (Some(_), Some(d)) = (&s.upstream.tls, s.upstream.auth.dynamic()) {

@@ -3,7 +3,6 @@
 //! in small steps.
 
 use std::io;
-use std::sync::atomic::Ordering;
 
 use tokio::io::AsyncWriteExt;
 
@@ -60,9 +59,7 @@ impl Gunzip {
             self.gz.write_all(piece)?;
             let out = std::mem::take(self.gz.get_mut());
             write_piece(client, &out, self.chunked).await?;
-            metrics
-                .bytes_down
-                .fetch_add(out.len() as u64, Ordering::Relaxed);
+            metrics.bytes_down.inc_by(out.len() as u64);
             *self.gz.get_mut() = out;
             self.gz.get_mut().clear();
         }

@@ -2,7 +2,6 @@
 //! the request body onto a stream, the answer back as HTTP/1.1.
 
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use tokio::io::AsyncWriteExt;
@@ -32,10 +31,7 @@ pub(super) async fn forward_h2(
 ) -> Next {
     use super::h2_upstream;
     let shared = &core.shared;
-    shared
-        .metrics
-        .upstream_reused
-        .fetch_add(1, Ordering::Relaxed);
+    shared.metrics.upstream_reused.inc_by(1);
     let started = Instant::now();
     let gzip = forward::wants_gzip(head, false, shared.disable_compression);
     let headers =
@@ -129,10 +125,7 @@ pub(super) async fn forward_h2(
                     let r = match gz.as_mut() {
                         Some(g) => g.feed(client, &chunk, &shared.metrics).await,
                         None => {
-                            shared
-                                .metrics
-                                .bytes_down
-                                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                            shared.metrics.bytes_down.inc_by(chunk.len() as u64);
                             write_piece(client, &chunk, chunked_out).await
                         }
                     };
@@ -190,9 +183,7 @@ pub(super) async fn h2_request_body(
             Err(e) => return Err(e.to_string()),
         };
         for data in piece.data() {
-            metrics
-                .bytes_up
-                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            metrics.bytes_up.inc_by(data.len() as u64);
             send_data(tx, data).await?;
         }
     }

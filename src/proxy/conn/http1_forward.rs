@@ -4,7 +4,6 @@
 
 use std::io;
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use bytes::Buf;
@@ -53,9 +52,7 @@ pub(super) async fn stream_body(
         if !body.is_done() && client.buf.is_empty() {
             up.io.flush().await?;
         }
-        metrics
-            .bytes_up
-            .fetch_add(piece.raw().len() as u64, Ordering::Relaxed);
+        metrics.bytes_up.inc_by(piece.raw().len() as u64);
     }
     Ok(())
 }
@@ -155,10 +152,7 @@ pub(super) async fn forward_request(
         };
         let reused = up.reused;
         if reused {
-            shared
-                .metrics
-                .upstream_reused
-                .fetch_add(1, Ordering::Relaxed);
+            shared.metrics.upstream_reused.inc_by(1);
         }
         let may_retry = |failure| {
             attempt == 1
@@ -179,10 +173,7 @@ pub(super) async fn forward_request(
                     all.extend_from_slice(&upstream_head);
                     all.extend_from_slice(body);
                     write_counted(&mut up, &all, &mut written).await?;
-                    shared
-                        .metrics
-                        .bytes_up
-                        .fetch_add(body.len() as u64, Ordering::Relaxed);
+                    shared.metrics.bytes_up.inc_by(body.len() as u64);
                 }
                 None => {
                     write_counted(&mut up, &upstream_head, &mut written).await?;
@@ -276,7 +267,7 @@ pub(super) async fn forward_request(
         if n <= BUFFERED_BODY && up.buf.len() as u64 >= n {
             client_head.extend_from_slice(&up.buf[..n as usize]);
             up.buf.advance(n as usize);
-            shared.metrics.bytes_down.fetch_add(n, Ordering::Relaxed);
+            shared.metrics.bytes_down.inc_by(n);
             rframing = Framing::None;
         }
     }
@@ -396,7 +387,7 @@ pub(super) async fn relay_response(
         return Ok(());
     }
     let count = |n: usize| {
-        metrics.bytes_down.fetch_add(n as u64, Ordering::Relaxed);
+        metrics.bytes_down.inc_by(n as u64);
     };
     let mut body = BodyReader::response(framing);
     while let Some(piece) = unless_hung_up(client, body.next(&mut up.io, &mut up.buf)).await?? {

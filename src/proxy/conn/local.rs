@@ -2,8 +2,6 @@
 //! `--www` static files, upstream failures (kubectl's 500), and draining
 //! the request bodies such answers leave unread.
 
-use std::sync::atomic::Ordering;
-
 use tokio::io::AsyncWriteExt;
 
 use crate::proxy::forward;
@@ -134,10 +132,7 @@ pub(super) async fn answer_locally(
 
 /// Upstream failures answer 500 with the error text, as kubectl's responder.
 pub(super) async fn proxy_error(client: &mut Client, core: &Core, text: &str) -> Next {
-    core.shared
-        .metrics
-        .upstream_errors
-        .fetch_add(1, Ordering::Relaxed);
+    core.shared.metrics.upstream_errors.inc_by(1);
     tracing::warn!("error while proxying request: {text}");
     let method = if client.head_request { "HEAD" } else { "GET" };
     send(

@@ -18,7 +18,6 @@
 use std::io;
 use std::net::IpAddr;
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
@@ -110,7 +109,7 @@ pub(super) async fn serve(io: ClientIo, peer: Option<IpAddr>, core: Rc<Core>) {
                 return;
             }
         };
-        core.shared.metrics.requests.fetch_add(1, Ordering::Relaxed);
+        core.shared.metrics.requests.inc_by(1);
         match handle(&mut client, head, &core).await {
             Next::KeepAlive => continue,
             Next::Close => {
@@ -250,7 +249,7 @@ async fn handle(client: &mut Client, head: RequestHead, core: &Rc<Core>) -> Next
     };
     if let Some(f) = &shared.filter {
         if !f.allows(&head.method, &proxied.path, &host) {
-            shared.metrics.rejected.fetch_add(1, Ordering::Relaxed);
+            shared.metrics.rejected.inc_by(1);
             tracing::debug!(method = %head.method, path = %proxied.path, %host, "filter rejecting");
             let keep = keep && !awaits_continue && discard_body(client, framing).await;
             return send(
@@ -261,10 +260,10 @@ async fn handle(client: &mut Client, head: RequestHead, core: &Rc<Core>) -> Next
             .await;
         }
     }
-    shared.metrics.forwarded.fetch_add(1, Ordering::Relaxed);
+    shared.metrics.forwarded.inc_by(1);
     let target = forward::upstream_target(&proxied, &shared.upstream, shared.append_server_path);
     if forward::is_upgrade(&head) {
-        shared.metrics.upgrades.fetch_add(1, Ordering::Relaxed);
+        shared.metrics.upgrades.inc_by(1);
         return Next::Upgrade {
             head,
             target,
