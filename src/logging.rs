@@ -141,6 +141,10 @@ fn start_writer(file: Option<Arc<File>>) -> Option<SyncSender<Msg>> {
     std::thread::Builder::new()
         .name("edgetunnel-log".into())
         .spawn(move || {
+            // Started before the roles block their shutdown signals: this
+            // thread must not be the one the kernel picks for them (SIGHUP's
+            // default action would end the process).
+            let _ = crate::engine::sys::ShutdownSignals::block();
             for msg in rx {
                 match msg {
                     Msg::Line { bytes, stderr } => {

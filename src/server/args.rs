@@ -225,7 +225,7 @@ pub struct ServerArgs {
     /// ones no longer listed, as yurt-tunnel's DNS controller does; the
     /// server elected by --leader-lease writes. Needs both interception
     /// listeners.
-    #[arg(long, requires = "dns_tunnel_service")]
+    #[arg(long, help_heading = "DNS records", requires = "dns_tunnel_service")]
     pub dns_service_dnat_ports: bool,
     /// A cloud node's record, `name=ip` (repeatable).
     #[arg(long, help_heading = "DNS records", value_parser = crate::control::dns::parse_node)]
@@ -300,14 +300,14 @@ pub struct ServerArgs {
     /// TokenReview (never past the token's own expiry); 0 reviews every
     /// Connect, as ANP does. A restart of N agents then costs about N
     /// reviews, not N times the retries.
-    #[arg(long, default_value_t = 120)]
+    #[arg(long, help_heading = "Agents", default_value_t = 120)]
     pub token_review_cache_secs: u64,
     /// TokenReviews sent to the kube-apiserver per second at most (0: no
     /// limit); the same token asked for twice meanwhile waits for one.
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, help_heading = "Agents", default_value_t = 500)]
     pub token_review_qps: u32,
     /// TokenReviews sent at once before --token-review-qps spaces them.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, help_heading = "Agents", default_value_t = 1000)]
     pub token_review_burst: u32,
     /// Bind each agent to its client certificate: the agent ID must be the
     /// certificate's CN (`system:node:<name>` counts as `<name>`) or a DNS
