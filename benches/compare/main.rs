@@ -43,13 +43,17 @@ usage: benches/run [--quick] [--reps N] [--systems a,b,..] [--scenarios a,b,..] 
                 scenario but scaling runs its edgetunnel systems with it too,
                 labelled `... base`, side by side with this build's
   --memory-sizes  idle connections per memory case (default 1000,10000,100000; quick: 100,1000)
-  --bulk-mib N  bytes per bulk transfer, MiB (default 1024; quick: 8)";
+  --bulk-mib N  bytes per bulk transfer, MiB (default 1024; quick: 8)
+  --rereport DIR  write DIR/compare.md and the plots again from DIR/compare.json
+                (a newer report from an older run); measures nothing";
 
 /// Metric of the bulk rows: payload throughput.
 const GBPS: &str = "Gbit/s";
 /// Metric of the bulk rows: the system's CPU seconds (user + system, all
 /// its processes) per 10^9 payload bytes moved.
 const CPU_PER_GB: &str = "CPU s/GB";
+/// The kernel-mode (system) part of [`CPU_PER_GB`].
+const KERNEL_PER_GB: &str = "kernel s/GB";
 /// Metric of the saturation rows: the system's CPU (user + system, all its
 /// processes) per completed request, microseconds.
 const CPU_PER_REQ: &str = "CPU µs/req";
@@ -199,6 +203,10 @@ fn main() {
     if std::env::args().any(|a| a == "--serve-targets") {
         serve_targets();
     }
+    if let Some(dir) = rereport_dir() {
+        rereport(&dir);
+        return;
+    }
     let args = match parse_args() {
         Ok(Some(a)) => a,
         Ok(None) => {
@@ -221,6 +229,8 @@ fn main() {
     }
     let started = Instant::now();
     let mut h = Harness::new(&args);
+    // The machine is shared: what else ran is part of every figure.
+    h.note(format!("load average at the start: {}", loadavg()));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -250,6 +260,14 @@ fn main() {
     }
     if has("scaling") {
         h.scaling(&rt, &targets, &plan);
+    }
+    h.note(format!("load average at the end: {}", loadavg()));
+    if args.systems.contains(&SystemKind::AnpTcp) {
+        h.notes.push(
+            "anp-tcp: ANP's TCP frontend is mutual TLS only, so its CPU includes \
+             terminating the client's TLS, which no other system does"
+                .to_string(),
+        );
     }
     // Before any exit below, which would leave the target process
     // running (and holding the caller's stderr).
@@ -281,6 +299,26 @@ fn main() {
     if args.strict && h.failures > 0 {
         eprintln!("compare: {} measurement(s) failed (see above)", h.failures);
         std::process::exit(1);
+    }
+}
+
+/// `--rereport DIR`, if given.
+fn rereport_dir() -> Option<PathBuf> {
+    let mut argv = std::env::args().skip_while(|a| a != "--rereport");
+    argv.next()?;
+    argv.next().map(PathBuf::from)
+}
+
+/// Writes the report of `dir` again from its compare.json.
+fn rereport(dir: &std::path::Path) {
+    let result = report::read_json(&dir.join("compare.json"))
+        .and_then(|(samples, meta)| report::write_all(&samples, &meta, dir));
+    match result {
+        Ok(paths) => paths.iter().for_each(|p| println!("wrote {}", p.display())),
+        Err(e) => {
+            eprintln!("--rereport {}: {e}", dir.display());
+            std::process::exit(1);
+        }
     }
 }
 
@@ -469,17 +507,22 @@ impl Harness {
         // Too few clock ticks (quick runs) say nothing: no figure at all
         // rather than a ratio of 0 or infinity.
         if cpu::measurable(w.seconds) {
-            let per_gb = cpu::seconds_per_gb(w.seconds, b.bytes);
-            self.record(
-                scenario,
-                case,
-                system,
-                CPU_PER_GB,
-                per_gb,
-                rep,
-                false,
-                Vec::new(),
-            );
+            for (metric, secs) in [
+                (CPU_PER_GB, w.seconds),
+                (KERNEL_PER_GB, w.seconds - w.user_seconds),
+            ] {
+                let per_gb = cpu::seconds_per_gb(secs, b.bytes);
+                self.record(
+                    scenario,
+                    case,
+                    system,
+                    metric,
+                    per_gb,
+                    rep,
+                    false,
+                    Vec::new(),
+                );
+            }
         }
         if context {
             self.record_context(scenario, case, system, &w, rep);
@@ -971,6 +1014,14 @@ impl Drop for PortRange {
     fn drop(&mut self) {
         let _ = std::fs::write(PORT_RANGE, &self.0);
     }
+}
+
+/// /proc/loadavg's 1, 5 and 15 minute figures, with the core count.
+fn loadavg() -> String {
+    let l = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let f: Vec<&str> = l.split_whitespace().take(3).collect();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{} (1, 5, 15 min) on {cores} cores", f.join(", "))
 }
 
 fn today() -> String {
