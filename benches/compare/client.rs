@@ -1,7 +1,7 @@
 //! The client side of every scenario: opens a connection that ends at a
-//! target through an [`Entry`] (plain TCP, HTTP CONNECT, or gRPC
-//! ProxyService as konnectivity-client does it) and gives back one byte
-//! stream type for all of them.
+//! target through an [`Entry`] (plain TCP, HTTP CONNECT over TCP, a unix
+//! socket or mutual TLS, or gRPC ProxyService as konnectivity-client does
+//! it) and gives back one byte stream type for all of them.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -11,15 +11,34 @@ use std::task::{ready, Context, Poll};
 use bytes::{Buf, Bytes};
 use edgetunnel::protocol::{grpc_frame, packet, PROXY_PATH};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::{TcpSocket, TcpStream, UnixStream};
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
 
 use crate::model::Entry;
 
 /// A tunneled (or direct) byte stream.
 pub(crate) enum Conn {
     Tcp(TcpStream),
+    Unix(UnixStream),
+    Tls(Box<TlsStream<TcpStream>>),
     Grpc(Box<GrpcConn>),
 }
+
+impl Conn {
+    /// The TCP socket under the stream, if any (for SO_LINGER).
+    pub(crate) fn tcp(&self) -> Option<&TcpStream> {
+        match self {
+            Conn::Tcp(s) => Some(s),
+            Conn::Tls(s) => Some(s.get_ref().0),
+            Conn::Unix(_) | Conn::Grpc(_) => None,
+        }
+    }
+}
+
+/// The name the TLS frontends' certificate (`certs init` server.crt) is
+/// checked against.
+const TLS_NAME: &str = "localhost";
 
 /// Opens a connection through `entry`; `source` picks the client's loopback
 /// address (many source addresses lift the ephemeral-port limit when
@@ -31,6 +50,19 @@ pub(crate) async fn open(entry: &Entry, source: Option<IpAddr>) -> io::Result<Co
             let mut s = tcp(*proxy, source).await?;
             connect_handshake(&mut s, *target).await?;
             Ok(Conn::Tcp(s))
+        }
+        Entry::ConnectUds { path, target } => {
+            let mut s = UnixStream::connect(path).await?;
+            connect_handshake(&mut s, *target).await?;
+            Ok(Conn::Unix(s))
+        }
+        Entry::ConnectTls { proxy, target, tls } => {
+            let s = tcp(*proxy, source).await?;
+            let name =
+                rustls::pki_types::ServerName::try_from(TLS_NAME).map_err(io::Error::other)?;
+            let mut s = TlsConnector::from(tls.clone()).connect(name, s).await?;
+            connect_handshake(&mut s, *target).await?;
+            Ok(Conn::Tls(Box::new(s)))
         }
         Entry::Grpc { server, target } => Ok(Conn::Grpc(Box::new(
             GrpcConn::open(*server, *target, source).await?,
@@ -51,9 +83,14 @@ async fn tcp(addr: SocketAddr, source: Option<IpAddr>) -> io::Result<TcpStream> 
     Ok(s)
 }
 
-async fn connect_handshake(s: &mut TcpStream, target: SocketAddr) -> io::Result<()> {
+async fn connect_handshake(
+    s: &mut (impl AsyncRead + AsyncWrite + Unpin),
+    target: SocketAddr,
+) -> io::Result<()> {
     s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
         .await?;
+    // A TLS stream may keep written bytes buffered until flushed.
+    s.flush().await?;
     // The target says nothing before the client's command, so nothing past
     // the head can arrive here.
     let mut head = Vec::with_capacity(128);
@@ -251,6 +288,8 @@ impl AsyncRead for Conn {
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Conn::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Unix(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
             Conn::Grpc(g) => Pin::new(g.as_mut()).poll_read(cx, buf),
         }
     }
@@ -264,6 +303,8 @@ impl AsyncWrite for Conn {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Conn::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Conn::Unix(s) => Pin::new(s).poll_write(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
             Conn::Grpc(g) => Pin::new(g.as_mut()).poll_write(cx, buf),
         }
     }
@@ -271,6 +312,8 @@ impl AsyncWrite for Conn {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Conn::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Conn::Unix(s) => Pin::new(s).poll_flush(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
             Conn::Grpc(g) => Pin::new(g.as_mut()).poll_flush(cx),
         }
     }
@@ -278,6 +321,8 @@ impl AsyncWrite for Conn {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Conn::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Unix(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
             Conn::Grpc(g) => Pin::new(g.as_mut()).poll_shutdown(cx),
         }
     }

@@ -28,10 +28,13 @@ use model::{Sample, SystemKind};
 use systems::{Running, StartOptions};
 
 const USAGE: &str = "\
-usage: benches/run [--quick] [--reps N] [--systems a,b,..] [--scenarios a,b,..] [--out DIR] [--strict] [--base-bin PATH] [--memory-sizes N,..]
+usage: benches/run [--quick] [--reps N] [--systems a,b,..] [--scenarios a,b,..] [--out DIR] [--strict] [--base-bin PATH] [--memory-sizes N,..] [--bulk-mib N]
   --quick       seconds-long pass proving every part works (CI); output in target/compare-quick/
   --reps N      repetitions per case (default 3; quick: 1)
-  --systems     subset of: direct,socat,haproxy,rathole,ssh-R,edgetunnel-connect,edgetunnel-grpc
+  --systems     subset of: direct,socat,haproxy,rathole,ssh-R,haproxy-tls-pair,
+                stunnel-pair,anp-uds,anp-tcp,edgetunnel-connect,edgetunnel-grpc
+                (anp-*: the real Go ANP, when EDGETUNNEL_PEERS or ../shared/peers
+                has it; noted as not run otherwise)
   --scenarios   subset of: bulk,latency,dial,hol,memory,scaling
   --out DIR     where to write compare.json, compare.md and the SVG plots
                 (default benches/results/compare/; quick: target/compare-quick/)
@@ -39,18 +42,28 @@ usage: benches/run [--quick] [--reps N] [--systems a,b,..] [--scenarios a,b,..] 
   --base-bin    another edgetunnel binary (e.g. main's, built elsewhere): every
                 scenario but scaling runs its edgetunnel systems with it too,
                 labelled `... base`, side by side with this build's
-  --memory-sizes  idle connections per memory case (default 1000,10000,100000; quick: 100,1000)";
+  --memory-sizes  idle connections per memory case (default 1000,10000,100000; quick: 100,1000)
+  --bulk-mib N  bytes per bulk transfer, MiB (default 1024; quick: 8)
+  --rereport DIR  write DIR/compare.md and the plots again from DIR/compare.json
+                (a newer report from an older run); measures nothing";
 
 /// Metric of the bulk rows: payload throughput.
 const GBPS: &str = "Gbit/s";
 /// Metric of the bulk rows: the system's CPU seconds (user + system, all
 /// its processes) per 10^9 payload bytes moved.
 const CPU_PER_GB: &str = "CPU s/GB";
+/// The kernel-mode (system) part of [`CPU_PER_GB`].
+const KERNEL_PER_GB: &str = "kernel s/GB";
 /// Metric of the saturation rows: the system's CPU (user + system, all its
 /// processes) per completed request, microseconds.
 const CPU_PER_REQ: &str = "CPU µs/req";
 /// The kernel-mode (system) part of [`CPU_PER_REQ`].
 const KERNEL_PER_REQ: &str = "kernel µs/req";
+/// Metric of the dial rows: the system's CPU (user + system) per
+/// connection opened, used once and closed, microseconds.
+const CPU_PER_CONN: &str = "CPU µs/conn";
+/// The kernel-mode (system) part of [`CPU_PER_CONN`].
+const KERNEL_PER_CONN: &str = "kernel µs/conn";
 
 const SCENARIOS: [&str; 6] = ["bulk", "latency", "dial", "hol", "memory", "scaling"];
 
@@ -63,6 +76,7 @@ struct Args {
     strict: bool,
     base_bin: Option<PathBuf>,
     memory_sizes: Option<Vec<usize>>,
+    bulk_mib: Option<u64>,
 }
 
 /// Sizes and durations of one mode.
@@ -116,6 +130,7 @@ fn parse_args() -> Result<Option<Args>, String> {
     let mut strict = false;
     let mut base_bin = None;
     let mut memory_sizes = None;
+    let mut bulk_mib = None;
     while let Some(a) = argv.next() {
         let mut value = || argv.next().ok_or(format!("{a} needs a value"));
         match a.as_str() {
@@ -148,6 +163,14 @@ fn parse_args() -> Result<Option<Args>, String> {
                         .collect::<Result<_, _>>()?,
                 )
             }
+            "--bulk-mib" => {
+                bulk_mib = Some(
+                    value()?
+                        .parse::<u64>()
+                        .map_err(|e| format!("--bulk-mib: {e}"))?
+                        .max(1),
+                )
+            }
             "-h" | "--help" => return Err(USAGE.to_string()),
             // cargo passes filters and its own flags through; ignore them.
             _ => {}
@@ -172,12 +195,17 @@ fn parse_args() -> Result<Option<Args>, String> {
         scenarios,
         base_bin,
         memory_sizes,
+        bulk_mib,
     }))
 }
 
 fn main() {
     if std::env::args().any(|a| a == "--serve-targets") {
         serve_targets();
+    }
+    if let Some(dir) = rereport_dir() {
+        rereport(&dir);
+        return;
     }
     let args = match parse_args() {
         Ok(Some(a)) => a,
@@ -196,8 +224,13 @@ fn main() {
     if let Some(sizes) = &args.memory_sizes {
         plan.memory_sizes = sizes.clone();
     }
+    if let Some(mib) = args.bulk_mib {
+        plan.bulk_bytes = mib << 20;
+    }
     let started = Instant::now();
     let mut h = Harness::new(&args);
+    // The machine is shared: what else ran is part of every figure.
+    h.note(format!("load average at the start: {}", loadavg()));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -205,7 +238,7 @@ fn main() {
         .expect("tokio runtime");
     // The targets run in their own process: the client's sockets alone
     // then count against this process's descriptor limit.
-    let (_target_proc, targets) = spawn_targets();
+    let (target_proc, targets) = spawn_targets();
     let has = |s: &str| args.scenarios.iter().any(|x| x == s);
     if has("bulk") || has("latency") || has("dial") || has("hol") {
         let running = h.start_all(&targets, 1024);
@@ -228,6 +261,17 @@ fn main() {
     if has("scaling") {
         h.scaling(&rt, &targets, &plan);
     }
+    h.note(format!("load average at the end: {}", loadavg()));
+    if args.systems.contains(&SystemKind::AnpTcp) {
+        h.notes.push(
+            "anp-tcp: ANP's TCP frontend is mutual TLS only, so its CPU includes \
+             terminating the client's TLS, which no other system does"
+                .to_string(),
+        );
+    }
+    // Before any exit below, which would leave the target process
+    // running (and holding the caller's stderr).
+    drop(target_proc);
     let meta = report::Meta {
         date: today(),
         machine: machine(),
@@ -255,6 +299,26 @@ fn main() {
     if args.strict && h.failures > 0 {
         eprintln!("compare: {} measurement(s) failed (see above)", h.failures);
         std::process::exit(1);
+    }
+}
+
+/// `--rereport DIR`, if given.
+fn rereport_dir() -> Option<PathBuf> {
+    let mut argv = std::env::args().skip_while(|a| a != "--rereport");
+    argv.next()?;
+    argv.next().map(PathBuf::from)
+}
+
+/// Writes the report of `dir` again from its compare.json.
+fn rereport(dir: &std::path::Path) {
+    let result = report::read_json(&dir.join("compare.json"))
+        .and_then(|(samples, meta)| report::write_all(&samples, &meta, dir));
+    match result {
+        Ok(paths) => paths.iter().for_each(|p| println!("wrote {}", p.display())),
+        Err(e) => {
+            eprintln!("--rereport {}: {e}", dir.display());
+            std::process::exit(1);
+        }
     }
 }
 
@@ -312,7 +376,10 @@ impl Harness {
         let mut running = Vec::new();
         for k in self.systems.clone() {
             if let Err(e) = systems::available(k, &opts) {
-                if self.strict {
+                if k.is_anp() {
+                    // The real peers are optional, also under --strict.
+                    self.note(format!("{}: {e}", k.name()));
+                } else if self.strict {
                     self.fail(&format!("{} is not installed", k.name()), e);
                 } else {
                     self.note(format!("{} skipped: {e}", k.name()));
@@ -440,17 +507,22 @@ impl Harness {
         // Too few clock ticks (quick runs) say nothing: no figure at all
         // rather than a ratio of 0 or infinity.
         if cpu::measurable(w.seconds) {
-            let per_gb = cpu::seconds_per_gb(w.seconds, b.bytes);
-            self.record(
-                scenario,
-                case,
-                system,
-                CPU_PER_GB,
-                per_gb,
-                rep,
-                false,
-                Vec::new(),
-            );
+            for (metric, secs) in [
+                (CPU_PER_GB, w.seconds),
+                (KERNEL_PER_GB, w.seconds - w.user_seconds),
+            ] {
+                let per_gb = cpu::seconds_per_gb(secs, b.bytes);
+                self.record(
+                    scenario,
+                    case,
+                    system,
+                    metric,
+                    per_gb,
+                    rep,
+                    false,
+                    Vec::new(),
+                );
+            }
         }
         if context {
             self.record_context(scenario, case, system, &w, rep);
@@ -585,11 +657,17 @@ impl Harness {
         let case = format!("{} concurrent clients", plan.dial_concurrency);
         for rep in 0..self.reps {
             for r in running {
-                match rt.block_on(scenarios::dial(
+                let (cpu0, t0) = (r.cpu_snapshot(), Instant::now());
+                let result = rt.block_on(scenarios::dial(
                     &r.entries,
                     plan.dial_concurrency,
                     plan.dial_dur,
-                )) {
+                ));
+                let wall = t0.elapsed().as_secs_f64();
+                let window = cpu0
+                    .zip(r.cpu_snapshot())
+                    .map(|(a, b)| cpu::Window::between(&a, &b, wall));
+                match result {
                     Ok((rate, p99, errors)) => {
                         self.record(
                             "dial",
@@ -601,6 +679,29 @@ impl Harness {
                             true,
                             Vec::new(),
                         );
+                        // The system's CPU per connection (its whole life:
+                        // open, dial, one round trip, close), over the run.
+                        let conns = rate * wall;
+                        if let Some(w) =
+                            window.filter(|w| cpu::measurable(w.seconds) && conns >= 1.0)
+                        {
+                            for (metric, secs) in [
+                                (CPU_PER_CONN, w.seconds),
+                                (KERNEL_PER_CONN, w.seconds - w.user_seconds),
+                            ] {
+                                let us = secs / conns * 1e6;
+                                self.record(
+                                    "dial",
+                                    &case,
+                                    &r.label,
+                                    metric,
+                                    us,
+                                    rep,
+                                    false,
+                                    Vec::new(),
+                                );
+                            }
+                        }
                         self.record(
                             "dial",
                             &case,
@@ -769,8 +870,10 @@ impl Harness {
             if k == SystemKind::Direct || !self.systems.contains(&k) {
                 continue;
             }
-            if systems::available(k, &self.opts(None, 0)).is_ok() {
-                kinds.push(k);
+            match systems::available(k, &self.opts(None, 0)) {
+                Ok(()) => kinds.push(k),
+                Err(e) if k.is_anp() => self.note(format!("memory: {}: {e}", k.name())),
+                Err(_) => {}
             }
         }
         kinds
@@ -858,7 +961,7 @@ impl Harness {
 fn memory_cap(k: SystemKind) -> usize {
     match k {
         SystemKind::Socat => 1_000,
-        SystemKind::SshR => 10_000,
+        SystemKind::SshR | SystemKind::StunnelPair => 10_000,
         _ => usize::MAX,
     }
 }
@@ -867,6 +970,7 @@ fn cap_reason(k: SystemKind) -> &'static str {
     match k {
         SystemKind::Socat => "a process per connection",
         SystemKind::SshR => "one ssh process polls every channel",
+        SystemKind::StunnelPair => "a thread per connection in each stunnel",
         _ => "",
     }
 }
@@ -910,6 +1014,14 @@ impl Drop for PortRange {
     fn drop(&mut self) {
         let _ = std::fs::write(PORT_RANGE, &self.0);
     }
+}
+
+/// /proc/loadavg's 1, 5 and 15 minute figures, with the core count.
+fn loadavg() -> String {
+    let l = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let f: Vec<&str> = l.split_whitespace().take(3).collect();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{} (1, 5, 15 min) on {cores} cores", f.join(", "))
 }
 
 fn today() -> String {

@@ -3,6 +3,8 @@
 //! scenarios produce.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 /// A system a user could pick to carry cloud-to-edge TCP connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -17,6 +19,23 @@ pub(crate) enum SystemKind {
     Rathole,
     /// `ssh -R` reverse port forwarding through a local sshd.
     SshR,
+    /// Two haproxy processes in TCP mode: a cloud one that takes the
+    /// client's connection and originates mutual TLS 1.3 (the certificates
+    /// and cipher suite of edgetunnel's agent link) to an edge one that
+    /// terminates it and connects to the target: the four sockets and the
+    /// encryption of a tunnel, done by a C relay.
+    HaproxyTlsPair,
+    /// The same pair made of two stunnel processes (a thread per
+    /// connection each).
+    StunnelPair,
+    /// The incumbent: ANP's Go proxy-server (http-connect mode, frontend on
+    /// a unix socket as kube-apiserver dials it) and its Go proxy-agent
+    /// over mutual TLS. Runs only when the real peers are present.
+    AnpUds,
+    /// ANP's Go proxy-server in http-connect mode on TCP, whose frontend is
+    /// mutual TLS only (the client presents the `certs init` proxy-client
+    /// certificate), and its Go proxy-agent.
+    AnpTcp,
     /// edgetunnel server + agent (mutual TLS), reached through the HTTP CONNECT frontend.
     EdgetunnelConnect,
     /// edgetunnel server + agent (mutual TLS), reached through gRPC ProxyService
@@ -25,12 +44,16 @@ pub(crate) enum SystemKind {
 }
 
 impl SystemKind {
-    pub(crate) const ALL: [SystemKind; 7] = [
+    pub(crate) const ALL: [SystemKind; 11] = [
         SystemKind::Direct,
         SystemKind::Socat,
         SystemKind::Haproxy,
         SystemKind::Rathole,
         SystemKind::SshR,
+        SystemKind::HaproxyTlsPair,
+        SystemKind::StunnelPair,
+        SystemKind::AnpUds,
+        SystemKind::AnpTcp,
         SystemKind::EdgetunnelConnect,
         SystemKind::EdgetunnelGrpc,
     ];
@@ -43,6 +66,10 @@ impl SystemKind {
             SystemKind::Haproxy => "haproxy",
             SystemKind::Rathole => "rathole",
             SystemKind::SshR => "ssh-R",
+            SystemKind::HaproxyTlsPair => "haproxy-tls-pair",
+            SystemKind::StunnelPair => "stunnel-pair",
+            SystemKind::AnpUds => "anp-uds",
+            SystemKind::AnpTcp => "anp-tcp",
             SystemKind::EdgetunnelConnect => "edgetunnel-connect",
             SystemKind::EdgetunnelGrpc => "edgetunnel-grpc",
         }
@@ -58,6 +85,12 @@ impl SystemKind {
             SystemKind::EdgetunnelConnect | SystemKind::EdgetunnelGrpc
         )
     }
+
+    /// The Go ANP systems: they need the real peers, and a run without
+    /// them says "not run: no peers" instead of failing.
+    pub(crate) fn is_anp(self) -> bool {
+        matches!(self, SystemKind::AnpUds | SystemKind::AnpTcp)
+    }
 }
 
 /// How a client opens a connection that ends at one target.
@@ -69,6 +102,16 @@ pub(crate) enum Entry {
     Connect {
         proxy: SocketAddr,
         target: SocketAddr,
+    },
+    /// `Connect` over the unix socket `path` (ANP's frontend as
+    /// kube-apiserver dials it).
+    ConnectUds { path: PathBuf, target: SocketAddr },
+    /// `Connect` inside TLS with a client certificate (`tls`), to a
+    /// frontend that is mutual TLS only (ANP's TCP frontend).
+    ConnectTls {
+        proxy: SocketAddr,
+        target: SocketAddr,
+        tls: Arc<rustls::ClientConfig>,
     },
     /// Open an HTTP/2 connection to `server`, call `/ProxyService/Proxy`,
     /// DIAL_REQ `target`, then DATA packets.

@@ -14,6 +14,10 @@ use serde_json::{json, Value};
 use super::model::{Sample, SystemKind};
 use super::plot;
 
+// A path, because tests/bench_report.rs includes this file by path too.
+#[path = "report/anchors.rs"]
+mod anchors;
+
 /// Facts about the run, printed at the top of the report and kept in the JSON.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Meta {
@@ -69,6 +73,7 @@ pub(crate) fn markdown(samples: &[Sample], meta: &Meta) -> String {
     if samples.is_empty() {
         md.push_str("No samples were collected.\n");
     }
+    md.push_str(&anchors::section(samples));
     for scenario in unique(samples.iter().map(|s| s.scenario.as_str())) {
         md_scenario(&mut md, scenario, &aggs, &order, &plots);
     }
@@ -622,6 +627,50 @@ fn ratio_sentence(t: &Table) -> String {
 }
 
 // --------------------------------------------------------------------- JSON
+
+/// Reads back what [`write_all`] wrote to `compare.json`: the samples and
+/// the meta (to write the report again with a newer harness:
+/// `--rereport DIR`).
+pub(crate) fn read_json(path: &Path) -> io::Result<(Vec<Sample>, Meta)> {
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(path)?).map_err(io::Error::other)?;
+    let text = |v: &Value, k: &str| v[k].as_str().unwrap_or_default().to_string();
+    let m = &v["meta"];
+    let meta = Meta {
+        date: text(m, "date"),
+        machine: text(m, "machine"),
+        mode: text(m, "mode"),
+        reps: m["reps"].as_u64().unwrap_or(0) as u32,
+        command: text(m, "command"),
+        notes: m["notes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n.as_str().map(str::to_string))
+            .collect(),
+    };
+    let samples = v["samples"]
+        .as_array()
+        .ok_or_else(|| io::Error::other("compare.json has no samples"))?
+        .iter()
+        .map(|s| Sample {
+            scenario: text(s, "scenario"),
+            case: text(s, "case"),
+            system: text(s, "system"),
+            metric: text(s, "metric"),
+            value: s["value"].as_f64().unwrap_or(f64::NAN),
+            rep: s["rep"].as_u64().unwrap_or(0) as u32,
+            higher_is_better: s["higher_is_better"].as_bool().unwrap_or(false),
+            cdf: s["cdf"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| Some((p[0].as_f64()?, p[1].as_f64()?)))
+                .collect(),
+        })
+        .collect();
+    Ok((samples, meta))
+}
 
 /// The whole JSON document: meta, every sample (with cdf points) and the
 /// aggregates the tables show.

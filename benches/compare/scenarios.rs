@@ -263,7 +263,7 @@ async fn cycle(e: &Entry) -> Result<()> {
     c.flush().await?;
     let mut resp = [0u8; MESSAGE];
     c.read_exact(&mut resp).await?;
-    if let Conn::Tcp(s) = &c {
+    if let Some(s) = c.tcp() {
         // Reset instead of FIN: the client keeps no TIME_WAIT, so a long run
         // does not run out of ports.
         let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));

@@ -29,6 +29,8 @@ use std::time::{Duration, Instant};
 
 use crate::model::{Entry, SystemKind};
 
+mod anchors;
+
 /// How long a system may take to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// Interval of the readiness polls.
@@ -289,7 +291,12 @@ impl Drop for Running {
             let _ = p.child.wait();
         }
         if let Some(dir) = self.dir.take() {
-            let _ = dir.close();
+            // COMPARE_KEEP=1 keeps configs and logs for a post-mortem.
+            if std::env::var_os("COMPARE_KEEP").is_some() {
+                eprintln!("kept {}", dir.keep().display());
+            } else {
+                let _ = dir.close();
+            }
         }
     }
 }
@@ -314,6 +321,9 @@ pub(crate) fn available(kind: SystemKind, opts: &StartOptions) -> Result<(), Str
             }
             Ok(())
         }
+        SystemKind::HaproxyTlsPair => find_tool("haproxy").map(drop),
+        SystemKind::StunnelPair => find_tool("stunnel").map(drop),
+        SystemKind::AnpUds | SystemKind::AnpTcp => anchors::peers_dir().map(drop),
         SystemKind::EdgetunnelConnect | SystemKind::EdgetunnelGrpc => {
             if is_executable(&opts.edgetunnel_bin) {
                 Ok(())
@@ -359,6 +369,9 @@ pub(crate) fn start(
         SystemKind::Haproxy => start_haproxy(&mut run, targets, opts)?,
         SystemKind::Rathole => start_rathole(&mut run, targets, opts.max_conns)?,
         SystemKind::SshR => start_ssh(&mut run, targets, opts)?,
+        SystemKind::HaproxyTlsPair => anchors::start_haproxy_tls_pair(&mut run, targets, opts)?,
+        SystemKind::StunnelPair => anchors::start_stunnel_pair(&mut run, targets, opts)?,
+        SystemKind::AnpUds | SystemKind::AnpTcp => anchors::start_anp(&mut run, targets, opts)?,
         SystemKind::EdgetunnelConnect | SystemKind::EdgetunnelGrpc => {
             start_edgetunnel(&mut run, targets, opts)?
         }
