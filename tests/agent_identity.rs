@@ -266,7 +266,7 @@ fn certificates_without_client_auth_are_not_agents() {
                 server
                     .proc
                     .log_text()
-                    .contains("does not allow extended key usage for client authentication")
+                    .contains("presented a certificate without the clientAuth usage")
             },
             || format!("{}\n{}", server.proc.log_text(), s.proc.log_text()),
         );
