@@ -14,6 +14,9 @@
 
 mod client;
 mod cpu;
+mod fleet;
+mod fleet_kube;
+mod fleet_scenario;
 mod model;
 mod plot;
 mod report;
@@ -28,18 +31,19 @@ use model::{Sample, SystemKind};
 use systems::{Running, StartOptions};
 
 const USAGE: &str = "\
-usage: benches/run [--quick] [--reps N] [--systems a,b,..] [--scenarios a,b,..] [--out DIR] [--strict] [--base-bin PATH] [--memory-sizes N,..]
+usage: benches/run [--quick] [--reps N] [--systems a,b,..] [--scenarios a,b,..] [--out DIR] [--strict] [--base-bin PATH] [--memory-sizes N,..] [--fleet-sizes N,..]
   --quick       seconds-long pass proving every part works (CI); output in target/compare-quick/
   --reps N      repetitions per case (default 3; quick: 1)
   --systems     subset of: direct,socat,haproxy,rathole,ssh-R,edgetunnel-connect,edgetunnel-grpc
-  --scenarios   subset of: bulk,latency,dial,hol,memory,scaling
+  --scenarios   subset of: bulk,latency,dial,hol,memory,scaling,fleet
   --out DIR     where to write compare.json, compare.md and the SVG plots
                 (default benches/results/compare/; quick: target/compare-quick/)
   --strict      fail when a system is missing or a measurement fails (quick implies it)
   --base-bin    another edgetunnel binary (e.g. main's, built elsewhere): every
                 scenario but scaling runs its edgetunnel systems with it too,
                 labelled `... base`, side by side with this build's
-  --memory-sizes  idle connections per memory case (default 1000,10000,100000; quick: 100,1000)";
+  --memory-sizes  idle connections per memory case (default 1000,10000,100000; quick: 100,1000)
+  --fleet-sizes   simulated agents per fleet case (default 100,1000,5000,10000; quick: 50)";
 
 /// Metric of the bulk rows: payload throughput.
 const GBPS: &str = "Gbit/s";
@@ -52,7 +56,9 @@ const CPU_PER_REQ: &str = "CPU µs/req";
 /// The kernel-mode (system) part of [`CPU_PER_REQ`].
 const KERNEL_PER_REQ: &str = "kernel µs/req";
 
-const SCENARIOS: [&str; 6] = ["bulk", "latency", "dial", "hol", "memory", "scaling"];
+const SCENARIOS: [&str; 7] = [
+    "bulk", "latency", "dial", "hol", "memory", "scaling", "fleet",
+];
 
 struct Args {
     quick: bool,
@@ -63,6 +69,7 @@ struct Args {
     strict: bool,
     base_bin: Option<PathBuf>,
     memory_sizes: Option<Vec<usize>>,
+    fleet_sizes: Option<Vec<usize>>,
 }
 
 /// Sizes and durations of one mode.
@@ -116,6 +123,7 @@ fn parse_args() -> Result<Option<Args>, String> {
     let mut strict = false;
     let mut base_bin = None;
     let mut memory_sizes = None;
+    let mut fleet_sizes = None;
     while let Some(a) = argv.next() {
         let mut value = || argv.next().ok_or(format!("{a} needs a value"));
         match a.as_str() {
@@ -148,6 +156,17 @@ fn parse_args() -> Result<Option<Args>, String> {
                         .collect::<Result<_, _>>()?,
                 )
             }
+            "--fleet-sizes" => {
+                fleet_sizes = Some(
+                    value()?
+                        .split(',')
+                        .map(|n| {
+                            n.parse::<usize>()
+                                .map_err(|e| format!("--fleet-sizes {n}: {e}"))
+                        })
+                        .collect::<Result<_, _>>()?,
+                )
+            }
             "-h" | "--help" => return Err(USAGE.to_string()),
             // cargo passes filters and its own flags through; ignore them.
             _ => {}
@@ -172,6 +191,7 @@ fn parse_args() -> Result<Option<Args>, String> {
         scenarios,
         base_bin,
         memory_sizes,
+        fleet_sizes,
     }))
 }
 
@@ -227,6 +247,10 @@ fn main() {
     }
     if has("scaling") {
         h.scaling(&rt, &targets, &plan);
+    }
+    if has("fleet") {
+        let fleet = fleet_scenario::FleetPlan::new(args.quick, args.fleet_sizes.clone());
+        h.fleet(&rt, &fleet);
     }
     let meta = report::Meta {
         date: today(),
