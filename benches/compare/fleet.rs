@@ -10,7 +10,8 @@
 //! Each simulated agent answers a DIAL_REQ with a DIAL_RSP (connection IDs
 //! counted from 1 per link), echoes every DATA back on the same connection
 //! ID (the target is in-process), and answers CLOSE_REQ with CLOSE_RSP.
-//! HTTP/2 PINGs are answered by h2 itself. A link that ends or fails is
+//! HTTP/2 PINGs are answered by h2 itself. Toward a loopback server each
+//! agent connects from its own source address (127.1.x.y). A link that ends or fails is
 //! retried with the agent's own policy ([`edgetunnel::agent::Backoff`],
 //! full jitter, the agent's default delays), forever: a simulated agent
 //! never gives up, so "gave up" is one still unlinked when the
@@ -62,6 +63,8 @@ pub(crate) struct Stats {
     pub handshake_failed: AtomicU64,
     /// Connects answered with an HTTP or gRPC error (refused).
     pub refused: AtomicU64,
+    /// The first few distinct handshake errors seen.
+    pub handshake_errors: Mutex<Vec<String>>,
     /// DIAL_REQs answered.
     pub dials: AtomicU64,
     /// Agents (by index) linked at least once since the last `reset_seen`.
@@ -136,11 +139,28 @@ pub(crate) fn agent_name(i: usize) -> String {
     format!("fleet-{i}")
 }
 
+/// The loopback source address of agent `i`, its own as an edge node's
+/// would be: 127.1.0.1, 127.1.0.2, ... (250 per /24), so that a
+/// per-address cap of the server (`--max-handshakes-per-ip`) meets one
+/// agent per address, not the whole fleet.
+fn source_ip(i: usize) -> std::net::Ipv4Addr {
+    std::net::Ipv4Addr::new(
+        127,
+        1 + (i / 62_500) as u8,
+        ((i / 250) % 250) as u8,
+        (i % 250 + 1) as u8,
+    )
+}
+
 /// Why an attempt gave no link.
 enum Fail {
     Tcp,
-    Handshake,
+    Handshake(String),
     Refused,
+}
+
+fn hs(e: impl std::fmt::Display) -> Fail {
+    Fail::Handshake(e.to_string())
 }
 
 async fn agent(i: usize, cfg: Arc<FleetConfig>, stats: Arc<Stats>, stop: Arc<AtomicBool>) {
@@ -154,7 +174,13 @@ async fn agent(i: usize, cfg: Arc<FleetConfig>, stats: Arc<Stats>, stop: Arc<Ato
             Err(f) => {
                 let counter = match f {
                     Fail::Tcp => &stats.tcp_failed,
-                    Fail::Handshake => &stats.handshake_failed,
+                    Fail::Handshake(why) => {
+                        let mut w = stats.handshake_errors.lock().unwrap();
+                        if w.len() < 5 && !w.contains(&why) {
+                            w.push(why);
+                        }
+                        &stats.handshake_failed
+                    }
                     Fail::Refused => &stats.refused,
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
@@ -178,19 +204,22 @@ impl Drop for Up<'_> {
 /// established).
 async fn link(i: usize, cfg: &FleetConfig, stats: &Stats) -> Result<Instant, Fail> {
     let setup = async {
-        let tcp = tokio::net::TcpStream::connect(cfg.server)
-            .await
-            .map_err(|_| Fail::Tcp)?;
+        let sock = tokio::net::TcpSocket::new_v4().map_err(|_| Fail::Tcp)?;
+        if cfg.server.ip().is_loopback() {
+            sock.bind(SocketAddr::new(source_ip(i).into(), 0))
+                .map_err(|_| Fail::Tcp)?;
+        }
+        let tcp = sock.connect(cfg.server).await.map_err(|_| Fail::Tcp)?;
         let _ = tcp.set_nodelay(true);
-        let name = ServerName::try_from(cfg.server_name.clone()).map_err(|_| Fail::Handshake)?;
+        let name = ServerName::try_from(cfg.server_name.clone()).map_err(hs)?;
         let tls = TlsConnector::from(cfg.tls.clone())
             .connect(name, tcp)
             .await
-            .map_err(|_| Fail::Handshake)?;
+            .map_err(|e| hs(format!("TLS: {e}")))?;
         let (client, conn) = h2::client::Builder::new()
             .handshake::<_, Bytes>(tls)
             .await
-            .map_err(|_| Fail::Handshake)?;
+            .map_err(|e| hs(format!("HTTP/2: {e}")))?;
         let driver = tokio::spawn(async move {
             let _ = conn.await;
         });
@@ -207,13 +236,16 @@ async fn link(i: usize, cfg: &FleetConfig, stats: &Stats) -> Result<Instant, Fai
         if let Some(p) = &cfg.token_prefix {
             req = req.header("authorization", format!("Bearer {p}{i}"));
         }
-        let req = req.body(()).map_err(|_| Fail::Handshake)?;
+        let req = req.body(()).map_err(hs)?;
         let answer = async {
-            let mut client = client.ready().await.map_err(|_| Fail::Handshake)?;
+            let mut client = client
+                .ready()
+                .await
+                .map_err(|e| hs(format!("HTTP/2: {e}")))?;
             let (resp, send) = client
                 .send_request(req, false)
-                .map_err(|_| Fail::Handshake)?;
-            let resp = resp.await.map_err(|_| Fail::Handshake)?;
+                .map_err(|e| hs(format!("Connect: {e}")))?;
+            let resp = resp.await.map_err(|e| hs(format!("Connect: {e}")))?;
             if resp.status() != 200 || resp.headers().contains_key("grpc-status") {
                 return Err(Fail::Refused);
             }
@@ -230,7 +262,7 @@ async fn link(i: usize, cfg: &FleetConfig, stats: &Stats) -> Result<Instant, Fai
     };
     let ((send, recv), driver) = tokio::time::timeout(SETUP_TIMEOUT, setup)
         .await
-        .map_err(|_| Fail::Handshake)??;
+        .map_err(|_| hs("setup timed out (15 s)"))??;
     let established = Instant::now();
     stats.linked.fetch_add(1, Ordering::Relaxed);
     stats.links_made.fetch_add(1, Ordering::Relaxed);

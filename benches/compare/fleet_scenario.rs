@@ -6,9 +6,12 @@
 //! ([`crate::fleet`]) in this process. Measured, in order:
 //!
 //! - cold connect: from starting N agents at once until N links are up;
-//! - server RSS per idle link: (VmRSS with N linked − VmRSS with none) / N;
+//! - server RSS per idle link: (VmRSS with N linked − VmRSS with none) / N,
+//!   right after the last link and again after the idle window;
 //! - server CPU per idle link per minute over an idle window with the
-//!   server's HTTP/2 keepalive (default 30 s PINGs) running;
+//!   server's HTTP/2 keepalive (default 30 s PINGs) running, less the
+//!   server's own idle CPU with no agent (measured over a third of that
+//!   window before the agents start);
 //! - dial latency through a random agent: CONNECT `fleet-K:7` to the
 //!   CONNECT frontend, time to the 200 and a 1-byte echo, p50 and p99;
 //! - a restart: kill -9 of the server with N linked, the same command and
@@ -156,6 +159,26 @@ fn cpu_secs(pid: u32) -> f64 {
 
 /// `edgetunnel_agents_connected` from the admin listener's /metrics.
 fn gauge_connected(admin: SocketAddr) -> Option<f64> {
+    metric_lines(admin, &["edgetunnel_agents_connected "])
+        .first()?
+        .rsplit(' ')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The lines of the admin listener's /metrics that start with one of
+/// `prefixes`.
+fn metric_lines(admin: SocketAddr, prefixes: &[&str]) -> Vec<String> {
+    metrics_text(admin)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| prefixes.iter().any(|p| l.starts_with(p)))
+        .map(str::to_string)
+        .collect()
+}
+
+fn metrics_text(admin: SocketAddr) -> Option<String> {
     let mut s = TcpStream::connect_timeout(&admin, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(
@@ -165,9 +188,7 @@ fn gauge_connected(admin: SocketAddr) -> Option<f64> {
     .ok()?;
     let mut body = String::new();
     s.read_to_string(&mut body).ok()?;
-    body.lines()
-        .find_map(|l| l.strip_prefix("edgetunnel_agents_connected "))
-        .and_then(|v| v.trim().parse().ok())
+    Some(body)
 }
 
 /// One dial through agent `k`: CONNECT, 200, one byte echoed; its time.
@@ -268,6 +289,15 @@ impl Harness {
     ) -> Result<(), String> {
         let case = format!("{n} agents");
         let system = if go.is_some() { GO_SYSTEM } else { SYSTEM };
+        // The machine is shared: say how busy it was.
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        self.note(format!(
+            "fleet {n} via {system}: load average at start {}",
+            load.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        ));
         let dir = tempfile::Builder::new()
             .prefix("bench-fleet-")
             .tempdir()
@@ -352,6 +382,12 @@ impl Harness {
         server.start()?;
         std::thread::sleep(Duration::from_millis(500));
         let rss0 = rss(server.pid());
+        // The server's own idle CPU with no agent (timers, control thread),
+        // subtracted from the per-agent figure below.
+        let base_window = plan.idle / 3;
+        let (b0, bt) = (cpu_secs(server.pid()), Instant::now());
+        std::thread::sleep(base_window);
+        let base_per_min = (cpu_secs(server.pid()) - b0) / (bt.elapsed().as_secs_f64() / 60.0);
 
         let cfg = Arc::new(FleetConfig {
             server: agent_addr,
@@ -405,12 +441,34 @@ impl Harness {
         std::thread::sleep(plan.idle);
         let cpu = cpu_secs(server.pid()) - c0;
         let minutes = t0.elapsed().as_secs_f64() / 60.0;
+        // Again after the idle window: what the allocator gave back of the
+        // connect burst's transient memory.
+        self.record(
+            "fleet",
+            &case,
+            system,
+            "server KB/agent after idle",
+            rss(server.pid()).saturating_sub(rss0) as f64 / n as f64 / 1024.0,
+            0,
+            false,
+            Vec::new(),
+        );
+        self.record(
+            "fleet",
+            &case,
+            system,
+            "server CPU ms/min idle, no agents",
+            base_per_min * 1000.0,
+            0,
+            false,
+            Vec::new(),
+        );
         self.record(
             "fleet",
             &case,
             system,
             "server CPU ms/agent/min idle",
-            cpu * 1000.0 / n as f64 / minutes,
+            (cpu / minutes - base_per_min).max(0.0) * 1000.0 / n as f64,
             0,
             false,
             Vec::new(),
@@ -464,6 +522,29 @@ impl Harness {
         }
 
         let r = restart(&mut server, &fleet, kube, n, plan.deadline)?;
+        // What the server says it shed or refused, and what the agents saw.
+        if go.is_none() {
+            let said = metric_lines(
+                admin,
+                &[
+                    "edgetunnel_agent_handshakes_shed_total",
+                    "edgetunnel_agent_handshakes_refused_total",
+                    "edgetunnel_agents_refused_total",
+                    "edgetunnel_agent_handshakes_cap",
+                ],
+            );
+            self.note(format!(
+                "fleet {n}: after the restart the server counts {}",
+                said.join(", ")
+            ));
+        }
+        let errors = fleet.stats.handshake_errors.lock().unwrap().clone();
+        if !errors.is_empty() {
+            self.note(format!(
+                "fleet {n} via {system}: handshake errors seen (first kinds, cold and restart): {}",
+                errors.join("; ")
+            ));
+        }
         let mut rec = |metric: &str, v: f64| {
             self.record("fleet", &case, system, metric, v, 0, false, Vec::new())
         };
