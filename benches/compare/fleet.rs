@@ -3,7 +3,11 @@
 //! mutual TLS with ALPN h2, HTTP/2, one gRPC `POST /AgentService/Connect`
 //! stream with the `agentid` and `agentidentifiers` metadata (and, when
 //! given, `authorization: Bearer`), Packets framed as gRPC messages both
-//! ways. No features are offered (no half-close, no windows) and no
+//! ways. The same names ANP's Go agent sends (read in ANP's
+//! proto/header/header.go and pkg/agent/client.go: `agentID`,
+//! `agentIdentifiers`, `Authorization: Bearer <token>`, lowercased on the
+//! wire; proto/agent/agent.proto has no package, hence the path), so ANP's
+//! Go server takes the same fleet. No features are offered (no half-close, no windows) and no
 //! secondary links: one link per simulated agent, as a Go agent with one
 //! server.
 //!
