@@ -17,6 +17,7 @@ mod cpu;
 mod fleet;
 mod fleet_kube;
 mod fleet_scenario;
+mod fleet_table;
 mod model;
 mod plot;
 mod report;

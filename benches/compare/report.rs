@@ -72,7 +72,7 @@ pub(crate) fn markdown(samples: &[Sample], meta: &Meta) -> String {
     for scenario in unique(samples.iter().map(|s| s.scenario.as_str())) {
         md_scenario(&mut md, scenario, &aggs, &order, &plots);
         if scenario == "fleet" {
-            md.push_str(&crate::fleet_scenario::table(samples));
+            md.push_str(&crate::fleet_table::table(samples));
         }
     }
     md
