@@ -6,6 +6,8 @@
 #[allow(dead_code)]
 #[path = "../benches/compare/cpu.rs"]
 mod cpu;
+#[path = "../benches/compare/fleet_table.rs"]
+mod fleet_table;
 #[allow(dead_code)]
 #[path = "../benches/compare/model.rs"]
 mod model;

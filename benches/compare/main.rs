@@ -14,6 +14,10 @@
 
 mod client;
 mod cpu;
+mod fleet;
+mod fleet_kube;
+mod fleet_scenario;
+mod fleet_table;
 mod model;
 mod plot;
 mod report;
@@ -28,14 +32,14 @@ use model::{Sample, SystemKind};
 use systems::{Running, StartOptions};
 
 const USAGE: &str = "\
-usage: benches/run [--quick] [--reps N] [--systems a,b,..] [--scenarios a,b,..] [--out DIR] [--strict] [--base-bin PATH] [--memory-sizes N,..] [--bulk-mib N]
+usage: benches/run [--quick] [--reps N] [--systems a,b,..] [--scenarios a,b,..] [--out DIR] [--strict] [--base-bin PATH] [--memory-sizes N,..] [--bulk-mib N] [--fleet-sizes N,..]
   --quick       seconds-long pass proving every part works (CI); output in target/compare-quick/
   --reps N      repetitions per case (default 3; quick: 1)
   --systems     subset of: direct,socat,haproxy,rathole,ssh-R,haproxy-tls-pair,
                 stunnel-pair,anp-uds,anp-tcp,edgetunnel-connect,edgetunnel-grpc
                 (anp-*: the real Go ANP, when EDGETUNNEL_PEERS or ../shared/peers
                 has it; noted as not run otherwise)
-  --scenarios   subset of: bulk,latency,dial,hol,memory,scaling
+  --scenarios   subset of: bulk,latency,dial,hol,memory,scaling,fleet
   --out DIR     where to write compare.json, compare.md and the SVG plots
                 (default benches/results/compare/; quick: target/compare-quick/)
   --strict      fail when a system is missing or a measurement fails (quick implies it)
@@ -45,7 +49,8 @@ usage: benches/run [--quick] [--reps N] [--systems a,b,..] [--scenarios a,b,..] 
   --memory-sizes  idle connections per memory case (default 1000,10000,100000; quick: 100,1000)
   --bulk-mib N  bytes per bulk transfer, MiB (default 1024; quick: 8)
   --rereport DIR  write DIR/compare.md and the plots again from DIR/compare.json
-                (a newer report from an older run); measures nothing";
+                (a newer report from an older run); measures nothing
+  --fleet-sizes   simulated agents per fleet case (default 100,1000,5000,10000; quick: 50)";
 
 /// Metric of the bulk rows: payload throughput.
 const GBPS: &str = "Gbit/s";
@@ -65,7 +70,9 @@ const CPU_PER_CONN: &str = "CPU µs/conn";
 /// The kernel-mode (system) part of [`CPU_PER_CONN`].
 const KERNEL_PER_CONN: &str = "kernel µs/conn";
 
-const SCENARIOS: [&str; 6] = ["bulk", "latency", "dial", "hol", "memory", "scaling"];
+const SCENARIOS: [&str; 7] = [
+    "bulk", "latency", "dial", "hol", "memory", "scaling", "fleet",
+];
 
 struct Args {
     quick: bool,
@@ -77,6 +84,7 @@ struct Args {
     base_bin: Option<PathBuf>,
     memory_sizes: Option<Vec<usize>>,
     bulk_mib: Option<u64>,
+    fleet_sizes: Option<Vec<usize>>,
 }
 
 /// Sizes and durations of one mode.
@@ -131,6 +139,7 @@ fn parse_args() -> Result<Option<Args>, String> {
     let mut base_bin = None;
     let mut memory_sizes = None;
     let mut bulk_mib = None;
+    let mut fleet_sizes = None;
     while let Some(a) = argv.next() {
         let mut value = || argv.next().ok_or(format!("{a} needs a value"));
         match a.as_str() {
@@ -171,6 +180,17 @@ fn parse_args() -> Result<Option<Args>, String> {
                         .max(1),
                 )
             }
+            "--fleet-sizes" => {
+                fleet_sizes = Some(
+                    value()?
+                        .split(',')
+                        .map(|n| {
+                            n.parse::<usize>()
+                                .map_err(|e| format!("--fleet-sizes {n}: {e}"))
+                        })
+                        .collect::<Result<_, _>>()?,
+                )
+            }
             "-h" | "--help" => return Err(USAGE.to_string()),
             // cargo passes filters and its own flags through; ignore them.
             _ => {}
@@ -196,6 +216,7 @@ fn parse_args() -> Result<Option<Args>, String> {
         base_bin,
         memory_sizes,
         bulk_mib,
+        fleet_sizes,
     }))
 }
 
@@ -260,6 +281,10 @@ fn main() {
     }
     if has("scaling") {
         h.scaling(&rt, &targets, &plan);
+    }
+    if has("fleet") {
+        let fleet = fleet_scenario::FleetPlan::new(args.quick, args.fleet_sizes.clone());
+        h.fleet(&rt, &fleet);
     }
     h.note(format!("load average at the end: {}", loadavg()));
     if args.systems.contains(&SystemKind::AnpTcp) {

@@ -76,6 +76,9 @@ pub(crate) fn markdown(samples: &[Sample], meta: &Meta) -> String {
     md.push_str(&anchors::section(samples));
     for scenario in unique(samples.iter().map(|s| s.scenario.as_str())) {
         md_scenario(&mut md, scenario, &aggs, &order, &plots);
+        if scenario == "fleet" {
+            md.push_str(&crate::fleet_table::table(samples));
+        }
     }
     md
 }
