@@ -35,6 +35,64 @@ fn kill(pid: u32, sig: i32) {
     unsafe { libc::kill(pid as i32, sig) };
 }
 
+/// A server whose stdout and stderr are pipes held by the test, started
+/// with 2 workers at log level `log`, and the addresses its LISTEN lines
+/// gave (read from stdout up to READY).
+struct PipedServer {
+    child: std::process::Child,
+    stdout: Option<BufReader<std::process::ChildStdout>>,
+    agent: SocketAddr,
+    connect: SocketAddr,
+    admin: SocketAddr,
+    connect_uds: std::path::PathBuf,
+    grpc_uds: std::path::PathBuf,
+}
+
+impl PipedServer {
+    fn start(env: &Env, log: &str) -> PipedServer {
+        let binds = Binds::default();
+        let certs = env.certs().display().to_string();
+        let (mut cmd, _, connect_uds, grpc_uds) = Server::command(
+            env,
+            &["--certs-dir", &certs],
+            &binds,
+            &["--workers", "2", "--log", log],
+        );
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let (mut agent, mut connect, mut admin) = (None, None, None);
+        loop {
+            let mut line = String::new();
+            assert!(out.read_line(&mut line).unwrap() > 0, "stdout ended");
+            let line = line.trim();
+            let addr = || line.rsplit(' ').next().unwrap().parse::<SocketAddr>().ok();
+            if line.starts_with("LISTEN agent ") {
+                agent = addr();
+            } else if line.starts_with("LISTEN connect ") {
+                connect = addr();
+            } else if line.starts_with("LISTEN admin ") {
+                admin = addr();
+            } else if line == "READY" {
+                break;
+            }
+        }
+        PipedServer {
+            child,
+            stdout: Some(out),
+            agent: agent.unwrap(),
+            connect: connect.unwrap(),
+            admin: admin.unwrap(),
+            connect_uds,
+            grpc_uds,
+        }
+    }
+}
+
 /// A server whose stdout and stderr are pipes to this test: once it is
 /// ready, the test closes both read ends (a log shipper that went away).
 /// The server logs on (debug level, an agent, tunnels, a bad request),
@@ -43,40 +101,11 @@ fn kill(pid: u32, sig: i32) {
 #[test]
 fn a_closed_stderr_neither_kills_nor_wedges_the_server() {
     let env = Env::new();
-    let binds = Binds::default();
-    let certs = env.certs().display().to_string();
-    let (mut cmd, _, connect_uds, grpc_uds) = Server::command(
-        &env,
-        &["--certs-dir", &certs],
-        &binds,
-        &["--workers", "2", "--log", "debug"],
-    );
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let (mut agent_addr, mut connect, mut admin) = (None, None, None);
-    loop {
-        let mut line = String::new();
-        assert!(out.read_line(&mut line).unwrap() > 0, "stdout ended");
-        let line = line.trim();
-        let addr = || line.rsplit(' ').next().unwrap().parse::<SocketAddr>().ok();
-        if line.starts_with("LISTEN agent ") {
-            agent_addr = addr();
-        } else if line.starts_with("LISTEN connect ") {
-            connect = addr();
-        } else if line.starts_with("LISTEN admin ") {
-            admin = addr();
-        } else if line == "READY" {
-            break;
-        }
-    }
-    let (agent_addr, connect, admin) = (agent_addr.unwrap(), connect.unwrap(), admin.unwrap());
+    let mut p = PipedServer::start(&env, "debug");
+    let (mut child, agent_addr, connect, admin) = (p.child, p.agent, p.connect, p.admin);
+    let (connect_uds, grpc_uds) = (p.connect_uds, p.grpc_uds);
     // The readers go away.
-    drop(out);
+    drop(p.stdout.take());
     drop(child.stderr.take());
 
     // Log lines: an agent with its links, tunnels, a refused request.
@@ -132,40 +161,9 @@ fn a_closed_stderr_neither_kills_nor_wedges_the_server() {
 #[test]
 fn a_stderr_nobody_reads_holds_up_no_core() {
     let env = Env::new();
-    let binds = Binds::default();
-    let certs = env.certs().display().to_string();
-    let (mut cmd, _, _, _) = Server::command(
-        &env,
-        &["--certs-dir", &certs],
-        &binds,
-        &["--workers", "2", "--log", "trace"],
-    );
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // stderr is kept open and never read.
-    let _stderr = child.stderr.take();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let (mut agent_addr, mut connect, mut admin) = (None, None, None);
-    loop {
-        let mut line = String::new();
-        assert!(out.read_line(&mut line).unwrap() > 0, "stdout ended");
-        let line = line.trim();
-        let addr = || line.rsplit(' ').next().unwrap().parse::<SocketAddr>().ok();
-        if line.starts_with("LISTEN agent ") {
-            agent_addr = addr();
-        } else if line.starts_with("LISTEN connect ") {
-            connect = addr();
-        } else if line.starts_with("LISTEN admin ") {
-            admin = addr();
-        } else if line == "READY" {
-            break;
-        }
-    }
-    let (agent_addr, connect, admin) = (agent_addr.unwrap(), connect.unwrap(), admin.unwrap());
+    // stderr is kept open (in `p.child`) and never read.
+    let p = PipedServer::start(&env, "trace");
+    let (mut child, agent_addr, connect, admin) = (p.child, p.agent, p.connect, p.admin);
     let echo = echo_server("127.0.0.1");
     let agent = Agent::start(&env, agent_addr, "a1", "host=a1&ipv4=127.0.0.1", &[]);
     let target = format!("127.0.0.1:{}", echo.addr.port());
