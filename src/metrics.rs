@@ -530,6 +530,8 @@ pub struct Metrics {
     agents_refused: Vec<Counter>,
     /// DRAIN packets received from agents.
     pub agent_drains: Counter,
+    /// `edgetunnel_token_reviews_total{result}`, counted by the control thread.
+    pub token_reviews: crate::control::token_review::ReviewCounters,
     /// Keepalive PINGs left unanswered: toward agents, toward gRPC
     /// frontend callers.
     keepalive_timeouts: [Counter; 2],
@@ -752,6 +754,20 @@ impl Metrics {
             "Agent Connect requests refused, by gRPC status code (AlreadyExists: a secondary link on a worker already linked, retried by the agent).",
             ar,
         );
+        let tr = Family::<Label1, Counter>::default();
+        let review = |r: &'static str| tr.get_or_create_owned(&[("result", r)]);
+        let token_reviews = crate::control::token_review::ReviewCounters {
+            accepted: review("accepted"),
+            denied: review("denied"),
+            failed: review("failed"),
+            remembered: review("remembered"),
+            joined: review("joined"),
+        };
+        x.add(
+            "edgetunnel_token_reviews",
+            "Agent Connects that needed a token verdict, by how they got it: a TokenReview that accepted, denied or failed, the verdict remembered (--token-review-cache-secs), or joining a review of the same token under way.",
+            tr,
+        );
         let agent_drains = counter(
             &mut x,
             "edgetunnel_agent_drains",
@@ -803,6 +819,7 @@ impl Metrics {
             leases,
             agents_refused,
             agent_drains,
+            token_reviews,
             keepalive_timeouts,
             frontend_h2_floods,
             worker_links,

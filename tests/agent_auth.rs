@@ -389,6 +389,21 @@ fn a_restart_costs_one_review_per_agent() {
         all_linked(&server, &agents);
         dial_ok(&server);
         let per_agent = (kube.token_reviews().len() - before) as f64 / N as f64;
+        // The server counts the same reviews, and how the other links got
+        // their verdict.
+        let reviews =
+            |r: &str| server.metric(&format!("edgetunnel_token_reviews_total{{result=\"{r}\"}}"));
+        assert_eq!(
+            reviews("accepted"),
+            (kube.token_reviews().len() - before) as f64
+        );
+        if cache_secs != "0" {
+            assert!(
+                reviews("remembered") + reviews("joined") >= N as f64,
+                "each agent's second link without a review: {}",
+                server.metrics()
+            );
+        }
         assert!(
             per_agent_ok.contains(&per_agent),
             "--token-review-cache-secs {cache_secs}: {per_agent} reviews per agent after the restart"

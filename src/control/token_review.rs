@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use futures::channel::{mpsc, oneshot};
 use futures::StreamExt;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenReviewStatus};
+use prometheus_client::metrics::counter::Counter;
 
 use super::review_cache::{key_of, CacheConfig, Pacer, ReviewCache, TokenKey, Verdict};
 
@@ -60,10 +61,25 @@ pub struct ReviewRequest {
 /// The data plane's end: send requests here.
 pub type Reviewer = mpsc::UnboundedSender<ReviewRequest>;
 
+/// How the Connects that needed a verdict were answered
+/// (`edgetunnel_token_reviews_total{result}`): by a TokenReview that
+/// accepted, denied or failed, from memory, or by joining a review of the
+/// same token already under way.
+#[derive(Clone, Debug, Default)]
+pub struct ReviewCounters {
+    pub accepted: Counter,
+    pub denied: Counter,
+    pub failed: Counter,
+    pub remembered: Counter,
+    pub joined: Counter,
+}
+
 /// The control thread's end, handed over once through the control spec.
 #[derive(Clone)]
 pub struct ReviewQueue {
     pub spec: AgentAuthSpec,
+    /// Where the answers are counted (the server's metrics).
+    pub counters: ReviewCounters,
     rx: Arc<Mutex<Option<mpsc::UnboundedReceiver<ReviewRequest>>>>,
 }
 
@@ -80,6 +96,7 @@ pub fn channel(spec: AgentAuthSpec) -> (Reviewer, ReviewQueue) {
     let (tx, rx) = mpsc::unbounded();
     let queue = ReviewQueue {
         spec,
+        counters: ReviewCounters::default(),
         rx: Arc::new(Mutex::new(Some(rx))),
     };
     (tx, queue)
@@ -169,10 +186,12 @@ pub async fn serve(client: kube::Client, queue: ReviewQueue) {
                 let Some(req) = req else { break };
                 let key = key_of(&req.token);
                 if let Some(v) = cache.get(&key, Instant::now()) {
+                    queue.counters.remembered.inc();
                     let _ = req.reply.send(v.into_result());
                     continue;
                 }
                 if let Some(w) = waiting.get_mut(&key) {
+                    queue.counters.joined.inc();
                     w.push(req.reply);
                     continue;
                 }
@@ -195,6 +214,12 @@ pub async fn serve(client: kube::Client, queue: ReviewQueue) {
                 });
             }
             Some((key, token, verdict)) = done_rx.next() => {
+                let c = &queue.counters;
+                match &verdict {
+                    Verdict::Accepted(_) => c.accepted.inc(),
+                    Verdict::Denied(_) => c.denied.inc(),
+                    Verdict::Failed(_) => c.failed.inc(),
+                };
                 cache.put(key, &token, &verdict, Instant::now());
                 for reply in waiting.remove(&key).unwrap_or_default() {
                     let _ = reply.send(verdict.clone().into_result());

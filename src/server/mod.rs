@@ -434,7 +434,10 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
         };
         let mut spec = cfg.control.clone();
         spec.certs.extend(watched);
-        spec.token_review = review_queue;
+        spec.token_review = review_queue.map(|mut q| {
+            q.counters = shared.metrics.token_reviews.clone();
+            q
+        });
         Some(crate::control::manager::spawn(
             spec,
             sources,
