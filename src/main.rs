@@ -123,6 +123,9 @@ fn iptables(cmd: IptablesCommand) -> Result<(), Box<dyn std::error::Error + Send
 fn stdout_announce() -> Announce {
     Announce::new(|ready| {
         use std::io::Write;
+        // What was logged before a LISTEN or READY line is written before
+        // it (lines go through the log thread), waiting at most 1 s.
+        edgetunnel::logging::flush(std::time::Duration::from_secs(1));
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{ready}").and_then(|()| out.flush());
     })

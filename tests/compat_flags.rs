@@ -381,10 +381,22 @@ fn anp_examples_http_connect_through_the_subcommand_form() {
     // `--logtostderr=false --log-file=...`: the log goes to that file in
     // klog's format (the manifest mounts it), not to stderr.
     let log_file = env.path("konnectivity-server.log");
-    let text = std::fs::read_to_string(&log_file).unwrap_or_default();
+    // Lines reach the file from the log thread, soon after they are logged.
+    let starting = |t: &str| {
+        t.lines()
+            .any(|l| l.starts_with('I') && l.contains("] \"edgetunnel server starting\""))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut text = String::new();
+    while std::time::Instant::now() < deadline {
+        text = std::fs::read_to_string(&log_file).unwrap_or_default();
+        if starting(&text) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     assert!(
-        text.lines()
-            .any(|l| l.starts_with('I') && l.contains("] \"edgetunnel server starting\"")),
+        starting(&text),
         "{}:\n{text}\nstderr:\n{}",
         log_file.display(),
         server.log_text()
