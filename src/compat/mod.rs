@@ -55,7 +55,7 @@
 //! - The Kubernetes documentation's manifests (kubernetes/website
 //!   `content/en/examples/admin/konnectivity/konnectivity-server.yaml`,
 //!   image v0.0.37, and `konnectivity-agent.yaml`): the argument lists
-//!   `tests/compat_flags.rs` runs.
+//!   `tests/operate/compat_flags.rs` runs.
 //! - yurt-tunnel (openyurtio/openyurt v1.3.4; unchanged in substance up to
 //!   v1.7): `cmd/yurt-tunnel-server/app/options/options.go` (flags,
 //!   `NewServerOptions`, `Validate`: an empty `--insecure-bind-address`

@@ -9,7 +9,7 @@
 //! `shouldCopyHeaderOnRedirect`), the `Referer` sent, and the stop after 10
 //! requests (`defaultCheckRedirect`). As in Go 1.23, whether the body goes
 //! along is decided per hop: a 307 after a 303 sends the first POST's body
-//! with the GET again (kubectl does; tests/proxy_diff_oidc.rs checks it).
+//! with the GET again (kubectl does; tests/kubectl_proxy/proxy_diff_oidc.rs checks it).
 //! Strings in, decisions out.
 
 /// `defaultCheckRedirect`: a redirect is refused once this many requests

@@ -1,0 +1,461 @@
+//! `edgetunnel proxy` behaviour with real processes: streaming without
+//! buffering, upgrades both ways (TLS and spliced plain upstreams), kept-alive
+//! upstream connections, bad input isolated, flag errors as kubectl's.
+
+use crate::support;
+
+use std::io::{Read, Write};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use support::apiserver::{self, fnv, FakeApiServer};
+use support::http_raw::{exchange, read_response, read_response_from, upgrade_echo, Endpoint};
+use support::proxy_proc::{kubectl, kubectl_cmd, ours_cmd, start, Running};
+use support::{free_port, random_bytes, Env};
+
+fn p0() -> Vec<String> {
+    vec!["--port=0".to_string()]
+}
+
+struct Setup {
+    env: Env,
+    api: FakeApiServer,
+    kubeconfig: std::path::PathBuf,
+}
+
+fn setup() -> Setup {
+    let env = Env::new();
+    let api = apiserver::start(&env.certs());
+    let kubeconfig = env.path("kubeconfig");
+    apiserver::kubeconfig(
+        &kubeconfig,
+        &format!("https://127.0.0.1:{}", api.addr.port()),
+        &env.certs(),
+        Some("tok"),
+        false,
+    );
+    Setup {
+        env,
+        api,
+        kubeconfig,
+    }
+}
+
+fn ours(s: &Setup, flags: &[String]) -> Running {
+    start(ours_cmd(&s.kubeconfig, flags), s.env.path("ours.log"))
+}
+
+fn get(path: &str, port: u16) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: localhost:{port}\r\nUser-Agent: t\r\n\r\n").into_bytes()
+}
+
+/// The first watch event must reach the client while the upstream still
+/// holds the stream open (it waits for the test to release it).
+fn check_streaming(ep: &Endpoint, api: &FakeApiServer) {
+    api.watch_gate.store(false, Ordering::SeqCst);
+    let mut s = ep.connect();
+    s.write_all(&get("/api/v1/pods?watch=true", ep.port()))
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let start = Instant::now();
+    while !String::from_utf8_lossy(&got).contains("\"n\":0") {
+        let n = s.read(&mut buf).expect("read watch");
+        assert!(
+            n > 0,
+            "stream closed early: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+        assert!(start.elapsed() < Duration::from_secs(9), "no first event");
+    }
+    assert!(
+        api.watch_gate.load(Ordering::SeqCst),
+        "the first event arrived only after the upstream finished: buffered"
+    );
+    api.watch_gate.store(false, Ordering::SeqCst);
+    while !String::from_utf8_lossy(&got).contains("0\r\n\r\n") {
+        let n = s.read(&mut buf).expect("read rest");
+        assert!(n > 0);
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.contains("\"n\":2"), "{text}");
+}
+
+#[test]
+fn watch_streams_through_both_proxies() {
+    let s = setup();
+    let go = start(
+        kubectl_cmd(&kubectl(), &s.kubeconfig, &p0()),
+        s.env.path("go.log"),
+    );
+    check_streaming(&go.ep, &s.api);
+    let ours = ours(&s, &p0());
+    check_streaming(&ours.ep, &s.api);
+}
+
+/// An upgrade request gets 101 and then a byte-exact echo both ways.
+fn check_upgrade(ep: &Endpoint, size: usize) {
+    if let Err(e) = upgrade_echo(ep, size) {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn upgrades_relay_both_ways() {
+    let s = setup();
+    let go = start(
+        kubectl_cmd(&kubectl(), &s.kubeconfig, &p0()),
+        s.env.path("go.log"),
+    );
+    check_upgrade(&go.ep, 1 << 20);
+    let ours_tls = ours(&s, &p0());
+    check_upgrade(&ours_tls.ep, 4 << 20);
+    // A plain upstream: the two sockets are spliced.
+    let plain = apiserver::start_plain();
+    let kc = s.env.path("kc-plain");
+    apiserver::kubeconfig(
+        &kc,
+        &format!("http://127.0.0.1:{}", plain.addr.port()),
+        &s.env.certs(),
+        Some("tok"),
+        false,
+    );
+    let spliced = start(ours_cmd(&kc, &p0()), s.env.path("ours-plain.log"));
+    check_upgrade(&spliced.ep, 4 << 20);
+    let sock = s.env.path("up.sock");
+    let unix = start(
+        ours_cmd(&kc, &[format!("--unix-socket={}", sock.display())]),
+        s.env.path("ours-unix.log"),
+    );
+    check_upgrade(&unix.ep, 1 << 20);
+}
+
+fn metric(addr: &str, name: &str) -> f64 {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+#[test]
+fn keepalive_reuses_upstream_connections() {
+    let s = setup();
+    let maddr = format!("127.0.0.1:{}", free_port());
+    let p = ours(
+        &s,
+        &[
+            p0(),
+            vec![format!("--metrics-bind={maddr}"), "--workers=1".into()],
+        ]
+        .concat(),
+    );
+    let mut c = p.ep.connect();
+    for i in 0..100 {
+        c.write_all(&get(&format!("/api/v1/pods?i={i}"), p.ep.port()))
+            .unwrap();
+        let r = read_response(&mut *c, "GET").unwrap();
+        assert_eq!(r.status, 200);
+        assert!(String::from_utf8_lossy(&r.body).contains(&format!("i={i}")));
+    }
+    // Pipelined: two requests in one write, two answers in order.
+    let mut two = get("/api/v1/first", p.ep.port());
+    two.extend_from_slice(&get("/api/v1/second", p.ep.port()));
+    c.write_all(&two).unwrap();
+    let mut carry = Vec::new();
+    let a = read_response_from(&mut *c, &mut carry, "GET").unwrap();
+    let b = read_response_from(&mut *c, &mut carry, "GET").unwrap();
+    assert!(String::from_utf8_lossy(&a.body).contains("/api/v1/first"));
+    assert!(String::from_utf8_lossy(&b.body).contains("/api/v1/second"));
+    let dials = metric(&maddr, "edgetunnel_proxy_upstream_dials_total");
+    let reused = metric(&maddr, "edgetunnel_proxy_upstream_reused_total");
+    assert!(dials <= 2.0, "dials {dials}");
+    assert!(reused >= 100.0, "reused {reused}");
+    assert_eq!(metric(&maddr, "edgetunnel_proxy_forwarded_total"), 102.0);
+}
+
+#[test]
+fn bad_input_is_answered_and_isolated() {
+    let s = setup();
+    let p = ours(&s, &p0());
+    let port = p.ep.port();
+    let healthy = |what: &str| {
+        let r = exchange(&p.ep, &get("/api/v1/healthy", port), "GET")
+            .unwrap_or_else(|e| panic!("after {what}: {e}"));
+        assert_eq!(r.status, 200, "after {what}");
+    };
+    // A slow client that never finishes its head must not hold anyone up.
+    let mut slow = p.ep.connect();
+    slow.write_all(b"GET /api/v1/pods HTTP/1.1\r\nHost: local")
+        .unwrap();
+    healthy("a slow client");
+
+    let cases: Vec<(&str, Vec<u8>, u16)> = vec![
+        ("garbage", b"\x00\x01\x02 garbage\r\n\r\n".to_vec(), 400),
+        ("bad version", b"GET / HTTP/9.9\r\nHost: localhost:1\r\n\r\n".to_vec(), 400),
+        ("bad content-length", format!("POST /x HTTP/1.1\r\nHost: localhost:{port}\r\nContent-Length: abc\r\n\r\n").into_bytes(), 400),
+        ("two hosts", format!("GET /x HTTP/1.1\r\nHost: localhost:{port}\r\nHost: a:1\r\n\r\n").into_bytes(), 400),
+        ("no host", b"GET /x HTTP/1.1\r\nUser-Agent: t\r\n\r\n".to_vec(), 400),
+        ("bad escape", format!("GET /a%zz HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n").into_bytes(), 400),
+        ("unknown coding", format!("POST /x HTTP/1.1\r\nHost: localhost:{port}\r\nTransfer-Encoding: gzip, chunked\r\n\r\n").into_bytes(), 501),
+        ("header flood", {
+            let mut r = format!("GET /x HTTP/1.1\r\nHost: localhost:{port}\r\n").into_bytes();
+            for i in 0..40_000 {
+                r.extend_from_slice(format!("X-Flood-{i}: {}\r\n", "v".repeat(40)).as_bytes());
+            }
+            r.extend_from_slice(b"\r\n");
+            r
+        }, 431),
+    ];
+    for (what, raw, want) in cases {
+        let mut c = p.ep.connect();
+        // The proxy may answer and close before reading everything.
+        let _ = c.write_all(&raw);
+        let r = read_response(&mut *c, "GET").unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(
+            r.status,
+            want,
+            "{what}: {:?}",
+            String::from_utf8_lossy(&r.body)
+        );
+        healthy(what);
+    }
+
+    // A malformed chunked body: the request fails, the proxy lives on.
+    let mut c = p.ep.connect();
+    let _ = c.write_all(format!("POST /x HTTP/1.1\r\nHost: localhost:{port}\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nxx\r\n").as_bytes());
+    let _ = read_response(&mut *c, "POST");
+    healthy("a malformed chunked body");
+
+    // A large body streams through intact.
+    let body = random_bytes(24 << 20, 7);
+    let mut c = p.ep.connect();
+    let head = format!(
+        "PUT /api/v1/big HTTP/1.1\r\nHost: localhost:{port}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    c.write_all(&body).unwrap();
+    let r = read_response(&mut *c, "PUT").unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["body_len"].as_u64(), Some(body.len() as u64));
+    assert_eq!(v["body_fnv"].as_u64(), Some(fnv(&body)));
+    drop(slow);
+    healthy("everything");
+}
+
+#[test]
+fn large_responses_and_gzip_arrive_intact() {
+    let s = setup();
+    let p = ours(&s, &p0());
+    let r = exchange(&p.ep, &get("/bytes/33554432", p.ep.port()), "GET").unwrap();
+    assert_eq!(r.body.len(), 32 << 20);
+    assert!(r.body.iter().all(|&b| b == b'x'));
+    let plain: Vec<u8> = (0..50_000u32)
+        .flat_map(|i| format!("line {i}\n").into_bytes())
+        .collect();
+    for path in ["/gzip", "/gzip-chunked"] {
+        let r = exchange(&p.ep, &get(path, p.ep.port()), "GET").unwrap();
+        assert_eq!(r.header("content-encoding"), None, "{path}");
+        assert!(r.body == plain, "{path}: decompressed body differs");
+    }
+}
+
+#[test]
+fn flag_errors_match_kubectl() {
+    let s = setup();
+    let args = ["proxy", "-u", "/tmp/x.sock", "--port=9000"];
+    let go = std::process::Command::new(kubectl())
+        .arg(format!("--kubeconfig={}", s.kubeconfig.display()))
+        .args(args)
+        .output()
+        .unwrap();
+    let ours = std::process::Command::new(support::BIN)
+        .args(args)
+        .arg(format!("--kubeconfig={}", s.kubeconfig.display()))
+        .output()
+        .unwrap();
+    let msg = "cannot set --unix-socket and --port at the same time";
+    assert!(!go.status.success() && String::from_utf8_lossy(&go.stderr).contains(msg));
+    assert!(!ours.status.success(), "ours accepted both");
+    assert!(
+        String::from_utf8_lossy(&ours.stderr).contains(&format!("error: {msg}")),
+        "{:?}",
+        ours
+    );
+    let bad = std::process::Command::new(support::BIN)
+        .args([
+            "proxy",
+            "--port=0",
+            "--accept-paths=(",
+            &format!("--kubeconfig={}", s.kubeconfig.display()),
+        ])
+        .output()
+        .unwrap();
+    // kubectl's klog.Fatalf: exit 255 with Go's regexp error.
+    assert_eq!(bad.status.code(), Some(255));
+    assert!(String::from_utf8_lossy(&bad.stderr)
+        .contains("Error compiling re: error parsing regexp: missing closing ): `(`"));
+}
+
+#[test]
+fn http2_upstream_multiplexes_one_connection_per_core() {
+    let s = setup();
+    let api2 = apiserver::start_h2(&s.env.certs());
+    let kc = s.env.path("kc-h2");
+    apiserver::kubeconfig(
+        &kc,
+        &format!("https://127.0.0.1:{}", api2.addr.port()),
+        &s.env.certs(),
+        Some("tok"),
+        false,
+    );
+    let maddr = format!("127.0.0.1:{}", free_port());
+    let p = start(
+        ours_cmd(
+            &kc,
+            &[
+                p0(),
+                vec![format!("--metrics-bind={maddr}"), "--workers=1".into()],
+            ]
+            .concat(),
+        ),
+        s.env.path("ours-h2.log"),
+    );
+    let ep = p.ep.clone();
+    std::thread::scope(|sc| {
+        for t in 0..8 {
+            let ep = ep.clone();
+            sc.spawn(move || {
+                let mut c = ep.connect();
+                for i in 0..25 {
+                    let body = random_bytes(1000 + i * 37, (t * 100 + i) as u64);
+                    let head = format!(
+                        "POST /api/v1/t{t}/i{i} HTTP/1.1\r\nHost: localhost:{}\r\nContent-Length: {}\r\n\r\n",
+                        ep.port(),
+                        body.len()
+                    );
+                    c.write_all(head.as_bytes()).unwrap();
+                    c.write_all(&body).unwrap();
+                    let r = read_response(&mut *c, "POST").unwrap();
+                    assert_eq!(r.status, 200);
+                    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+                    assert_eq!(v["target"], format!("/api/v1/t{t}/i{i}"));
+                    assert_eq!(v["body_fnv"].as_u64(), Some(fnv(&body)));
+                }
+            });
+        }
+    });
+    assert_eq!(api2.requests.load(Ordering::SeqCst), 200);
+    assert_eq!(metric(&maddr, "edgetunnel_proxy_upstream_dials_total"), 1.0);
+    // Upgrades still take HTTP/1.1 (the h2-only upstream refuses them).
+    let r = exchange(&p.ep, &get("/gzip", p.ep.port()), "GET").unwrap();
+    let plain: Vec<u8> = (0..50_000u32)
+        .flat_map(|i| format!("line {i}\n").into_bytes())
+        .collect();
+    assert!(r.body == plain);
+}
+
+/// How a streamed request body is framed in [`body_arrives_as_sent`].
+#[derive(Debug, Clone, Copy)]
+enum Framed {
+    /// One chunk per write.
+    Chunked,
+    /// A Content-Length above what the proxy reads before forwarding.
+    Length,
+}
+
+/// POSTs `total` bytes to `/upload/MARK`, sending the first `mark` and
+/// then waiting until the upstream has them before sending the rest (a
+/// client that streams and pauses, e.g. a slow upload): the upstream must
+/// see what was sent without the rest of the body. Returns how long the
+/// upstream took to see the first part.
+fn body_arrives_as_sent(
+    ep: &Endpoint,
+    api: &FakeApiServer,
+    how: Framed,
+    mark: usize,
+    total: usize,
+) -> Result<Duration, String> {
+    let body = random_bytes(total, mark as u64);
+    let framing = match how {
+        Framed::Chunked => "Transfer-Encoding: chunked".to_string(),
+        Framed::Length => format!("Content-Length: {total}"),
+    };
+    let frame = |part: &[u8]| match how {
+        Framed::Chunked => {
+            let mut f = format!("{:x}\r\n", part.len()).into_bytes();
+            f.extend_from_slice(part);
+            f.extend_from_slice(b"\r\n");
+            f
+        }
+        Framed::Length => part.to_vec(),
+    };
+    let event = format!("body {mark} /upload/{mark}");
+    let before = api.count(&event);
+    let mut c = ep.connect();
+    let mut first = format!(
+        "POST /upload/{mark} HTTP/1.1\r\nHost: localhost:{}\r\nContent-Type: application/octet-stream\r\n{framing}\r\n\r\n",
+        ep.port()
+    )
+    .into_bytes();
+    first.extend_from_slice(&frame(&body[..mark]));
+    let sent = Instant::now();
+    c.write_all(&first).map_err(|e| e.to_string())?;
+    let seen = api.wait_count(&event, before + 1, Duration::from_secs(5));
+    let took = sent.elapsed();
+    let mut rest = frame(&body[mark..]);
+    if let Framed::Chunked = how {
+        rest.extend_from_slice(b"0\r\n\r\n");
+    }
+    // Sent either way, so that the request ends and the connection is free.
+    c.write_all(&rest).map_err(|e| e.to_string())?;
+    let r = read_response(&mut *c, "POST").map_err(|e| e.to_string())?;
+    if seen.is_none() {
+        return Err(format!(
+            "{how:?} {mark}/{total}: the upstream did not get the first {mark} bytes in {took:?} while the client waited"
+        ));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&r.body).map_err(|e| e.to_string())?;
+    if v["body_len"].as_u64() != Some(total as u64) || v["body_fnv"].as_u64() != Some(fnv(&body)) {
+        return Err(format!("{how:?} {mark}/{total}: body changed: {v}"));
+    }
+    Ok(took)
+}
+
+/// Request bodies are written through to a TLS upstream as they come (not
+/// held in the TLS writer until the body ends), as kubectl proxy does.
+#[test]
+fn streamed_request_bodies_reach_the_upstream_as_sent() {
+    let s = setup();
+    let go = start(
+        kubectl_cmd(&kubectl(), &s.kubeconfig, &p0()),
+        s.env.path("go.log"),
+    );
+    let ours = ours(&s, &p0());
+    let cases = [
+        (Framed::Chunked, 1024, 200 << 10),
+        (Framed::Length, 40 << 10, 256 << 10),
+        (Framed::Chunked, 16 << 20, 17 << 20),
+        (Framed::Length, 16 << 20, 17 << 20),
+    ];
+    for (name, ep) in [("kubectl", &go.ep), ("ours", &ours.ep)] {
+        let mut failed = Vec::new();
+        for &(how, mark, total) in &cases {
+            match body_arrives_as_sent(ep, &s.api, how, mark, total) {
+                Ok(took) => {
+                    eprintln!("{name}: {how:?} {mark}/{total}: first part upstream in {took:?}")
+                }
+                Err(e) => failed.push(e),
+            }
+        }
+        assert!(failed.is_empty(), "{name}: {failed:#?}");
+    }
+}

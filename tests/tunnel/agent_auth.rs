@@ -1,0 +1,440 @@
+//! Agent authentication by ServiceAccount token, as ANP does it, end to
+//! end against a fake Kubernetes API that answers TokenReviews.
+//!
+//! The server runs with `--agent-namespace kube-system
+//! --agent-service-account konnectivity-agent --authentication-audience
+//! system:konnectivity-server --kube <fake>` and `--cert/--key` only (no CA:
+//! no client certificate asked for). Agents present `--ca` and
+//! `--token-file` only.
+//!
+//! - A valid token connects and carries a CONNECT dial.
+//! - The token file is read again at every connect: rewritten with a
+//!   second token, the next connection (after a server restart on the same
+//!   agent port) is reviewed with the new one.
+//! - Wrong audience, namespace, service account, unknown token, and no
+//!   token at all (an agent with a client certificate only) are refused:
+//!   no agent counts as connected, and the server logs why.
+//! - Every review body has ANP's shape.
+//! - A verdict is remembered: a restart of the server with many agents
+//!   costs one review per token, where `--token-review-cache-secs 0`
+//!   (ANP's way) costs one per connection; `--token-review-qps` spaces
+//!   the reviews.
+
+use crate::support;
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::fake_kube::{self, FakeKube};
+use support::*;
+
+const NS: &str = "kube-system";
+const SA: &str = "konnectivity-agent";
+const AUDIENCE: &str = "system:konnectivity-server";
+const GOOD_USER: &str = "system:serviceaccount:kube-system:konnectivity-agent";
+
+/// The server flags of token authentication against `kubeconfig`.
+fn token_auth(kubeconfig: &std::path::Path) -> Vec<String> {
+    [
+        "--agent-namespace",
+        NS,
+        "--agent-service-account",
+        SA,
+        "--authentication-audience",
+        AUDIENCE,
+        "--kube",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([kubeconfig.display().to_string()])
+    .collect()
+}
+
+/// A token-reviewing server with only --cert/--key (no CA).
+/// Two workers, so that an edgetunnel agent holds two links (two
+/// connections, each reviewed).
+fn start_server(env: &Env, kubeconfig: &std::path::Path, agent_bind: &str) -> Server {
+    let cert = env.certs().join("server.crt").display().to_string();
+    let key = env.certs().join("server.key").display().to_string();
+    let mut auth = token_auth(kubeconfig);
+    auth.extend(["--workers".to_string(), "2".to_string()]);
+    let auth: Vec<&str> = auth.iter().map(String::as_str).collect();
+    Server::start_with_tls(env, agent_bind, &["--cert", &cert, "--key", &key], &auth)
+}
+
+/// An agent with `--ca` and, when given, `--token-file` only; `extra` adds
+/// flags (e.g. a client certificate).
+fn spawn_agent(
+    env: &Env,
+    server: SocketAddr,
+    id: &str,
+    token_file: Option<&std::path::Path>,
+    extra: &[&str],
+) -> Proc {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("agent")
+        .arg("--ca")
+        .arg(env.certs().join("ca.crt"))
+        .args(["--server-addr", &server.to_string()])
+        .args(["--server-name", "localhost"])
+        .args(["--agent-id", id])
+        .args(["--backoff-initial-secs", "0.1", "--backoff-max-secs", "0.5"])
+        .args(extra);
+    if let Some(t) = token_file {
+        cmd.arg("--token-file").arg(t);
+    }
+    Proc::spawn(cmd, env.path(&format!("agent-{id}.log")))
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool, log: impl Fn() -> String) {
+    let deadline = Instant::now() + WAIT;
+    while !f() {
+        assert!(Instant::now() < deadline, "{what}:\n{}", log());
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn tokens_reviewed(kube: &FakeKube) -> Vec<String> {
+    kube.token_reviews()
+        .iter()
+        .map(|r| r["spec"]["token"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+/// ANP's TokenReview: authentication.k8s.io/v1, the token, the audience.
+fn assert_anp_shape(review: &Value) {
+    assert_eq!(review["apiVersion"], "authentication.k8s.io/v1", "{review}");
+    assert_eq!(review["kind"], "TokenReview", "{review}");
+    assert!(review["spec"]["token"].is_string(), "{review}");
+    assert_eq!(review["spec"]["audiences"], json!([AUDIENCE]), "{review}");
+    let spec_keys: Vec<&String> = review["spec"].as_object().unwrap().keys().collect();
+    assert_eq!(spec_keys, ["audiences", "token"], "{review}");
+}
+
+fn dial_ok(server: &Server) {
+    let echo = echo_server("127.0.0.1");
+    let (status, body, s) = connect_tcp(server.connect, &echo.addr.to_string());
+    assert_eq!(status, 200, "{body}\n{}", server.proc.log_text());
+    let data = random_bytes(100_000, 3);
+    assert!(echo_roundtrip(s, &data) == data);
+}
+
+#[test]
+fn token_authenticated_agents_connect_and_tokens_are_reread() {
+    let env = Env::new();
+    let kube = FakeKube::start(None);
+    kube.put_token("token-one", GOOD_USER, &[AUDIENCE]);
+    kube.put_token("token-two", GOOD_USER, &[AUDIENCE]);
+    let kc = env.path("kubeconfig");
+    fake_kube::kubeconfig(&kc, kube.addr);
+    let server = start_server(&env, &kc, "127.0.0.1:0");
+    server.wait_metric("edgetunnel_agents_connected", 0.0);
+
+    // (a) A token-only agent connects and carries a dial.
+    let token = env.path("token");
+    std::fs::write(&token, "token-one\n").unwrap();
+    let agent = spawn_agent(&env, server.agent, "good", Some(&token), &[]);
+    agent.wait_line("CONNECTED");
+    server.wait_metric("edgetunnel_agents_connected", 1.0);
+    server.wait_agent_links(2.0, &agent);
+    dial_ok(&server);
+    // One review for the agent's two links (and the retries of a link that
+    // lands on a taken worker): the verdict is remembered.
+    let before = tokens_reviewed(&kube);
+    assert_eq!(before, ["token-one"]);
+    let before = before.len();
+
+    // (b) The token rotates; the next connection presents the new one.
+    std::fs::write(&token, "token-two\n").unwrap();
+    let port = server.agent;
+    drop(server);
+    let server = start_server(&env, &kc, &port.to_string());
+    agent.wait_line("CONNECTED");
+    server.wait_metric("edgetunnel_agents_connected", 1.0);
+    server.wait_agent_links(2.0, &agent);
+    wait_for(
+        "the new token reviewed",
+        || tokens_reviewed(&kube).last().map(String::as_str) == Some("token-two"),
+        || format!("{:?}\n{}", tokens_reviewed(&kube), server.proc.log_text()),
+    );
+    assert!(
+        !tokens_reviewed(&kube)[before..].contains(&"token-one".to_string()),
+        "the old token presented after the rewrite: {:?}",
+        tokens_reviewed(&kube)
+    );
+    dial_ok(&server);
+
+    // (d) Every body has ANP's shape.
+    let reviews = kube.token_reviews();
+    assert!(reviews.len() >= 2, "{reviews:?}");
+    for r in &reviews {
+        assert_anp_shape(r);
+    }
+}
+
+#[test]
+fn wrong_tokens_and_missing_tokens_are_refused() {
+    let env = Env::new();
+    let kube = FakeKube::start(None);
+    kube.put_token(
+        "other-audience",
+        GOOD_USER,
+        &["https://kubernetes.default.svc"],
+    );
+    kube.put_token(
+        "other-namespace",
+        "system:serviceaccount:default:konnectivity-agent",
+        &[AUDIENCE],
+    );
+    kube.put_token(
+        "other-account",
+        "system:serviceaccount:kube-system:someone-else",
+        &[AUDIENCE],
+    );
+    let kc = env.path("kubeconfig");
+    fake_kube::kubeconfig(&kc, kube.addr);
+    let server = start_server(&env, &kc, "127.0.0.1:0");
+
+    // (c) Each refused case, with the reason the server logs for it.
+    let cases: &[(&str, Option<&str>, &str)] = &[
+        (
+            "audience",
+            Some("other-audience"),
+            "is invalid for the target audiences",
+        ),
+        (
+            "namespace",
+            Some("other-namespace"),
+            "incoming request from \"default\" namespace. Expected \"kube-system\"",
+        ),
+        (
+            "account",
+            Some("other-account"),
+            "incoming request from \"someone-else\" service account. Expected \"konnectivity-agent\"",
+        ),
+        ("unknown", Some("never-issued"), "token lookup failed"),
+        ("missing", None, "Authentication context was not found in metadata"),
+    ];
+    let mut agents = Vec::new();
+    for (id, tok, _) in cases {
+        let a = match tok {
+            Some(t) => {
+                let f = env.path(&format!("token-{id}"));
+                std::fs::write(&f, t).unwrap();
+                spawn_agent(&env, server.agent, id, Some(&f), &[])
+            }
+            // A client certificate but no token.
+            None => {
+                let (c, k) = (env.certs().join("agent.crt"), env.certs().join("agent.key"));
+                spawn_agent(
+                    &env,
+                    server.agent,
+                    id,
+                    None,
+                    &["--cert", c.to_str().unwrap(), "--key", k.to_str().unwrap()],
+                )
+            }
+        };
+        agents.push(a);
+    }
+    for (_, _, reason) in cases {
+        wait_for(
+            &format!("no refusal logged with {reason:?}"),
+            || {
+                server
+                    .proc
+                    .log_text()
+                    .lines()
+                    .any(|l| l.contains("agent refused") && l.contains(reason))
+            },
+            || server.proc.log_text(),
+        );
+    }
+    // Several attempts each, and never one counted as connected.
+    for _ in 0..10 {
+        assert_eq!(
+            server.metric("edgetunnel_agents_connected"),
+            0.0,
+            "{}",
+            server.proc.log_text()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    for a in &agents {
+        let connected: Vec<String> = a
+            .lines
+            .try_iter()
+            .filter(|l| l.starts_with("CONNECTED"))
+            .collect();
+        assert!(connected.is_empty(), "{connected:?}\n{}", a.log_text());
+    }
+    // The refused tokens were all reviewed, in ANP's shape.
+    let reviewed = tokens_reviewed(&kube);
+    for t in [
+        "other-audience",
+        "other-namespace",
+        "other-account",
+        "never-issued",
+    ] {
+        assert!(
+            reviewed.iter().any(|x| x == t),
+            "{t} not reviewed: {reviewed:?}"
+        );
+    }
+    for r in kube.token_reviews() {
+        assert_anp_shape(&r);
+    }
+    // The agent without a token was never reviewed (refused before).
+    assert_eq!(reviewed.iter().filter(|t| t.is_empty()).count(), 0);
+}
+
+/// `--bind-agent-identity` binds agents by their client certificate: a
+/// token-only agent (no certificate, so nothing names its node) registers
+/// any ID and identifiers as before; a token agent that also presents a
+/// certificate is held to it.
+#[test]
+fn token_agents_without_a_certificate_are_not_bound() {
+    let env = Env::new();
+    let kube = FakeKube::start(None);
+    kube.put_token("token-one", GOOD_USER, &[AUDIENCE]);
+    let kc = env.path("kubeconfig");
+    fake_kube::kubeconfig(&kc, kube.addr);
+    let certs = env.certs().display().to_string();
+    let mut extra = token_auth(&kc);
+    extra.push("--bind-agent-identity".into());
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let server = Server::start_with_tls(&env, "127.0.0.1:0", &["--certs-dir", &certs], &extra);
+    let token = env.path("token");
+    std::fs::write(&token, "token-one\n").unwrap();
+
+    let free = spawn_agent(
+        &env,
+        server.agent,
+        "any-node",
+        Some(&token),
+        &["--agent-identifiers", "host=any-node&ipv4=10.9.9.9"],
+    );
+    free.wait_line("CONNECTED");
+    server.wait_metric("edgetunnel_agents_connected", 1.0);
+    dial_ok(&server);
+
+    // agent.crt names edgetunnel-agent, not other-node.
+    let (c, k) = (env.certs().join("agent.crt"), env.certs().join("agent.key"));
+    let bound = spawn_agent(
+        &env,
+        server.agent,
+        "other-node",
+        Some(&token),
+        &["--cert", c.to_str().unwrap(), "--key", k.to_str().unwrap()],
+    );
+    wait_for(
+        "the certificate-bearing agent refused",
+        || server.metric("edgetunnel_agent_identity_refused_total{reason=\"agent_id\"}") >= 1.0,
+        || format!("{}\n{}", server.proc.log_text(), bound.log_text()),
+    );
+    assert_eq!(server.metric("edgetunnel_agents_connected"), 1.0);
+}
+
+/// `n` token agents (two links each), each with its own token.
+fn fleet(env: &Env, kube: &FakeKube, server: SocketAddr, n: usize) -> Vec<Proc> {
+    (0..n)
+        .map(|i| {
+            let tok = format!("fleet-token-{i}");
+            kube.put_token(&tok, GOOD_USER, &[AUDIENCE]);
+            let f = env.path(&format!("token-fleet-{i}"));
+            std::fs::write(&f, &tok).unwrap();
+            spawn_agent(env, server, &format!("fleet-{i}"), Some(&f), &[])
+        })
+        .collect()
+}
+
+fn all_linked(server: &Server, agents: &[Proc]) {
+    server.wait_metric("edgetunnel_agents_connected", agents.len() as f64);
+    // Two workers: two links each.
+    server.wait_agent_links(2.0 * agents.len() as f64, &agents[0]);
+}
+
+/// A restart brings every agent back at once: with the verdicts remembered
+/// that costs one review per token (the agents' two links and their
+/// retries share it); reviewing every connection, as ANP does (and as
+/// `--token-review-cache-secs 0` asks), costs at least one per link.
+#[test]
+fn a_restart_costs_one_review_per_agent() {
+    const N: usize = 12;
+    for (cache_secs, per_agent_ok) in [("120", 1.0..=1.1), ("0", 2.0..=f64::MAX)] {
+        let env = Env::new();
+        let kube = FakeKube::start(None);
+        let kc = env.path("kubeconfig");
+        fake_kube::kubeconfig(&kc, kube.addr);
+        let extra = ["--token-review-cache-secs", cache_secs];
+        let start = |bind: &str| {
+            let cert = env.certs().join("server.crt").display().to_string();
+            let key = env.certs().join("server.key").display().to_string();
+            let mut auth = token_auth(&kc);
+            auth.extend(["--workers", "2"].map(String::from));
+            auth.extend(extra.map(String::from));
+            let auth: Vec<&str> = auth.iter().map(String::as_str).collect();
+            Server::start_with_tls(&env, bind, &["--cert", &cert, "--key", &key], &auth)
+        };
+        let server = start("127.0.0.1:0");
+        let agents = fleet(&env, &kube, server.agent, N);
+        all_linked(&server, &agents);
+        let port = server.agent;
+        drop(server);
+        let before = kube.token_reviews().len();
+        let server = start(&port.to_string());
+        all_linked(&server, &agents);
+        dial_ok(&server);
+        let per_agent = (kube.token_reviews().len() - before) as f64 / N as f64;
+        // The server counts the same reviews, and how the other links got
+        // their verdict.
+        let reviews =
+            |r: &str| server.metric(&format!("edgetunnel_token_reviews_total{{result=\"{r}\"}}"));
+        assert_eq!(
+            reviews("accepted"),
+            (kube.token_reviews().len() - before) as f64
+        );
+        if cache_secs != "0" {
+            assert!(
+                reviews("remembered") + reviews("joined") >= N as f64,
+                "each agent's second link without a review: {}",
+                server.metrics()
+            );
+        }
+        assert!(
+            per_agent_ok.contains(&per_agent),
+            "--token-review-cache-secs {cache_secs}: {per_agent} reviews per agent after the restart"
+        );
+    }
+}
+
+/// `--token-review-qps 4 --token-review-burst 2`: eight tokens take at
+/// least (8 - 2) / 4 = 1.5 s of reviews, however fast the apiserver is.
+#[test]
+fn reviews_are_paced() {
+    let env = Env::new();
+    let kube = FakeKube::start(None);
+    let kc = env.path("kubeconfig");
+    fake_kube::kubeconfig(&kc, kube.addr);
+    let cert = env.certs().join("server.crt").display().to_string();
+    let key = env.certs().join("server.key").display().to_string();
+    let mut auth = token_auth(&kc);
+    auth.extend(["--token-review-qps", "4", "--token-review-burst", "2"].map(String::from));
+    let auth: Vec<&str> = auth.iter().map(String::as_str).collect();
+    let server = Server::start_with_tls(
+        &env,
+        "127.0.0.1:0",
+        &["--cert", &cert, "--key", &key],
+        &auth,
+    );
+    let t0 = Instant::now();
+    let agents = fleet(&env, &kube, server.agent, 8);
+    server.wait_metric("edgetunnel_agents_connected", 8.0);
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_millis(1400), "8 reviews in {took:?}");
+    assert_eq!(kube.token_reviews().len(), 8, "{}", server.proc.log_text());
+    drop(agents);
+}
