@@ -173,6 +173,7 @@ def main():
                 print("  kernel by syscall/op:")
                 for a, v in calls.most_common(8):
                     print(f"    {a}: {100 * v / total:.1f}% -> {cpu / n * scale * v / total:.3g}")
+                    row["kernel under " + a] = cpu / n * scale * v / total
         if os.path.exists(tr) and (system, case) in w_strace:
             _, n2 = w_strace[(system, case)]
             rows = strace(tr)
