@@ -9,7 +9,7 @@ import subprocess, sys, re, collections
 pats=[("ReadAhead -> rustls deframer","ReadAhead"),
       ("gRPC frame reassembly (FrameDecoder::copy_out)","FrameDecoder"),
       ("rustls: plaintext into the record buffer (encrypt)","OutboundChunks::copy_to_vec"),
-      ("rustls: decrypted plaintext out to the reader","tokio_rustls::.*poll_read"),
+      ("rustls read side: record into its plaintext queue, then out to the reader","tokio_rustls::.*poll_read"),
       ("rustls deframer (discard/compact)","deframer"),
       ("gRPC frame reassembly (FrameDecoder::copy_out)","FrameDecoder"),
       ("h2 crate","^h2::"),
