@@ -30,7 +30,7 @@ run() { # PASS PROFILER
 }
 
 # TLS records: one uprobe per AEAD seal/open of a record.
-perf probe -d 'probe_*:*' >/dev/null 2>&1 || true
+perf probe -d 'probe_edgetunnel:*' -d 'probe_libcrypto:*' >/dev/null 2>&1 || true
 sym() { nm "$ET" | awk -v p="$1" '$3 ~ p {print $3; exit}'; }
 perf probe -q -x "$ET" --no-demangle -a "et_seal=$(sym '4ring4aead9algorithm12aes_gcm_seal')"
 perf probe -q -x "$ET" --no-demangle -a "et_open=$(sym '4ring4aead9algorithm12aes_gcm_open')"
@@ -44,5 +44,5 @@ EVENTS=$EVENTS,probe_libcrypto:ossl_final
 run record 'perf record -F 1999 -g -o {out}.data -p {pids}'
 run stat "perf stat -e $EVENTS -o {out}.txt -p {pids}"
 run strace 'strace -c -f -o {out}.txt -p {pids}'
-perf probe -d 'probe_*:*' >/dev/null 2>&1 || true
+perf probe -d 'probe_edgetunnel:*' -d 'probe_libcrypto:*' >/dev/null 2>&1 || true
 echo "profiles in $OUT"
