@@ -20,6 +20,7 @@ mod fleet_scenario;
 mod fleet_table;
 mod model;
 mod plot;
+mod profile;
 mod report;
 mod scenarios;
 mod systems;
@@ -357,6 +358,8 @@ struct Harness {
     failures: usize,
     /// `--base-bin`: edgetunnel build to compare against, side by side.
     base_bin: Option<PathBuf>,
+    /// `COMPARE_PROFILE`: a profiler attached for each measured window.
+    profiler: profile::Profiler,
     _ports: Option<PortRange>,
 }
 
@@ -371,6 +374,7 @@ impl Harness {
             notes: Vec::new(),
             failures: 0,
             base_bin: args.base_bin.clone(),
+            profiler: profile::Profiler::from_env(),
             _ports: PortRange::widen(),
         }
     }
@@ -497,7 +501,8 @@ impl Harness {
             );
             for rep in 0..self.reps {
                 for r in running {
-                    let cpu = || r.cpu_snapshot();
+                    let what = format!("bulk-{case}-{rep}");
+                    let cpu = || self.profiler.snapshot(r, &what);
                     match rt.block_on(scenarios::bulk(
                         &r.entries,
                         streams,
@@ -639,7 +644,8 @@ impl Harness {
         for (case, rate) in cases {
             for rep in 0..self.reps {
                 for r in running {
-                    let cpu = || r.cpu_snapshot();
+                    let what = format!("latency-{case}-{rep}");
+                    let cpu = || self.profiler.snapshot(r, &what);
                     match rt.block_on(scenarios::latency(
                         &r.entries,
                         plan.latency_conns,
