@@ -7,8 +7,8 @@ use std::time::Duration;
 use clap::Args;
 
 use super::AgentConfig;
-use crate::cli::{read_token, secs, CertMode, EngineArgs, TlsArgs};
 use crate::engine::tls::TlsFiles;
+use crate::flags::{read_token, secs, CertMode, EngineArgs, TlsArgs};
 use crate::protocol::identifiers::Identifiers;
 use crate::BoxError;
 
