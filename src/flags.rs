@@ -1,7 +1,7 @@
 //! Flag groups and flag helpers the roles share: the certificate files
 //! (`TlsArgs`), the data-plane flags (`EngineArgs`), where certificates come
 //! from (`CertMode`), token files and seconds. The roles' own flag modules
-//! (`server::args`, `agent::args`) flatten these; [`crate::cli`], which
+//! (`server::args`, `agent::args`) flatten these; `cli`, which
 //! assembles the subcommands, re-exports them. Nothing here names a role or
 //! the command line as a whole, so a role never imports the CLI layer.
 
