@@ -17,9 +17,11 @@
 //! - [`control`]: the control thread (tokio, kube): certificates, iptables,
 //!   DNS records, leases, TokenReviews; it never runs on a data-plane core.
 //! - [`metrics`], [`certs`], [`admin`], [`logging`]: shared services of the roles.
-//! - The roles: [`server`], [`agent`] and [`proxy`] (`kubectl proxy`),
-//!   configured by [`cli`]; [`compat`] translates the Go binaries' command
-//!   lines (ANP, yurt-tunnel) into the roles' own flags.
+//! - The roles: [`server`], [`agent`] and [`proxy`] (`kubectl proxy`); the
+//!   server and agent flatten the flag groups of [`flags`].
+//! - The faces on top: [`cli`] assembles the subcommands from the roles'
+//!   flags; [`compat`] translates the Go binaries' command lines (ANP,
+//!   yurt-tunnel) into them. No role imports either (see ARCHITECTURE.md).
 
 /// The error type of runtime glue that only reports (never matches) errors.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -31,6 +33,7 @@ pub mod cli;
 pub mod compat;
 pub mod control;
 pub mod engine;
+pub mod flags;
 pub mod logging;
 pub mod metrics;
 pub mod proxy;

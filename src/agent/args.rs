@@ -7,8 +7,9 @@ use std::time::Duration;
 use clap::Args;
 
 use super::AgentConfig;
-use crate::cli::{read_token, secs, CertMode, EngineArgs, TlsArgs};
+use crate::control::manager;
 use crate::engine::tls::TlsFiles;
+use crate::flags::{read_token, secs, CertMode, EngineArgs, TlsArgs};
 use crate::protocol::identifiers::Identifiers;
 use crate::BoxError;
 
@@ -144,83 +145,21 @@ pub struct AgentArgs {
 }
 
 impl AgentArgs {
+    /// The agent's configuration. Each part comes from its own builder
+    /// below, called in this order (the first error is the one reported).
     pub fn into_config(self) -> Result<AgentConfig, BoxError> {
-        // With a token and no certificate given, the agent presents no
-        // client certificate (ANP's token-authenticated agents).
-        let client_cert = self.token_file.is_none()
-            || self.tls.cert.is_some()
-            || self.tls.key.is_some()
-            || self.tls.certs_dir.is_some();
-        let tls = if client_cert {
-            self.tls.files("agent")?
-        } else {
-            TlsFiles {
-                cert: PathBuf::new(),
-                key: PathBuf::new(),
-                ca: self
-                    .tls
-                    .ca
-                    .clone()
-                    .ok_or("--ca or --certs-dir is required")?,
-            }
-        };
+        let client_cert = self.presents_certificate();
+        let tls = self.tls_files(client_cert)?;
         // Checked now; read again at every connect (projected tokens rotate).
         read_token(&self.token_file)?;
-        let agent_id = match self.agent_id {
-            Some(id) => id,
-            None => hostname(),
-        };
+        let agent_id = self.agent_id.clone().unwrap_or_else(hostname);
         // Unknown keys refused, as ANP's agent refuses them.
         let identifiers = Identifiers::parse_known(&self.agent_identifiers)?;
-        let kube = self
-            .kube
-            .as_ref()
-            .map(|k| crate::control::manager::KubeSpec {
-                kubeconfig: (k != "in-cluster").then(|| PathBuf::from(k)),
-                edge_label: Default::default(),
-                dns_configmap: None,
-                server_configmap: None,
-                watch_nodes: false,
-                lease: None,
-            });
-        let csr = match self.cert_mode {
-            CertMode::Files => Vec::new(),
-            CertMode::Csr if kube.is_some() => {
-                let ips = identifiers
-                    .ipv4
-                    .iter()
-                    .map(|a| std::net::IpAddr::V4(*a))
-                    .chain(identifiers.ipv6.iter().map(|a| std::net::IpAddr::V6(*a)))
-                    .collect();
-                vec![crate::control::csr::Job {
-                    profile: crate::control::csr::Profile::agent(&agent_id, ips),
-                    cert: tls.cert.clone(),
-                    key: tls.key.clone(),
-                    name_prefix: "edgetunnel-agent-".into(),
-                    services: Vec::new(),
-                }]
-            }
-            CertMode::Csr => return Err("--cert-mode csr needs --kube".into()),
-        };
-        let server_service = match &self.server_service {
-            Some(s) if kube.is_some() => Some(s.parse::<crate::control::manager::ObjectRef>()?),
-            Some(_) => return Err("--server-service needs --kube".into()),
-            None => None,
-        };
-        let source = crate::control::lease_count::CountSource::parse(&self.server_count_source)?;
-        let lease_count = if self.count_server_leases {
-            if kube.is_none() {
-                return Err("--count-server-leases needs --kube".into());
-            }
-            Some(crate::control::lease_count::LeaseCountSpec::new(
-                &self.lease_namespace,
-                crate::control::lease_count::Selector::parse(&self.lease_label_selector)?,
-                source,
-                secs(self.lease_poll_secs).max(Duration::from_millis(100)),
-            ))
-        } else {
-            None
-        };
+        let kube = self.kube();
+        let has_kube = kube.is_some();
+        let csr = self.csr(has_kube, &tls, &agent_id, &identifiers)?;
+        let server_service = self.server_service(has_kube)?;
+        let lease_count = self.lease_count(has_kube)?;
         Ok(AgentConfig {
             announce: Default::default(),
             lease_count,
@@ -257,6 +196,104 @@ impl AgentArgs {
                 .max(1),
             max_links: self.max_links_per_server as usize,
         })
+    }
+
+    /// With a token and no certificate given, the agent presents no
+    /// client certificate (ANP's token-authenticated agents).
+    fn presents_certificate(&self) -> bool {
+        self.token_file.is_none()
+            || self.tls.cert.is_some()
+            || self.tls.key.is_some()
+            || self.tls.certs_dir.is_some()
+    }
+
+    /// The client certificate, key and CA (only the CA without a client
+    /// certificate).
+    fn tls_files(&self, client_cert: bool) -> Result<TlsFiles, BoxError> {
+        if client_cert {
+            return self.tls.files("agent");
+        }
+        Ok(TlsFiles {
+            cert: PathBuf::new(),
+            key: PathBuf::new(),
+            ca: self
+                .tls
+                .ca
+                .clone()
+                .ok_or("--ca or --certs-dir is required")?,
+        })
+    }
+
+    /// Kubernetes access (`--kube`), for CSRs, the server Service and the
+    /// server leases.
+    fn kube(&self) -> Option<manager::KubeSpec> {
+        self.kube.as_ref().map(|k| manager::KubeSpec {
+            kubeconfig: (k != "in-cluster").then(|| PathBuf::from(k)),
+            edge_label: Default::default(),
+            dns_configmap: None,
+            server_configmap: None,
+            watch_nodes: false,
+            lease: None,
+        })
+    }
+
+    /// The agent certificate kept signed by a CSR (`--cert-mode csr`).
+    fn csr(
+        &self,
+        has_kube: bool,
+        tls: &TlsFiles,
+        agent_id: &str,
+        identifiers: &Identifiers,
+    ) -> Result<Vec<crate::control::csr::Job>, BoxError> {
+        match self.cert_mode {
+            CertMode::Files => Ok(Vec::new()),
+            CertMode::Csr if has_kube => {
+                let ips = identifiers
+                    .ipv4
+                    .iter()
+                    .map(|a| std::net::IpAddr::V4(*a))
+                    .chain(identifiers.ipv6.iter().map(|a| std::net::IpAddr::V6(*a)))
+                    .collect();
+                Ok(vec![crate::control::csr::Job {
+                    profile: crate::control::csr::Profile::agent(agent_id, ips),
+                    cert: tls.cert.clone(),
+                    key: tls.key.clone(),
+                    name_prefix: "edgetunnel-agent-".into(),
+                    services: Vec::new(),
+                }])
+            }
+            CertMode::Csr => Err("--cert-mode csr needs --kube".into()),
+        }
+    }
+
+    /// The Service the server's address is read from (`--server-service`).
+    fn server_service(&self, has_kube: bool) -> Result<Option<manager::ObjectRef>, BoxError> {
+        match &self.server_service {
+            Some(s) if has_kube => Ok(Some(s.parse::<manager::ObjectRef>()?)),
+            Some(_) => Err("--server-service needs --kube".into()),
+            None => Ok(None),
+        }
+    }
+
+    /// The server count from ANP-format leases (`--count-server-leases`).
+    fn lease_count(
+        &self,
+        has_kube: bool,
+    ) -> Result<Option<crate::control::lease_count::LeaseCountSpec>, BoxError> {
+        use crate::control::lease_count::{CountSource, LeaseCountSpec, Selector};
+        let source = CountSource::parse(&self.server_count_source)?;
+        if !self.count_server_leases {
+            return Ok(None);
+        }
+        if !has_kube {
+            return Err("--count-server-leases needs --kube".into());
+        }
+        Ok(Some(LeaseCountSpec::new(
+            &self.lease_namespace,
+            Selector::parse(&self.lease_label_selector)?,
+            source,
+            secs(self.lease_poll_secs).max(Duration::from_millis(100)),
+        )))
     }
 }
 

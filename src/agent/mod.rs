@@ -13,13 +13,13 @@ mod links;
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use backoff::{Attempt, Backoff};
 
 use crate::engine::runtime::{self, Driver};
-use crate::engine::{signals, tls};
+use crate::engine::{listener, signals, tls};
 use crate::protocol::identifiers::Identifiers;
 
 /// Everything `edgetunnel agent` is told at start.
@@ -118,66 +118,97 @@ pub fn run(mut cfg: AgentConfig) -> Result<(), BoxError> {
         "edgetunnel agent starting"
     );
     // Health and admin listeners: bound now so a bad address fails the start.
-    let mut admin_l = Vec::new();
-    for (what, addr) in [("health", cfg.health_bind), ("admin", cfg.admin_bind)] {
-        let Some(addr) = addr else { continue };
-        let l = crate::engine::listener::bind_tcp(addr, 1)
-            .map_err(|e| format!("{what} listener: {e}"))?
-            .remove(0);
+    let specs: Vec<_> = [("health", cfg.health_bind), ("admin", cfg.admin_bind)]
+        .into_iter()
+        .filter_map(|(name, addr)| {
+            Some(listener::Spec {
+                kind: (),
+                name,
+                at: listener::Endpoint::Tcp(addr?),
+                spread: listener::Spread::FirstWorker,
+            })
+        })
+        .collect();
+    let bound = listener::bind_all(&specs, cfg.workers, Default::default())?;
+    for (what, addr) in &bound.addresses {
         cfg.announce.send(crate::readiness::Ready::Listen {
             what: what.to_string(),
-            addr: l.local_addr()?.to_string(),
+            addr: addr.clone(),
         });
-        admin_l.push(l);
     }
+    let admin = Mutex::new(bound.per_worker.into_iter().next());
     let cfg = Arc::new(cfg);
-    // Secondary links (one per server worker) spread over our workers:
-    // queue 0 is served on this thread, the others on threads of their own.
+    // Secondary links (one per server worker) spread over our workers;
+    // worker 0 also runs the primary links and the admin listeners.
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
         ^ (u64::from(std::process::id()) << 32);
-    let (links, mut queues) = links::new(cfg.workers, seed);
+    let (links, queues) = links::new(cfg.workers, seed);
+    let queues: Vec<_> = queues.into_iter().map(|q| Mutex::new(Some(q))).collect();
     let ctx = links::WorkerCtx {
         cfg: cfg.clone(),
         tls: client_tls.clone(),
         shutdown: shutdown.clone(),
     };
-    let main_queue = queues.remove(0);
-    let mut threads = Vec::new();
-    for (i, q) in queues.into_iter().enumerate() {
+    runtime::run_workers(queues.len(), cfg.driver, move |idx| {
+        let queue = queues[idx].lock().expect("queue").take().expect("once");
         let (ctx, links) = (ctx.clone(), links.clone());
-        let driver = cfg.driver;
-        threads.push(
-            std::thread::Builder::new()
-                .name(format!("edgetunnel-a{}", i + 1))
-                .spawn(move || {
-                    runtime::block_on_worker(driver, links::serve_jobs(ctx, links, q))
-                })?,
-        );
-    }
-    let main_links = links.clone();
-    runtime::block_on_worker(cfg.driver, async move {
-        let jobs = monoio::spawn(links::serve_jobs(ctx, main_links, main_queue));
-        for l in admin_l {
-            match monoio::net::TcpListener::from_std(l) {
-                Ok(l) => {
-                    monoio::spawn(crate::admin::serve(l, "admin", Rc::new(AgentAdmin)));
+        let first = (idx == 0).then(|| Primary {
+            cfg: cfg.clone(),
+            tls: client_tls.clone(),
+            shutdown: shutdown.clone(),
+            admin: admin.lock().expect("admin").take().unwrap_or_default(),
+        });
+        async move {
+            let jobs = monoio::spawn(links::serve_jobs(ctx, links.clone(), queue));
+            if let Some(p) = first {
+                p.run(links).await;
+            }
+            jobs.await;
+            Ok(())
+        }
+    })?;
+    let _ = control.join();
+    tracing::info!("agent stopped");
+    Ok(())
+}
+
+/// What worker 0 runs besides its share of the secondary links: the
+/// health and admin listeners and, per server address, the primary
+/// connections (slots).
+struct Primary {
+    cfg: Arc<AgentConfig>,
+    tls: Arc<rustls::ClientConfig>,
+    shutdown: Arc<signals::Shutdown>,
+    admin: Vec<listener::Listening<()>>,
+}
+
+impl Primary {
+    /// Until every slot ended (shutdown and drain).
+    async fn run(self, links: Arc<links::Links>) {
+        for l in self.admin {
+            let listener::Socket::Tcp(socket) = l.socket else {
+                continue;
+            };
+            match monoio::net::TcpListener::from_std(socket) {
+                Ok(socket) => {
+                    monoio::spawn(crate::admin::serve(socket, l.name, Rc::new(AgentAdmin)));
                 }
-                Err(e) => tracing::error!(error = %e, "agent admin listener"),
+                Err(e) => tracing::error!(listener = l.name, error = %e, "agent admin listener"),
             }
         }
         let mut tasks = Vec::new();
-        for addr in cfg.servers.clone() {
+        for addr in self.cfg.servers.clone() {
             let ctx = Rc::new(ServerSlots {
-                cfg: cfg.clone(),
-                tls: client_tls.clone(),
+                cfg: self.cfg.clone(),
+                tls: self.tls.clone(),
                 addr,
                 connected: RefCell::new(HashSet::new()),
                 slots: RefCell::new(0),
                 reported: Cell::new(0),
-                shutdown: shutdown.clone(),
+                shutdown: self.shutdown.clone(),
                 links: links.clone(),
             });
             if ctx.cfg.lease_count.is_some() {
@@ -193,14 +224,7 @@ pub fn run(mut cfg: AgentConfig) -> Result<(), BoxError> {
         while SLOTS_RUNNING.with(|s| *s.borrow()) > 0 {
             monoio::time::sleep(Duration::from_millis(20)).await;
         }
-        jobs.await;
-    })?;
-    for t in threads {
-        let _ = t.join();
     }
-    let _ = control.join();
-    tracing::info!("agent stopped");
-    Ok(())
 }
 
 /// What the agent's health and admin listeners report.

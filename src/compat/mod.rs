@@ -461,14 +461,9 @@ pub fn whole_seconds(ns: i64) -> u64 {
     (ns.max(0) as u64).div_ceil(1_000_000_000)
 }
 
-/// `host:port` as Go's `net.JoinHostPort` writes it.
-pub fn join_host_port(host: &str, port: impl std::fmt::Display) -> String {
-    if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    }
-}
+/// `host:port` as Go's `net.JoinHostPort` writes it (the protocol crate's,
+/// which the control thread uses too).
+pub use crate::protocol::upstream_proxy::join_host_port;
 
 /// A listen address from a Go bind-address flag and a port: empty means
 /// every address (IPv4 here), `localhost` the loopback address; anything

@@ -1,5 +1,10 @@
 //! Listening sockets, bound on the main thread before any worker starts.
 //!
+//! A role lists the listeners it wants as [`Spec`]s (its own kind, a name,
+//! a TCP address or a socket path, which workers accept) and binds them all
+//! with [`bind_all`], which fails at the first listener that cannot be
+//! bound with `NAME listener: binding ADDRESS: CAUSE`.
+//!
 //! TCP: one SO_REUSEPORT socket per worker on the same address (the kernel
 //! spreads connections across cores), made exclusive to this process; unix
 //! sockets: one socket shared by the workers (duplicated descriptors),
@@ -47,15 +52,16 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use socket2::{Domain, Protocol, Socket, Type};
+use socket2::{Domain, Protocol, Type};
 
 const BACKLOG: i32 = 4096;
 /// How long EADDRINUSE is retried (a restarted process's old sockets).
 const RETRY_FOR: Duration = Duration::from_secs(2);
 const RETRY_EVERY: Duration = Duration::from_millis(50);
 
-fn tcp_socket(addr: SocketAddr, reuseport: bool) -> io::Result<Socket> {
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+fn tcp_socket(addr: SocketAddr, reuseport: bool) -> io::Result<socket2::Socket> {
+    let socket =
+        socket2::Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     // SO_REUSEADDR: binding over a previous run's TIME_WAIT connections.
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(reuseport)?;
@@ -350,6 +356,112 @@ fn bind_unix_inner(
     Ok((out, file))
 }
 
+/// Where a listener listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+/// Which workers accept on a listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spread {
+    /// Every worker: an exclusive SO_REUSEPORT group (TCP, see the module
+    /// docs) or one duplicated descriptor per worker (unix).
+    EveryWorker,
+    /// Worker 0 only (admin and health: a few requests, no data plane).
+    FirstWorker,
+}
+
+/// One listener a role asks for. `kind` is the role's own tag, telling
+/// which accept loop (and TLS) serves the sockets; `name` is what messages
+/// and `LISTEN` lines call it.
+#[derive(Debug, Clone)]
+pub struct Spec<K> {
+    pub kind: K,
+    pub name: &'static str,
+    pub at: Endpoint,
+    pub spread: Spread,
+}
+
+/// A bound listening socket, not yet registered with any runtime.
+#[derive(Debug)]
+pub enum Socket {
+    Tcp(std::net::TcpListener),
+    Unix(UnixListener),
+}
+
+/// One worker's socket of a listener.
+#[derive(Debug)]
+pub struct Listening<K> {
+    pub kind: K,
+    pub name: &'static str,
+    pub socket: Socket,
+}
+
+/// Everything [`bind_all`] bound.
+#[derive(Debug)]
+pub struct Bound<K> {
+    /// Each worker's sockets, in the order of the specs.
+    pub per_worker: Vec<Vec<Listening<K>>>,
+    /// `(name, address)` of every listener: the TCP ones (with the port
+    /// the kernel chose for port 0) in the order of the specs, then the
+    /// socket paths. Roles announce them as `LISTEN name address` lines,
+    /// in this order.
+    pub addresses: Vec<(&'static str, String)>,
+    /// Removes the socket files when dropped: keep it until the workers
+    /// stopped.
+    pub files: Vec<UnixSocketFile>,
+}
+
+/// Binds every listener of `specs` for `workers` workers, in order. The
+/// first that fails ends the start: `NAME listener: binding ADDRESS:
+/// CAUSE` (with [`bind_tcp`]'s and [`bind_unix`]'s causes); the socket
+/// files created before it are removed again.
+pub fn bind_all<K: Clone>(
+    specs: &[Spec<K>],
+    workers: usize,
+    uds: UdsOptions,
+) -> io::Result<Bound<K>> {
+    let workers = workers.max(1);
+    let mut bound = Bound {
+        per_worker: (0..workers).map(|_| Vec::new()).collect(),
+        addresses: Vec::new(),
+        files: Vec::new(),
+    };
+    let mut paths = Vec::new();
+    for spec in specs {
+        let named = |e: io::Error| io::Error::new(e.kind(), format!("{} listener: {e}", spec.name));
+        let count = match spec.spread {
+            Spread::EveryWorker => workers,
+            Spread::FirstWorker => 1,
+        };
+        let sockets: Vec<Socket> = match &spec.at {
+            Endpoint::Tcp(addr) => {
+                let ls = bind_tcp(*addr, count).map_err(named)?;
+                let local = ls[0].local_addr().map_err(named)?;
+                bound.addresses.push((spec.name, local.to_string()));
+                ls.into_iter().map(Socket::Tcp).collect()
+            }
+            Endpoint::Unix(path) => {
+                let (ls, file) = bind_unix(path, count, uds).map_err(named)?;
+                bound.files.push(file);
+                paths.push((spec.name, path.display().to_string()));
+                ls.into_iter().map(Socket::Unix).collect()
+            }
+        };
+        for (worker, socket) in sockets.into_iter().enumerate() {
+            bound.per_worker[worker].push(Listening {
+                kind: spec.kind.clone(),
+                name: spec.name,
+                socket,
+            });
+        }
+    }
+    bound.addresses.extend(paths);
+    Ok(bound)
+}
+
 /// Parses a `--uds-mode` value: octal permission bits, e.g. `0600` or `660`.
 pub fn parse_mode(s: &str) -> Result<u32, String> {
     let digits = s.strip_prefix("0o").unwrap_or(s);
@@ -390,6 +502,82 @@ mod tests {
         assert!(parse_mode("0800").is_err());
         assert!(parse_mode("1777").is_err());
         assert!(parse_mode("").is_err());
+    }
+
+    #[test]
+    fn bind_all_spreads_names_and_cleans_up() {
+        let dir = std::env::temp_dir().join(format!("et-bind-all-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("a.sock");
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let specs = [
+            Spec {
+                kind: 1,
+                name: "one",
+                at: Endpoint::Tcp(any),
+                spread: Spread::EveryWorker,
+            },
+            Spec {
+                kind: 2,
+                name: "two",
+                at: Endpoint::Unix(sock.clone()),
+                spread: Spread::EveryWorker,
+            },
+            Spec {
+                kind: 3,
+                name: "three",
+                at: Endpoint::Tcp(any),
+                spread: Spread::FirstWorker,
+            },
+        ];
+        let bound = bind_all(&specs, 3, UdsOptions::default()).unwrap();
+        let kinds: Vec<Vec<i32>> = bound
+            .per_worker
+            .iter()
+            .map(|w| w.iter().map(|l| l.kind).collect())
+            .collect();
+        assert_eq!(kinds, vec![vec![1, 2, 3], vec![1, 2], vec![1, 2]]);
+        // TCP addresses first (with their real ports), then socket paths.
+        let names: Vec<&str> = bound.addresses.iter().map(|a| a.0).collect();
+        assert_eq!(names, ["one", "three", "two"]);
+        assert!(
+            !bound.addresses[0].1.ends_with(":0"),
+            "{:?}",
+            bound.addresses
+        );
+        assert_eq!(bound.addresses[2].1, sock.display().to_string());
+
+        // A listener that cannot be bound: named; files bound before it
+        // are removed again.
+        let taken = match &bound.per_worker[0][0].socket {
+            Socket::Tcp(l) => l.local_addr().unwrap(),
+            Socket::Unix(_) => unreachable!(),
+        };
+        let sock2 = dir.join("b.sock");
+        let clash = [
+            Spec {
+                kind: 1,
+                name: "fresh",
+                at: Endpoint::Unix(sock2.clone()),
+                spread: Spread::EveryWorker,
+            },
+            Spec {
+                kind: 2,
+                name: "clash",
+                at: Endpoint::Tcp(taken),
+                spread: Spread::EveryWorker,
+            },
+        ];
+        let e = bind_all(&clash, 2, UdsOptions::default()).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with(&format!("clash listener: binding {taken}: address in use")),
+            "{e}"
+        );
+        assert!(!sock2.exists());
+        drop(bound);
+        assert!(!sock.exists());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

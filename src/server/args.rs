@@ -7,9 +7,10 @@ use std::time::Duration;
 use clap::Args;
 
 use super::ServerConfig;
-use crate::cli::{read_token, secs, CertMode, EngineArgs, TlsArgs};
+use crate::control::manager;
 use crate::engine::runtime;
 use crate::engine::tls::TlsFiles;
+use crate::flags::{read_token, secs, CertMode, EngineArgs, TlsArgs};
 use crate::protocol::routing::parse_strategies;
 use crate::BoxError;
 
@@ -361,281 +362,34 @@ pub struct ServerArgs {
 }
 
 impl ServerArgs {
+    /// The server's configuration. Each part comes from its own builder
+    /// below, called in this order (the first error is the one reported).
     pub fn into_config(self) -> Result<ServerConfig, BoxError> {
-        let token_auth = self.agent_namespace.is_some();
-        let tls = match self.tls.files("server") {
-            // Token-authenticated agents: no CA needed (none is asked for).
-            Err(_) if token_auth && self.tls.ca.is_none() && self.tls.certs_dir.is_none() => {
-                TlsFiles {
-                    cert: self
-                        .tls
-                        .cert
-                        .clone()
-                        .ok_or("--cert or --certs-dir is required")?,
-                    key: self
-                        .tls
-                        .key
-                        .clone()
-                        .ok_or("--key or --certs-dir is required")?,
-                    ca: PathBuf::new(),
-                }
-            }
-            other => other?,
-        };
+        let tls = self.tls_files()?;
         let agent_token = read_token(&self.agent_token_file)?;
-        let strategies = parse_strategies(&self.proxy_strategies)?;
-        if strategies.is_empty() {
-            return Err("--proxy-strategies must name at least one strategy".into());
-        }
-        let iptables = if self.iptables {
-            let bind = self
-                .interception_bind
-                .ok_or("--iptables needs --interception-bind (the DNAT target)")?;
-            let ips = if self.iptables_dnat_ip.is_empty() {
-                if bind.ip().is_unspecified() {
-                    return Err(
-                        "--interception-bind is a wildcard address: give --iptables-dnat-ip".into(),
-                    );
-                }
-                vec![bind.ip()]
-            } else {
-                self.iptables_dnat_ip.clone()
-            };
-            let mut ports =
-                crate::control::manager::port_rules(&self.iptables_http_ports, &ips, bind.port());
-            let tls_port = self.interception_tls_bind.map_or(bind.port(), |b| b.port());
-            ports.extend(crate::control::manager::port_rules(
-                &self.iptables_https_ports,
-                &ips,
-                tls_port,
-            ));
-            Some(crate::control::manager::IptablesSpec {
-                ports,
-                dnat: crate::control::manager::DnatTarget {
-                    addrs: ips.clone(),
-                    plain_port: bind.port(),
-                    tls_port,
-                },
-                cloud_nodes: (!self.cloud_node_ip.is_empty())
-                    .then(|| self.cloud_node_ip.iter().copied().collect()),
-                period: Duration::from_secs(self.iptables_sync_period_secs)
-                    .max(crate::control::manager::MIN_SYNC_PERIOD),
-                keep_rules: self.iptables_keep_rules,
-            })
-        } else {
-            None
-        };
-        let interception_tls = match self.interception_tls_bind {
-            None => None,
-            Some(bind) => {
-                let dir_file = |explicit: &Option<PathBuf>, name: &str, flag: &str| {
-                    explicit
-                        .clone()
-                        .or_else(|| self.tls.certs_dir.as_ref().map(|d| d.join(name)))
-                        .ok_or_else(|| {
-                            BoxError::from(format!("--{flag} or --certs-dir is required"))
-                        })
-                };
-                Some(crate::server::InterceptionTls {
-                    bind,
-                    cert: self.interception_cert.clone().unwrap_or(tls.cert.clone()),
-                    key: self.interception_key.clone().unwrap_or(tls.key.clone()),
-                    kubelet_cert: dir_file(
-                        &self.kubelet_client_cert,
-                        "proxy-client.crt",
-                        "kubelet-client-cert",
-                    )?,
-                    kubelet_key: dir_file(
-                        &self.kubelet_client_key,
-                        "proxy-client.key",
-                        "kubelet-client-key",
-                    )?,
-                    kubelet_ca: (!self.kubelet_insecure_skip_verify)
-                        .then(|| self.kubelet_ca.clone().unwrap_or(tls.ca.clone())),
-                })
-            }
-        };
-        use crate::control::manager::{EdgeLabel, LeaderLease, ObjectRef};
-        let ns_name = |s: &str| -> Result<ObjectRef, BoxError> { Ok(s.parse::<ObjectRef>()?) };
+        let strategies = self.strategies()?;
+        let iptables = self.iptables()?;
+        let interception_tls = self.interception_tls(&tls)?;
         let server_id = self
             .server_id
             .clone()
             .unwrap_or_else(|| format!("{:016x}", fastrand::u64(..)));
-        let kube = match &self.kube {
-            None => None,
-            Some(k) => {
-                let (key, value) = self
-                    .edge_node_label
-                    .split_once('=')
-                    .ok_or("--edge-node-label: expected key=value")?;
-                Some(crate::control::manager::KubeSpec {
-                    kubeconfig: (k != "in-cluster").then(|| PathBuf::from(k)),
-                    edge_label: EdgeLabel {
-                        key: key.to_string(),
-                        value: value.to_string(),
-                    },
-                    dns_configmap: self.dns_configmap.as_deref().map(ns_name).transpose()?,
-                    // The nodes and yurt-tunnel's port ConfigMap feed only
-                    // the iptables rules and the DNS records: without them
-                    // a server (e.g. ANP's proxy-server face with
-                    // --kubeconfig for TokenReviews and leases) reads
-                    // neither, as ANP does not, and needs no RBAC for them.
-                    server_configmap: (self.iptables || self.dns_service_dnat_ports)
-                        .then(|| ns_name(&self.server_configmap))
-                        .transpose()?,
-                    watch_nodes: self.iptables
-                        || self.dns_hosts_file.is_some()
-                        || self.dns_configmap.is_some(),
-                    lease: match self.dns_configmap {
-                        Some(_) => Some(LeaderLease {
-                            lease: ns_name(&self.leader_lease)?,
-                            holder: server_id.clone(),
-                            duration_secs: self.leader_lease_secs.max(1) as i32,
-                        }),
-                        None => None,
-                    },
-                })
-            }
-        };
-        let csr = match self.cert_mode {
-            CertMode::Files => Vec::new(),
-            CertMode::Csr => {
-                if kube.is_none() {
-                    return Err("--cert-mode csr needs --kube".into());
-                }
-                let mut jobs = vec![crate::control::csr::Job {
-                    profile: crate::control::csr::Profile::server(
-                        self.csr_dns_name.clone(),
-                        self.csr_ip.clone(),
-                    ),
-                    cert: tls.cert.clone(),
-                    key: tls.key.clone(),
-                    name_prefix: "edgetunnel-server-".into(),
-                    services: self
-                        .csr_service
-                        .iter()
-                        .map(|s| ns_name(s))
-                        .collect::<Result<_, _>>()?,
-                }];
-                if let Some(t) = &interception_tls {
-                    jobs.push(crate::control::csr::Job {
-                        profile: crate::control::csr::Profile::proxy_client(),
-                        cert: t.kubelet_cert.clone(),
-                        key: t.kubelet_key.clone(),
-                        name_prefix: "edgetunnel-proxy-client-".into(),
-                        services: Vec::new(),
-                    });
-                }
-                jobs
-            }
-        };
-        if self.dns_configmap.is_some() && kube.is_none() {
+        let kube = self.kube(&server_id)?;
+        let has_kube = kube.is_some();
+        let csr = self.csr(has_kube, &tls, interception_tls.as_ref())?;
+        if self.dns_configmap.is_some() && !has_kube {
             return Err("--dns-configmap needs --kube".into());
         }
-        let agent_auth = match (
-            &self.agent_namespace,
-            &self.agent_service_account,
-            &self.authentication_audience,
-        ) {
-            (None, None, None) => None,
-            (Some(ns), Some(sa), Some(aud)) if !ns.is_empty() && !sa.is_empty() => {
-                if kube.is_none() {
-                    return Err("--agent-namespace/--agent-service-account need --kube".into());
-                }
-                Some(crate::control::token_review::AgentAuthSpec {
-                    audience: aud.clone(),
-                    namespace: ns.clone(),
-                    service_account: sa.clone(),
-                    limits: crate::control::token_review::ReviewLimits {
-                        accepted_ttl: Duration::from_secs(self.token_review_cache_secs),
-                        qps: self.token_review_qps,
-                        burst: self.token_review_burst,
-                    },
-                })
-            }
-            _ => {
-                return Err("agent authentication needs --agent-namespace, --agent-service-account and --authentication-audience together".into())
-            }
-        };
-        let server_lease = if self.enable_lease_controller {
-            if kube.is_none() {
-                return Err("--enable-lease-controller needs --kube".into());
-            }
-            let labels = crate::control::server_lease::parse_labels(&self.lease_label)?;
-            let mut spec = crate::control::server_lease::ServerLeaseSpec::new(
-                &self.lease_namespace,
-                labels,
-                &server_id,
-            );
-            spec.duration_secs = self.lease_duration_secs.max(1);
-            spec.renew = secs(self.lease_renew_secs).max(Duration::from_millis(100));
-            spec.gc_period = secs(self.lease_gc_secs).max(Duration::from_millis(100));
-            Some(spec)
-        } else {
-            None
-        };
-        let dns = match (&self.dns_hosts_file, &self.dns_configmap) {
-            (None, None) => None,
-            (file, _) => {
-                use crate::control::manager::DnsTunnel;
-                let tunnel = match &self.dns_tunnel_service {
-                    Some(svc) => {
-                        if kube.is_none() {
-                            return Err("--dns-tunnel-service needs --kube".into());
-                        }
-                        DnsTunnel::Service(ns_name(svc)?)
-                    }
-                    None => DnsTunnel::Ip(
-                        self.dns_tunnel_ip
-                            .or_else(|| {
-                                self.interception_bind
-                                    .map(|b| b.ip())
-                                    .filter(|ip| !ip.is_unspecified())
-                            })
-                            .ok_or(
-                                "DNS records need --dns-tunnel-ip, --dns-tunnel-service or a specific --interception-bind",
-                            )?,
-                    ),
-                };
-                Some(crate::control::manager::DnsSpec {
-                    hosts_file: file.clone(),
-                    tunnel,
-                    cloud_nodes: self.dns_cloud_node.iter().cloned().collect(),
-                    service_dnat: match (&self.dns_tunnel_service, self.dns_service_dnat_ports) {
-                        (Some(svc), true) => Some(crate::control::manager::ServiceDnat {
-                            service: ns_name(svc)?,
-                            insecure_port: self
-                                .interception_bind
-                                .ok_or("--dns-service-dnat-ports needs --interception-bind")?
-                                .port(),
-                            secure_port: self
-                                .interception_tls_bind
-                                .ok_or("--dns-service-dnat-ports needs --interception-tls-bind")?
-                                .port(),
-                        }),
-                        _ => None,
-                    },
-                })
-            }
-        };
-        let (tls_policy, tls_warnings) =
-            crate::engine::tls::TlsPolicy::parse(&self.tls_min_version, &self.cipher_suites)?;
-        for w in tls_warnings {
-            tracing::warn!("{w}");
-        }
-        let frontend_tls = match (self.frontend_cert, self.frontend_key) {
-            (Some(cert), Some(key)) => Some(crate::server::FrontendTls {
-                cert,
-                key,
-                ca: self.frontend_ca,
-            }),
-            _ => None,
-        };
-        if frontend_tls.is_some() && self.connect_bind.is_none() && self.grpc_bind.is_none() {
-            return Err(
-                "--frontend-cert needs a TCP frontend (--connect-bind or --grpc-bind)".into(),
-            );
-        }
+        let agent_auth = self.agent_auth(has_kube)?;
+        let server_lease = self.server_lease(has_kube, &server_id)?;
+        let dns = self.dns(has_kube)?;
+        let tls_policy = self.tls_policy()?;
+        let frontend_tls = self.frontend_tls()?;
+        let handshake_limits = handshake_limits(
+            self.max_handshakes,
+            self.max_handshakes_per_ip,
+            crate::engine::sys::nofile_limit(),
+        );
         Ok(ServerConfig {
             announce: Default::default(),
             frontend_tls,
@@ -679,15 +433,325 @@ impl ServerArgs {
             keepalive: Duration::from_secs(self.engine.keepalive_secs.max(1)),
             frontend_keepalive: secs(self.frontend_keepalive_secs).max(Duration::from_millis(100)),
             graceful_shutdown: secs(self.graceful_shutdown_timeout_secs),
-            handshake_limits: handshake_limits(
-                self.max_handshakes,
-                self.max_handshakes_per_ip,
-                crate::engine::sys::nofile_limit(),
-            ),
+            handshake_limits,
             frontend_idle: secs(self.frontend_idle_secs).max(Duration::from_millis(100)),
             half_close_linger: secs(self.engine.half_close_linger_secs),
         })
     }
+
+    /// The agent listener's certificate, key and CA.
+    fn tls_files(&self) -> Result<TlsFiles, BoxError> {
+        let token_auth = self.agent_namespace.is_some();
+        match self.tls.files("server") {
+            // Token-authenticated agents: no CA needed (none is asked for).
+            Err(_) if token_auth && self.tls.ca.is_none() && self.tls.certs_dir.is_none() => {
+                Ok(TlsFiles {
+                    cert: self
+                        .tls
+                        .cert
+                        .clone()
+                        .ok_or("--cert or --certs-dir is required")?,
+                    key: self
+                        .tls
+                        .key
+                        .clone()
+                        .ok_or("--key or --certs-dir is required")?,
+                    ca: PathBuf::new(),
+                })
+            }
+            other => other,
+        }
+    }
+
+    fn strategies(&self) -> Result<Vec<crate::protocol::routing::Strategy>, BoxError> {
+        let strategies = parse_strategies(&self.proxy_strategies)?;
+        if strategies.is_empty() {
+            return Err("--proxy-strategies must name at least one strategy".into());
+        }
+        Ok(strategies)
+    }
+
+    /// The iptables rules kept with `--iptables`.
+    fn iptables(&self) -> Result<Option<manager::IptablesSpec>, BoxError> {
+        if !self.iptables {
+            return Ok(None);
+        }
+        let bind = self
+            .interception_bind
+            .ok_or("--iptables needs --interception-bind (the DNAT target)")?;
+        let ips = if self.iptables_dnat_ip.is_empty() {
+            if bind.ip().is_unspecified() {
+                return Err(
+                    "--interception-bind is a wildcard address: give --iptables-dnat-ip".into(),
+                );
+            }
+            vec![bind.ip()]
+        } else {
+            self.iptables_dnat_ip.clone()
+        };
+        let mut ports = manager::port_rules(&self.iptables_http_ports, &ips, bind.port());
+        let tls_port = self.interception_tls_bind.map_or(bind.port(), |b| b.port());
+        ports.extend(manager::port_rules(
+            &self.iptables_https_ports,
+            &ips,
+            tls_port,
+        ));
+        Ok(Some(manager::IptablesSpec {
+            ports,
+            dnat: manager::DnatTarget {
+                addrs: ips,
+                plain_port: bind.port(),
+                tls_port,
+            },
+            cloud_nodes: (!self.cloud_node_ip.is_empty())
+                .then(|| self.cloud_node_ip.iter().copied().collect()),
+            period: Duration::from_secs(self.iptables_sync_period_secs)
+                .max(manager::MIN_SYNC_PERIOD),
+            keep_rules: self.iptables_keep_rules,
+        }))
+    }
+
+    /// The TLS interception listener (`--interception-tls-bind`) and its
+    /// certificates (defaults: the server's, and proxy-client.* in
+    /// --certs-dir toward kubelets).
+    fn interception_tls(
+        &self,
+        tls: &TlsFiles,
+    ) -> Result<Option<crate::server::InterceptionTls>, BoxError> {
+        let Some(bind) = self.interception_tls_bind else {
+            return Ok(None);
+        };
+        let dir_file = |explicit: &Option<PathBuf>, name: &str, flag: &str| {
+            explicit
+                .clone()
+                .or_else(|| self.tls.certs_dir.as_ref().map(|d| d.join(name)))
+                .ok_or_else(|| BoxError::from(format!("--{flag} or --certs-dir is required")))
+        };
+        Ok(Some(crate::server::InterceptionTls {
+            bind,
+            cert: self.interception_cert.clone().unwrap_or(tls.cert.clone()),
+            key: self.interception_key.clone().unwrap_or(tls.key.clone()),
+            kubelet_cert: dir_file(
+                &self.kubelet_client_cert,
+                "proxy-client.crt",
+                "kubelet-client-cert",
+            )?,
+            kubelet_key: dir_file(
+                &self.kubelet_client_key,
+                "proxy-client.key",
+                "kubelet-client-key",
+            )?,
+            kubelet_ca: (!self.kubelet_insecure_skip_verify)
+                .then(|| self.kubelet_ca.clone().unwrap_or(tls.ca.clone())),
+        }))
+    }
+
+    /// Kubernetes access (`--kube`) and what the control thread reads and
+    /// writes there.
+    fn kube(&self, server_id: &str) -> Result<Option<manager::KubeSpec>, BoxError> {
+        let Some(k) = &self.kube else {
+            return Ok(None);
+        };
+        let (key, value) = self
+            .edge_node_label
+            .split_once('=')
+            .ok_or("--edge-node-label: expected key=value")?;
+        Ok(Some(manager::KubeSpec {
+            kubeconfig: (k != "in-cluster").then(|| PathBuf::from(k)),
+            edge_label: manager::EdgeLabel {
+                key: key.to_string(),
+                value: value.to_string(),
+            },
+            dns_configmap: self.dns_configmap.as_deref().map(object).transpose()?,
+            // The nodes and yurt-tunnel's port ConfigMap feed only the
+            // iptables rules and the DNS records: without them a server
+            // (e.g. ANP's proxy-server face with --kubeconfig for
+            // TokenReviews and leases) reads neither, as ANP does not, and
+            // needs no RBAC for them.
+            server_configmap: (self.iptables || self.dns_service_dnat_ports)
+                .then(|| object(&self.server_configmap))
+                .transpose()?,
+            watch_nodes: self.iptables
+                || self.dns_hosts_file.is_some()
+                || self.dns_configmap.is_some(),
+            lease: match self.dns_configmap {
+                Some(_) => Some(manager::LeaderLease {
+                    lease: object(&self.leader_lease)?,
+                    holder: server_id.to_string(),
+                    duration_secs: self.leader_lease_secs.max(1) as i32,
+                }),
+                None => None,
+            },
+        }))
+    }
+
+    /// Certificates requested from the cluster with `--cert-mode csr`.
+    fn csr(
+        &self,
+        has_kube: bool,
+        tls: &TlsFiles,
+        interception_tls: Option<&crate::server::InterceptionTls>,
+    ) -> Result<Vec<crate::control::csr::Job>, BoxError> {
+        use crate::control::csr::{Job, Profile};
+        match self.cert_mode {
+            CertMode::Files => return Ok(Vec::new()),
+            CertMode::Csr if !has_kube => return Err("--cert-mode csr needs --kube".into()),
+            CertMode::Csr => {}
+        }
+        let mut jobs = vec![Job {
+            profile: Profile::server(self.csr_dns_name.clone(), self.csr_ip.clone()),
+            cert: tls.cert.clone(),
+            key: tls.key.clone(),
+            name_prefix: "edgetunnel-server-".into(),
+            services: self
+                .csr_service
+                .iter()
+                .map(|s| object(s))
+                .collect::<Result<_, _>>()?,
+        }];
+        if let Some(t) = interception_tls {
+            jobs.push(Job {
+                profile: Profile::proxy_client(),
+                cert: t.kubelet_cert.clone(),
+                key: t.kubelet_key.clone(),
+                name_prefix: "edgetunnel-proxy-client-".into(),
+                services: Vec::new(),
+            });
+        }
+        Ok(jobs)
+    }
+
+    /// Agents authenticated by TokenReview (`--agent-namespace`,
+    /// `--agent-service-account`, `--authentication-audience`, all or none).
+    fn agent_auth(
+        &self,
+        has_kube: bool,
+    ) -> Result<Option<crate::control::token_review::AgentAuthSpec>, BoxError> {
+        use crate::control::token_review::{AgentAuthSpec, ReviewLimits};
+        match (
+            &self.agent_namespace,
+            &self.agent_service_account,
+            &self.authentication_audience,
+        ) {
+            (None, None, None) => Ok(None),
+            (Some(ns), Some(sa), Some(aud)) if !ns.is_empty() && !sa.is_empty() => {
+                if !has_kube {
+                    return Err("--agent-namespace/--agent-service-account need --kube".into());
+                }
+                Ok(Some(AgentAuthSpec {
+                    audience: aud.clone(),
+                    namespace: ns.clone(),
+                    service_account: sa.clone(),
+                    limits: ReviewLimits {
+                        accepted_ttl: Duration::from_secs(self.token_review_cache_secs),
+                        qps: self.token_review_qps,
+                        burst: self.token_review_burst,
+                    },
+                }))
+            }
+            _ => Err("agent authentication needs --agent-namespace, --agent-service-account and --authentication-audience together".into()),
+        }
+    }
+
+    /// This server's ANP-format lease (`--enable-lease-controller`).
+    fn server_lease(
+        &self,
+        has_kube: bool,
+        server_id: &str,
+    ) -> Result<Option<crate::control::server_lease::ServerLeaseSpec>, BoxError> {
+        use crate::control::server_lease::{parse_labels, ServerLeaseSpec};
+        if !self.enable_lease_controller {
+            return Ok(None);
+        }
+        if !has_kube {
+            return Err("--enable-lease-controller needs --kube".into());
+        }
+        let labels = parse_labels(&self.lease_label)?;
+        let mut spec = ServerLeaseSpec::new(&self.lease_namespace, labels, server_id);
+        spec.duration_secs = self.lease_duration_secs.max(1);
+        spec.renew = secs(self.lease_renew_secs).max(Duration::from_millis(100));
+        spec.gc_period = secs(self.lease_gc_secs).max(Duration::from_millis(100));
+        Ok(Some(spec))
+    }
+
+    /// The DNS records (`--dns-hosts-file`, `--dns-configmap`).
+    fn dns(&self, has_kube: bool) -> Result<Option<manager::DnsSpec>, BoxError> {
+        if self.dns_hosts_file.is_none() && self.dns_configmap.is_none() {
+            return Ok(None);
+        }
+        let tunnel = match &self.dns_tunnel_service {
+            Some(svc) => {
+                if !has_kube {
+                    return Err("--dns-tunnel-service needs --kube".into());
+                }
+                manager::DnsTunnel::Service(object(svc)?)
+            }
+            None => manager::DnsTunnel::Ip(
+                self.dns_tunnel_ip
+                    .or_else(|| {
+                        self.interception_bind
+                            .map(|b| b.ip())
+                            .filter(|ip| !ip.is_unspecified())
+                    })
+                    .ok_or(
+                        "DNS records need --dns-tunnel-ip, --dns-tunnel-service or a specific --interception-bind",
+                    )?,
+            ),
+        };
+        let service_dnat = match (&self.dns_tunnel_service, self.dns_service_dnat_ports) {
+            (Some(svc), true) => Some(manager::ServiceDnat {
+                service: object(svc)?,
+                insecure_port: self
+                    .interception_bind
+                    .ok_or("--dns-service-dnat-ports needs --interception-bind")?
+                    .port(),
+                secure_port: self
+                    .interception_tls_bind
+                    .ok_or("--dns-service-dnat-ports needs --interception-tls-bind")?
+                    .port(),
+            }),
+            _ => None,
+        };
+        Ok(Some(manager::DnsSpec {
+            hosts_file: self.dns_hosts_file.clone(),
+            tunnel,
+            cloud_nodes: self.dns_cloud_node.iter().cloned().collect(),
+            service_dnat,
+        }))
+    }
+
+    /// TLS versions and suites of the agent and frontend listeners; what
+    /// is ignored is logged.
+    fn tls_policy(&self) -> Result<crate::engine::tls::TlsPolicy, BoxError> {
+        let (policy, warnings) =
+            crate::engine::tls::TlsPolicy::parse(&self.tls_min_version, &self.cipher_suites)?;
+        for w in warnings {
+            tracing::warn!("{w}");
+        }
+        Ok(policy)
+    }
+
+    /// TLS on the TCP frontends (`--frontend-cert`).
+    fn frontend_tls(&self) -> Result<Option<crate::server::FrontendTls>, BoxError> {
+        let (Some(cert), Some(key)) = (&self.frontend_cert, &self.frontend_key) else {
+            return Ok(None);
+        };
+        if self.connect_bind.is_none() && self.grpc_bind.is_none() {
+            return Err(
+                "--frontend-cert needs a TCP frontend (--connect-bind or --grpc-bind)".into(),
+            );
+        }
+        Ok(Some(crate::server::FrontendTls {
+            cert: cert.clone(),
+            key: key.clone(),
+            ca: self.frontend_ca.clone(),
+        }))
+    }
+}
+
+/// A `namespace/name` flag value.
+fn object(s: &str) -> Result<manager::ObjectRef, BoxError> {
+    Ok(s.parse::<manager::ObjectRef>()?)
 }
 
 /// The default --max-handshakes: at most this many.

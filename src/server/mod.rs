@@ -13,11 +13,11 @@ pub mod args;
 mod connect_frontend;
 mod grpc_frontend;
 mod intercept_frontend;
+mod listeners;
 mod session;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -229,25 +229,8 @@ impl crate::admin::AdminState for AdminView {
     }
 }
 
-/// Listeners for one worker, bound up front on the main thread.
-struct WorkerListeners {
-    agent: std::net::TcpListener,
-    connect: Option<std::net::TcpListener>,
-    connect_uds: Option<std::os::unix::net::UnixListener>,
-    grpc: Option<std::net::TcpListener>,
-    grpc_uds: Option<std::os::unix::net::UnixListener>,
-    admin: Option<std::net::TcpListener>,
-    health: Option<std::net::TcpListener>,
-    interception: Option<std::net::TcpListener>,
-    interception_tls: Option<std::net::TcpListener>,
-}
-
-fn take<T>(v: &mut Option<Vec<T>>) -> Option<T> {
-    v.as_mut().and_then(Vec::pop)
-}
-
 /// Runs the server until SIGTERM/SIGINT.
-pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+pub fn run(cfg: ServerConfig) -> Result<(), crate::BoxError> {
     // In `csr` mode, certificates not on disk yet are requested from the
     // cluster before anything listens.
     if let (Some(kube), false) = (&cfg.control.kube, cfg.control.csr.is_empty()) {
@@ -275,124 +258,29 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
         }
         None => (None, None),
     };
+    // Certificates the control thread watches (and SIGHUP reloads).
     let mut watched = vec![server_cert];
-    let frontend_tls = match &cfg.frontend_tls {
-        Some(f) => {
-            let build = |alpn: &[u8]| {
-                tls::frontend_server_config(&f.cert, &f.key, f.ca.as_deref(), alpn, &cfg.tls_policy)
-            };
-            let (connect, a) = build(b"http/1.1")?;
-            let (grpc, b) = build(b"h2")?;
-            watched.push(a);
-            watched.push(b);
-            Some(FrontendAcceptors {
-                connect: connect.into(),
-                grpc: grpc.into(),
-            })
-        }
-        None => None,
-    };
+    let frontend_tls = frontend_acceptors(&cfg, &mut watched)?;
     let n = cfg.workers.max(1);
-    let mut agent_l = Some(listener::bind_tcp(cfg.agent_bind, n)?);
-    let mut connect_l = cfg
-        .connect_bind
-        .map(|a| listener::bind_tcp(a, n))
-        .transpose()?;
+    let bound = listener::bind_all(&listeners::specs(&cfg), n, cfg.uds)?;
+    let intercept_tls = interception_tls(&cfg, &mut watched)?;
+    for (what, addr) in &bound.addresses {
+        cfg.announce.send(Ready::Listen {
+            what: what.to_string(),
+            addr: addr.clone(),
+        });
+    }
     // The socket files are removed when `run` returns (after SIGTERM/SIGINT
-    // or on an error), dropping these guards.
-    let mut socket_files = Vec::new();
-    let mut bind_unix = |p: &std::path::Path| {
-        listener::bind_unix(p, n, cfg.uds).map(|(ls, file)| {
-            socket_files.push(file);
-            ls
-        })
-    };
-    let mut connect_u = cfg.connect_uds.as_deref().map(&mut bind_unix).transpose()?;
-    let mut grpc_l = cfg
-        .grpc_bind
-        .map(|a| listener::bind_tcp(a, n))
-        .transpose()?;
-    let mut grpc_u = cfg.grpc_uds.as_deref().map(&mut bind_unix).transpose()?;
-    let mut admin_l = cfg
-        .admin_bind
-        .map(|a| listener::bind_tcp(a, 1))
-        .transpose()?;
-    let mut health_l = cfg
-        .health_bind
-        .map(|a| listener::bind_tcp(a, 1))
-        .transpose()?;
-    let mut intercept_l = cfg
-        .interception_bind
-        .map(|a| listener::bind_tcp(a, n))
-        .transpose()?;
-    let mut intercept_tls_l = cfg
-        .interception_tls
-        .as_ref()
-        .map(|t| listener::bind_tcp(t.bind, n))
-        .transpose()?;
-    let intercept_tls = match &cfg.interception_tls {
-        Some(t) => {
-            let (server_side, a) = tls::interception_server_config(&t.cert, &t.key)?;
-            let (kubelet, b) = tls::kubelet_client_config(
-                &t.kubelet_cert,
-                &t.kubelet_key,
-                t.kubelet_ca.as_deref(),
-            )?;
-            watched.push(a);
-            watched.push(b);
-            Some(intercept_frontend::InterceptTls {
-                acceptor: tokio_rustls::TlsAcceptor::from(server_side),
-                kubelet,
-            })
-        }
-        None => None,
-    };
-
-    let print_addr = |what: &str, l: &Option<Vec<std::net::TcpListener>>| {
-        if let Some(a) = l
-            .as_ref()
-            .and_then(|v| v.first())
-            .and_then(|l| l.local_addr().ok())
-        {
-            cfg.announce.send(Ready::Listen {
-                what: what.to_string(),
-                addr: a.to_string(),
-            });
-        }
-    };
-    print_addr("agent", &agent_l);
-    print_addr("connect", &connect_l);
-    print_addr("grpc", &grpc_l);
-    print_addr("admin", &admin_l);
-    print_addr("health", &health_l);
-    print_addr("interception", &intercept_l);
-    print_addr("interception-tls", &intercept_tls_l);
-    for (what, path) in [
-        ("connect-uds", &cfg.connect_uds),
-        ("grpc-uds", &cfg.grpc_uds),
-    ] {
-        if let Some(p) = path {
-            cfg.announce.send(Ready::Listen {
-                what: what.to_string(),
-                addr: p.display().to_string(),
-            });
-        }
-    }
-
-    let mut per_worker = Vec::with_capacity(n);
-    for i in 0..n {
-        per_worker.push(Mutex::new(Some(WorkerListeners {
-            agent: take(&mut agent_l).expect("one per worker"),
-            connect: take(&mut connect_l),
-            connect_uds: take(&mut connect_u),
-            grpc: take(&mut grpc_l),
-            grpc_uds: take(&mut grpc_u),
-            admin: if i == 0 { take(&mut admin_l) } else { None },
-            health: if i == 0 { take(&mut health_l) } else { None },
-            interception: take(&mut intercept_l),
-            interception_tls: take(&mut intercept_tls_l),
-        })));
-    }
+    // or on an error), dropping `socket_files`.
+    let listener::Bound {
+        per_worker,
+        files: socket_files,
+        ..
+    } = bound;
+    let per_worker: Vec<_> = per_worker
+        .into_iter()
+        .map(|l| Mutex::new(Some(l)))
+        .collect();
 
     let shutdown = signals::Shutdown::new();
     // SIGHUP reloads every certificate the control thread watches.
@@ -438,11 +326,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
             q.counters = shared.metrics.token_reviews.clone();
             q
         });
-        Some(crate::control::manager::spawn(
-            spec,
-            sources,
-            shutdown.clone(),
-        )?)
+        crate::control::manager::spawn(spec, sources, shutdown.clone())?
     };
     tracing::info!(
         workers = n,
@@ -469,66 +353,64 @@ pub fn run(cfg: ServerConfig) -> Result<(), Box<dyn std::error::Error + Send + S
         let inbox = inbox_rx[idx].lock().expect("inbox").take().expect("once");
         async move { worker(idx, shared, tls, listeners, inbox).await }
     })?;
-    if let Some(c) = control {
-        // It removes its rules before it returns.
-        let _ = c.join();
-    }
+    // The control thread removes its rules before it returns.
+    let _ = control.join();
     drop(socket_files);
     Ok(())
+}
+
+/// The TCP frontends' TLS acceptors (`--frontend-cert`), their
+/// certificates added to `watched`.
+fn frontend_acceptors(
+    cfg: &ServerConfig,
+    watched: &mut Vec<Arc<crate::engine::cert_reload::ReloadingCert>>,
+) -> Result<Option<FrontendAcceptors>, crate::BoxError> {
+    let Some(f) = &cfg.frontend_tls else {
+        return Ok(None);
+    };
+    let build = |alpn: &[u8]| {
+        tls::frontend_server_config(&f.cert, &f.key, f.ca.as_deref(), alpn, &cfg.tls_policy)
+    };
+    let (connect, a) = build(b"http/1.1")?;
+    let (grpc, b) = build(b"h2")?;
+    watched.extend([a, b]);
+    Ok(Some(FrontendAcceptors {
+        connect: connect.into(),
+        grpc: grpc.into(),
+    }))
+}
+
+/// The TLS interception listener's two sides (toward callers, toward
+/// kubelets), their certificates added to `watched`.
+fn interception_tls(
+    cfg: &ServerConfig,
+    watched: &mut Vec<Arc<crate::engine::cert_reload::ReloadingCert>>,
+) -> Result<Option<intercept_frontend::InterceptTls>, crate::BoxError> {
+    let Some(t) = &cfg.interception_tls else {
+        return Ok(None);
+    };
+    let (server_side, a) = tls::interception_server_config(&t.cert, &t.key)?;
+    let (kubelet, b) =
+        tls::kubelet_client_config(&t.kubelet_cert, &t.kubelet_key, t.kubelet_ca.as_deref())?;
+    watched.extend([a, b]);
+    Ok(Some(intercept_frontend::InterceptTls {
+        acceptor: tokio_rustls::TlsAcceptor::from(server_side),
+        kubelet,
+    }))
 }
 
 async fn worker(
     core: usize,
     shared: Arc<ServerState>,
     tls: WorkerTls,
-    l: WorkerListeners,
+    listening: Vec<listener::Listening<listeners::Kind>>,
     mut inbox: mpsc::UnboundedReceiver<Handoff>,
 ) -> std::io::Result<()> {
     tracing::debug!(core, "worker started");
     WORKER.with(|w| w.set(Some(core)));
     let s = &shared;
-    let agent = monoio::net::TcpListener::from_std(l.agent)?;
-    let accept = agent_conn::accept_loop(core, s.clone(), agent, tls.agent);
-    monoio::spawn(until_drain(s.clone(), accept));
-    if let Some(c) = l.connect {
-        let c = monoio::net::TcpListener::from_std(c)?;
-        let tls = tls.frontend.as_ref().map(|t| t.connect.clone());
-        let accept = connect_frontend::accept_tcp(core, s.clone(), c, tls);
-        monoio::spawn(until_drain(s.clone(), accept));
-    }
-    if let Some(c) = l.connect_uds {
-        let c = monoio::net::UnixListener::from_std(c)?;
-        let accept = connect_frontend::accept_unix(core, s.clone(), c);
-        monoio::spawn(until_drain(s.clone(), accept));
-    }
-    if let Some(g) = l.grpc {
-        let g = monoio::net::TcpListener::from_std(g)?;
-        let tls = tls.frontend.as_ref().map(|t| t.grpc.clone());
-        let accept = grpc_frontend::accept_tcp(s.clone(), g, tls);
-        monoio::spawn(until_drain(s.clone(), accept));
-    }
-    if let Some(g) = l.grpc_uds {
-        let g = monoio::net::UnixListener::from_std(g)?;
-        let accept = grpc_frontend::accept_unix(s.clone(), g);
-        monoio::spawn(until_drain(s.clone(), accept));
-    }
-    if let Some(i) = l.interception {
-        let i = monoio::net::TcpListener::from_std(i)?;
-        let accept = intercept_frontend::accept_tcp(core, s.clone(), i);
-        monoio::spawn(until_drain(s.clone(), accept));
-    }
-    if let (Some(i), Some(t)) = (l.interception_tls, tls.intercept) {
-        let i = monoio::net::TcpListener::from_std(i)?;
-        let accept = intercept_frontend::accept_tls(core, s.clone(), i, t);
-        monoio::spawn(until_drain(s.clone(), accept));
-    }
-    // Health and admin keep answering while the server drains (/readyz
-    // then fails).
-    for (name, a) in [("admin", l.admin), ("health", l.health)] {
-        let Some(a) = a else { continue };
-        let a = monoio::net::TcpListener::from_std(a)?;
-        let view: Rc<dyn crate::admin::AdminState> = Rc::new(AdminView(s.clone()));
-        monoio::spawn(crate::admin::serve(a, name, view));
+    for l in listening {
+        listeners::serve(core, s, &tls, l)?;
     }
     // Sockets handed over by other cores, also while draining (their dials
     // are under way).

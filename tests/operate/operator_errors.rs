@@ -138,7 +138,11 @@ fn a_socket_in_a_missing_directory_names_the_directory() {
         &sock.display().to_string(),
     ]);
     assert!(
-        err.contains(&format!("the directory {} does not exist", dir.display())),
+        err.contains(&format!(
+            "grpc-uds listener: binding {}: the directory {} does not exist",
+            sock.display(),
+            dir.display()
+        )),
         "{err}"
     );
 }

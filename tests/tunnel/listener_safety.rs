@@ -86,12 +86,19 @@ fn second_server_on_the_same_ports_fails_and_the_first_keeps_every_dial() {
         }
         assert_eq!(http_get(server.admin, "/healthz").0, 200, "{what}");
         assert!(failed, "a second server on the {what} port started:\n{log}");
-        assert!(log.contains("address in use"), "{what}:\n{log}");
+        // The message names the listener that could not be bound.
+        assert!(
+            log.contains(&format!("{what} listener: binding ")) && log.contains("address in use"),
+            "{what}:\n{log}"
+        );
     }
     let grpc_port = first.grpc.rsplit(':').next().unwrap();
     let (_, log) = start_failing(&env, &first, &[]);
     assert!(
-        log.contains(&format!("binding {}: address in use", first.agent)),
+        log.contains(&format!(
+            "agent listener: binding {}: address in use",
+            first.agent
+        )),
         "{log}"
     );
     assert!(
@@ -132,7 +139,7 @@ fn a_regular_file_at_the_socket_path_is_left_alone() {
     assert!(failed, "{log}");
     assert!(
         log.contains(&format!(
-            "binding {}: the path exists and is not a socket",
+            "connect-uds listener: binding {}: the path exists and is not a socket",
             path.display()
         )),
         "{log}"

@@ -65,8 +65,8 @@ pub fn base64(input: &[u8]) -> String {
     out
 }
 
-/// `host:port`, bracketing an IPv6 host.
-pub fn join_host_port(host: &str, port: u16) -> String {
+/// `host:port`, bracketing an IPv6 host, as Go's `net.JoinHostPort`.
+pub fn join_host_port(host: &str, port: impl std::fmt::Display) -> String {
     if host.contains(':') {
         format!("[{host}]:{port}")
     } else {
