@@ -212,6 +212,24 @@ impl Proc {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The log once it holds `needle`: lines reach the file through the
+    /// process's log thread, so a line logged a moment ago may not be
+    /// there yet when a metric already moved.
+    pub(crate) fn wait_log(&self, needle: &str) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let log = self.log_text();
+            if log.contains(needle) {
+                return log;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{needle:?} never logged within {WAIT:?}:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     #[allow(unsafe_code)]
     pub(crate) fn signal(&self, sig: i32) {
         // SAFETY: sending a signal to our own child.

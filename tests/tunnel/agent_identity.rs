@@ -152,8 +152,7 @@ fn with_binding_spoofed_ids_and_identifiers_are_refused() {
     let denied = server.metric("edgetunnel_agents_refused_total{code=\"PermissionDenied\"}");
     assert!(denied >= SPOOFS.len() as f64, "{denied}");
     // The log names what was refused.
-    let log = server.proc.log_text();
-    assert!(log.contains("host=node-b"), "{log}");
+    server.proc.wait_log("host=node-b");
 
     // What the certificate names registers and carries traffic.
     let good = spawn_with(

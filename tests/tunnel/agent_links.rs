@@ -119,8 +119,7 @@ fn agent_links_every_worker_and_tunnels_use_both() {
         agent.proc.log_text()
     );
     // The agent ran its links on two threads of its own.
-    let log = agent.proc.log_text();
-    assert!(log.contains("secondary link up"), "{log}");
+    agent.proc.wait_log("secondary link up");
 }
 
 /// Forwards TCP connections to `to`, keeping them so a test can cut one.

@@ -97,8 +97,7 @@ fn default_policy_refuses_metadata_loopback_and_names_resolving_to_them() {
     // No socket was ever opened toward the target.
     thread::sleep(Duration::from_millis(200));
     assert_eq!(accepted.load(Ordering::SeqCst), 0);
-    let log = agent.log_text();
-    assert!(log.contains("refused by agent policy"), "{log}");
+    agent.wait_log("refused by agent policy");
 }
 
 #[test]
