@@ -34,6 +34,7 @@ use crate::engine::grpc;
 use crate::protocol::agent_identity::REASONS;
 use crate::protocol::h2_server::Flood;
 use crate::protocol::packet::Frame;
+use crate::protocol::pb::PacketType;
 use crate::protocol::routing::Strategy;
 
 /// `Content-Type` of [`Metrics::render`]'s output.
@@ -130,7 +131,68 @@ impl Segment {
     }
 }
 
-/// `PacketType` names (konnectivity-client/proto/client), by number.
+/// Every `PacketType` (konnectivity-client/proto/client), in number order.
+pub const ALL_PACKET_TYPES: [PacketType; 7] = [
+    PacketType::DialReq,
+    PacketType::DialRsp,
+    PacketType::CloseReq,
+    PacketType::CloseRsp,
+    PacketType::Data,
+    PacketType::DialCls,
+    PacketType::Drain,
+];
+
+/// The packet type of a frame.
+pub fn packet_type(f: &Frame) -> PacketType {
+    match f {
+        Frame::DialRequest(_) => PacketType::DialReq,
+        Frame::DialResponse(_) => PacketType::DialRsp,
+        Frame::CloseRequest(_) => PacketType::CloseReq,
+        Frame::CloseResponse(_) => PacketType::CloseRsp,
+        Frame::Data(_) => PacketType::Data,
+        Frame::DialClose(_) => PacketType::DialCls,
+        Frame::Drain => PacketType::Drain,
+    }
+}
+
+/// The packet type of an encoded gRPC message (its 5-byte prefix
+/// included): `type` is field 1, written first, and left out when 0
+/// (DIAL_REQ); an unknown number reads as DIAL_REQ too.
+pub fn encoded_packet_type(message_head: &[u8]) -> PacketType {
+    match message_head.get(5..7) {
+        Some([0x08, t]) => PacketType::try_from(i32::from(*t)).unwrap_or(PacketType::DialReq),
+        _ => PacketType::DialReq,
+    }
+}
+
+/// A packet type for [`Metrics::packet`] and
+/// [`agent::AgentMetrics::packet`]: a [`PacketType`], or (for removal, see
+/// [`PACKET_TYPES`]) its number.
+pub trait PacketTypeArg: Copy {
+    /// The type's number, an index into the per-type counters.
+    fn index(self) -> usize;
+}
+
+impl PacketTypeArg for PacketType {
+    #[inline]
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// For removal: packet types as bare numbers, kept only while
+/// `server/agent_conn.rs` still uses them (its rewrite moves it to
+/// [`PacketType`], [`packet_type`] and [`encoded_packet_type`]); remove
+/// this impl, [`PACKET_TYPES`], [`frame_type`] and [`encoded_type`] then.
+impl PacketTypeArg for usize {
+    #[inline]
+    fn index(self) -> usize {
+        self
+    }
+}
+
+/// For removal (see `impl PacketTypeArg for usize`): `PacketType` names by
+/// number; use [`PacketType::as_str_name`].
 pub const PACKET_TYPES: [&str; 7] = [
     "DIAL_REQ",
     "DIAL_RSP",
@@ -141,27 +203,16 @@ pub const PACKET_TYPES: [&str; 7] = [
     "DRAIN",
 ];
 
-/// The packet type number of a frame.
+/// For removal (see `impl PacketTypeArg for usize`): the packet type
+/// number of a frame; use [`packet_type`].
 pub fn frame_type(f: &Frame) -> usize {
-    match f {
-        Frame::DialRequest(_) => 0,
-        Frame::DialResponse(_) => 1,
-        Frame::CloseRequest(_) => 2,
-        Frame::CloseResponse(_) => 3,
-        Frame::Data(_) => 4,
-        Frame::DialClose(_) => 5,
-        Frame::Drain => 6,
-    }
+    packet_type(f) as usize
 }
 
-/// The packet type number of an encoded gRPC message (its 5-byte prefix
-/// included): `type` is field 1, written first, and left out when 0
-/// (DIAL_REQ).
+/// For removal (see `impl PacketTypeArg for usize`): the packet type
+/// number of an encoded message; use [`encoded_packet_type`].
 pub fn encoded_type(message_head: &[u8]) -> usize {
-    match message_head.get(5..7) {
-        Some([0x08, t]) if (*t as usize) < PACKET_TYPES.len() => *t as usize,
-        _ => 0,
-    }
+    encoded_packet_type(message_head) as usize
 }
 
 /// A counter shown under its exact name (no `_total` added) with
@@ -284,10 +335,10 @@ impl Streams {
         let packets = segments
             .iter()
             .map(|s| {
-                std::array::from_fn(|t| {
+                ALL_PACKET_TYPES.map(|t| {
                     family.get_or_create_owned(&[
                         ("segment", s.as_str()),
-                        ("packet_type", PACKET_TYPES[t]),
+                        ("packet_type", t.as_str_name()),
                     ])
                 })
             })
@@ -310,11 +361,11 @@ impl Streams {
         }
     }
 
-    /// One packet of type `packet_type` (see [`PACKET_TYPES`]) on `segment`.
+    /// One packet of type `packet_type` on `segment`.
     #[inline]
-    pub(crate) fn packet(&self, segment: Segment, packet_type: usize) {
+    pub(crate) fn packet(&self, segment: Segment, packet_type: impl PacketTypeArg) {
         if let Some(i) = self.segments.iter().position(|s| *s == segment) {
-            if let Some(c) = self.packets[i].get(packet_type) {
+            if let Some(c) = self.packets[i].get(packet_type.index()) {
                 c.inc();
             }
         }
@@ -331,9 +382,9 @@ impl Streams {
             .inc();
     }
 
-    pub(crate) fn packets(&self, segment: Segment, packet_type: usize) -> u64 {
+    pub(crate) fn packets(&self, segment: Segment, packet_type: PacketType) -> u64 {
         let i = self.segments.iter().position(|s| *s == segment);
-        i.map_or(0, |i| self.packets[i][packet_type].get())
+        i.map_or(0, |i| self.packets[i][packet_type as usize].get())
     }
 }
 
@@ -977,9 +1028,9 @@ impl Metrics {
         GaugeGuard::new(&self.grpc_proxy)
     }
 
-    /// One packet on a gRPC stream (type number, see [`PACKET_TYPES`]).
+    /// One packet on a gRPC stream.
     #[inline]
-    pub fn packet(&self, segment: Segment, packet_type: usize) {
+    pub fn packet(&self, segment: Segment, packet_type: impl PacketTypeArg) {
         self.streams.packet(segment, packet_type);
     }
 
@@ -987,7 +1038,7 @@ impl Metrics {
         self.streams.error(segment, code, packet_type);
     }
 
-    pub fn packets(&self, segment: Segment, packet_type: usize) -> u64 {
+    pub fn packets(&self, segment: Segment, packet_type: PacketType) -> u64 {
         self.streams.packets(segment, packet_type)
     }
 
@@ -1116,8 +1167,11 @@ mod tests {
         m.dial_done(DialResult::Failure, Duration::ZERO);
         m.dial_done(DialResult::Timeout, Duration::ZERO);
         m.dial_failure(DialFailure::UnrecognizedResponse);
-        m.packet(Segment::FromAgent, 1);
-        m.packet(Segment::ToAgent, encoded_type(&[0, 0, 0, 0, 3, 0x12, 1, 2]));
+        m.packet(Segment::FromAgent, PacketType::DialRsp);
+        m.packet(
+            Segment::ToAgent,
+            encoded_packet_type(&[0, 0, 0, 0, 3, 0x12, 1, 2]),
+        );
         m.stream_error(Segment::FromAgent, "Unknown", "Unknown");
         let t = m.render();
         let p = ANP_SERVER;
@@ -1175,12 +1229,37 @@ mod tests {
         for f in [
             packet::dial_request("tcp", "a:1", 7),
             packet::dial_response(7, 1, ""),
+            packet::close_request(7),
+            packet::close_response(7, ""),
+            packet::dial_close(7),
             Frame::Drain,
         ] {
-            let want = frame_type(&f);
-            assert_eq!(encoded_type(&packet::encode(f).head), want);
+            let want = packet_type(&f);
+            assert_eq!(encoded_packet_type(&packet::encode(f).head), want);
         }
         let d = packet::encode_data(3, bytes::Bytes::from_static(b"x"));
-        assert_eq!(encoded_type(&d.head), 4);
+        assert_eq!(encoded_packet_type(&d.head), PacketType::Data);
+        // A number past the known types, or no type field: DIAL_REQ.
+        assert_eq!(
+            encoded_packet_type(&[0, 0, 0, 0, 2, 0x08, 7]),
+            PacketType::DialReq
+        );
+        assert_eq!(encoded_packet_type(&[0, 0, 0, 0]), PacketType::DialReq);
+    }
+
+    /// The numbers of the old API (kept for `server/agent_conn.rs` until
+    /// its rewrite) agree with the enum's.
+    #[test]
+    fn packet_type_numbers_and_names_agree() {
+        for (i, t) in ALL_PACKET_TYPES.into_iter().enumerate() {
+            assert_eq!(t as usize, i);
+            assert_eq!(PACKET_TYPES[i], t.as_str_name());
+        }
+        let f = Frame::Drain;
+        assert_eq!(frame_type(&f), packet_type(&f) as usize);
+        let m = Metrics::new(&[Strategy::Default]);
+        m.packet(Segment::ToAgent, 4usize);
+        m.packet(Segment::ToAgent, PacketType::Data);
+        assert_eq!(m.packets(Segment::ToAgent, PacketType::Data), 2);
     }
 }

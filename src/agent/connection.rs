@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures::channel::{mpsc, oneshot};
 use futures::{SinkExt, StreamExt};
-use monoio::io::{AsyncWriteRent, IntoPollIo, Splitable};
+use monoio::io::{IntoPollIo, Splitable};
 use rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
 
@@ -22,6 +22,7 @@ use crate::engine::grpc::{self, PacketReceiver, PacketSender, SendBuf};
 use crate::engine::h2_keepalive::{self, KeepaliveError};
 use crate::engine::listener;
 use crate::engine::relay::{self, ChunkReader};
+use crate::engine::tunnel_relay::{self, DownEnd, Incoming, UpEnd};
 use crate::engine::window::{self, ConnWindow};
 use crate::metrics::agent::{metrics as agent_metrics, Direction, EndpointDialFailure};
 use crate::metrics::Segment;
@@ -409,10 +410,10 @@ async fn write_loop(
             m = out.next() => m,
         };
         let Some(msg) = msg else { return Ok(()) };
-        let kind = crate::metrics::encoded_type(&msg.head);
+        let kind = crate::metrics::encoded_packet_type(&msg.head);
         agent_metrics().packet(Segment::FromAgent, kind);
         if let Err(e) = tx.send(msg).await {
-            let t = crate::metrics::PACKET_TYPES[kind];
+            let t = kind.as_str_name();
             agent_metrics().server_failure(Direction::ToServer, "Unavailable", t);
             return Err(e.into());
         }
@@ -429,7 +430,7 @@ async fn read_loop(shared: Rc<LinkState>, mut rx: PacketReceiver) -> Result<(), 
                 return Err(e.into());
             }
         };
-        agent_metrics().packet(Segment::ToAgent, crate::metrics::frame_type(&frame));
+        agent_metrics().packet(Segment::ToAgent, crate::metrics::packet_type(&frame));
         let action = shared.tunnel.borrow_mut().on_server_frame(frame);
         match action {
             AgentAction::Dial {
@@ -676,15 +677,55 @@ async fn open(shared: &Rc<LinkState>, d: Dial) -> Option<Opened> {
     }
 }
 
-#[derive(PartialEq)]
-enum Down {
-    /// The server closed the connection (its CLOSE_RSP is already sent).
-    Closed,
-    /// The server finished sending (half-close).
-    Finished,
-    Failed,
-    /// The server connection ended: the target is reset.
-    Aborted,
+/// How a target's relay hears from the server: a CLOSE (or the channel
+/// closing) ends it cleanly, the server connection ending aborts it.
+fn server_event(ev: ConnEvent) -> Incoming<Aborted> {
+    match ev {
+        ConnEvent::Data(c) => Incoming::Data(c),
+        ConnEvent::ShutdownWrite => Incoming::Finish,
+        ConnEvent::Close => Incoming::End(Aborted(false)),
+        ConnEvent::Abort => Incoming::End(Aborted(true)),
+    }
+}
+
+/// Whether the server's end of a target's relay came with the server
+/// connection ending (the target is reset) rather than a CLOSE.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Aborted(bool);
+
+/// A target's bytes, as encoded DATA packets on the server link's queue.
+struct ToServer {
+    out: mpsc::Sender<Encoded>,
+    connect_id: i64,
+}
+
+impl tunnel_relay::ChunkSink for ToServer {
+    fn send(&mut self, chunk: bytes::Bytes) -> impl Future<Output = bool> {
+        let m = packet::encode_data(self.connect_id, chunk);
+        futures::FutureExt::map(self.out.send(m), |r| r.is_ok())
+    }
+}
+
+/// What ended a target's relay, as the CLOSE_RSP tells it: the target's
+/// read or write error, if one ended it.
+fn failure_of_up(end: &UpEnd) -> Option<Box<str>> {
+    match end {
+        UpEnd::Failed(e) => Some(format!("read from target: {e}").into()),
+        _ => None,
+    }
+}
+
+fn failure_of_down(end: &DownEnd<Aborted>) -> Option<Box<str>> {
+    match end {
+        DownEnd::Failed(e) => Some(format!("write to target: {e}").into()),
+        _ => None,
+    }
+}
+
+/// Whether the server closed the connection (its CLOSE_RSP is already
+/// sent, or it is gone): nothing more to send.
+fn server_closed(end: &DownEnd<Aborted>) -> bool {
+    matches!(end, DownEnd::Ended(None | Some(Aborted(false))))
 }
 
 /// Relays a dialed target until either side ends.
@@ -700,7 +741,7 @@ fn relay_conn(shared: Rc<LinkState>, opened: Opened) -> impl Future<Output = ()>
         fd,
         rd,
         mut wr,
-        mut events,
+        events,
         window,
         _open,
     } = opened;
@@ -708,11 +749,6 @@ fn relay_conn(shared: Rc<LinkState>, opened: Opened) -> impl Future<Output = ()>
         // An async block captures only the places it names: the gauge is
         // named, so that it lives as long as the connection.
         let _open = &_open;
-        // An abnormal end (server connection gone) resets the target; a target
-        // that fails is reported in the CLOSE_RSP's error, so the server can
-        // reset its caller.
-        let failure: Cell<Option<Box<str>>> = Cell::new(None);
-        let failure = &failure;
         // Chunks moved each way, so that a half-closed connection's linger
         // counts idle time only.
         // (One reference to the pair: each reference is 8 bytes of every
@@ -720,125 +756,85 @@ fn relay_conn(shared: Rc<LinkState>, opened: Opened) -> impl Future<Output = ()>
         let moved = &(Cell::new(0u32), Cell::new(0u32));
         // (The linger is read where used: a local would widen every state
         // of the task.)
-        let mut out = shared.out.clone();
-        // `move`: the sender lives in `up` alone (where it fills room `up`
-        // has anyway); the rest it uses are references or its own.
-        let up = async move {
-            let mut r = ChunkReader::new(rd).with_flow_control(window);
-            loop {
-                match r.next().await {
-                    Ok(Some(chunk)) => {
-                        moved.0.set(moved.0.get().wrapping_add(1));
-                        if out
-                            .send(packet::encode_data(connect_id, chunk))
-                            .await
-                            .is_err()
-                        {
-                            return false;
-                        }
-                    }
-                    Ok(None) => return true,
-                    Err(e) => {
-                        failure.set(Some(format!("read from target: {e}").into()));
-                        return false;
-                    }
-                }
-            }
-        };
-        // `down` owns the receiver and hands it back, so the server's CLOSE can
-        // still be heard after `down` itself has finished (half-close). It only
-        // borrows the write half: dropping that sends a FIN, which must not
-        // come before a reset.
-        let wr = &mut wr;
-        let down = async move {
-            let mut stashed: Option<ConnEvent> = None;
-            loop {
-                if stashed.is_none() {
-                    match events.next().await {
-                        Some(ev) => stashed = Some(ev),
-                        None => return (Down::Closed, events),
-                    }
-                }
-                // The event is taken apart in a block of its own, before the
-                // write's await: the task does not keep a copy of it (or of
-                // the temporary matched on) across the wait.
-                let written = {
-                    let first = match stashed.take() {
-                        Some(ConnEvent::Data(first)) => first,
-                        Some(ConnEvent::ShutdownWrite) => break,
-                        Some(ConnEvent::Close) => return (Down::Closed, events),
-                        Some(ConnEvent::Abort) => return (Down::Aborted, events),
-                        None => continue,
-                    };
-                    relay::write_queued(
-                        wr,
-                        first,
-                        || events.try_recv().ok(),
-                        |ev| match ev {
-                            ConnEvent::Data(c) => Ok(c),
-                            other => Err(other),
-                        },
-                        &moved.1,
-                    )
-                };
-                match written.await {
-                    Ok(next) => stashed = next,
-                    Err(e) => {
-                        failure.set(Some(format!("write to target: {e}").into()));
-                        return (Down::Failed, events);
-                    }
-                }
-            }
-            let _ = wr.shutdown().await;
-            (Down::Finished, events)
-        };
+        // The reader and the sink are built in the call: named locals
+        // would keep room in every state of the task after moving.
+        let up = tunnel_relay::pump_up(
+            ChunkReader::new(rd).with_flow_control(window),
+            ToServer {
+                out: shared.out.clone(),
+                connect_id,
+            },
+            &moved.0,
+        );
+        // `down` owns the receiver and hands it back, so the server's CLOSE
+        // can still be heard after `down` itself has finished (half-close).
+        // It only borrows the write half: dropping that sends a FIN, which
+        // must not come before a reset.
+        let down = tunnel_relay::pump_down(&mut wr, events, server_event, &moved.1);
         futures::pin_mut!(up, down);
         let ended = futures::future::select(up, down).await;
-        // Boxed: a connection's end, not its idle state.
+        // Boxed: a connection's end, not its idle state. An abnormal end
+        // (server connection gone) resets the target; a target that fails
+        // is reported in the CLOSE_RSP's error, so the server can reset its
+        // caller.
         Box::pin(async move {
+            let mut failure = None;
             let close = match ended {
-                futures::future::Either::Left((clean_eof, down)) => {
-                    if clean_eof && shared.half_close {
+                futures::future::Either::Left((up_end, down)) => {
+                    failure = failure_of_up(&up_end);
+                    if matches!(up_end, UpEnd::Eof) && shared.half_close {
                         let eof = packet::encode(packet::half_close(connect_id));
                         let _ = shared.out.clone().send(eof).await;
                         // The server's side gets `linger` (idle) to finish too.
                         match relay::linger(shared.half_close_linger, &moved.1, down).await {
-                            Some((ended, _)) => ended != Down::Closed,
+                            Some((end, _)) => {
+                                failure = failure_of_down(&end);
+                                !server_closed(&end)
+                            }
                             None => true,
                         }
                     } else {
                         true
                     }
                 }
-                futures::future::Either::Right(((Down::Closed, _), _)) => false,
-                futures::future::Either::Right(((Down::Aborted, _), _)) => {
-                    tracing::debug!(connect_id, "server connection gone: resetting the target");
-                    crate::engine::abort::reset(&fd);
-                    false
-                }
-                futures::future::Either::Right(((Down::Finished, mut events), up)) => {
-                    // The target may still be sending; the server may still
-                    // close.
-                    let closed = async move {
-                        while let Some(ev) = events.next().await {
-                            if let ConnEvent::Close | ConnEvent::Abort = ev {
-                                break;
-                            }
-                        }
-                    };
-                    futures::pin_mut!(closed);
-                    // The target gets `linger` (idle) to finish too.
-                    let rest = futures::future::select(up, closed);
-                    match relay::linger(shared.half_close_linger, &moved.0, rest).await {
-                        Some(futures::future::Either::Left(_)) | None => true,
-                        Some(futures::future::Either::Right(_)) => false,
+                futures::future::Either::Right(((end, mut events), up)) => match end {
+                    DownEnd::Ended(Some(Aborted(true))) => {
+                        tracing::debug!(connect_id, "server connection gone: resetting the target");
+                        crate::engine::abort::reset(&fd);
+                        false
                     }
-                }
-                futures::future::Either::Right(((Down::Failed, _), _)) => true,
+                    DownEnd::Ended(_) => false,
+                    DownEnd::Finished => {
+                        // The target may still be sending; the server may
+                        // still close.
+                        let closed = async move {
+                            while let Some(ev) = events.next().await {
+                                if let ConnEvent::Close | ConnEvent::Abort = ev {
+                                    break;
+                                }
+                            }
+                        };
+                        futures::pin_mut!(closed);
+                        // The target gets `linger` (idle) to finish too.
+                        let rest = futures::future::select(up, closed);
+                        match relay::linger(shared.half_close_linger, &moved.0, rest).await {
+                            Some(futures::future::Either::Left((up_end, _))) => {
+                                failure = failure_of_up(&up_end);
+                                true
+                            }
+                            None => true,
+                            Some(futures::future::Either::Right(_)) => false,
+                        }
+                    }
+                    DownEnd::Failed(_) => {
+                        failure = failure_of_down(&end);
+                        true
+                    }
+                },
             };
             if close {
                 let mut frame = shared.tunnel.borrow_mut().local_closed(connect_id);
-                if let (Some(Frame::CloseResponse(c)), Some(e)) = (&mut frame, failure.take()) {
+                if let (Some(Frame::CloseResponse(c)), Some(e)) = (&mut frame, failure) {
                     c.error = e.into();
                 }
                 if let Some(f) = frame {
@@ -872,7 +868,9 @@ mod tests {
         // monoio's task header and trailer add 48 bytes, and 640 is an
         // allocator size class (641 bytes would take 768). The write's
         // event is taken apart before its await, so the task keeps no copy
-        // of it (it kept two: 712 bytes, 760 with the header).
+        // of it (it kept two: 712 bytes, 760 with the header). Since the relay's two
+        // directions are shared with the server (`engine::tunnel_relay`)
+        // and a failure's text lives only in the boxed end, it is 536 bytes.
         assert!(relay <= 592, "the relay's future is {relay} bytes");
     }
 }

@@ -331,29 +331,36 @@ fn kubeconfig_ca(host: &dyn Host, path: &Path) -> Result<Vec<u8>, CompatError> {
     })
 }
 
-/// Standard base64 with optional padding; whitespace ignored.
+/// Standard base64, read leniently as before: whitespace anywhere is
+/// ignored, padding is optional and the first `=` ends the data, non-zero
+/// trailing bits are kept out of the output, and a last lone symbol (6 bits,
+/// no whole byte) gives nothing; a byte outside the alphabet before the
+/// first `=` refuses the text.
 fn base64_decode(s: &str) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(s.len() * 3 / 4);
-    let (mut acc, mut bits) = (0u32, 0u32);
-    for c in s.bytes().filter(|c| !c.is_ascii_whitespace()) {
-        let v = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            b'=' => break,
-            _ => return None,
-        };
-        acc = (acc << 6) | u32::from(v);
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-            acc &= (1 << bits) - 1;
-        }
+    use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
+    use base64::engine::DecodePaddingMode;
+    use base64::Engine as _;
+    const LENIENT: GeneralPurpose = GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        GeneralPurposeConfig::new()
+            .with_decode_padding_mode(DecodePaddingMode::RequireNone)
+            .with_decode_allow_trailing_bits(true),
+    );
+    let mut symbols: Vec<u8> = s
+        .bytes()
+        .filter(|c| !c.is_ascii_whitespace())
+        .take_while(|&c| c != b'=')
+        .collect();
+    if !symbols
+        .iter()
+        .all(|c| c.is_ascii_alphanumeric() || *c == b'+' || *c == b'/')
+    {
+        return None;
     }
-    Some(out)
+    if symbols.len() % 4 == 1 {
+        symbols.pop();
+    }
+    LENIENT.decode(symbols).ok()
 }
 
 #[cfg(test)]
@@ -620,5 +627,19 @@ mod tests {
         assert_eq!(base64_decode("aGVsbG8=").unwrap(), b"hello");
         assert_eq!(base64_decode("aGVs\nbG8").unwrap(), b"hello");
         assert!(base64_decode("a*b").is_none());
+        // The lenient edges the hand-written decoder had, kept with the
+        // crate: no padding, text after the first `=` ignored, non-zero
+        // trailing bits dropped, a lone last symbol giving nothing,
+        // whitespace of every kind, and the standard (not URL) alphabet.
+        assert_eq!(base64_decode("YWI").unwrap(), b"ab");
+        assert_eq!(base64_decode("Q0EK=*junk").unwrap(), b"CA\n");
+        assert_eq!(base64_decode("YWJ").unwrap(), b"ab");
+        assert_eq!(base64_decode("QUJDR").unwrap(), b"ABC");
+        assert_eq!(base64_decode("Q").unwrap(), b"");
+        assert!(base64_decode("QUJD*").is_none());
+        assert_eq!(base64_decode(" Q0\tEK\r\n").unwrap(), b"CA\n");
+        assert_eq!(base64_decode("+/8=").unwrap(), [0xfb, 0xff]);
+        assert!(base64_decode("-_8").is_none());
+        assert_eq!(base64_decode("").unwrap(), b"");
     }
 }

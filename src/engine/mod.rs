@@ -26,6 +26,7 @@ pub mod signals;
 pub mod sys;
 pub mod tls;
 pub mod tls_copy;
+pub mod tunnel_relay;
 pub mod window;
 
 /// `AsyncWrite` for a read-side wrapper (a struct with an `inner` stream)

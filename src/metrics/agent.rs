@@ -236,7 +236,7 @@ impl AgentMetrics {
 
     /// One packet sent (`FromAgent`) or received (`ToAgent`).
     #[inline]
-    pub fn packet(&self, segment: Segment, packet_type: usize) {
+    pub fn packet(&self, segment: Segment, packet_type: impl super::PacketTypeArg) {
         self.streams.packet(segment, packet_type);
     }
 
@@ -252,6 +252,7 @@ impl AgentMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::pb::PacketType;
 
     #[test]
     fn anp_agent_families() {
@@ -265,8 +266,8 @@ mod tests {
         m.dial_cancelled();
         let pending = m.dial_pending();
         m.server_failure(Direction::FromServer, "Unknown", "Unknown");
-        m.packet(Segment::ToAgent, 0);
-        m.packet(Segment::FromAgent, 1);
+        m.packet(Segment::ToAgent, PacketType::DialReq);
+        m.packet(Segment::FromAgent, PacketType::DialRsp);
         m.keepalive_timeout();
         m.server_drain();
         let t = m.render();

@@ -24,6 +24,7 @@ use super::{Handoff, ServerState};
 use crate::engine::abort;
 use crate::engine::accept;
 use crate::engine::relay::{self, ChunkReader, LocalSocket, MovedSocket};
+use crate::engine::tunnel_relay::{self, DownEnd, Incoming, UpEnd};
 use crate::engine::window::{self, ConnWindow};
 use crate::metrics::DialResult;
 use crate::protocol::http_connect;
@@ -591,120 +592,63 @@ impl Relay {
             // Chunks moved each way, so that a half-closed tunnel's linger
             // counts idle time only.
             let (up_moved, down_moved) = (Cell::new(0u32), Cell::new(0u32));
-            let up = async {
-                let mut r = ChunkReader::new(rd).with_flow_control(this.window.clone());
+            // The reader and the sink are built in the call: named locals
+            // would keep room in every state of the task after moving.
+            let up = tunnel_relay::pump_up(
+                ChunkReader::new(rd).with_flow_control(this.window.clone()),
                 // One sender for the whole stream (a clone per chunk would
                 // allocate).
-                let mut cmds = agent.cmds.clone();
-                loop {
-                    match r.next().await {
-                        Ok(Some(chunk)) => {
-                            up_moved.set(up_moved.get().wrapping_add(1));
-                            let cmd = AgentCmd::Data {
-                                connect_id,
-                                payload: chunk,
-                            };
-                            if futures::SinkExt::send(&mut cmds, cmd).await.is_err() {
-                                aborted.set(true);
-                                return false;
-                            }
-                        }
-                        Ok(None) => return true,
-                        Err(_) => return false,
-                    }
-                }
-            };
-            let down = async {
-                let mut stashed: Option<FrontendEvent> = None;
-                loop {
-                    if stashed.is_none() {
-                        match events.next().await {
-                            Some((_, ev)) => stashed = Some(ev),
-                            None => {
-                                aborted.set(true);
-                                return true;
-                            }
-                        }
-                    }
-                    // The event is taken apart in a block of its own, before
-                    // the write's await: the task does not keep a copy of it
-                    // (or of the temporary matched on) across the wait.
-                    let written = {
-                        let first = match stashed.take() {
-                            Some(FrontendEvent::Data(first)) => first,
-                            // The target is done; the client gets `linger`
-                            // to finish too, then the tunnel closes (below).
-                            Some(FrontendEvent::Finished) => break,
-                            Some(FrontendEvent::Closed(e)) => {
-                                // The agent reports a target that failed
-                                // (reset) with an error; a clean close has
-                                // none.
-                                aborted.set(!e.is_empty());
-                                return true;
-                            }
-                            Some(FrontendEvent::AgentGone) => {
-                                aborted.set(true);
-                                return true;
-                            }
-                            Some(
-                                FrontendEvent::DialOk { .. }
-                                | FrontendEvent::DialErr(_)
-                                | FrontendEvent::DialCancelled,
-                            )
-                            | None => continue,
-                        };
-                        relay::write_queued(
-                            &mut wr,
-                            first,
-                            || events.try_recv().ok().map(|(_, ev)| ev),
-                            |ev| match ev {
-                                FrontendEvent::Data(c) => Ok(c),
-                                other => Err(other),
-                            },
-                            &down_moved,
-                        )
-                    };
-                    match written.await {
-                        Ok(next) => stashed = next,
-                        Err(_) => return false,
-                    }
-                }
-                Box::pin(finish_client(
-                    &mut wr,
-                    events,
-                    cfg.half_close_linger,
-                    &up_moved,
-                ))
-                .await
-            };
+                ToAgent {
+                    cmds: agent.cmds.clone(),
+                    connect_id,
+                },
+                &up_moved,
+            );
+            let down = tunnel_relay::pump_down(&mut wr, events, agent_event, &down_moved);
             futures::pin_mut!(up, down);
-            match futures::future::select(up, down).await {
-                futures::future::Either::Left((clean_eof, down)) => {
-                    // Boxed: a tunnel's end, not its idle state. `true`: the
-                    // agent side ended it, nothing more to do.
-                    let ended = Box::pin(async {
-                        if clean_eof && agent.half_close {
-                            // The client is done; the target gets `linger` to
-                            // finish too, then the tunnel closes.
-                            agent.send(AgentCmd::HalfClose { connect_id }).await;
-                            let linger = cfg.half_close_linger;
-                            if let Some(true) = relay::linger(linger, &down_moved, down).await {
-                                return true;
+            let first = futures::future::select(up, down).await;
+            // Boxed: a tunnel's end, not its idle state. `true`: the agent
+            // side ended it, nothing more to do.
+            let ended = Box::pin(async {
+                let linger = cfg.half_close_linger;
+                let ends = Ends {
+                    agent,
+                    connect_id,
+                    aborted: &aborted,
+                    linger,
+                };
+                match first {
+                    futures::future::Either::Left((up_end, down)) => {
+                        let rest = async {
+                            let (end, events) = down.await;
+                            ends.agent_side(end, events, &up_moved).await
+                        };
+                        ends.client_done(up_end, rest, &down_moved).await
+                    }
+                    futures::future::Either::Right(((DownEnd::Finished, events), up)) => {
+                        // The target is done; the client gets `linger` to
+                        // finish too, then the tunnel closes. It may still
+                        // finish first.
+                        let finish = finish_client(events, linger, &up_moved);
+                        futures::pin_mut!(finish);
+                        match futures::future::select(up, finish).await {
+                            futures::future::Either::Left((up_end, finish)) => {
+                                ends.client_done(up_end, finish, &down_moved).await
+                            }
+                            futures::future::Either::Right((agent_closed, _up)) => {
+                                ends.agent_done(agent_closed).await
                             }
                         }
-                        agent.send(AgentCmd::Close { connect_id }).await;
-                        false
-                    })
-                    .await;
-                    if ended {
-                        return;
+                    }
+                    futures::future::Either::Right(((end, events), _up)) => {
+                        let agent_closed = ends.agent_side(end, events, &up_moved).await;
+                        ends.agent_done(agent_closed).await
                     }
                 }
-                futures::future::Either::Right((agent_closed, _up)) => {
-                    if !agent_closed {
-                        Box::pin(agent.send(AgentCmd::Close { connect_id })).await;
-                    }
-                }
+            })
+            .await;
+            if ended {
+                return;
             }
             // The span is made here, not held: the task would keep it (40
             // bytes) for the tunnel's whole life.
@@ -719,16 +663,117 @@ impl Relay {
     }
 }
 
-/// The target finished sending: passes the end on to the client and gives
-/// it `linger` (idle) to finish too. `true`: the tunnel ends without
-/// another CLOSE to send.
-async fn finish_client<W: AsyncWriteRent>(
-    wr: &mut W,
-    events: &mut Events,
+/// How an agent's event for a tunnel reads to the relay; an end says
+/// whether it was abnormal (the agent reports a target that failed with an
+/// error; a clean close has none).
+fn agent_event((_, ev): (u64, FrontendEvent)) -> Incoming<bool> {
+    match ev {
+        FrontendEvent::Data(c) => Incoming::Data(c),
+        FrontendEvent::Finished => Incoming::Finish,
+        FrontendEvent::Closed(e) => Incoming::End(!e.is_empty()),
+        FrontendEvent::AgentGone => Incoming::End(true),
+        FrontendEvent::DialOk { .. } | FrontendEvent::DialErr(_) | FrontendEvent::DialCancelled => {
+            Incoming::Skip
+        }
+    }
+}
+
+/// What a tunnel's end needs (built only once it ends: an idle tunnel's
+/// task does not keep it).
+struct Ends<'a> {
+    agent: &'a AgentHandle,
+    connect_id: i64,
+    /// Set when the tunnel ended abnormally: the caller is reset.
+    aborted: &'a Cell<bool>,
     linger: Duration,
-    up_moved: &Cell<u32>,
-) -> bool {
-    let _ = wr.shutdown().await;
+}
+
+impl Ends<'_> {
+    /// The client finished sending first (`up_end`); `rest` is what remains
+    /// of the agent side (`true`: it ended the tunnel, see
+    /// [`Ends::agent_side`]). With half-close the target gets `linger`
+    /// (idle) to finish too; then the tunnel closes. `true`: nothing more
+    /// to do.
+    async fn client_done(
+        &self,
+        up_end: UpEnd,
+        rest: impl Future<Output = bool>,
+        down_moved: &Cell<u32>,
+    ) -> bool {
+        let connect_id = self.connect_id;
+        let clean_eof = match up_end {
+            UpEnd::Eof => true,
+            // The agent connection is gone.
+            UpEnd::SinkGone => {
+                self.aborted.set(true);
+                false
+            }
+            UpEnd::Failed(_) => false,
+        };
+        if clean_eof && self.agent.half_close {
+            self.agent.send(AgentCmd::HalfClose { connect_id }).await;
+            if let Some(true) = relay::linger(self.linger, down_moved, rest).await {
+                return true;
+            }
+        }
+        self.agent.send(AgentCmd::Close { connect_id }).await;
+        false
+    }
+
+    /// The agent side's end, as [`tunnel_relay::pump_down`] gave it:
+    /// `true` when the tunnel ends without another CLOSE to send. A target
+    /// that finished sending leaves the client `linger` to finish too.
+    async fn agent_side(
+        &self,
+        end: DownEnd<bool>,
+        events: &mut Events,
+        up_moved: &Cell<u32>,
+    ) -> bool {
+        match end {
+            // The agent reports a target that failed (reset) with an
+            // error; a clean close has none. An agent connection gone (or
+            // its channel closed) is abnormal too.
+            DownEnd::Ended(abnormal) => {
+                self.aborted.set(abnormal.unwrap_or(true));
+                true
+            }
+            DownEnd::Failed(_) => false,
+            DownEnd::Finished => finish_client(events, self.linger, up_moved).await,
+        }
+    }
+
+    /// The agent side ended first; the agent is told to close unless it
+    /// closed. `false`: the tunnel's end is logged (and the caller reset
+    /// when it was abnormal).
+    async fn agent_done(&self, agent_closed: bool) -> bool {
+        if !agent_closed {
+            let connect_id = self.connect_id;
+            self.agent.send(AgentCmd::Close { connect_id }).await;
+        }
+        false
+    }
+}
+
+/// A tunnel's client bytes, as DATA commands to its agent connection.
+struct ToAgent {
+    cmds: mpsc::Sender<AgentCmd>,
+    connect_id: i64,
+}
+
+impl tunnel_relay::ChunkSink for ToAgent {
+    fn send(&mut self, payload: Bytes) -> impl Future<Output = bool> {
+        let cmd = AgentCmd::Data {
+            connect_id: self.connect_id,
+            payload,
+        };
+        futures::FutureExt::map(futures::SinkExt::send(&mut self.cmds, cmd), |r| r.is_ok())
+    }
+}
+
+/// The target finished sending (the client's write side is shut down):
+/// gives the client `linger` (idle) to finish too. `true`: the tunnel ends
+/// without another CLOSE to send.
+async fn finish_client(events: &mut Events, linger: Duration, up_moved: &Cell<u32>) -> bool {
     let closed = async {
         while let Some((_, ev)) = events.next().await {
             if let FrontendEvent::Closed(_) | FrontendEvent::AgentGone = ev {
@@ -772,7 +817,9 @@ mod tests {
         // and trailer, and 768 bytes is an allocator size class (769 takes
         // 896). The write's event is taken apart before its await, so the
         // task keeps no copy of it (it kept two: 848 bytes, 896 with the
-        // header).
+        // header). Since the relay's two directions are shared
+        // with the agent (`engine::tunnel_relay`) and the end's handling is
+        // built only once the tunnel ends, it is 680 bytes.
         let relay = instrumented_future_of(Relay::run::<R, W>);
         assert!(relay <= 728, "the relay's task future is {relay} bytes");
         let front = future_of(front::<T>);

@@ -29,6 +29,7 @@ use crate::engine::window::{self, ConnWindow};
 use crate::metrics::{self, DialResult, KeepalivePeer, Segment};
 use crate::protocol::h2_server;
 use crate::protocol::packet::{self, Frame};
+use crate::protocol::pb::PacketType;
 use crate::protocol::proxy_stream::{Abandoned, AgentEvent, ProxyStream, StreamAction};
 use crate::protocol::{PROXY_PATH, ROUTE_ATTEMPTS};
 
@@ -645,7 +646,7 @@ async fn proxy_stream(
                 Next::Agent(token, ev) => machine.on_agent_event(token, agent_event(ev)),
                 Next::Unparked => parked = None,
                 Next::Client(Ok(Some(frame))) => {
-                    let kind = metrics::frame_type(&frame);
+                    let kind = metrics::packet_type(&frame);
                     shared.metrics.packet(Segment::FromClient, kind);
                     machine.on_client_frame(frame, Instant::now())
                 }
@@ -676,13 +677,13 @@ async fn proxy_stream(
                 None => return Ok::<(), GrpcError>(()),
                 Some(Out::Frame(f)) => {
                     to_client.taken();
-                    let kind = metrics::frame_type(&f);
+                    let kind = metrics::packet_type(&f);
                     shared.metrics.packet(Segment::ToClient, kind);
                     let t0 = Instant::now();
                     let sent = tx.send_frame(f).await;
                     shared.metrics.frontend_write(t0.elapsed());
                     if let Err(e) = sent {
-                        let t = metrics::PACKET_TYPES[kind];
+                        let t = kind.as_str_name();
                         shared
                             .metrics
                             .stream_error(Segment::ToClient, "Unavailable", t);
@@ -690,13 +691,13 @@ async fn proxy_stream(
                     }
                 }
                 Some(Out::Data(connect_id, credit)) => {
-                    shared.metrics.packet(Segment::ToClient, 4);
+                    shared.metrics.packet(Segment::ToClient, PacketType::Data);
                     let m = packet::encode_data(connect_id, credit.bytes().clone());
                     let t0 = Instant::now();
                     let sent = tx.send(m).await;
                     shared.metrics.frontend_write(t0.elapsed());
                     if let Err(e) = sent {
-                        let t = metrics::PACKET_TYPES[4];
+                        let t = PacketType::Data.as_str_name();
                         shared
                             .metrics
                             .stream_error(Segment::ToClient, "Unavailable", t);

@@ -378,28 +378,11 @@ impl Session<'_> {
     }
 }
 
-/// `%xx` and `+` decoding of a query value.
+/// `%xx` and `+` decoding of a query value (a bad escape stays as it is).
 fn unescape(v: &str) -> String {
-    let b = v.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' if i + 2 < b.len() => {
-                let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("");
-                if let Ok(x) = u8::from_str_radix(hex, 16) {
-                    out.push(x);
-                    i += 3;
-                    continue;
-                }
-                out.push(b'%');
-            }
-            b'+' => out.push(b' '),
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(&v.replace('+', " "))
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// Answers an `/exec/...` or `/portForward/...` upgrade and serves the

@@ -557,27 +557,12 @@ impl FakeKube {
     }
 }
 
-/// Decodes `%XX` escapes and `+` in a query value.
+/// Decodes a query value: `+` is a space, `%XX` a byte (a bad escape
+/// stays as it is).
 fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' if i + 2 < b.len() => match u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                Ok(x) => {
-                    out.push(x);
-                    i += 3;
-                    continue;
-                }
-                Err(_) => out.push(b'%'),
-            },
-            b'+' => out.push(b' '),
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(&s.replace('+', " "))
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 fn status(code: u16, reason: &str, message: &str) -> Value {

@@ -11,6 +11,8 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use crate::percent::{self, Plus};
+
 /// An IP network such as `10.1.0.0/16` or `fd00::/64`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Cidr {
@@ -139,60 +141,28 @@ impl Identifiers {
     pub fn encode(&self) -> String {
         let mut parts: Vec<String> = Vec::new();
         for c in &self.cidrs {
-            parts.push(format!("cidr={}", percent_encode(&c.to_string())));
+            parts.push(format!("cidr={}", percent::query_escape(&c.to_string())));
         }
         if self.default_route {
             parts.push("default-route=true".to_string());
         }
         for h in &self.hosts {
-            parts.push(format!("host={}", percent_encode(h)));
+            parts.push(format!("host={}", percent::query_escape(h)));
         }
         for a in &self.ipv4 {
             parts.push(format!("ipv4={a}"));
         }
         for a in &self.ipv6 {
-            parts.push(format!("ipv6={}", percent_encode(&a.to_string())));
+            parts.push(format!("ipv6={}", percent::query_escape(&a.to_string())));
         }
         parts.join("&")
     }
 }
 
+/// A query key or value (`+` is a space), refused when an escape is bad
+/// or the bytes are not UTF-8.
 fn percent_decode(s: &str) -> Result<String, IdentifierError> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let hex = bytes
-                    .get(i + 1..i + 3)
-                    .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
-                    .and_then(|h| std::str::from_utf8(h).ok())
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| IdentifierError::BadEncoding(s.to_string()))?;
-                out.push(hex);
-                i += 2;
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8(out).map_err(|_| IdentifierError::BadEncoding(s.to_string()))
-}
-
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                out.push(b as char)
-            }
-            b' ' => out.push('+'),
-            _ => out.push_str(&format!("%{b:02X}")),
-        }
-    }
-    out
+    percent::decode_utf8(s, Plus::Space).ok_or_else(|| IdentifierError::BadEncoding(s.to_string()))
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ pub mod impersonation;
 pub mod kubectl;
 pub mod oidc;
 pub mod packet;
+pub mod percent;
 pub mod proxy_client;
 pub mod proxy_stream;
 pub mod routing;

@@ -134,24 +134,11 @@ fn consume_param(v: &str) -> Option<(String, String, &str)> {
     Some((go_lower(name), value, rest))
 }
 
-/// Go's `percentHexUnescape`; `None` on a bad `%` escape.
+/// Go's `percentHexUnescape`; `None` on a bad `%` escape (`+` is itself,
+/// bytes that are not UTF-8 are replaced).
 fn percent_unescape(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = |c: u8| (c as char).to_digit(16);
-            let hi = b.get(i + 1).and_then(|&c| hex(c))?;
-            let lo = b.get(i + 2).and_then(|&c| hex(c))?;
-            out.push((hi * 16 + lo) as u8);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    Some(String::from_utf8_lossy(&out).into_owned())
+    let bytes = crate::percent::decode(s, crate::percent::Plus::Literal)?;
+    Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// Go's `decode2231Enc`: `charset'lang'percent-encoded`, for `us-ascii`
