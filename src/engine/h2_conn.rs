@@ -1,5 +1,6 @@
 //! An HTTP/2 server connection over a byte stream, driven by the sans-I/O
-//! [`ServerConn`]: the runtime glue of the gRPC frontend.
+//! [`ServerConn`]: the runtime glue of the gRPC frontend and of the
+//! server's agent links.
 //!
 //! [`H2Conn::poll_next`] reads, writes and hands out requests; it is
 //! polled by the connection's task. Each request's [`StreamRecv`] and
@@ -223,6 +224,22 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
         let mut s = self.shared.borrow_mut();
         s.conn.go_away();
         s.wake_driver();
+    }
+
+    /// Writes what is queued, then shuts the write side down (with TLS, a
+    /// close_notify, then the FIN): for a connection that ends after its
+    /// answer, such as a refused agent's. Read input is left unread.
+    pub async fn close(&mut self) -> io::Result<()> {
+        futures::future::poll_fn(|cx| {
+            if let Poll::Ready(Err(e)) = self.write(cx) {
+                return Poll::Ready(Err(e));
+            }
+            if self.shared.borrow().conn.output_len() > 0 || self.flush {
+                return Poll::Pending;
+            }
+            Pin::new(&mut self.io).poll_shutdown(cx)
+        })
+        .await
     }
 
     /// The next request or PONG, driving the connection's I/O meanwhile;
