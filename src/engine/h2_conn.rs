@@ -226,22 +226,6 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
         s.wake_driver();
     }
 
-    /// Writes what is queued, then shuts the write side down (with TLS, a
-    /// close_notify, then the FIN): for a connection that ends after its
-    /// answer, such as a refused agent's. Read input is left unread.
-    pub async fn close(&mut self) -> io::Result<()> {
-        futures::future::poll_fn(|cx| {
-            if let Poll::Ready(Err(e)) = self.write(cx) {
-                return Poll::Ready(Err(e));
-            }
-            if self.shared.borrow().conn.output_len() > 0 || self.flush {
-                return Poll::Pending;
-            }
-            Pin::new(&mut self.io).poll_shutdown(cx)
-        })
-        .await
-    }
-
     /// The next request or PONG, driving the connection's I/O meanwhile;
     /// `None` once the client closed, `Err` when the connection failed.
     pub async fn next(&mut self) -> Option<Result<Incoming, H2Error>> {
@@ -637,7 +621,22 @@ impl Drop for StreamSend {
 
 #[cfg(test)]
 mod tests {
-    use super::http1_method;
+    use super::{http1_method, Shared, Wakers};
+
+    /// The HTTP/2 state of one connection (gRPC frontend caller or agent
+    /// link) lives behind one `Rc` for as long as the connection: the
+    /// sans-I/O connection, the driver's waker and a flag; each open stream
+    /// adds a slot to its table. Besides these, an idle connection holds
+    /// only the client's HPACK table (what the client indexed, at most
+    /// 4,096 bytes as RFC 7541 counts them).
+    #[test]
+    fn a_connections_http2_state_stays_small() {
+        let shared = std::mem::size_of::<Shared>();
+        let stream = crate::protocol::h2_server::stream_state_size::<Wakers>();
+        eprintln!("per connection {shared} bytes, per open stream {stream}");
+        assert!(shared <= 512, "Shared is {shared} bytes");
+        assert!(stream <= 256, "a stream's slot is {stream} bytes");
+    }
 
     #[test]
     fn an_http1_request_line_is_told_from_the_http2_preface() {

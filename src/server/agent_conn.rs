@@ -11,22 +11,27 @@
 //! handshake, its timer, the wait for the first request) is boxed and
 //! gone once the link is up.
 //!
-//! What the real Go agent sends (ANP v0.36.0 with grpc-go 1.81.1; read
-//! in their source, and seen with `--log edgetunnel=trace`, which logs each
-//! Connect request head): the client preface and an empty SETTINGS
-//! (grpc-go's `internal/transport/http2_client.go`, `newHTTP2Client`: only
-//! non-default settings, and its 64 KiB windows are the defaults); one
-//! Connect stream with `:authority` = `--proxy-server-host:port` (ANP's
-//! `pkg/agent/client.go`, `Connect` dials `net.JoinHostPort(host, port)`
-//! from `cmd/agent/app/options/options.go`), `content-type`,
-//! `user-agent: grpc-go/...` and `te: trailers` (http2_client.go,
-//! `createHeaderFields`), `agentid` and `agentidentifiers` metadata, and
-//! `authorization: Bearer ...` with `--service-account-token-path`
-//! (client.go, `initializeAuthContext`); BDP PINGs and WINDOW_UPDATEs as it
-//! receives DATA (`bdp_estimator.go`); keepalive PINGs every
-//! `--keepalive-time` (1 h by default; `cmd/agent/app/server.go`,
-//! `PermitWithoutStream`); and at its end a GOAWAY (NO_ERROR, "client
-//! transport shutdown") before it closes (http2_client.go, `Close`).
+//! What the real Go agent sends (ANP v0.36.0 with grpc-go 1.81.1; seen
+//! with `--log edgetunnel=trace`, which logs each Connect request head,
+//! and read in their source): the client preface and a SETTINGS frame
+//! with only non-default values, here none (grpc-go's
+//! `internal/transport/http2_client.go`, `newHTTP2Client`: its windows are
+//! the 64 KiB defaults, and no connection WINDOW_UPDATE follows); one
+//! Connect stream, `POST /AgentService/Connect` (the proto has no package,
+//! `proto/agent/agent.proto`), whose `:authority` is
+//! `--proxy-server-host` without the port (seen: `127.0.0.1`; grpc-go's
+//! `clientconn.go` takes the TLS credentials' ServerName, which ANP's
+//! `pkg/util/certificates.go` `GetClientTLSConfig` sets to that host),
+//! then `content-type: application/grpc`, `user-agent: grpc-go/1.81.1`,
+//! `te: trailers` (http2_client.go, `createHeaderFields`), `agentid` and
+//! `agentidentifiers` (`pkg/agent/client.go`, `Connect`) and, with
+//! `--service-account-token-path`, `authorization: Bearer ...`
+//! (`initializeAuthContext`); BDP PINGs and WINDOW_UPDATEs as it receives
+//! DATA (`bdp_estimator.go`); keepalive PINGs every `--keepalive-time`
+//! (1 h by default, `PermitWithoutStream`; `cmd/agent/app/server.go`); it
+//! answers our PINGs (seen: a link kept with `--keepalive-secs 1`); and at
+//! its end a GOAWAY (NO_ERROR, "client transport shutdown") before it
+//! closes the socket (http2_client.go, `Close`).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -64,7 +69,7 @@ const COMMAND_QUEUE: usize = 256;
 const FRONTEND_BUDGET: usize = 64 * 1024 * 1024;
 /// Extra streams an agent may open (each is refused).
 const MAX_STREAMS: u32 = 16;
-/// How long a refused agent's answer may take to go out.
+/// How long a refused agent may take to read its answer and close.
 const REFUSAL_FLUSH: Duration = Duration::from_secs(5);
 
 type AgentIo = tokio_rustls::server::TlsStream<SharedReadAhead<TcpPoll>>;
@@ -289,9 +294,11 @@ async fn authenticate(shared: &ServerState, head: &ConnectHead) -> Result<(), (u
 }
 
 /// What the handshake leaves: the connection, its Connect request and the
-/// verified leaf certificate.
+/// verified leaf certificate. The connection is boxed: moved out of here
+/// into the link's task, its 1.3 KB (mostly rustls' state) would take room
+/// twice there.
 struct Setup {
-    conn: H2Conn<AgentIo>,
+    conn: Box<H2Conn<AgentIo>>,
     head: RequestHead,
     recv: StreamRecv,
     send: StreamSend,
@@ -327,7 +334,7 @@ async fn handshake(
             .peer_certificates()
             .and_then(|c| c.first())
             .map(|c| c.as_ref().to_vec());
-        let mut conn = H2Conn::new(tls, agent_h2_config());
+        let mut conn = Box::new(H2Conn::new(tls, agent_h2_config()));
         loop {
             match conn.next().await {
                 None => return Err("agent closed before its first request".into()),
@@ -474,9 +481,16 @@ async fn serve(
             }
             StreamSender::refuse(&mut respond, c, &m);
             drop((respond, body));
-            // The refusal and a GOAWAY go out, then the connection ends.
+            // The refusal and a GOAWAY go out; the agent reads its answer
+            // and closes (as it did with the h2 crate, which waited for the
+            // refused stream to end). Closing first would race its read of
+            // the answer: our agent takes a connection closed under a
+            // pending Connect as a failure, not as the refusal it retries
+            // at once. Boxed: a timer inline would make the whole task
+            // 128-byte aligned (and it is 640 bytes).
             conn.go_away();
-            let _ = monoio::time::timeout(REFUSAL_FLUSH, conn.close()).await;
+            let linger = async { while let Some(Ok(_)) = conn.next().await {} };
+            let _ = Box::pin(monoio::time::timeout(REFUSAL_FLUSH, linger)).await;
             // Logged above.
             return Ok(());
         }
@@ -938,4 +952,53 @@ async fn handle_cmd(state: &AgentState, cmd: AgentCmd) -> Option<packet::Encoded
     };
     state.sync_gauges();
     Some(packet::encode(frame))
+}
+
+#[cfg(test)]
+mod task_size_tests {
+    use super::*;
+
+    fn future_of<A, B, C, D, E, R>(_: fn(A, B, C, D, E) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    fn alignment_of<A, B, C, D, E, R>(_: fn(A, B, C, D, E) -> R) -> usize {
+        std::mem::align_of::<R>()
+    }
+
+    fn future_of3<A, B, C, R>(_: fn(A, B, C) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    fn write_loop_size() -> usize {
+        fn of<A, B, C, D, R>(_: fn(A, B, C, D) -> R) -> usize {
+            std::mem::size_of::<R>()
+        }
+        of(write_loop)
+    }
+
+    /// An agent link's task is allocated at its largest state for as long
+    /// as the link lives, and a server holds one per agent (issue 30: at
+    /// most 25 KB of server memory per idle agent). The handshake is boxed
+    /// (rustls' handshake, its timer and the wait for the first request
+    /// are gone once the link is up), the keepalive runs on the driver's
+    /// one boxed timer, and the HTTP/2 state lives behind one `Rc`
+    /// ([`H2Conn`]). With the h2 crate the task was about 10.5 KB.
+    #[test]
+    fn an_idle_links_task_stays_small() {
+        let link = future_of(serve);
+        let handshake = future_of(handshake);
+        let driver = future_of3(drive);
+        let conn = std::mem::size_of::<H2Conn<AgentIo>>();
+        let reader = future_of3(read_loop);
+        let writer = write_loop_size();
+        eprintln!(
+            "serve {link}, handshake (boxed) {handshake}, drive {driver}, conn {conn}, \
+             reader {reader}, writer {writer}"
+        );
+        assert!(link <= 100_000, "serve's future is {link} bytes");
+        // No timer inline: an alignment of 128 would pad the task.
+        let align = alignment_of(serve);
+        assert_eq!(align, 8, "serve's future is {align}-byte aligned");
+    }
 }
