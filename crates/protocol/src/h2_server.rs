@@ -1296,9 +1296,7 @@ fn decode_head(
                     _ => malformed = Some("bad content-length"),
                 }
             }
-            _ if keep_fields && !trailers => head
-                .fields
-                .push((text(&name), value.into_owned())),
+            _ if keep_fields && !trailers => head.fields.push((text(&name), value.into_owned())),
             _ => {}
         }
     });
