@@ -178,7 +178,7 @@ write("identifiers", "addr-v4", "10.1.2.3:80")
 write("identifiers", "addr-v6", "[fd00::1]:443")
 
 
-# h2_authority: [n][n chunk sizes][client byte stream]; HPACK by hand.
+# HTTP/2 frames and HPACK by hand (for h2_server below).
 def h2_frame(ty, flags, stream, payload=b""):
     return struct.pack(">I", len(payload))[1:] + bytes([ty, flags]) + struct.pack(">I", stream) + payload
 
@@ -226,28 +226,7 @@ def h2_request(authority):
 
 
 dial = grpc(dial_req("127.0.0.1:8080", 7))
-write("h2_authority", "percent-authority", b"\x00" + H2_PREFACE
-      + h2_frame(1, 4, 1, h2_request(H2_PERCENT)) + h2_frame(0, 0, 1, dial))
-write("h2_authority", "dynamic-table", b"\x03\x02\x09\x40" + H2_PREFACE
-      + h2_frame(1, 4, 1, h2_request("/tmp/x.sock"))
-      + h2_frame(0, 0, 1, dial)
-      # :path and :authority by dynamic index, a size update first
-      + h2_frame(1, 5, 3, hp_int(0x20, 5, 4096) + hp_idx(3) + hp_idx(6) + hp_idx(63) + hp_idx(62))
-      + h2_frame(1, 4, 5, hp_int(0x20, 5, 0) + hp_idx(3) + hp_idx(6) + hp_lit(":path", "/") + hp_lit(":authority", "")))
 blk = h2_request("localhost:8090")
-write("h2_authority", "continuation", b"\x01\x05" + H2_PREFACE
-      + h2_frame(1, 1, 1, blk[:6]) + h2_frame(9, 0, 1, blk[6:20]) + h2_frame(9, 4, 1, blk[20:])
-      + h2_frame(8, 0, 0, b"\x00\x01\x00\x00"))
-write("h2_authority", "padded-priority", b"\x00" + H2_PREFACE
-      + h2_frame(1, 0x2C, 1, b"\x03" + b"\x80\x00\x00\x00\x10" + h2_request("") + b"\x00\x00\x00")
-      + h2_frame(6, 0, 0, b"\x00" * 8) + h2_frame(0, 1, 1, b""))
-# RFC 7541 C.4: Huffman strings, three requests sharing a dynamic table.
-write("h2_authority", "rfc7541-huffman", b"\x02\x10\x30" + H2_PREFACE
-      + h2_frame(1, 5, 1, bytes.fromhex("828684418cf1e3c2e5f23a6ba0ab90f4ff"))
-      + h2_frame(1, 5, 3, bytes.fromhex("828684be5886a8eb10649cbf"))
-      + h2_frame(1, 5, 5, bytes.fromhex("828785bf400a637573746f6d2d6b65798925a849e95bb8e8b4bf")))
-write("h2_authority", "data-in-block", b"\x00" + H2_PREFACE
-      + h2_frame(1, 0, 1, blk) + h2_frame(0, 0, 1, b"x"))
 
 # h2_server: [n][n chunk sizes][client frames]; the target sends the
 # preface and an empty SETTINGS first.

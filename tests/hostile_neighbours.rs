@@ -172,8 +172,13 @@ impl<S: Read + Write> Flooder<S> {
         }
     }
 
+    /// The stream is over; the first reason stays (a GOAWAY read in the
+    /// same batch as the refusal's trailers does not replace them).
     fn end(&mut self, why: String) {
-        if !self.closed && self.answered && !why.starts_with("trailers") {
+        if self.closed {
+            return;
+        }
+        if self.answered && !why.starts_with("trailers") {
             eprintln!("hostile stream ended: {why}");
         }
         self.closed = true;

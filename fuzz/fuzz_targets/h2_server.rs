@@ -18,7 +18,7 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
 
 #[derive(Debug, PartialEq, Eq, Default)]
 struct Seen {
-    requests: Vec<(u32, String)>,
+    requests: Vec<(u32, String, Vec<(String, Vec<u8>)>)>,
     bodies: Vec<(u32, Vec<u8>)>,
     pongs: usize,
     error: Option<(u32, &'static str)>,
@@ -35,6 +35,9 @@ fn cfg() -> Config {
         max_streams: 100_000,
         max_header_list: 4_096,
         copy_below: 64,
+        // As the agent listener: the metadata is part of what must not
+        // depend on the cutting.
+        keep_fields: true,
     }
 }
 
@@ -42,7 +45,7 @@ fn drive(c: &mut ServerConn<()>, seen: &mut Seen) {
     while let Some(e) = c.poll_event() {
         match e {
             Event::Request { stream, head, .. } => {
-                seen.requests.push((stream, head.path.clone()));
+                seen.requests.push((stream, head.path.clone(), head.fields.clone()));
                 // Odd paths are answered and released at once.
                 if head.path.len() % 2 == 1 {
                     let _ = c.send_head(stream, &[("grpc-status", "12")], true);

@@ -1,9 +1,12 @@
-//! gRPC over h2: sending and receiving ANP Packets on one HTTP/2 stream.
+//! gRPC over HTTP/2: sending and receiving ANP Packets on one stream, on
+//! the h2 crate (our agent's client side: [`PacketSender`]) or on our own
+//! server ([`h2_conn`]: [`StreamSender`], the gRPC frontend and the
+//! server's agent links).
 //!
-//! Outgoing messages go to h2 as `head ++ payload` (a `Chain`, no copy) and
-//! only once the stream has send capacity, so at most about one message per
-//! stream waits in h2's buffer. Incoming DATA chunks feed a
-//! [`FrameDecoder`]; flow-control credit is returned as chunks are consumed.
+//! Outgoing messages go out as `head ++ payload` (no copy) and only once
+//! the message before left, so at most about one message per stream waits
+//! in the HTTP/2 layer. Incoming DATA chunks feed a [`FrameDecoder`];
+//! flow-control credit is returned as chunks are consumed.
 
 use std::task::{ready, Context, Poll};
 
@@ -26,19 +29,8 @@ pub const H2_CONNECTION_WINDOW: u32 = 32 * 1024 * 1024;
 pub const MAX_FRAME: u32 = 256 * 1024;
 pub const MAX_SEND_BUFFER: usize = 1024 * 1024;
 
-/// The HTTP/2 settings every gRPC connection of ours accepts with (agent
-/// links, gRPC frontends): `stream_window` per stream, the rest shared.
-pub fn h2_server(stream_window: u32) -> h2::server::Builder {
-    let mut b = h2::server::Builder::new();
-    b.initial_window_size(stream_window)
-        .initial_connection_window_size(H2_CONNECTION_WINDOW)
-        .max_frame_size(MAX_FRAME)
-        .max_send_buffer_size(MAX_SEND_BUFFER);
-    b
-}
-
 /// The HTTP/2 settings an agent dials its servers with: the same windows
-/// and frame size as [`h2_server`].
+/// and frame size as the server's agent links (`server::agent_conn`).
 pub fn h2_client(stream_window: u32) -> h2::client::Builder {
     let mut b = h2::client::Builder::new();
     b.initial_window_size(stream_window)
@@ -224,8 +216,19 @@ pub struct StreamSender {
 
 impl StreamSender {
     /// Sends the response head (`content-type: application/grpc`).
-    pub fn start(mut stream: h2_conn::StreamSend) -> Result<Self, GrpcError> {
-        stream.send_head(&[("content-type", "application/grpc")], false)?;
+    pub fn start(stream: h2_conn::StreamSend) -> Result<Self, GrpcError> {
+        Self::start_with(stream, &[])
+    }
+
+    /// Sends the response head with `metadata` after the content type.
+    pub fn start_with(
+        mut stream: h2_conn::StreamSend,
+        metadata: &[(&str, String)],
+    ) -> Result<Self, GrpcError> {
+        let mut fields = Vec::with_capacity(1 + metadata.len());
+        fields.push(("content-type", "application/grpc"));
+        fields.extend(metadata.iter().map(|(k, v)| (*k, v.as_str())));
+        stream.send_head(&fields, false)?;
         Ok(StreamSender { stream })
     }
 
@@ -405,28 +408,6 @@ pub fn recv_error_code(e: &GrpcError) -> &'static str {
         GrpcError::Frame(_) | GrpcError::Packet(_) => "Internal",
         GrpcError::Closed | GrpcError::Send(_) => "Unknown",
     }
-}
-
-/// Response head of a gRPC call with extra metadata.
-pub fn response_head(extra: &[(&str, String)]) -> http::Response<()> {
-    let mut r = http::Response::builder()
-        .status(200)
-        .header("content-type", "application/grpc");
-    for (k, v) in extra {
-        r = r.header(*k, v.as_str());
-    }
-    r.body(()).expect("static response head is valid")
-}
-
-/// A trailers-only error response (headers carry the status, stream ends).
-pub fn error_head(code: u32, message: &str) -> http::Response<()> {
-    let mut r = http::Response::builder()
-        .status(200)
-        .header("content-type", "application/grpc")
-        .body(())
-        .expect("static response head is valid");
-    r.headers_mut().extend(status_trailers(code, message));
-    r
 }
 
 /// A gRPC request head for `path` on `authority`.

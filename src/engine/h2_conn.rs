@@ -1,5 +1,6 @@
 //! An HTTP/2 server connection over a byte stream, driven by the sans-I/O
-//! [`ServerConn`]: the runtime glue of the gRPC frontend.
+//! [`ServerConn`]: the runtime glue of the gRPC frontend and of the
+//! server's agent links.
 //!
 //! [`H2Conn::poll_next`] reads, writes and hands out requests; it is
 //! polled by the connection's task. Each request's [`StreamRecv`] and
@@ -620,7 +621,22 @@ impl Drop for StreamSend {
 
 #[cfg(test)]
 mod tests {
-    use super::http1_method;
+    use super::{http1_method, Shared, Wakers};
+
+    /// The HTTP/2 state of one connection (gRPC frontend caller or agent
+    /// link) lives behind one `Rc` for as long as the connection: the
+    /// sans-I/O connection, the driver's waker and a flag; each open stream
+    /// adds a slot to its table. Besides these, an idle connection holds
+    /// only the client's HPACK table (what the client indexed, at most
+    /// 4,096 bytes as RFC 7541 counts them).
+    #[test]
+    fn a_connections_http2_state_stays_small() {
+        let shared = std::mem::size_of::<Shared>();
+        let stream = crate::protocol::h2_server::stream_state_size::<Wakers>();
+        eprintln!("per connection {shared} bytes, per open stream {stream}");
+        assert!(shared <= 512, "Shared is {shared} bytes");
+        assert!(stream <= 256, "a stream's slot is {stream} bytes");
+    }
 
     #[test]
     fn an_http1_request_line_is_told_from_the_http2_preface() {

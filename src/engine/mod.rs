@@ -14,7 +14,6 @@ pub mod cert_reload;
 pub mod grpc;
 pub mod h2_conn;
 pub mod h2_keepalive;
-pub mod h2_server_io;
 pub mod head_reader;
 pub mod listener;
 pub mod memory;

@@ -2,10 +2,9 @@
 //! percent-encoded socket path grpc-go sends when kube-apiserver dials the
 //! konnectivity socket through its custom dialer
 //! (`%2Fetc%2Fkubernetes%2F...`), a raw path, an empty value. The gRPC
-//! frontend runs on our own HTTP/2 server (`protocol::h2_server`), which
-//! takes any value; the agent listener runs on h2, and drops such a value
-//! before h2 sees it (`protocol::h2_authority`, `engine::h2_server_io`).
-//! Without that, h2 answers the request with RST_STREAM(PROTOCOL_ERROR).
+//! frontend and the agent listener run on our own HTTP/2 server
+//! (`protocol::h2_server`), which takes any value (the h2 crate answers such
+//! a request with RST_STREAM(PROTOCOL_ERROR)).
 //!
 //! * a hand-made HTTP/2 client (literal HPACK, no Huffman) over the gRPC
 //!   frontend's unix socket and TCP port: DIAL_REQ -> DIAL_RSP, bytes echoed

@@ -1,10 +1,12 @@
 //! The server side of an HTTP/2 connection (RFC 9113), sans-I/O, for the
-//! gRPC frontend: it holds no buffer while the connection is idle.
+//! gRPC frontend and the agent listener: it holds no buffer while the
+//! connection is idle.
 //!
 //! The h2 crate allocates three fixed buffers per connection (16 KiB to
 //! write, 8 KiB to read, 4 KiB for HPACK) and keeps them while the
 //! connection lives; konnectivity-client opens one HTTP/2 connection per
-//! tunnel, so an idle tunnel cost about 28 KB. Here input is handed in by
+//! tunnel, so an idle tunnel cost about 28 KB, and a server holds one
+//! connection per agent (thousands, mostly idle). Here input is handed in by
 //! the caller ([`ServerConn::recv`] takes what it can from the caller's
 //! buffer, which the caller may drop or reuse once it is empty), DATA
 //! payload is passed on as slices of that buffer (no copy) as soon as it
@@ -20,7 +22,10 @@
 //! * request header blocks (HEADERS, CONTINUATION, padding, priority)
 //!   decoded with the client's HPACK state, any `:authority` accepted (the
 //!   Go server accepts any; grpc-go sends a percent-encoded socket path);
+//!   the other fields kept for the caller when it asks
+//!   ([`Config::keep_fields`]: an agent's metadata);
 //!   request trailers end the request;
+//! * our keepalive PINGs ([`ServerConn::ping`], [`Event::Pong`]);
 //! * flow control both ways: received DATA counts against the windows we
 //!   granted and the credit is given back as the caller takes the data
 //!   ([`ServerConn::take_data`]); sent DATA waits for the client's windows
@@ -59,7 +64,8 @@ use std::collections::VecDeque;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use loona_hpack::decoder::DecoderError;
 
-use crate::h2_authority::{encode_field, put_frame_header, write_block, FRAME_HEADER_LEN, PREFACE};
+mod wire;
+pub use wire::{encode_field, put_frame_header, write_block, FRAME_HEADER_LEN, PREFACE};
 
 /// Frame types (RFC 9113 section 6).
 pub mod frame_type {
@@ -76,11 +82,7 @@ pub mod frame_type {
 }
 use frame_type::*;
 
-// Flags (shared with the `:authority` filter).
-use crate::h2_authority::{
-    FLAG_END_HEADERS as END_HEADERS, FLAG_END_STREAM as END_STREAM, FLAG_PADDED as PADDED,
-    FLAG_PRIORITY as PRIORITY_FLAG,
-};
+use wire::{END_HEADERS, END_STREAM, PADDED, PRIORITY as PRIORITY_FLAG};
 const ACK: u8 = 0x1;
 
 /// Error codes (RFC 9113 section 7).
@@ -135,6 +137,10 @@ pub struct Config {
     /// could otherwise hold a buffer per byte of window. Pieces this long
     /// or longer keep at most `buffer size / copy_below` times their size.
     pub copy_below: usize,
+    /// Keep a request's other header fields in [`RequestHead::fields`]
+    /// (the agent listener reads its metadata there; the gRPC frontend
+    /// needs none and keeps none).
+    pub keep_fields: bool,
 }
 
 impl Default for Config {
@@ -146,6 +152,7 @@ impl Default for Config {
             max_streams: 1_024,
             max_header_list: 64 * 1024,
             copy_below: 4 * 1024,
+            keep_fields: false,
         }
     }
 }
@@ -187,6 +194,9 @@ pub struct RequestHead {
     /// `content-length`, checked against the DATA received (RFC 9113
     /// 8.1.1).
     pub content_length: Option<u64>,
+    /// The regular fields besides `content-type` and `content-length`, in
+    /// order, with [`Config::keep_fields`] (empty otherwise).
+    pub fields: Vec<(String, Vec<u8>)>,
 }
 
 /// What happened, for the caller.
@@ -1093,6 +1103,7 @@ impl<U: Default> ServerConn<U> {
             &block.bytes,
             self.cfg.max_header_list,
             trailers,
+            self.cfg.keep_fields,
         )?;
         if let Some(i) = known {
             match self.streams[i].recv_side {
@@ -1214,6 +1225,7 @@ fn decode_head(
     block: &[u8],
     max_list: u32,
     trailers: bool,
+    keep_fields: bool,
 ) -> Result<Result<RequestHead, &'static str>, ConnError> {
     let mut head = RequestHead::default();
     let mut list = 0usize;
@@ -1284,6 +1296,7 @@ fn decode_head(
                     _ => malformed = Some("bad content-length"),
                 }
             }
+            _ if keep_fields && !trailers => head.fields.push((text(&name), value.into_owned())),
             _ => {}
         }
     });

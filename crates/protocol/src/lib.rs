@@ -20,7 +20,6 @@ pub mod dest_policy;
 pub mod exec_credential;
 pub mod goflag;
 pub mod grpc_frame;
-pub mod h2_authority;
 pub mod h2_server;
 pub mod http1;
 pub mod http_connect;

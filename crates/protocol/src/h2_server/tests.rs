@@ -61,6 +61,7 @@ fn cfg() -> Config {
         max_streams: 4,
         max_header_list: 8_192,
         copy_below: 1_000,
+        keep_fields: false,
     }
 }
 
@@ -192,6 +193,56 @@ fn any_authority_is_accepted_and_the_head_is_read() {
         assert_eq!(head.content_type.as_deref(), Some("application/grpc"));
         assert_eq!(head.authority.as_deref(), authority);
         assert!(c.take_output().is_empty(), "no RST for {authority:?}");
+    }
+}
+
+/// With `keep_fields` (the agent listener) a request's metadata comes
+/// with its head, repeated keys included and in order; without it, none.
+#[test]
+fn metadata_is_kept_only_when_asked_for() {
+    let block = fields(&[
+        (":method", "POST"),
+        (":scheme", "https"),
+        (":path", "/agent.AgentService/Connect"),
+        (":authority", "proxy:8091"),
+        ("content-type", "application/grpc"),
+        ("user-agent", "grpc-go/1.81.1"),
+        ("te", "trailers"),
+        ("agentid", "node1"),
+        ("authorization", "Bearer a"),
+        ("authorization", "Bearer b"),
+    ]);
+    for keep in [false, true] {
+        let mut c = Conn::new(Config {
+            keep_fields: keep,
+            ..cfg()
+        });
+        let mut start = PREFACE.to_vec();
+        start.extend(frame(SETTINGS, 0, 0, &[]));
+        start.extend(frame(HEADERS, END_HEADERS, 1, &block));
+        feed(&mut c, &start).unwrap();
+        let head = match events(&mut c).as_slice() {
+            [Event::Request { head, .. }] => head.clone(),
+            e => panic!("{e:?}"),
+        };
+        assert_eq!(head.content_type.as_deref(), Some("application/grpc"));
+        let got: Vec<(&str, &[u8])> = head
+            .fields
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_slice()))
+            .collect();
+        let want: Vec<(&str, &[u8])> = if keep {
+            vec![
+                ("user-agent", b"grpc-go/1.81.1"),
+                ("te", b"trailers"),
+                ("agentid", b"node1"),
+                ("authorization", b"Bearer a"),
+                ("authorization", b"Bearer b"),
+            ]
+        } else {
+            vec![]
+        };
+        assert_eq!(got, want);
     }
 }
 
