@@ -165,56 +165,6 @@ pub fn encoded_packet_type(message_head: &[u8]) -> PacketType {
     }
 }
 
-/// A packet type for [`Metrics::packet`] and
-/// [`agent::AgentMetrics::packet`]: a [`PacketType`], or (for removal, see
-/// [`PACKET_TYPES`]) its number.
-pub trait PacketTypeArg: Copy {
-    /// The type's number, an index into the per-type counters.
-    fn index(self) -> usize;
-}
-
-impl PacketTypeArg for PacketType {
-    #[inline]
-    fn index(self) -> usize {
-        self as usize
-    }
-}
-
-/// For removal: packet types as bare numbers, kept only while
-/// `server/agent_conn.rs` still uses them (its rewrite moves it to
-/// [`PacketType`], [`packet_type`] and [`encoded_packet_type`]); remove
-/// this impl, [`PACKET_TYPES`], [`frame_type`] and [`encoded_type`] then.
-impl PacketTypeArg for usize {
-    #[inline]
-    fn index(self) -> usize {
-        self
-    }
-}
-
-/// For removal (see `impl PacketTypeArg for usize`): `PacketType` names by
-/// number; use [`PacketType::as_str_name`].
-pub const PACKET_TYPES: [&str; 7] = [
-    "DIAL_REQ",
-    "DIAL_RSP",
-    "CLOSE_REQ",
-    "CLOSE_RSP",
-    "DATA",
-    "DIAL_CLS",
-    "DRAIN",
-];
-
-/// For removal (see `impl PacketTypeArg for usize`): the packet type
-/// number of a frame; use [`packet_type`].
-pub fn frame_type(f: &Frame) -> usize {
-    packet_type(f) as usize
-}
-
-/// For removal (see `impl PacketTypeArg for usize`): the packet type
-/// number of an encoded message; use [`encoded_packet_type`].
-pub fn encoded_type(message_head: &[u8]) -> usize {
-    encoded_packet_type(message_head) as usize
-}
-
 /// A counter shown under its exact name (no `_total` added) with
 /// `# TYPE <name> counter`, as Go's client shows ANP's `*_count` counters
 /// (e.g. `dial_failure_count`). prometheus-client adds `_total` to every
@@ -363,9 +313,9 @@ impl Streams {
 
     /// One packet of type `packet_type` on `segment`.
     #[inline]
-    pub(crate) fn packet(&self, segment: Segment, packet_type: impl PacketTypeArg) {
+    pub(crate) fn packet(&self, segment: Segment, packet_type: PacketType) {
         if let Some(i) = self.segments.iter().position(|s| *s == segment) {
-            if let Some(c) = self.packets[i].get(packet_type.index()) {
+            if let Some(c) = self.packets[i].get(packet_type as usize) {
                 c.inc();
             }
         }
@@ -1030,7 +980,7 @@ impl Metrics {
 
     /// One packet on a gRPC stream.
     #[inline]
-    pub fn packet(&self, segment: Segment, packet_type: impl PacketTypeArg) {
+    pub fn packet(&self, segment: Segment, packet_type: PacketType) {
         self.streams.packet(segment, packet_type);
     }
 
@@ -1247,19 +1197,18 @@ mod tests {
         assert_eq!(encoded_packet_type(&[0, 0, 0, 0]), PacketType::DialReq);
     }
 
-    /// The numbers of the old API (kept for `server/agent_conn.rs` until
-    /// its rewrite) agree with the enum's.
+    /// Counters are indexed by the enum's number: every type counts in
+    /// its own cell, and the enum's order is the wire's.
     #[test]
-    fn packet_type_numbers_and_names_agree() {
+    fn packet_types_count_in_their_own_cells() {
         for (i, t) in ALL_PACKET_TYPES.into_iter().enumerate() {
             assert_eq!(t as usize, i);
-            assert_eq!(PACKET_TYPES[i], t.as_str_name());
         }
-        let f = Frame::Drain;
-        assert_eq!(frame_type(&f), packet_type(&f) as usize);
         let m = Metrics::new(&[Strategy::Default]);
-        m.packet(Segment::ToAgent, 4usize);
         m.packet(Segment::ToAgent, PacketType::Data);
+        m.packet(Segment::ToAgent, PacketType::Data);
+        m.packet(Segment::ToAgent, PacketType::Drain);
+        assert_eq!(m.packets(Segment::ToAgent, PacketType::Drain), 1);
         assert_eq!(m.packets(Segment::ToAgent, PacketType::Data), 2);
     }
 }

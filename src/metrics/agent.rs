@@ -236,7 +236,7 @@ impl AgentMetrics {
 
     /// One packet sent (`FromAgent`) or received (`ToAgent`).
     #[inline]
-    pub fn packet(&self, segment: Segment, packet_type: impl super::PacketTypeArg) {
+    pub fn packet(&self, segment: Segment, packet_type: crate::protocol::pb::PacketType) {
         self.streams.packet(segment, packet_type);
     }
 

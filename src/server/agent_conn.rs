@@ -60,6 +60,7 @@ use crate::protocol::agent_links::{self, LinkRequest};
 use crate::protocol::h2_server::{self, RequestHead};
 use crate::protocol::identifiers::Identifiers;
 use crate::protocol::packet::{self, Frame};
+use crate::protocol::pb::PacketType;
 use crate::protocol::server_tunnel::{ServerAction, ServerTunnel};
 use crate::protocol::{self as proto};
 
@@ -752,7 +753,7 @@ async fn read_loop(
             Frame::DialResponse(r) => Some(r.random),
             _ => None,
         };
-        let kind = metrics::frame_type(&frame);
+        let kind = metrics::packet_type(&frame);
         state.shared.metrics.packet(Segment::FromAgent, kind);
         let action = state.tunnel.borrow_mut().on_agent_frame(frame);
         state.sync_gauges();
@@ -776,7 +777,7 @@ async fn read_loop(
             }
             ServerAction::DialFailed { frontend, error } => {
                 let result = match kind {
-                    5 => DialResult::BackendClose, // DIAL_CLS
+                    PacketType::DialCls => DialResult::BackendClose,
                     _ => DialResult::Failure,
                 };
                 state.dial_finished(random, result);
@@ -832,7 +833,7 @@ async fn read_loop(
                     .set_draining(state.key);
             }
             ServerAction::Reply(f) => {
-                if kind == 1 {
+                if kind == PacketType::DialRsp {
                     // A DIAL_RSP for a dial no longer pending.
                     state
                         .shared
@@ -842,7 +843,7 @@ async fn read_loop(
                 let _ = ctl.unbounded_send(f);
             }
             ServerAction::Ignored(reason) => {
-                if kind == 1 {
+                if kind == PacketType::DialRsp {
                     state
                         .shared
                         .metrics
@@ -873,14 +874,13 @@ async fn write_loop(
                 None => continue,
             },
         };
-        let kind = metrics::encoded_type(&msg.head);
+        let kind = metrics::encoded_packet_type(&msg.head);
         state.shared.metrics.packet(Segment::ToAgent, kind);
         if let Err(e) = tx.send(msg).await {
-            state.shared.metrics.stream_error(
-                Segment::ToAgent,
-                "Unavailable",
-                metrics::PACKET_TYPES[kind],
-            );
+            state
+                .shared
+                .metrics
+                .stream_error(Segment::ToAgent, "Unavailable", kind.as_str_name());
             cmds.close();
             // Fail the dials that were queued behind the broken stream.
             while let Ok(cmd) = cmds.try_recv() {
