@@ -141,22 +141,28 @@ fn a_busy_server_answers_an_alert_and_agents_back_off_then_all_link() {
          {late} in the last {:.1} s (bound {most_late:.0})",
         window - mid
     );
-    assert!(
-        attempts >= AGENTS as f64,
-        "every agent tried: {attempts}"
-    );
+    assert!(attempts >= AGENTS as f64, "every agent tried: {attempts}");
     assert!(attempts <= most, "{attempts} attempts > {most}");
     assert!(late <= most_late, "{late} late attempts > {most_late}");
     for (a, admin) in &admins {
         let busy = metric_at(*admin, "edgetunnel_agent_server_busy_total");
-        assert!(busy >= 1.0, "agent counted no busy answer:\n{}", a.proc.log_text());
+        assert!(
+            busy >= 1.0,
+            "agent counted no busy answer:\n{}",
+            a.proc.log_text()
+        );
         let logged = a
             .proc
             .log_text()
             .lines()
             .filter(|l| l.contains("server busy"))
             .count();
-        assert_eq!(logged, 1, "busy logged once at info:\n{}", a.proc.log_text());
+        assert_eq!(
+            logged,
+            1,
+            "busy logged once at info:\n{}",
+            a.proc.log_text()
+        );
         assert!(!a.proc.log_text().contains("connection to server failed"));
     }
 
@@ -173,9 +179,9 @@ fn a_busy_server_answers_an_alert_and_agents_back_off_then_all_link() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(
-        server.metric("edgetunnel_agents_connected"),
-        AGENTS as f64
+    assert_eq!(server.metric("edgetunnel_agents_connected"), AGENTS as f64);
+    println!(
+        "all {AGENTS} agents linked {:?} after the cap freed",
+        t1.elapsed()
     );
-    println!("all {AGENTS} agents linked {:?} after the cap freed", t1.elapsed());
 }

@@ -264,8 +264,6 @@ fn machine_jiffies() -> (u64, u64) {
     (total - idle, total)
 }
 
-
-
 fn pct(sorted: &[f64], p: f64) -> f64 {
     let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
     sorted[i.min(sorted.len() - 1)]

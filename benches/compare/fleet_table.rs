@@ -49,7 +49,9 @@ pub(crate) fn table(samples: &[Sample]) -> String {
     if !ratios.is_empty() {
         let parts: Vec<String> = ratios
             .iter()
-            .map(|(case, sys, r)| format!("{sys} {}: {}×", case.trim_end_matches(" agents"), fmt3(*r)))
+            .map(|(case, sys, r)| {
+                format!("{sys} {}: {}×", case.trim_end_matches(" agents"), fmt3(*r))
+            })
             .collect();
         md.push_str(&format!(
             "\nDial p99 against the smallest fleet's (goal: ≤ 1.2× at 10,000): {}.\n",
@@ -77,7 +79,9 @@ pub(crate) fn p99_ratios(samples: &[Sample]) -> Vec<(String, String, f64)> {
         .filter(|s| s.scenario == "fleet" && s.metric == DIAL_P99)
         .collect();
     let size = |case: &str| -> usize {
-        case.trim_end_matches(" agents").parse().unwrap_or(usize::MAX)
+        case.trim_end_matches(" agents")
+            .parse()
+            .unwrap_or(usize::MAX)
     };
     let median = |system: &str, case: &str| -> Option<f64> {
         let mut v: Vec<f64> = p99
@@ -170,7 +174,10 @@ mod tests {
             ]
         );
         let md = table(&samples);
-        assert!(md.contains("edgetunnel 1000: 1.5×, edgetunnel 10000: 1.25×"), "{md}");
+        assert!(
+            md.contains("edgetunnel 1000: 1.5×, edgetunnel 10000: 1.25×"),
+            "{md}"
+        );
         assert!(p99_ratios(&samples[..1]).is_empty());
     }
 }

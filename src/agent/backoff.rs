@@ -129,7 +129,10 @@ pub fn is_busy(e: &(dyn std::error::Error + 'static)) -> bool {
             return true;
         }
         // io::Error's `source` skips the error it wraps: look inside.
-        cur = match err.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+        cur = match err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
             Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
             None => err.source(),
         };

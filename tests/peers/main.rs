@@ -13,11 +13,11 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod busy_server;
 mod common;
 mod deploy_path;
 mod go_agent;
 mod go_server;
-mod busy_server;
 mod h2_conformance;
 mod konnectivity_client;
 mod kube_apiserver;

@@ -614,7 +614,7 @@ mod tests {
         }
         assert_eq!(seen.len() as u64, N);
         for k in (0..N).filter(|k| k % 4 < 2) {
-            let last_of = |key| r.remove_link(key).map(|(_, last)| last);
+            let mut last_of = |key| r.remove_link(key).map(|(_, last)| last);
             if k % 2 == 0 {
                 assert_eq!(last_of(k * 2), Some(false));
                 assert_eq!(last_of(k * 2 + 1), Some(true));
