@@ -19,7 +19,10 @@
 //! retried with the agent's own policy ([`edgetunnel::agent::Backoff`],
 //! full jitter, the agent's default delays), forever: a simulated agent
 //! never gives up, so "gave up" is one still unlinked when the
-//! measurement's deadline passes.
+//! measurement's deadline passes. A handshake the server refuses as busy
+//! (its handshake caps full: a TLS `user_canceled` alert,
+//! [`edgetunnel::agent::backoff::is_busy`]) is counted apart and backed
+//! off from as the agent does ([`Attempt::Busy`]).
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -67,6 +70,8 @@ pub(crate) struct Stats {
     pub handshake_failed: AtomicU64,
     /// Connects answered with an HTTP or gRPC error (refused).
     pub refused: AtomicU64,
+    /// Handshakes the server refused as busy (TLS `user_canceled`).
+    pub busy: AtomicU64,
     /// The first few distinct handshake errors seen.
     pub handshake_errors: Mutex<Vec<String>>,
     /// DIAL_REQs answered.
@@ -161,6 +166,7 @@ enum Fail {
     Tcp,
     Handshake(String),
     Refused,
+    Busy,
 }
 
 fn hs(e: impl std::fmt::Display) -> Fail {
@@ -176,6 +182,7 @@ async fn agent(i: usize, cfg: Arc<FleetConfig>, stats: Arc<Stats>, stop: Arc<Ato
                 ended: Instant::now(),
             },
             Err(f) => {
+                let busy = matches!(f, Fail::Busy);
                 let counter = match f {
                     Fail::Tcp => &stats.tcp_failed,
                     Fail::Handshake(why) => {
@@ -186,9 +193,14 @@ async fn agent(i: usize, cfg: Arc<FleetConfig>, stats: Arc<Stats>, stop: Arc<Ato
                         &stats.handshake_failed
                     }
                     Fail::Refused => &stats.refused,
+                    Fail::Busy => &stats.busy,
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
-                Attempt::Failed
+                if busy {
+                    Attempt::Busy
+                } else {
+                    Attempt::Failed
+                }
             }
         };
         tokio::time::sleep(backoff.next_delay(attempt)).await;
@@ -219,7 +231,13 @@ async fn link(i: usize, cfg: &FleetConfig, stats: &Stats) -> Result<Instant, Fai
         let tls = TlsConnector::from(cfg.tls.clone())
             .connect(name, tcp)
             .await
-            .map_err(|e| hs(format!("TLS: {e}")))?;
+            .map_err(|e| {
+                if edgetunnel::agent::backoff::is_busy(&e) {
+                    Fail::Busy
+                } else {
+                    hs(format!("TLS: {e}"))
+                }
+            })?;
         let (client, conn) = h2::client::Builder::new()
             .handshake::<_, Bytes>(tls)
             .await

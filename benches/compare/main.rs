@@ -51,7 +51,7 @@ usage: benches/run [--quick] [--reps N] [--systems a,b,..] [--scenarios a,b,..] 
   --bulk-mib N  bytes per bulk transfer, MiB (default 1024; quick: 8)
   --rereport DIR  write DIR/compare.md and the plots again from DIR/compare.json
                 (a newer report from an older run); measures nothing
-  --fleet-sizes   simulated agents per fleet case (default 100,1000,5000,10000; quick: 50)";
+  --fleet-sizes   simulated agents per fleet case (default 10,100,1000,5000,10000; quick: 50)";
 
 /// Metric of the bulk rows: payload throughput.
 const GBPS: &str = "Gbit/s";

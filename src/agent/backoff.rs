@@ -13,6 +13,16 @@
 //!   `[0.5, 1.5) * min(initial, DUPLICATE_BASE_MAX)` (and not past `max`),
 //!   and leaves the exponent alone: the server answered, it is not an
 //!   outage, and the load balancer may send the next attempt elsewhere.
+//! - A server that said it is busy (its handshake caps are full: it
+//!   answered the TLS handshake with a fatal `user_canceled` alert before
+//!   any TLS work, see [`crate::engine::admission::refuse`]; [`is_busy`]
+//!   recognises it) grows the exponent like a failure, but waits at least
+//!   half the ceiling: uniformly in `[ceiling / 2, ceiling)` ("equal
+//!   jitter"), so that one agent's attempts on a busy server are at least
+//!   `initial / 2`, then `initial`, `2 * initial`, ... apart, and a fleet
+//!   refused at once still spreads over each window. [`BusyNotice`] logs
+//!   the first refusal of a run at info and counts every one
+//!   (`edgetunnel_agent_server_busy_total`).
 
 use std::time::{Duration, Instant};
 
@@ -37,6 +47,8 @@ pub enum Attempt {
     Failed,
     /// The server was already connected through another slot.
     Duplicate,
+    /// The server refused the handshake because it is busy ([`is_busy`]).
+    Busy,
     /// Established at `established`, over (cleanly or not) at `ended`.
     Ended {
         established: Instant,
@@ -83,6 +95,11 @@ impl Backoff {
             {
                 self.failures = 0;
             }
+            Attempt::Busy => {
+                let ceiling = self.ceiling();
+                self.failures = (self.failures + 1).min(32);
+                return ceiling / 2 + (ceiling / 2).mul_f64(u);
+            }
             Attempt::Ended { .. } | Attempt::Failed => {}
         }
         let delay = self.ceiling().mul_f64(u);
@@ -94,6 +111,67 @@ impl Backoff {
     /// Records `attempt`; the delay before the next, with fresh jitter.
     pub fn next_delay(&mut self, attempt: Attempt) -> Duration {
         self.next_delay_with(attempt, fastrand::f64())
+    }
+}
+
+/// Whether `e` (or an error it wraps, through `io::Error`s and sources)
+/// is a server's "busy" answer: a fatal TLS `user_canceled` alert received
+/// during the handshake. A rustls server never sends that alert on its
+/// own; edgetunnel's sends it when its handshake caps are full.
+pub fn is_busy(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    // Bounded: error chains are short, and a cycle must not hang us.
+    for _ in 0..16 {
+        let Some(err) = cur else { return false };
+        if let Some(rustls::Error::AlertReceived(rustls::AlertDescription::UserCanceled)) =
+            err.downcast_ref::<rustls::Error>()
+        {
+            return true;
+        }
+        // io::Error's `source` skips the error it wraps: look inside.
+        cur = match err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => err.source(),
+        };
+    }
+    false
+}
+
+/// What an agent slot says about "busy" answers: the first of a run at
+/// info (later ones at debug, until a connection is established), every
+/// one counted (`edgetunnel_agent_server_busy_total`).
+#[derive(Debug, Default)]
+pub struct BusyNotice {
+    in_run: u64,
+}
+
+impl BusyNotice {
+    /// A busy answer from `server`; we wait `delay` before the next try.
+    pub fn busy(&mut self, server: &str, delay: Duration) {
+        crate::metrics::agent::metrics().server_busy();
+        self.in_run += 1;
+        if self.in_run == 1 {
+            tracing::info!(
+                %server,
+                ?delay,
+                "server busy (its handshake queue is full): backing off; further busy answers are not logged until a connection is up"
+            );
+        } else {
+            tracing::debug!(%server, ?delay, refusals = self.in_run, "server still busy");
+        }
+    }
+
+    /// A connection was established: the next busy answer is logged again.
+    pub fn reset(&mut self) {
+        self.in_run = 0;
+    }
+
+    /// Busy answers since the last established connection.
+    pub fn in_run(&self) -> u64 {
+        self.in_run
     }
 }
 
@@ -228,6 +306,44 @@ mod tests {
         // Never past `max`.
         let mut tight = Backoff::new(100 * MS, 100 * MS, DEFAULT_RESET_AFTER);
         assert_eq!(tight.next_delay_with(Attempt::Duplicate, 1.0), 100 * MS);
+    }
+
+    #[test]
+    fn busy_grows_with_equal_jitter() {
+        let mut b = policy();
+        let lows: Vec<u64> = (0..9)
+            .map(|_| b.next_delay_with(Attempt::Busy, 0.0).as_millis() as u64)
+            .collect();
+        assert_eq!(lows, [50, 100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+        assert_eq!(b.next_delay_with(Attempt::Busy, 1.0), 10000 * MS);
+        for _ in 0..1000 {
+            let d = b.next_delay(Attempt::Busy);
+            assert!((5000 * MS..=10000 * MS).contains(&d), "{d:?}");
+        }
+        // A failure after busy answers keeps the grown ceiling, and a
+        // healthy connection resets both.
+        assert_eq!(top(&mut b, Attempt::Failed), 10000 * MS);
+        assert_eq!(top(&mut b, ended(DEFAULT_RESET_AFTER)), 100 * MS);
+        assert_eq!(b.next_delay_with(Attempt::Busy, 0.0), 100 * MS);
+    }
+
+    #[test]
+    fn busy_is_the_user_canceled_alert_however_wrapped() {
+        use rustls::{AlertDescription as A, Error as E};
+        let alert = E::AlertReceived(A::UserCanceled);
+        assert!(is_busy(&alert));
+        // tokio-rustls hands it over inside an io::Error, the agent boxes it.
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, alert.clone());
+        assert!(is_busy(&io));
+        let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(io);
+        assert!(is_busy(&*boxed));
+        // Other alerts and failures are not "busy".
+        assert!(!is_busy(&E::AlertReceived(A::InternalError)));
+        assert!(!is_busy(&E::AlertReceived(A::BadCertificate)));
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(!is_busy(&reset));
+        let eof = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "tls handshake eof");
+        assert!(!is_busy(&eof));
     }
 
     #[test]

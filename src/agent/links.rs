@@ -9,7 +9,11 @@
 //! workers: it connects, is refused while it lands on a worker already
 //! linked (a bounded number of times), serves, and reconnects after a
 //! failure until the server no longer wants it (another server ID, no
-//! primary link), drains, or the agent shuts down.
+//! primary link), drains, or the agent shuts down. A "busy" answer (the
+//! server's handshake caps are full, [`super::backoff::is_busy`]) backs off
+//! like the primary link does and does not count toward giving up: a
+//! restarted server refuses many links for a while, and every one should
+//! come back.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
@@ -21,7 +25,7 @@ use std::time::{Duration, Instant};
 use futures::channel::mpsc;
 use futures::StreamExt;
 
-use super::backoff::{Attempt, Backoff};
+use super::backoff::{self, Attempt, Backoff, BusyNotice};
 use super::connection::{self, Ended};
 use super::{AgentConfig, ServerSlots, Slot, SLOTS_RUNNING};
 use crate::engine::signals;
@@ -145,6 +149,7 @@ async fn secondary_loop(ctx: WorkerCtx, links: Arc<Links>, job: Job) {
         cfg.backoff_reset_after,
     );
     let slot = Slot::default();
+    let mut busy = BusyNotice::default();
     let (mut steered, mut failures) = (0u32, 0u32);
     loop {
         if ctx.shutdown.requested() > 0 {
@@ -167,6 +172,15 @@ async fn secondary_loop(ctx: WorkerCtx, links: Arc<Links>, job: Job) {
                 continue;
             }
             Ok(Ended::Duplicate) => Attempt::Duplicate,
+            Err(e) if slot.established.get().is_none() && backoff::is_busy(&*e) => {
+                let delay = backoff.next_delay(Attempt::Busy);
+                busy.busy(&job.addr, delay);
+                monoio::select! {
+                    _ = monoio::time::sleep(delay) => {}
+                    _ = ctx.shutdown.wait(1) => break,
+                }
+                continue;
+            }
             Ok(Ended::Served) | Err(_) => {
                 if let Err(e) = &result {
                     tracing::debug!(server = %job.addr, error = %e, "secondary link failed");
@@ -174,6 +188,7 @@ async fn secondary_loop(ctx: WorkerCtx, links: Arc<Links>, job: Job) {
                 match slot.established.get() {
                     Some(established) => {
                         (steered, failures) = (0, 0);
+                        busy.reset();
                         Attempt::Ended {
                             established,
                             ended: Instant::now(),

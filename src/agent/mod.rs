@@ -278,12 +278,16 @@ impl ServerSlots {
             self.cfg.backoff_reset_after,
         );
         let slot = Slot::default();
+        let mut busy = backoff::BusyNotice::default();
         loop {
             if self.shutdown.requested() > 0 {
                 return;
             }
             slot.established.set(None);
             let result = connection::run(self.clone(), &slot, None).await;
+            if slot.established.get().is_some() {
+                busy.reset();
+            }
             if slot.replaced.get() {
                 // A replacement slot took over when the server drained.
                 return;
@@ -303,6 +307,10 @@ impl ServerSlots {
                     Attempt::Failed
                 }
                 Ok(connection::Ended::Served) => ended(),
+                // The server's handshake caps are full: back off quietly.
+                Err(e) if slot.established.get().is_none() && backoff::is_busy(&*e) => {
+                    Attempt::Busy
+                }
                 Err(e) => {
                     tracing::warn!(server = %self.addr, error = %e, "connection to server failed");
                     ended()
@@ -317,7 +325,9 @@ impl ServerSlots {
             };
             // A duplicate (a second way to a server already connected)
             // is normal behind a load balancer.
-            if matches!(attempt, Attempt::Duplicate) {
+            if matches!(attempt, Attempt::Busy) {
+                busy.busy(&self.addr, delay);
+            } else if matches!(attempt, Attempt::Duplicate) {
                 tracing::debug!(server = %self.addr, ?delay, "reconnecting: duplicate of a connected server");
             } else {
                 tracing::info!(server = %self.addr, ?delay, ?up, "reconnecting");

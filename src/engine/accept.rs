@@ -1,7 +1,10 @@
 //! The one accept loop every listener runs ([`serve`]): it accepts, sets
 //! TCP_NODELAY on TCP sockets, applies the optional pre-authentication cap
 //! ([`super::admission`]), and spawns the connection's task inside a
-//! tracing span naming the listener and the peer.
+//! tracing span naming the listener and the peer. A connection over the
+//! cap is answered in the accept loop itself, without a task: a TLS
+//! `user_canceled` alert and a close ([`super::admission::refuse`]; the cap
+//! is for TLS listeners), which tells the client to back off.
 //!
 //! Accept errors never make it spin or flood the log: out of descriptors
 //! or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) it backs off, doubling from
@@ -59,7 +62,7 @@ impl std::fmt::Display for UnixPeer {
 
 /// A listening socket [`serve`] can run.
 pub trait Listen {
-    type Stream: 'static;
+    type Stream: std::os::fd::AsRawFd + 'static;
     type Peer: Peer;
     /// The next connection, tuned (TCP_NODELAY on TCP).
     fn next(&self) -> impl Future<Output = io::Result<(Self::Stream, Self::Peer)>>;
@@ -88,7 +91,8 @@ impl Listen for monoio::net::UnixListener {
 pub struct Options {
     /// The listener's name in logs and spans ("agent", "connect", ...).
     pub name: &'static str,
-    /// The pre-authentication cap; a connection over it is closed at once.
+    /// The pre-authentication cap; a connection over it is answered with a
+    /// TLS alert and closed at once.
     pub admission: Option<Arc<Admission>>,
 }
 
@@ -152,13 +156,14 @@ where
             Some(a) => match a.admit(peer.ip()) {
                 Ok(p) => Some(p),
                 Err(why) => {
+                    super::admission::refuse(&stream);
                     drop(stream);
                     if let Report::Log { suppressed } = refusals.event(Instant::now()) {
                         tracing::warn!(
                             listener = name,
                             %peer,
                             suppressed,
-                            "connection closed: {why} (further refusals are summarised every {LOG_EVERY:?})"
+                            "connection refused (busy alert, closed): {why} (further refusals are summarised every {LOG_EVERY:?})"
                         );
                     }
                     continue;

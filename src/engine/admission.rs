@@ -30,6 +30,47 @@
 //! holding client certificates, it can fill the cap with completed TLS
 //! (the handshake timeout ends those).
 //!
+//! The grace follows the server's own pace: it is at least twice the
+//! recent time a real handshake took to complete TLS (an average of the
+//! completed ones, [`Table::typical`]), up to [`MAX_GRACE`]. A server busy
+//! with a burst of real agents (a restart: thousands reconnect at once, and
+//! a handshake waits seconds for a core) then does not shed handshakes it
+//! has started working on for newcomers that would wait just as long: it
+//! refuses the newcomers, which costs it nothing, instead of throwing away
+//! the work done on the old ones. A flood of connections that never finish
+//! does not move the average (only completed handshakes count), so its
+//! slots are shed after the usual grace.
+//!
+//! What a refused connection is answered ([`refuse`]): before reading its
+//! ClientHello (no TLS work, no task, three system calls at accept time),
+//! one plaintext TLS alert record, fatal `user_canceled` (RFC 8446 §6.1: the
+//! handshake is cancelled for a reason unrelated to a protocol failure),
+//! then the connection is closed. What is already queued from the client
+//! (its ClientHello, usually there when the server accepts) is read and
+//! dropped first, so that the close is a FIN after the alert, not a reset
+//! that could overtake it. A TLS client fails its handshake at once with a
+//! clear error instead of waiting for a timeout: rustls reports
+//! `AlertReceived(UserCanceled)`, which edgetunnel's agent recognises as
+//! "server busy" ([`crate::agent::backoff::is_busy`]) and backs off from
+//! (growing, jittered delays); Go's crypto/tls reports `remote error: tls:
+//! user canceled`, and ANP's Go agent backs off from any failed connect
+//! (its `ClientSet.sync` in pkg/agent/clientset.go: `backoff.Step()`,
+//! factor 1.5, jitter 0.1, from `--sync-interval` up to
+//! `--sync-interval-cap`; pkg/agent/client.go `Connect` fails as soon as
+//! gRPC's transport handshake fails). A connection shed after it was
+//! admitted is only closed: its TLS may have started, and a plaintext
+//! alert would then be a protocol error.
+//!
+//! What a handshake in flight costs the server is bounded by the total cap:
+//! measured with 400 held at once (release build, mimalloc), 26 KiB each
+//! for a connection that sent half a ClientHello and 40 KiB for one that
+//! completed TLS while the memory is fresh, but 180-210 KiB each once it is
+//! recycled from earlier connections (a restart: shed and failed
+//! handshakes free theirs), because the 256 KiB read-ahead buffer under
+//! rustls (`engine::read_ahead`) is zeroed when reused. At the default cap
+//! of 1,024 that is up to about 210 MB in flight; without that buffer
+//! during the handshake, about 40 MB.
+//!
 //! [`Table`] is the pure bookkeeping (no clock, no I/O); [`Admission`]
 //! shares it between the cores (one short lock per accept) and hands out
 //! [`Permit`]s that give their slot back when dropped and resolve
@@ -52,6 +93,35 @@ use prometheus_client::metrics::gauge::Gauge;
 /// not all come free at the same moment (a real agent retrying then finds
 /// one far more often than in one narrow window per period).
 pub const SHED_GRACE: Duration = Duration::from_secs(1);
+
+/// The longest mean grace, however slow recent handshakes were (well
+/// under the server's 15 s handshake timeout).
+pub const MAX_GRACE: Duration = Duration::from_secs(8);
+
+/// The plaintext TLS record a refused connection is answered with: an
+/// alert (content type 21), record version TLS 1.2 (0x0303, what a first
+/// flight uses), length 2, level fatal (2), description `user_canceled`
+/// (90).
+pub const BUSY_ALERT: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 90];
+
+/// Answers a connection refused by the caps, before any TLS work: reads
+/// and drops what the client already sent (its ClientHello, at most 64
+/// KiB, without waiting), writes [`BUSY_ALERT`] (without waiting: a new
+/// socket's send buffer is empty). The caller then closes it. Errors are
+/// ignored: the connection is being closed anyway.
+pub fn refuse(sock: &impl std::os::fd::AsRawFd) {
+    crate::engine::sys::with_sock(sock, |s| {
+        let flags = libc::MSG_DONTWAIT;
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 16 * 1024];
+        for _ in 0..4 {
+            match s.recv_with_flags(&mut buf, flags) {
+                Ok(n) if n == buf.len() => continue,
+                _ => break,
+            }
+        }
+        let _ = s.send_with_flags(&BUSY_ALERT, flags | libc::MSG_NOSIGNAL);
+    });
+}
 
 /// The caps; 0 means no cap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,6 +184,9 @@ pub struct Table {
     entries: HashMap<Slot, Entry>,
     by_ip: HashMap<IpAddr, usize>,
     next: Slot,
+    /// The recent time to complete TLS (a moving average), if any
+    /// completed yet.
+    typical: Option<Duration>,
 }
 
 /// IPv4-mapped IPv6 addresses count as the IPv4 address.
@@ -128,30 +201,51 @@ impl Table {
             entries: HashMap::new(),
             by_ip: HashMap::new(),
             next: 0,
+            typical: None,
         }
     }
 
-    /// The grace of `slot`: from half to one and a half [`SHED_GRACE`],
-    /// spread by a hash of the slot number (deterministic).
+    /// The recent time a handshake took to complete TLS: a moving average
+    /// (weight 1/8 for each new one) of the completed ones.
+    pub fn typical(&self) -> Option<Duration> {
+        self.typical
+    }
+
+    /// The mean grace now: [`SHED_GRACE`], or twice the typical time to
+    /// complete TLS when that is longer, at most [`MAX_GRACE`].
+    pub fn mean_grace(&self) -> Duration {
+        let paced = self.typical.unwrap_or_default() * 2;
+        paced.clamp(SHED_GRACE, MAX_GRACE)
+    }
+
+    /// The grace of `slot` for a mean grace of [`SHED_GRACE`]: from half
+    /// to one and a half of it, spread by a hash of the slot number
+    /// (deterministic).
     pub fn grace(slot: Slot) -> Duration {
+        Self::spread(slot, SHED_GRACE)
+    }
+
+    /// From half to one and a half `mean`, spread by a hash of `slot`.
+    fn spread(slot: Slot, mean: Duration) -> Duration {
         // splitmix64's finaliser.
         let mut z = slot.wrapping_add(0x9E37_79B9_7F4A_7C15);
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^= z >> 31;
-        SHED_GRACE / 2 + SHED_GRACE.mul_f64((z % 1024) as f64 / 1024.0)
+        mean / 2 + mean.mul_f64((z % 1024) as f64 / 1024.0)
     }
 
     /// Whether a newcomer may take `slot`'s place at `now`.
-    fn sheddable(slot: Slot, e: &Entry, now: Instant) -> bool {
-        e.stage == Stage::Accepted && now.saturating_duration_since(e.since) >= Self::grace(slot)
+    fn sheddable(&self, slot: Slot, e: &Entry, now: Instant) -> bool {
+        e.stage == Stage::Accepted
+            && now.saturating_duration_since(e.since) >= Self::spread(slot, self.mean_grace())
     }
 
     /// The oldest sheddable slot among those `pick` accepts.
     fn oldest_sheddable(&self, now: Instant, pick: impl Fn(&Entry) -> bool) -> Option<Slot> {
         self.entries
             .iter()
-            .filter(|(s, e)| Self::sheddable(**s, e, now) && pick(e))
+            .filter(|(s, e)| self.sheddable(**s, e, now) && pick(e))
             .map(|(s, _)| *s)
             .min()
     }
@@ -164,7 +258,7 @@ impl Table {
         for (_, e) in self
             .entries
             .iter()
-            .filter(|(s, e)| Self::sheddable(**s, e, now))
+            .filter(|(s, e)| self.sheddable(**s, e, now))
         {
             *sheddable.entry(e.ip).or_default() += 1;
         }
@@ -210,9 +304,18 @@ impl Table {
         Ok(Admitted { slot, shed })
     }
 
-    /// The connection in `slot` completed TLS: it is no longer shed.
-    pub fn advance(&mut self, slot: Slot) {
+    /// The connection in `slot` completed TLS at `now`: it is no longer
+    /// shed, and the time it took counts in [`Table::typical`].
+    pub fn advance(&mut self, slot: Slot, now: Instant) {
         if let Some(e) = self.entries.get_mut(&slot) {
+            if e.stage == Stage::Accepted {
+                // One straggler moves the average by at most MAX_GRACE / 8.
+                let took = now.saturating_duration_since(e.since).min(MAX_GRACE);
+                self.typical = Some(match self.typical {
+                    None => took,
+                    Some(t) => (t * 7 + took) / 8,
+                });
+            }
             e.stage = Stage::Tls;
         }
     }
@@ -357,8 +460,9 @@ pub struct Permit {
 impl Permit {
     /// The connection completed TLS: a newcomer can no longer shed it.
     pub fn advance(&self) {
+        let now = Instant::now();
         let mut g = self.owner.inner.lock().expect("admission lock");
-        g.table.advance(self.slot);
+        g.table.advance(self.slot, now);
     }
 
     /// Resolves when a newcomer took this connection's slot: close it.
@@ -423,10 +527,10 @@ mod tests {
         assert_eq!(c.shed, Some((a, Refused::PerIp)));
         assert_eq!(t.in_progress(), 3);
         // A finished TLS handshake is never shed, however old...
-        t.advance(b);
+        t.advance(b, at(0));
         let d = t.admit(ip("10.0.0.1"), at(4)).unwrap();
         assert_eq!(d.shed, Some((c.slot, Refused::PerIp)));
-        t.advance(d.slot);
+        t.advance(d.slot, at(4));
         // ...and with every slot of the address finished, a newcomer is
         // refused.
         assert_eq!(t.admit(ip("10.0.0.1"), at(9)), Err(Refused::PerIp));
@@ -461,8 +565,8 @@ mod tests {
         let mut t = Table::new(limits(2, 0));
         let a = t.admit(ip("10.0.0.1"), at(0)).unwrap().slot;
         let b = t.admit(ip("10.0.0.2"), at(0)).unwrap().slot;
-        t.advance(a);
-        t.advance(b);
+        t.advance(a, at(0));
+        t.advance(b, at(0));
         assert_eq!(t.admit(ip("10.0.0.3"), at(5)), Err(Refused::Total));
         assert_eq!(t.admit(None, at(5)), Err(Refused::Total));
         t.release(a);
@@ -491,11 +595,57 @@ mod tests {
         for _ in 0..1_000 {
             let _ = t.admit(nat, at(2));
         }
-        t.advance(real.slot);
+        t.advance(real.slot, at(2));
         for _ in 0..1_000 {
             let _ = t.admit(nat, at(7));
         }
         assert!(t.release(real.slot), "the real agent kept its slot");
+    }
+
+    /// A restart: real handshakes take seconds because the server is busy
+    /// with them. A newcomer is refused (cheap) instead of shedding a
+    /// handshake the server has started on; a stalled one is still shed
+    /// once past the longer grace; the grace comes back down with the pace.
+    #[test]
+    fn a_server_slow_with_real_handshakes_refuses_rather_than_sheds() {
+        let mut t = Table::new(limits(4, 0));
+        assert_eq!((t.typical(), t.mean_grace()), (None, SHED_GRACE));
+        for _ in 0..8 {
+            let s = t.admit(ip("10.0.0.1"), at(0)).unwrap().slot;
+            t.advance(s, at(3));
+            assert!(t.release(s));
+        }
+        assert_eq!(t.typical(), Some(SHED_GRACE * 3));
+        assert_eq!(t.mean_grace(), SHED_GRACE * 6);
+        let held: Vec<Slot> = (0..4)
+            .map(|i| t.admit(ip(&format!("10.0.1.{i}")), at(10)).unwrap().slot)
+            .collect();
+        // Two periods in (past the fixed grace of old): refused.
+        assert_eq!(t.admit(ip("10.0.2.1"), at(12)), Err(Refused::Total));
+        // Past one and a half of the longer grace: a stall, shed.
+        let late = t.admit(ip("10.0.2.1"), at(20)).unwrap();
+        assert!(matches!(late.shed, Some((s, Refused::Total)) if held.contains(&s)));
+        // Fast handshakes bring the grace back to SHED_GRACE.
+        for _ in 0..40 {
+            let s = t.admit(ip("10.0.0.1"), at(30)).unwrap();
+            t.advance(s.slot, at(30));
+            t.release(s.slot);
+        }
+        assert_eq!(t.mean_grace(), SHED_GRACE);
+        // One straggler moves it little; however slow they are, the
+        // grace is never past MAX_GRACE.
+        let s = t.admit(ip("10.0.0.1"), at(30)).unwrap().slot;
+        t.advance(s, at(1000));
+        assert!(t.mean_grace() < SHED_GRACE * 3, "{:?}", t.mean_grace());
+        // Only the first completion of a slot counts.
+        t.advance(s, at(5000));
+        assert!(t.mean_grace() < SHED_GRACE * 3);
+        for _ in 0..40 {
+            let s = t.admit(ip("10.0.0.1"), at(30)).unwrap().slot;
+            t.advance(s, at(1000));
+            t.release(s);
+        }
+        assert_eq!(t.mean_grace(), MAX_GRACE);
     }
 
     #[test]

@@ -52,6 +52,7 @@ pub struct AgentMetrics {
     dials_pending: Gauge,
     keepalive_timeouts: Counter,
     server_drains: Counter,
+    server_busy: Counter,
 }
 
 static METRICS: LazyLock<AgentMetrics> = LazyLock::new(AgentMetrics::new);
@@ -140,6 +141,13 @@ impl AgentMetrics {
             "DRAIN notices from servers shutting down (each server connection counts one).",
             server_drains.clone(),
         );
+        let server_busy = Counter::default();
+        // Registered without "_total": the text encoder adds it to counters.
+        x.add(
+            "edgetunnel_agent_server_busy",
+            "Connection attempts a server refused because it was busy (its handshake caps were full: a TLS user_canceled alert); the agent backs off.",
+            server_busy.clone(),
+        );
         x.add(
             "edgetunnel_log_write_errors",
             "Log lines lost: their write failed (stderr closed, disk full) or the log queue was full (stderr not read).",
@@ -159,12 +167,19 @@ impl AgentMetrics {
             dials_pending,
             keepalive_timeouts,
             server_drains,
+            server_busy,
         }
     }
 
     /// A server said it drains (DRAIN): new dials go elsewhere.
     pub fn server_drain(&self) {
         self.server_drains.inc();
+    }
+
+    /// A server refused a connection attempt: busy (see
+    /// [`crate::agent::backoff::is_busy`]).
+    pub fn server_busy(&self) {
+        self.server_busy.inc();
     }
 
     /// A server connection dropped by its keepalive (the server went

@@ -13,6 +13,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod busy_server;
 mod common;
 mod deploy_path;
 mod go_agent;

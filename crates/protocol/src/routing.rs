@@ -13,8 +13,11 @@
 //! connections ("links", one per server worker, see
 //! [`super::agent_links`]): it counts as one agent, and among its links the
 //! one on the caller's worker is preferred, so a tunnel stays on one core.
+//!
+//! [`Registry`] keeps indexes so that choosing an agent and (un)registering
+//! one cost the same with 10 agents as with 10,000.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
@@ -88,18 +91,48 @@ struct Entry<H> {
     instance: Option<String>,
 }
 
+impl<H> Entry<H> {
+    fn group(&self, key: u64) -> GroupKey {
+        match &self.instance {
+            Some(i) => GroupKey::Instance(self.agent_id.clone(), i.clone()),
+            None => GroupKey::Single(key),
+        }
+    }
+}
+
 /// Connections of one agent: the links of one instance, or a connection
 /// of its own (agents that do not speak links).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-enum Group<'a> {
-    Instance(&'a str, &'a str),
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum GroupKey {
+    Instance(String, String),
     Single(u64),
 }
 
 /// The set of connected agents, keyed by a server-chosen connection key
 /// (one agent may hold several connections).
+///
+/// Every operation on the dial path and on (un)registration is O(1) in the
+/// number of agents, or O(k) in the number of candidates a strategy yields
+/// (a fleet of 10,000 edge nodes must not make each dial or each
+/// reconnection scan them all): indexes by host name, by announced IP, of
+/// the agents announcing CIDRs or `default-route`, and of the groups (an
+/// agent's links) in round-robin order.
 pub struct Registry<H> {
     entries: HashMap<u64, Entry<H>>,
+    /// The connections of each agent (group).
+    groups: HashMap<GroupKey, Vec<u64>>,
+    /// Every group once, for round-robin over all agents: `order[i]`'s
+    /// position is `pos[&order[i]] == i` (removal swaps the last in).
+    order: Vec<GroupKey>,
+    pos: HashMap<GroupKey, usize>,
+    /// Connections by announced host (ASCII-lowercased).
+    by_host: HashMap<String, BTreeSet<u64>>,
+    /// Connections by announced `ipv4` / `ipv6` identifier.
+    by_ip: HashMap<IpAddr, BTreeSet<u64>>,
+    /// Connections that announced at least one CIDR.
+    with_cidrs: BTreeSet<u64>,
+    /// Connections that announced `default-route=true`.
+    default_route: BTreeSet<u64>,
     next_rr: usize,
 }
 
@@ -107,7 +140,30 @@ impl<H> Default for Registry<H> {
     fn default() -> Self {
         Self {
             entries: HashMap::new(),
+            groups: HashMap::new(),
+            order: Vec::new(),
+            pos: HashMap::new(),
+            by_host: HashMap::new(),
+            by_ip: HashMap::new(),
+            with_cidrs: BTreeSet::new(),
+            default_route: BTreeSet::new(),
             next_rr: 0,
+        }
+    }
+}
+
+fn announced_ips(ids: &Identifiers) -> impl Iterator<Item = IpAddr> + '_ {
+    ids.ipv4
+        .iter()
+        .map(|a| IpAddr::V4(*a))
+        .chain(ids.ipv6.iter().map(|a| IpAddr::V6(*a)))
+}
+
+fn unindex<K: std::hash::Hash + Eq>(map: &mut HashMap<K, BTreeSet<u64>>, k: &K, key: u64) {
+    if let Some(set) = map.get_mut(k) {
+        set.remove(&key);
+        if set.is_empty() {
+            map.remove(k);
         }
     }
 }
@@ -128,31 +184,52 @@ impl<H: Clone> Registry<H> {
         core: usize,
         instance: Option<String>,
     ) -> bool {
-        let first = match &instance {
-            Some(i) => self.linked_cores(&agent_id, i).is_empty(),
-            None => true,
+        // A key is registered once; a second insert replaces the first.
+        self.remove_link(key);
+        let entry = Entry {
+            agent_id,
+            ids,
+            draining: false,
+            handle,
+            core,
+            instance,
         };
-        self.entries.insert(
-            key,
-            Entry {
-                agent_id,
-                ids,
-                draining: false,
-                handle,
-                core,
-                instance,
-            },
-        );
+        for h in &entry.ids.hosts {
+            self.by_host
+                .entry(h.to_ascii_lowercase())
+                .or_default()
+                .insert(key);
+        }
+        for ip in announced_ips(&entry.ids) {
+            self.by_ip.entry(ip).or_default().insert(key);
+        }
+        if !entry.ids.cidrs.is_empty() {
+            self.with_cidrs.insert(key);
+        }
+        if entry.ids.default_route {
+            self.default_route.insert(key);
+        }
+        let group = entry.group(key);
+        self.entries.insert(key, entry);
+        let links = self.groups.entry(group.clone()).or_default();
+        links.push(key);
+        let first = links.len() == 1;
+        if first {
+            self.pos.insert(group.clone(), self.order.len());
+            self.order.push(group);
+        }
         first
     }
 
     /// The workers holding links of `agent_id`'s `instance`.
     pub fn linked_cores(&self, agent_id: &str, instance: &str) -> Vec<usize> {
+        let group = GroupKey::Instance(agent_id.to_string(), instance.to_string());
         let mut cores: Vec<usize> = self
-            .entries
-            .values()
-            .filter(|e| e.agent_id == agent_id && e.instance.as_deref() == Some(instance))
-            .map(|e| e.core)
+            .groups
+            .get(&group)
+            .into_iter()
+            .flatten()
+            .map(|k| self.entries[k].core)
             .collect();
         cores.sort_unstable();
         cores
@@ -165,19 +242,32 @@ impl<H: Clone> Registry<H> {
     /// Removes a connection; the flag tells whether it was its agent's last.
     pub fn remove_link(&mut self, key: u64) -> Option<(H, bool)> {
         let e = self.entries.remove(&key)?;
-        let last = match &e.instance {
-            Some(i) => self.linked_cores(&e.agent_id, i).is_empty(),
+        for h in &e.ids.hosts {
+            unindex(&mut self.by_host, &h.to_ascii_lowercase(), key);
+        }
+        for ip in announced_ips(&e.ids) {
+            unindex(&mut self.by_ip, &ip, key);
+        }
+        self.with_cidrs.remove(&key);
+        self.default_route.remove(&key);
+        let group = e.group(key);
+        let last = match self.groups.get_mut(&group) {
+            Some(links) => {
+                links.retain(|k| *k != key);
+                links.is_empty()
+            }
             None => true,
         };
-        Some((e.handle, last))
-    }
-
-    fn group(&self, key: u64) -> Group<'_> {
-        let e = &self.entries[&key];
-        match &e.instance {
-            Some(i) => Group::Instance(&e.agent_id, i),
-            None => Group::Single(key),
+        if last {
+            self.groups.remove(&group);
+            if let Some(i) = self.pos.remove(&group) {
+                self.order.swap_remove(i);
+                if let Some(moved) = self.order.get(i) {
+                    self.pos.insert(moved.clone(), i);
+                }
+            }
         }
+        Some((e.handle, last))
     }
 
     pub fn set_draining(&mut self, key: u64) {
@@ -188,10 +278,7 @@ impl<H: Clone> Registry<H> {
 
     /// Agents registered (an agent with several links counts once).
     pub fn len(&self) -> usize {
-        let mut groups: Vec<Group<'_>> = self.entries.keys().map(|k| self.group(*k)).collect();
-        groups.sort_unstable();
-        groups.dedup();
-        groups.len()
+        self.groups.len()
     }
 
     /// Connections (links) registered.
@@ -213,39 +300,25 @@ impl<H: Clone> Registry<H> {
 
     /// The IP addresses connected agents announced (ipv4 and ipv6
     /// identifiers): the edge nodes whose traffic the tunnel carries.
-    pub fn addresses(&self) -> std::collections::BTreeSet<std::net::IpAddr> {
-        self.entries
-            .values()
-            .flat_map(|e| {
-                e.ids
-                    .ipv4
-                    .iter()
-                    .map(|a| std::net::IpAddr::V4(*a))
-                    .chain(e.ids.ipv6.iter().map(|a| std::net::IpAddr::V6(*a)))
-            })
-            .collect()
+    pub fn addresses(&self) -> BTreeSet<IpAddr> {
+        self.by_ip.keys().copied().collect()
     }
 
     /// Node names (host identifiers) connected agents announced.
-    pub fn hosts(&self) -> std::collections::BTreeSet<String> {
+    pub fn hosts(&self) -> BTreeSet<String> {
         self.entries
             .values()
             .flat_map(|e| e.ids.hosts.iter().cloned())
             .collect()
     }
 
-    /// The first address announced by an agent with host identifier `host`.
-    pub fn address_of_host(&self, host: &str) -> Option<std::net::IpAddr> {
-        self.entries
-            .values()
-            .filter(|e| e.ids.hosts.iter().any(|h| h.eq_ignore_ascii_case(host)))
-            .find_map(|e| {
-                e.ids
-                    .ipv4
-                    .first()
-                    .map(|a| std::net::IpAddr::V4(*a))
-                    .or_else(|| e.ids.ipv6.first().map(|a| std::net::IpAddr::V6(*a)))
-            })
+    /// The first address announced by an agent with host identifier `host`
+    /// (of the oldest such connection).
+    pub fn address_of_host(&self, host: &str) -> Option<IpAddr> {
+        self.by_host
+            .get(&host.to_ascii_lowercase())?
+            .iter()
+            .find_map(|k| announced_ips(&self.entries[k].ids).next())
     }
 
     /// Picks an agent for a dial to `address`, trying `strategies` in order.
@@ -263,60 +336,98 @@ impl<H: Clone> Registry<H> {
     ) -> Option<H> {
         let host = dest_host(address);
         for s in strategies {
-            let mut keys: Vec<u64> = match s {
+            let keys: Vec<u64> = match s {
                 Strategy::DestHost => self.dest_host_candidates(host),
-                Strategy::DefaultRoute => self
-                    .entries
-                    .iter()
-                    .filter(|(_, e)| e.ids.default_route)
-                    .map(|(k, _)| *k)
-                    .collect(),
-                Strategy::Default => self.entries.keys().copied().collect(),
+                Strategy::DefaultRoute => self.default_route.iter().copied().collect(),
+                Strategy::Default => match self.pick_any(near) {
+                    Some(h) => return Some(h),
+                    None => continue,
+                },
             };
-            if keys.is_empty() {
-                continue;
+            if let Some(h) = self.pick_among(keys, near) {
+                return Some(h);
             }
-            keys.sort_unstable();
-            if keys.iter().any(|k| !self.entries[k].draining) {
-                keys.retain(|k| !self.entries[k].draining);
-            }
-            self.next_rr = self.next_rr.wrapping_add(1);
-            let mut groups: Vec<Group<'_>> = keys.iter().map(|k| self.group(*k)).collect();
-            groups.sort_unstable();
-            groups.dedup();
-            let chosen = groups[self.next_rr % groups.len()].clone();
-            keys.retain(|k| self.group(*k) == chosen);
-            if keys.iter().any(|k| Some(self.entries[k].core) == near) {
-                keys.retain(|k| Some(self.entries[k].core) == near);
-            }
-            let key = keys[(self.next_rr / groups.len()) % keys.len()];
-            return Some(self.entries[&key].handle.clone());
         }
         None
     }
 
+    /// Round-robin over the agents among `keys` (few: a strategy's
+    /// candidates), not draining ones when there are others.
+    fn pick_among(&mut self, mut keys: Vec<u64>, near: Option<usize>) -> Option<H> {
+        if keys.is_empty() {
+            return None;
+        }
+        keys.sort_unstable();
+        if keys.iter().any(|k| !self.entries[k].draining) {
+            keys.retain(|k| !self.entries[k].draining);
+        }
+        self.next_rr = self.next_rr.wrapping_add(1);
+        let mut groups: Vec<GroupKey> = keys.iter().map(|k| self.entries[k].group(*k)).collect();
+        groups.sort_unstable();
+        groups.dedup();
+        let chosen = groups[self.next_rr % groups.len()].clone();
+        keys.retain(|k| self.entries[k].group(*k) == chosen);
+        self.pick_link(keys, groups.len(), near)
+    }
+
+    /// Of one agent's `keys` (one or a few links), the one on worker
+    /// `near` when there is one, else round-robin.
+    fn pick_link(&self, mut keys: Vec<u64>, spread: usize, near: Option<usize>) -> Option<H> {
+        if keys.iter().any(|k| Some(self.entries[k].core) == near) {
+            keys.retain(|k| Some(self.entries[k].core) == near);
+        }
+        let key = *keys.get((self.next_rr / spread.max(1)) % keys.len().max(1))?;
+        Some(self.entries[&key].handle.clone())
+    }
+
+    /// Round-robin over every agent (the `default` strategy) without
+    /// looking at all of them: the next group in [`Registry::order`] with
+    /// a link that is not draining (the first one tried when all drain).
+    fn pick_any(&mut self, near: Option<usize>) -> Option<H> {
+        if self.order.is_empty() {
+            return None;
+        }
+        self.next_rr = self.next_rr.wrapping_add(1);
+        let n = self.order.len();
+        let start = self.next_rr % n;
+        let live = |links: &Vec<u64>| -> Vec<u64> {
+            links
+                .iter()
+                .copied()
+                .filter(|k| !self.entries[k].draining)
+                .collect()
+        };
+        let mut chosen = None;
+        for i in 0..n {
+            let links = &self.groups[&self.order[(start + i) % n]];
+            let up = live(links);
+            if !up.is_empty() {
+                chosen = Some(up);
+                break;
+            }
+        }
+        let keys = chosen.unwrap_or_else(|| self.groups[&self.order[start]].clone());
+        self.pick_link(keys, n, near)
+    }
+
     fn dest_host_candidates(&self, host: &str) -> Vec<u64> {
         let ip: Option<IpAddr> = host.parse().ok();
-        let exact: Vec<u64> = self
-            .entries
-            .iter()
-            .filter(|(_, e)| {
-                e.ids.hosts.iter().any(|h| h.eq_ignore_ascii_case(host))
-                    || ip.is_some_and(|ip| match ip {
-                        IpAddr::V4(v4) => e.ids.ipv4.contains(&v4),
-                        IpAddr::V6(v6) => e.ids.ipv6.contains(&v6),
-                    })
-            })
-            .map(|(k, _)| *k)
-            .collect();
-        if !exact.is_empty() {
-            return exact;
+        let mut exact: BTreeSet<u64> = self
+            .by_host
+            .get(&host.to_ascii_lowercase())
+            .cloned()
+            .unwrap_or_default();
+        if let Some(set) = ip.and_then(|ip| self.by_ip.get(&ip)) {
+            exact.extend(set.iter().copied());
         }
-        let Some(ip) = ip else { return exact };
+        if !exact.is_empty() {
+            return exact.into_iter().collect();
+        }
+        let Some(ip) = ip else { return Vec::new() };
         let mut best: Option<u8> = None;
         let mut keys = Vec::new();
-        for (k, e) in &self.entries {
-            for c in e.ids.cidrs.iter().filter(|c| c.contains(ip)) {
+        for k in &self.with_cidrs {
+            for c in self.entries[k].ids.cidrs.iter().filter(|c| c.contains(ip)) {
                 match best {
                     Some(b) if c.prefix < b => {}
                     Some(b) if c.prefix == b => keys.push(*k),
@@ -454,6 +565,92 @@ mod tests {
         assert!(r.pick_near("edge:1", &s, Some(1)).is_some());
         assert_eq!(r.remove_link(1), Some((10, true)));
         assert_eq!((r.len(), r.links()), (1, 1));
+    }
+
+    /// A fleet: 10,000 agents register (the registration reads the agent
+    /// count each time, as the server does), every one is dialled by name
+    /// and by address, half leave. Each step is O(1) in the fleet's size;
+    /// before the indexes, each registration counted the agents by sorting
+    /// them all and each dial scanned them all (minutes here, in a debug
+    /// build).
+    #[test]
+    fn a_fleet_of_ten_thousand_routes_by_index() {
+        const N: u64 = 10_000;
+        let t0 = std::time::Instant::now();
+        let mut r: Registry<u64> = Registry::default();
+        let ids = |k: u64| {
+            Identifiers::parse(&format!(
+                "host=Node-{k}&ipv4=10.{}.{}.{}",
+                k >> 16,
+                (k >> 8) & 255,
+                k & 255
+            ))
+            .unwrap()
+        };
+        for k in 0..N {
+            // Half speak links (two each), half are Go agents.
+            let instance = (k % 2 == 0).then(|| format!("i{k}"));
+            assert!(r.insert_link(k * 2, format!("a{k}"), ids(k), k, 0, instance.clone()));
+            if instance.is_some() {
+                assert!(!r.insert_link(k * 2 + 1, format!("a{k}"), ids(k), k, 1, instance));
+            }
+            assert_eq!(r.len() as u64, k + 1);
+        }
+        assert_eq!(r.links() as u64, N + N / 2);
+        let s = [Strategy::DestHost, Strategy::Default];
+        for k in 0..N {
+            assert_eq!(r.pick(&format!("node-{k}:10250"), &s), Some(k));
+            let ip = format!("10.{}.{}.{}:1", k >> 16, (k >> 8) & 255, k & 255);
+            assert_eq!(r.pick_near(&ip, &s, Some(1)), Some(k));
+        }
+        assert_eq!(
+            r.address_of_host("NODE-258"),
+            Some("10.0.1.2".parse().unwrap())
+        );
+        // `default` spreads over agents, not links.
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..N {
+            seen.insert(r.pick("elsewhere:1", &[Strategy::Default]).unwrap());
+        }
+        assert_eq!(seen.len() as u64, N);
+        for k in (0..N).filter(|k| k % 4 < 2) {
+            let mut last_of = |key| r.remove_link(key).map(|(_, last)| last);
+            if k % 2 == 0 {
+                assert_eq!(last_of(k * 2), Some(false));
+                assert_eq!(last_of(k * 2 + 1), Some(true));
+            } else {
+                assert_eq!(last_of(k * 2), Some(true));
+            }
+        }
+        assert_eq!(r.len() as u64, N / 2);
+        assert_eq!(r.pick("node-1:1", &[Strategy::DestHost]), None);
+        assert_eq!(r.pick("node-3:1", &[Strategy::DestHost]), Some(3));
+        assert_eq!(r.addresses().len() as u64, N / 2);
+        for k in 0..N * 2 + 2 {
+            r.remove(k);
+        }
+        assert!(r.is_empty() && r.by_host.is_empty() && r.by_ip.is_empty());
+        assert!(r.order.is_empty() && r.pos.is_empty() && r.groups.is_empty());
+        assert_eq!(r.pick("x:1", &[Strategy::Default]), None);
+        let took = t0.elapsed();
+        assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+    }
+
+    #[test]
+    fn default_skips_draining_agents_and_falls_back_to_them() {
+        let mut r: Registry<u32> = Registry::default();
+        for k in 0..4 {
+            r.insert(k, format!("n{k}"), Identifiers::default(), k as u32);
+        }
+        r.set_draining(0);
+        r.set_draining(2);
+        for _ in 0..8 {
+            let h = r.pick("x:1", &[Strategy::Default]).unwrap();
+            assert!(h == 1 || h == 3, "{h}");
+        }
+        r.set_draining(1);
+        r.set_draining(3);
+        assert!(r.pick("x:1", &[Strategy::Default]).is_some());
     }
 
     #[test]
