@@ -149,7 +149,11 @@ pub(crate) async fn run(
     let req = grpc::request_head(&addr, proto::AGENT_CONNECT_PATH, &metadata)?;
     let mut client = client.ready().await?;
     let (resp, send) = client.send_request(req, false)?;
-    let resp = futures::select! {
+    // Biased: a refusal (trailers-only answer) and the server's GOAWAY
+    // come in one write, so both branches can be ready at once; the
+    // answer must win, or a refused secondary link reads as a failure
+    // (five of those give the link up).
+    let resp = futures::select_biased! {
         r = futures::FutureExt::fuse(resp) => r?,
         c = futures::FutureExt::fuse(&mut conn) => { c?; return Err("server closed during setup".into()) }
     };

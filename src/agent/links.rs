@@ -165,11 +165,21 @@ async fn secondary_loop(ctx: WorkerCtx, links: Arc<Links>, job: Job) {
             Ok(Ended::Shutdown) | Ok(Ended::NotWanted) => break,
             Ok(Ended::WorkerTaken) => {
                 steered += 1;
-                if steered >= STEER_ATTEMPTS {
+                if steered < STEER_ATTEMPTS {
+                    continue;
+                }
+                // A round of attempts all landed on linked workers: wait
+                // (backoff) and try another round, up to GIVE_UP_AFTER
+                // rounds, rather than give the link up at once; landings
+                // were seen to repeat a worker far more often than chance.
+                steered = 0;
+                failures += 1;
+                if failures >= GIVE_UP_AFTER {
                     tracing::debug!(server = %job.addr, "no free server worker reached; link given up");
                     break;
                 }
-                continue;
+                tracing::debug!(server = %job.addr, "no free server worker reached in a round; retrying");
+                Attempt::Failed
             }
             Ok(Ended::Duplicate) => Attempt::Duplicate,
             Err(e) if slot.established.get().is_none() && backoff::is_busy(&*e) => {
