@@ -197,42 +197,16 @@ super::forward_async_write!(ReadAhead);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
-    #[test]
-    fn small_reads_are_served_from_one_big_read() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
-            let (a, mut b) = tokio::io::duplex(1 << 20);
-            let expected = data.clone();
-            let writer = async move {
-                b.write_all(&data).await.unwrap();
-                drop(b);
-            };
-            let reader = async move {
-                let mut r = ReadAhead::with_capacity(a, 64 * 1024);
-                let mut got = Vec::new();
-                let mut small = [0u8; 4096];
-                loop {
-                    let n = r.read(&mut small).await.unwrap();
-                    if n == 0 {
-                        break;
-                    }
-                    got.extend_from_slice(&small[..n]);
-                }
-                assert!(got == expected);
-            };
-            tokio::join!(writer, reader);
-        });
-    }
-
-    /// Small reads through the shared buffer get every byte in order, and
-    /// nothing is held once the reader caught up.
-    #[test]
-    fn the_shared_buffer_serves_small_reads_and_is_given_back() {
+    /// Writes 300,000 patterned bytes through `wrap`'s reader, read in
+    /// chunks of `sizes` (cycled), checks every byte arrived in order and
+    /// hands the reader to `after` once it saw the end.
+    fn read_through<R: AsyncRead + Unpin>(
+        wrap: impl FnOnce(DuplexStream) -> R,
+        sizes: &[usize],
+        after: impl FnOnce(&R),
+    ) {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
@@ -245,24 +219,37 @@ mod tests {
                 drop(b);
             };
             let reader = async move {
-                let mut r = SharedReadAhead::new(a);
+                let mut r = wrap(a);
                 let mut got = Vec::new();
-                // Sizes that leave small and large rests behind.
-                let sizes = [4096, 100, 16_000, 7, 65_536 + 10];
-                let mut k = 0;
-                loop {
+                for k in 0.. {
                     let mut buf = vec![0u8; sizes[k % sizes.len()]];
-                    k += 1;
                     let n = r.read(&mut buf).await.unwrap();
                     if n == 0 {
                         break;
                     }
                     got.extend_from_slice(&buf[..n]);
                 }
-                assert_eq!(r.held(), 0);
+                after(&r);
                 assert!(got == expected);
             };
             tokio::join!(writer, reader);
         });
+    }
+
+    #[test]
+    fn small_reads_are_served_from_one_big_read() {
+        read_through(|a| ReadAhead::with_capacity(a, 64 * 1024), &[4096], |_| {});
+    }
+
+    /// Small reads through the shared buffer get every byte in order, and
+    /// nothing is held once the reader caught up.
+    #[test]
+    fn the_shared_buffer_serves_small_reads_and_is_given_back() {
+        // Sizes that leave small and large rests behind.
+        read_through(
+            SharedReadAhead::new,
+            &[4096, 100, 16_000, 7, 65_536 + 10],
+            |r| assert_eq!(r.held(), 0),
+        );
     }
 }
