@@ -809,6 +809,11 @@ impl Metrics {
             worker_bytes.clone(),
         );
         x.add(
+            "edgetunnel_certificate_reloads",
+            "Certificate reloads by result: ok (a new certificate and key in use for new handshakes, after their files changed or on SIGHUP), failed (the pair did not load; the old one stays in use).",
+            crate::engine::cert_reload::reload_counts(),
+        );
+        x.add(
             "edgetunnel_log_write_errors",
             "Log lines lost: their write failed (stderr closed, disk full) or the log queue was full (stderr not read).",
             crate::logging::write_errors(),

@@ -285,8 +285,7 @@ fn our_agent_against_grpcio_server() {
         addr,
         "rust-agent",
         "host=edge-1&ipv4=10.0.0.5",
-        // Links are logged at debug.
-        &["--workers", "2", "--log", "info,edgetunnel::agent=debug"],
+        &["--workers", "2"],
     );
     let seen = server.wait_line("AGENT");
     assert!(seen.contains("id=rust-agent"), "{seen}");
@@ -295,10 +294,17 @@ fn our_agent_against_grpcio_server() {
         "{seen}"
     );
     expect_ok(&mut server);
-    // A Go-like server announces no workers: no secondary links.
+    // A Go-like server announces no workers: the agent says so in its
+    // connection line, and announces no secondary link (`LINKED`).
     let log = agent.proc.log_text();
     assert!(log.contains("link=None"), "{log}");
-    assert!(!log.contains("secondary link up"), "{log}");
+    let linked: Vec<String> = agent
+        .proc
+        .lines
+        .try_iter()
+        .filter(|l| l.starts_with("LINKED"))
+        .collect();
+    assert!(linked.is_empty(), "{linked:?}");
     drop(agent);
 }
 

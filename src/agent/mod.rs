@@ -301,7 +301,10 @@ impl ServerSlots {
             };
             let attempt = match result {
                 Ok(connection::Ended::Shutdown) => return,
-                Ok(connection::Ended::Duplicate) => Attempt::Duplicate,
+                Ok(connection::Ended::Duplicate) => {
+                    crate::metrics::agent::metrics().server_duplicate();
+                    Attempt::Duplicate
+                }
                 // Only secondary links are refused this way.
                 Ok(connection::Ended::WorkerTaken | connection::Ended::NotWanted) => {
                     Attempt::Failed

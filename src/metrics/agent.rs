@@ -53,6 +53,7 @@ pub struct AgentMetrics {
     keepalive_timeouts: Counter,
     server_drains: Counter,
     server_busy: Counter,
+    server_duplicates: Counter,
 }
 
 static METRICS: LazyLock<AgentMetrics> = LazyLock::new(AgentMetrics::new);
@@ -148,6 +149,18 @@ impl AgentMetrics {
             "Connection attempts a server refused because it was busy (its handshake caps were full: a TLS user_canceled alert); the agent backs off.",
             server_busy.clone(),
         );
+        let server_duplicates = Counter::default();
+        // Registered without "_total": the text encoder adds it to counters.
+        x.add(
+            "edgetunnel_agent_server_duplicates",
+            "Server connections the agent closed because they reached a server it is already connected to (a load balancer in front of several servers); the slot tries again until it reaches another.",
+            server_duplicates.clone(),
+        );
+        x.add(
+            "edgetunnel_certificate_reloads",
+            "Certificate reloads by result: ok (a new certificate and key in use for new handshakes, after their files changed or on SIGHUP), failed (the pair did not load; the old one stays in use).",
+            crate::engine::cert_reload::reload_counts(),
+        );
         x.add(
             "edgetunnel_log_write_errors",
             "Log lines lost: their write failed (stderr closed, disk full) or the log queue was full (stderr not read).",
@@ -168,6 +181,7 @@ impl AgentMetrics {
             keepalive_timeouts,
             server_drains,
             server_busy,
+            server_duplicates,
         }
     }
 
@@ -180,6 +194,11 @@ impl AgentMetrics {
     /// [`crate::agent::backoff::is_busy`]).
     pub fn server_busy(&self) {
         self.server_busy.inc();
+    }
+
+    /// A connection reached a server already connected and was closed.
+    pub fn server_duplicate(&self) {
+        self.server_duplicates.inc();
     }
 
     /// A server connection dropped by its keepalive (the server went
@@ -285,6 +304,7 @@ mod tests {
         m.packet(Segment::FromAgent, PacketType::DialRsp);
         m.keepalive_timeout();
         m.server_drain();
+        m.server_duplicate();
         let t = m.render();
         let p = ANP_AGENT;
         for s in [
@@ -308,6 +328,8 @@ mod tests {
             "edgetunnel_agent_dials_pending 1\n".to_string(),
             "edgetunnel_keepalive_timeouts_total{peer=\"server\"} 1\n".to_string(),
             "edgetunnel_agent_server_drains_total 1\n".to_string(),
+            "edgetunnel_agent_server_duplicates_total 1\n".to_string(),
+            "edgetunnel_certificate_reloads_total{result=\"failed\"} 0\n".to_string(),
             format!("# HELP {p}open_server_connections Current number of open server connections.\n"),
             format!("# TYPE {p}server_connection_failure_count counter\n"),
         ] {

@@ -321,10 +321,12 @@ fn csr_mode_obtains_and_rotates_the_serving_certificate() {
         || kube.csrs().len() >= 2,
         || server.proc.log_text(),
     );
-    wait_for(
-        "the renewed certificate in use",
-        || server.proc.log_text().contains("certificate reloaded"),
-        || server.proc.log_text(),
+    // The renewed pair is in use: counted as a reload.
+    support::wait_metric_at(
+        server.admin,
+        "edgetunnel_certificate_reloads_total{result=\"ok\"}",
+        &server.proc,
+        |n| n >= 1.0,
     );
     server.wait_metric("edgetunnel_agents_connected", 1.0);
     let _second = support::Agent::start(&env, server.agent, "edge-2", "host=edge-2", &[]);

@@ -732,8 +732,14 @@ fn openyurt_setup_agent_finds_the_server_through_its_service() {
     cmd.args(&args)
         .env("EDGETUNNEL_COMPAT_SERVICEACCOUNT_DIR", env.certs());
     let agent = Proc::spawn(cmd, env.path("yurt-tunnel-agent.log"));
-    agent.wait_line("CONNECTED");
-    assert_logged(&agent, &[&format!("127.0.0.2:{port}")]);
+    // The server found through the Service's NodePort on the master's
+    // address: `CONNECTED <server> <server ID>`.
+    let connected = agent.wait_line("CONNECTED");
+    assert_eq!(
+        connected.split(' ').nth(1),
+        Some(format!("127.0.0.2:{port}").as_str()),
+        "{connected}"
+    );
     let asked = kube.requests();
     assert!(
         asked

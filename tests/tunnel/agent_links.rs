@@ -86,8 +86,7 @@ fn agent_links_every_worker_and_tunnels_use_both() {
         server.agent,
         "node1",
         "host=node1",
-        // Links are logged at debug.
-        &["--workers", "2", "--log", "info,edgetunnel::agent=debug"],
+        &["--workers", "2"],
     );
     wait_both_linked(&server, &agent);
     // One agent, two links.
@@ -118,8 +117,11 @@ fn agent_links_every_worker_and_tunnels_use_both() {
         server.proc.log_text(),
         agent.proc.log_text()
     );
-    // The agent ran its links on two threads of its own.
-    agent.proc.wait_log("secondary link up");
+    // The agent announced its secondary link (`LINKED <server> <server
+    // ID> <worker>`), on one of the server's two workers.
+    let linked = agent.proc.wait_line("LINKED ");
+    let worker: f64 = linked.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(worker == 0.0 || worker == 1.0, "{linked}");
 }
 
 /// Forwards TCP connections to `to`, keeping them so a test can cut one.

@@ -393,45 +393,62 @@ fn agent_reconnects_after_server_restart() {
     assert_eq!(echo_roundtrip(s, b"back"), b"back");
 }
 
+/// An agent's successful dials to local endpoints.
+const AGENT_DIALS_OK: &str = "edgetunnel_agent_dials_total{result=\"success\"}";
+
 #[test]
 fn routes_by_host_ip_cidr_and_default_route() {
     let env = Env::new();
     let server = Server::start(&env, &["--proxy-strategies", "destHost,defaultRoute"]);
-    let debug = ["--log", "edgetunnel=debug"];
-    let a = Agent::start(
+    let (_a, a) = Agent::start_with_admin(
         &env,
         server.agent,
         "a",
         "host=localhost&ipv4=127.0.0.2",
-        &debug,
+        &[],
     );
-    let b = Agent::start(
+    let (_b, b) = Agent::start_with_admin(
         &env,
         server.agent,
         "b",
         "cidr=127.0.3.0/24&cidr=127.0.0.0/8",
-        &debug,
+        &[],
     );
-    let c = Agent::start(&env, server.agent, "c", "default-route=true", &debug);
+    let (_c, c) = Agent::start_with_admin(&env, server.agent, "c", "default-route=true", &[]);
     server.wait_metric("edgetunnel_agents_connected", 3.0);
+    // Which agent dialed: the one whose count of successful dials moved
+    // (by one, and no other's), read from each agent's /metrics.
+    let agents = [("a", a), ("b", b), ("c", c)];
+    let dials = || agents.map(|(_, admin)| metric_at(admin, AGENT_DIALS_OK));
     let ta = banner_server("127.0.0.2", "A");
     let tb = banner_server("127.0.3.7", "B");
     let tlocal = banner_server("127.0.0.1", "L");
     let read_all = |addr: &str| {
+        let before = dials();
         let (status, body, mut s) = connect_tcp(server.connect, addr);
         assert_eq!(status, 200, "{addr}: {body}");
         let mut out = String::new();
         s.read_to_string(&mut out).unwrap();
-        out
+        // The agent counts the dial before it answers the server, so
+        // before the first byte: no wait.
+        let after = dials();
+        let moved: Vec<_> = (0..agents.len())
+            .filter(|&i| after[i] != before[i])
+            .collect();
+        assert!(
+            moved.len() == 1 && after[moved[0]] == before[moved[0]] + 1.0,
+            "{addr}: dials before {before:?}, after {after:?}"
+        );
+        (out, agents[moved[0]].0)
     };
     let by_name = format!("localhost:{}", tlocal.port());
     // 127.0.0.1 is in b's /8 only; the longest prefix decides for 127.0.3.7.
     let in_wide_cidr = tlocal.to_string();
     for _ in 0..3 {
-        assert_eq!(read_all(&ta.to_string()), "A");
-        assert_eq!(read_all(&by_name), "L");
-        assert_eq!(read_all(&tb.to_string()), "B");
-        assert_eq!(read_all(&in_wide_cidr), "L");
+        assert_eq!(read_all(&ta.to_string()), ("A".to_string(), "a"));
+        assert_eq!(read_all(&by_name), ("L".to_string(), "a"));
+        assert_eq!(read_all(&tb.to_string()), ("B".to_string(), "b"));
+        assert_eq!(read_all(&in_wide_cidr), ("L".to_string(), "b"));
     }
     // Nobody announced ::1 and no cidr holds it: the default-route agent.
     let v6 = std::net::TcpListener::bind("[::1]:0").ok();
@@ -443,16 +460,10 @@ fn routes_by_host_ip_cidr_and_default_route() {
                 let _ = s.write_all(b"V6");
             }
         });
-        assert_eq!(read_all(v6_addr.as_deref().unwrap()), "V6");
-    }
-    let dialed =
-        |agent: &Agent, addr: &str| agent.proc.log_text().contains(&format!("address={addr}"));
-    assert!(dialed(&a, &ta.to_string()) && dialed(&a, &by_name));
-    assert!(!dialed(&b, &ta.to_string()) && !dialed(&c, &ta.to_string()));
-    assert!(dialed(&b, &tb.to_string()) && dialed(&b, &in_wide_cidr));
-    assert!(!dialed(&a, &tb.to_string()) && !dialed(&c, &tb.to_string()));
-    if let Some(v6) = &v6_addr {
-        assert!(dialed(&c, v6) && !dialed(&a, v6) && !dialed(&b, v6));
+        assert_eq!(
+            read_all(v6_addr.as_deref().unwrap()),
+            ("V6".to_string(), "c")
+        );
     }
     drop(server);
 
@@ -596,18 +607,12 @@ fn agent_serves_several_servers_and_honours_server_count() {
     let env = Env::new();
     let s1 = Server::start(&env, &["--server-id", "one"]);
     let s2 = Server::start(&env, &["--server-id", "two", "--server-count", "2"]);
-    let agent = Agent::start(
+    let (agent, admin) = Agent::start_with_admin(
         &env,
         s1.agent,
         "multi",
         "host=node1",
-        // Duplicates are logged at debug.
-        &[
-            "--server-addr",
-            &s2.agent.to_string(),
-            "--log",
-            "info,edgetunnel::agent=debug",
-        ],
+        &["--server-addr", &s2.agent.to_string()],
     );
     s1.wait_metric("edgetunnel_agents_connected", 1.0);
     s2.wait_metric("edgetunnel_agents_connected", 1.0);
@@ -629,13 +634,16 @@ fn agent_serves_several_servers_and_honours_server_count() {
     // serverID, so the duplicate is dropped (as ANP's agent does).
     thread::sleep(Duration::from_millis(500));
     s2.wait_metric("edgetunnel_agents_connected", 1.0);
-    // The second slot exists and keeps retrying (only it can log this: the
-    // first connection never dropped).
-    assert!(
-        agent.proc.log_text().contains("reconnecting"),
-        "{}",
-        agent.proc.log_text()
+    // The second slot exists: it reached s2 again and closed that
+    // connection as a duplicate, counted by the agent.
+    wait_metric_at(
+        admin,
+        "edgetunnel_agent_server_duplicates_total",
+        &agent.proc,
+        |n| n >= 1.0,
     );
+    // Still one connection to each server.
+    assert_eq!(metric_at(admin, "edgetunnel_agent_servers_connected"), 2.0);
 }
 
 /// A peer that stops answering (frozen with SIGSTOP, its TCP connection
