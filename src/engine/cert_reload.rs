@@ -53,7 +53,7 @@ pub fn reload_counts() -> Family<[(&'static str, &'static str); 1], Counter> {
             let f = Family::default();
             // Both results shown from the start, at 0.
             for r in ["ok", "failed"] {
-                f.get_or_create(&[("result", r)]);
+                f.get_or_create_owned(&[("result", r)]);
             }
             f
         })
