@@ -19,7 +19,8 @@ pub mod upstream_config;
 
 // kubectl's Go behaviour, sans-I/O, lives in the protocol crate
 // (`protocol::kubectl`); the old paths stay.
-pub use crate::protocol::kubectl::{filter, go_regex as goregex, go_url as gourl, mux};
+pub use crate::protocol::go::{regexp as goregex, url as gourl};
+pub use crate::protocol::kubectl::{filter, mux};
 
 /// kubectl's command line ([`crate::protocol::kubectl::go_args`]), and
 /// reading this process's.

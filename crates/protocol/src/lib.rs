@@ -13,33 +13,11 @@
 //! even indirectly (`tests/protocol_deps.rs` in the root package checks
 //! `cargo tree`); the fuzz targets depend on this crate alone.
 
-pub mod agent_identity;
-pub mod agent_links;
-pub mod agent_tunnel;
-pub mod dest_policy;
-pub mod exec_credential;
-pub mod goflag;
-pub mod grpc_frame;
+pub mod anp;
+pub mod go;
 pub mod h2_server;
 pub mod http1;
-pub mod http_connect;
-pub mod identifiers;
-pub mod impersonation;
 pub mod kubectl;
-pub mod oidc;
-pub mod packet;
-pub mod percent;
-pub mod proxy_client;
-pub mod proxy_stream;
-pub mod routing;
-pub mod server_tunnel;
-pub mod upstream_proxy;
-
-/// Protobuf types generated from `proto/` (see `tests/codegen.rs`).
-#[allow(clippy::all, missing_docs)]
-pub mod pb {
-    include!("pb.rs");
-}
 
 /// gRPC method of the agent connection.
 pub const AGENT_CONNECT_PATH: &str = "/AgentService/Connect";
