@@ -26,7 +26,7 @@ use crate::engine::tunnel_relay::{self, DownEnd, Incoming, UpEnd};
 use crate::engine::window::{self, ConnWindow};
 use crate::metrics::agent::{metrics as agent_metrics, Direction, EndpointDialFailure};
 use crate::metrics::Segment;
-use crate::protocol::anp::agent_dest_policy::{self, Policy};
+use crate::protocol::anp::agent_dest_policy::{self as dest_policy, Policy};
 use crate::protocol::anp::agent_links;
 use crate::protocol::anp::agent_tunnel::{AgentAction, AgentTunnel, DialOutcome};
 use crate::protocol::anp::packet::{self, Encoded, Frame};

@@ -13,7 +13,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::io::{go_error_text, UpstreamIo};
 use crate::engine::read_ahead::ReadAhead;
-use crate::protocol::kubectl::upstream::proxy_handshake::{self, Socks5Client, SocksStep};
+use crate::protocol::kubectl::upstream::proxy_handshake::{
+    self as proxy_client, Socks5Client, SocksStep,
+};
 use crate::protocol::kubectl::upstream::proxy_url::{join_host_port, ProxyScheme, ProxyUrl};
 
 /// Go's transport has no separate limit; this bounds a silent proxy.
