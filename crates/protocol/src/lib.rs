@@ -1,7 +1,10 @@
-//! The tunnel protocol, sans-I/O: gRPC framing, ANP Packets, the HTTP CONNECT
-//! head, HTTP/1.x heads, bodies and exchanges, agent identifiers and their binding to client certificates, routing and the per-connection state machines;
-//! Go's pflag command-line syntax ([`goflag`]) and kubectl proxy's Go
-//! behaviour ([`kubectl`]).
+//! edgetunnel's protocol layer, sans-I/O, one folder per product or origin:
+//! the tunnel's wire and state machines ([`anp`]: gRPC framing, ANP
+//! Packets, the HTTP CONNECT head, agent identifiers and their binding to
+//! client certificates, routing, the per-connection state machines), our
+//! HTTP/2 server connection ([`h2_server`]), HTTP/1.x heads, bodies and
+//! exchanges ([`http1`]), ports of Go library behaviour ([`go`]) and
+//! `kubectl proxy`'s Go behaviour ([`kubectl`]).
 //!
 //! Nothing here touches a socket, a runtime or a file: every type takes
 //! bytes or events in and gives bytes or actions out, so it runs in unit
