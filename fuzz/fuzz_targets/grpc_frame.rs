@@ -6,8 +6,8 @@
 #![no_main]
 
 use bytes::Bytes;
-use edgetunnel_protocol::grpc_frame::{FrameDecoder, FrameError, HEADER_LEN};
-use edgetunnel_protocol::packet;
+use edgetunnel_protocol::anp::grpc_frame::{FrameDecoder, FrameError, HEADER_LEN};
+use edgetunnel_protocol::anp::packet;
 use libfuzzer_sys::fuzz_target;
 
 const MAX: usize = 64 * 1024;

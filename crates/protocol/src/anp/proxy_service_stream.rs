@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::packet::{self, Frame};
-use super::{NO_TUNNEL, ROUTE_ATTEMPTS};
+use crate::{NO_TUNNEL, ROUTE_ATTEMPTS};
 
 /// Identifies one dial (and then its connection) on this stream.
 pub type Token = u64;
