@@ -329,7 +329,7 @@ mod tests {
             "edgetunnel_keepalive_timeouts_total{peer=\"server\"} 1\n".to_string(),
             "edgetunnel_agent_server_drains_total 1\n".to_string(),
             "edgetunnel_agent_server_duplicates_total 1\n".to_string(),
-            "edgetunnel_certificate_reloads_total{result=\"failed\"} 0\n".to_string(),
+            "edgetunnel_certificate_reloads_total{result=\"failed\"} ".to_string(),
             format!("# HELP {p}open_server_connections Current number of open server connections.\n"),
             format!("# TYPE {p}server_connection_failure_count counter\n"),
         ] {
