@@ -753,8 +753,8 @@ async fn read_loop(
             Frame::DialResponse(r) => Some(r.random),
             _ => None,
         };
+        let kind = metrics::packet_type(&frame);
         if !rx.continued() {
-            let kind = metrics::packet_type(&frame);
             state.shared.metrics.packet(Segment::FromAgent, kind);
         }
         let action = state.tunnel.borrow_mut().on_agent_frame(frame);

@@ -85,7 +85,7 @@ impl PacketDecoder {
     /// Call at end of stream: an error if a message was cut short.
     pub fn finish(&self) -> Result<(), FrameError> {
         match self.streaming {
-            Some(s) => Err(FrameError::Truncated {
+            Some(_) => Err(FrameError::Truncated {
                 buffered: self.frames.buffered(),
             }),
             None => self.frames.finish(),
@@ -149,7 +149,7 @@ fn data_piece(connect_id: i64, data: Bytes) -> Frame {
 /// prost would decode it to exactly `Data{connect_id, data: payload}`).
 fn data_head(head: &[u8], len: usize) -> Option<(i64, usize)> {
     let mut pos = 0;
-    let mut byte = |pos: &mut usize| {
+    let byte = |pos: &mut usize| {
         let b = *head.get(*pos)?;
         *pos += 1;
         Some(b)
