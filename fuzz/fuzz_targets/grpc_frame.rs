@@ -146,7 +146,8 @@ fn packets(sizes: &[u8], stream: &[u8], want: &[&[u8]], want_end: &Result<(), Fr
                         continue;
                     }
                     // A later piece of the DATA packet before: join it.
-                    let (Ok(Frame::Data(piece)), Some(Ok(Frame::Data(first)))) = (p, got.last_mut())
+                    let (Ok(Frame::Data(piece)), Some(Ok(Frame::Data(first)))) =
+                        (p, got.last_mut())
                     else {
                         panic!("a continued piece that does not follow a DATA packet")
                     };
@@ -162,7 +163,11 @@ fn packets(sizes: &[u8], stream: &[u8], want: &[&[u8]], want_end: &Result<(), Fr
                 }
             }
         }
-        assert!(d.buffered() < MAX.max(HEADER_LEN), "buffered {} after drain", d.buffered());
+        assert!(
+            d.buffered() < MAX.max(HEADER_LEN),
+            "buffered {} after drain",
+            d.buffered()
+        );
     }
     // A stream cut inside a DATA packet may have handed out its first bytes.
     let truncated = matches!(want_end, Err(FrameError::Truncated { .. }));
