@@ -434,7 +434,9 @@ async fn read_loop(shared: Rc<LinkState>, mut rx: PacketReceiver) -> Result<(), 
                 return Err(e.into());
             }
         };
-        agent_metrics().packet(Segment::ToAgent, crate::metrics::packet_type(&frame));
+        if !rx.continued() {
+            agent_metrics().packet(Segment::ToAgent, crate::metrics::packet_type(&frame));
+        }
         let action = shared.tunnel.borrow_mut().on_server_frame(frame);
         match action {
             AgentAction::Dial {

@@ -646,8 +646,10 @@ async fn proxy_stream(
                 Next::Agent(token, ev) => machine.on_agent_event(token, agent_event(ev)),
                 Next::Unparked => parked = None,
                 Next::Client(Ok(Some(frame))) => {
-                    let kind = metrics::packet_type(&frame);
-                    shared.metrics.packet(Segment::FromClient, kind);
+                    if !rx.continued() {
+                        let kind = metrics::packet_type(&frame);
+                        shared.metrics.packet(Segment::FromClient, kind);
+                    }
                     machine.on_client_frame(frame, Instant::now())
                 }
                 Next::Client(Err(e)) => {

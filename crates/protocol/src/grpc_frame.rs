@@ -4,7 +4,9 @@
 //! [`FrameDecoder`] takes the stream's DATA chunks as they arrive (split or
 //! coalesced arbitrarily) and yields whole messages. A message that lies inside
 //! one chunk is returned as a slice of that chunk (no copy); only a message that
-//! straddles chunks is gathered into a new buffer.
+//! straddles chunks is gathered into a new buffer. ANP Packets are read with
+//! [`crate::packet_decoder::PacketDecoder`] instead, which hands a DATA
+//! packet's payload on as the chunks' own slices.
 //!
 //! Memory is bounded by the caller draining [`FrameDecoder::next_message`]
 //! after each push: a declared length above `max_message` is an error before
@@ -79,29 +81,8 @@ impl FrameDecoder {
 
     /// Returns the next whole message, `Ok(None)` if more input is needed.
     pub fn next_message(&mut self) -> Result<Option<Bytes>, FrameError> {
-        let len = match self.pending_len {
-            Some(len) => len,
-            None => {
-                if self.buffered < HEADER_LEN {
-                    return Ok(None);
-                }
-                let mut header = [0u8; HEADER_LEN];
-                self.copy_out(&mut header);
-                match header[0] {
-                    0 => {}
-                    1 => return Err(FrameError::CompressionNotNegotiated),
-                    other => return Err(FrameError::BadFlag(other)),
-                }
-                let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
-                if len > self.max_message {
-                    return Err(FrameError::TooLarge {
-                        len,
-                        max: self.max_message,
-                    });
-                }
-                self.pending_len = Some(len);
-                len
-            }
+        let Some(len) = self.start_message()? else {
+            return Ok(None);
         };
         if self.buffered < len {
             return Ok(None);
@@ -111,20 +92,81 @@ impl FrameDecoder {
         Ok(Some(self.take(len)))
     }
 
-    /// Copies `out.len()` bytes from the front (header bytes only).
-    fn copy_out(&mut self, out: &mut [u8]) {
+    /// The length of the message at the front, its prefix consumed (and
+    /// checked) on the first call; `Ok(None)` until the prefix is here.
+    pub(crate) fn start_message(&mut self) -> Result<Option<usize>, FrameError> {
+        if let Some(len) = self.pending_len {
+            return Ok(Some(len));
+        }
+        if self.buffered < HEADER_LEN {
+            return Ok(None);
+        }
+        let mut header = [0u8; HEADER_LEN];
+        self.peek(&mut header);
+        self.skip(HEADER_LEN);
+        match header[0] {
+            0 => {}
+            1 => return Err(FrameError::CompressionNotNegotiated),
+            other => return Err(FrameError::BadFlag(other)),
+        }
+        let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+        if len > self.max_message {
+            return Err(FrameError::TooLarge {
+                len,
+                max: self.max_message,
+            });
+        }
+        self.pending_len = Some(len);
+        Ok(Some(len))
+    }
+
+    /// The message started by [`Self::start_message`] is no longer this
+    /// decoder's: the caller takes its bytes with [`Self::skip`] and
+    /// [`Self::take_piece`].
+    pub(crate) fn hand_off_message(&mut self) {
+        self.pending_len = None;
+    }
+
+    /// Copies up to `out.len()` bytes from the front without consuming
+    /// them (prefix and packet header bytes only); how many were copied.
+    pub(crate) fn peek(&self, out: &mut [u8]) -> usize {
         let mut filled = 0;
-        while filled < out.len() {
-            let front = self.chunks.front_mut().expect("buffered count is exact");
-            let n = front.len().min(out.len() - filled);
-            out[filled..filled + n].copy_from_slice(&front[..n]);
-            front.advance(n);
+        for chunk in &self.chunks {
+            if filled == out.len() {
+                break;
+            }
+            let n = chunk.len().min(out.len() - filled);
+            out[filled..filled + n].copy_from_slice(&chunk[..n]);
             filled += n;
+        }
+        filled
+    }
+
+    /// Drops `n` buffered bytes from the front (`n` <= [`Self::buffered`]).
+    pub(crate) fn skip(&mut self, mut n: usize) {
+        self.buffered -= n;
+        while n > 0 {
+            let front = self.chunks.front_mut().expect("buffered count is exact");
+            let k = front.len().min(n);
+            front.advance(k);
+            n -= k;
             if front.is_empty() {
                 self.chunks.pop_front();
             }
         }
-        self.buffered -= out.len();
+    }
+
+    /// Up to `max` bytes from the front, as a slice of the chunk they sit
+    /// in (never a copy); `None` when nothing is buffered.
+    pub(crate) fn take_piece(&mut self, max: usize) -> Option<Bytes> {
+        let front = self.chunks.front_mut()?;
+        let piece = if front.len() <= max {
+            self.chunks.pop_front().expect("a front chunk")
+        } else {
+            front.split_to(max)
+        };
+        self.buffered -= piece.len();
+        Some(piece)
     }
 
     /// Takes `len` bytes from the front: a zero-copy slice when they sit in

@@ -28,6 +28,7 @@ pub mod impersonation;
 pub mod kubectl;
 pub mod oidc;
 pub mod packet;
+pub mod packet_decoder;
 pub mod percent;
 pub mod proxy_client;
 pub mod proxy_stream;
