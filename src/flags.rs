@@ -12,7 +12,7 @@ use clap::Args;
 
 use crate::engine::runtime::Driver;
 use crate::engine::tls::TlsFiles;
-use crate::protocol::grpc_frame::DEFAULT_MAX_MESSAGE;
+use crate::protocol::anp::grpc_frame::DEFAULT_MAX_MESSAGE;
 use crate::BoxError;
 
 /// Certificate flags shared by server and agent (mutual TLS on the agent

@@ -31,11 +31,11 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Metric, Registry};
 
 use crate::engine::grpc;
-use crate::protocol::agent_identity::REASONS;
+use crate::protocol::anp::agent_identity::REASONS;
+use crate::protocol::anp::packet::Frame;
+use crate::protocol::anp::pb::PacketType;
+use crate::protocol::anp::routing::Strategy;
 use crate::protocol::h2_server::Flood;
-use crate::protocol::packet::Frame;
-use crate::protocol::pb::PacketType;
-use crate::protocol::routing::Strategy;
 
 /// `Content-Type` of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
@@ -506,7 +506,7 @@ pub struct Metrics {
     pub frontend_errors: Counter,
     pub agent_protocol_errors: Counter,
     /// Agent registrations refused by `--bind-agent-identity`, by reason
-    /// ([`crate::protocol::agent_identity::REASONS`]).
+    /// ([`crate::protocol::anp::agent_identity::REASONS`]).
     identity_refused: Vec<Counter>,
     dial_duration: Histogram,
     /// The agent listener's pre-authentication cap.
@@ -1180,7 +1180,7 @@ mod tests {
 
     #[test]
     fn encoded_type_reads_the_packet_type() {
-        use crate::protocol::packet;
+        use crate::protocol::anp::packet;
         for f in [
             packet::dial_request("tcp", "a:1", 7),
             packet::dial_response(7, 1, ""),

@@ -5,14 +5,14 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use bytes::Bytes;
-use edgetunnel::protocol::grpc_frame::{self, FrameDecoder, FrameError, HEADER_LEN};
-use edgetunnel::protocol::http_connect::{self, ConnectRequest};
-use edgetunnel::protocol::identifiers::{Cidr, Identifiers};
-use edgetunnel::protocol::packet::{self, Frame};
-use edgetunnel::protocol::pb::{
+use edgetunnel::protocol::anp::agent_identifiers::{Cidr, Identifiers};
+use edgetunnel::protocol::anp::grpc_frame::{self, FrameDecoder, FrameError, HEADER_LEN};
+use edgetunnel::protocol::anp::http_connect::{self, ConnectRequest};
+use edgetunnel::protocol::anp::packet::{self, Frame};
+use edgetunnel::protocol::anp::pb::{
     CloseDial, CloseRequest, CloseResponse, Data, DialRequest, DialResponse, Packet,
 };
-use edgetunnel::protocol::routing::{dest_host, Registry, Strategy as Route};
+use edgetunnel::protocol::anp::routing::{dest_host, Registry, Strategy as Route};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use prost::Message;

@@ -9,7 +9,8 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes};
-use edgetunnel::protocol::{grpc_frame, packet, PROXY_PATH};
+use edgetunnel::protocol::anp::{grpc_frame, packet};
+use edgetunnel::protocol::PROXY_PATH;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpSocket, TcpStream, UnixStream};
 use tokio_rustls::client::TlsStream;

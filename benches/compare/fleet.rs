@@ -32,9 +32,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use edgetunnel::agent::backoff::{Attempt, Backoff, DEFAULT_RESET_AFTER};
-use edgetunnel::protocol::packet::{self, Frame};
+use edgetunnel::protocol::anp::packet::{self, Frame};
 use edgetunnel::protocol::{
-    grpc_frame, AGENT_CONNECT_PATH, AGENT_IDENTIFIERS_HEADER, AGENT_ID_HEADER,
+    anp::grpc_frame, AGENT_CONNECT_PATH, AGENT_IDENTIFIERS_HEADER, AGENT_ID_HEADER,
 };
 use rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;

@@ -1,4 +1,4 @@
-//! Agent link metadata (protocol::agent_links) on arbitrary text: request
+//! Agent link metadata (protocol::anp::agent_links) on arbitrary text: request
 //! and answer headers never panic; an accepted instance token is 1 to 64 of
 //! [A-Za-z0-9_-]; a parsed answer has `worker < workers <= 4096`; and a
 //! registry holding the links `admit` lets in keeps at most one link of an
@@ -9,11 +9,11 @@
 //! header) then one byte per link attempt (its worker, mod 8).
 #![no_main]
 
-use edgetunnel_protocol::agent_links::{
+use edgetunnel_protocol::anp::agent_links::{
     admit, parse_answer, parse_request, secondaries_wanted, LinkError, MAX_INSTANCE_LEN,
 };
-use edgetunnel_protocol::identifiers::Identifiers;
-use edgetunnel_protocol::routing::Registry;
+use edgetunnel_protocol::anp::agent_identifiers::Identifiers;
+use edgetunnel_protocol::anp::routing::Registry;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -5,8 +5,8 @@
 //! one key per agent ID.
 #![no_main]
 
-use edgetunnel_protocol::agent_identity::{check, CertNames, Holders};
-use edgetunnel_protocol::identifiers::Identifiers;
+use edgetunnel_protocol::anp::agent_identity::{check, CertNames, Holders};
+use edgetunnel_protocol::anp::agent_identifiers::Identifiers;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

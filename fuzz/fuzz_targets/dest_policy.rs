@@ -6,7 +6,7 @@
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
-use edgetunnel_protocol::dest_policy::{canonical, parse_list, Entry, Policy, Refusal};
+use edgetunnel_protocol::anp::agent_dest_policy::{canonical, parse_list, Entry, Policy, Refusal};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

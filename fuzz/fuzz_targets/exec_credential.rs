@@ -6,7 +6,7 @@
 //! then the plugin's stdout.
 #![no_main]
 
-use edgetunnel_protocol::exec_credential::{parse, V1, V1BETA1};
+use edgetunnel_protocol::kubectl::upstream::exec_credential::{parse, V1, V1BETA1};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

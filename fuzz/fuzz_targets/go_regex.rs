@@ -5,7 +5,7 @@
 #![no_main]
 
 use edgetunnel_protocol::kubectl::go_args;
-use edgetunnel_protocol::kubectl::go_regex::{go_runes, parse, to_rust, GoRegex};
+use edgetunnel_protocol::go::regexp::{go_runes, parse, to_rust, GoRegex};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -9,9 +9,9 @@
 #![no_main]
 
 use bytes::Bytes;
-use edgetunnel_protocol::grpc_frame::{FrameDecoder, FrameError, HEADER_LEN};
-use edgetunnel_protocol::packet::{self, Frame};
-use edgetunnel_protocol::packet_decoder::PacketDecoder;
+use edgetunnel_protocol::anp::grpc_frame::{FrameDecoder, FrameError, HEADER_LEN};
+use edgetunnel_protocol::anp::packet::{self, Frame};
+use edgetunnel_protocol::anp::packet_decoder::PacketDecoder;
 use libfuzzer_sys::fuzz_target;
 
 const MAX: usize = 64 * 1024;

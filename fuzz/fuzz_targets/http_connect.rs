@@ -4,8 +4,8 @@
 //! authority has a port of 1..=65535 and only host characters.
 #![no_main]
 
-use edgetunnel_protocol::http_connect::{self, MAX_HEAD};
-use edgetunnel_protocol::routing;
+use edgetunnel_protocol::anp::http_connect::{self, MAX_HEAD};
+use edgetunnel_protocol::anp::routing;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,8 +3,8 @@
 //! its own identifiers.
 #![no_main]
 
-use edgetunnel_protocol::identifiers::Identifiers;
-use edgetunnel_protocol::routing::{dest_host, Registry, Strategy};
+use edgetunnel_protocol::anp::agent_identifiers::Identifiers;
+use edgetunnel_protocol::anp::routing::{dest_host, Registry, Strategy};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

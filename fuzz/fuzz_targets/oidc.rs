@@ -1,14 +1,14 @@
-//! The `oidc` auth-provider's parsers (protocol::oidc): no panic on any
+//! The `oidc` auth-provider's parsers (protocol::kubectl::upstream::oidc): no panic on any
 //! input, and deterministic answers. The id-token check, the discovery
 //! document and the token endpoint's answer each get the input, and so
-//! does the redirect logic as a `Location` (protocol::oidc::redirect).
+//! does the redirect logic as a `Location` (protocol::kubectl::upstream::oidc::redirect).
 //!
 //! Input: 1 byte choosing the status (even: 200, odd: 400) and whether a
 //! form Content-Type is claimed (bit 1), then the bytes.
 #![no_main]
 
-use edgetunnel_protocol::oidc::redirect::{resolve, Chain, Step};
-use edgetunnel_protocol::oidc::{
+use edgetunnel_protocol::kubectl::upstream::oidc::redirect::{resolve, Chain, Step};
+use edgetunnel_protocol::kubectl::upstream::oidc::{
     id_token_exp, id_token_valid, parse_discovery, parse_token_response,
 };
 use libfuzzer_sys::fuzz_target;

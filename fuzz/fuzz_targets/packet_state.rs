@@ -11,10 +11,10 @@
 use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
-use edgetunnel_protocol::agent_tunnel::{AgentAction, AgentTunnel, DialOutcome};
-use edgetunnel_protocol::grpc_frame::{FrameDecoder, HEADER_LEN};
-use edgetunnel_protocol::packet::{self, Frame};
-use edgetunnel_protocol::server_tunnel::{ServerAction, ServerTunnel};
+use edgetunnel_protocol::anp::agent_tunnel::{AgentAction, AgentTunnel, DialOutcome};
+use edgetunnel_protocol::anp::grpc_frame::{FrameDecoder, HEADER_LEN};
+use edgetunnel_protocol::anp::packet::{self, Frame};
+use edgetunnel_protocol::anp::server_tunnel::{ServerAction, ServerTunnel};
 use libfuzzer_sys::fuzz_target;
 
 /// encode -> FrameDecoder -> decode gives the frame back.

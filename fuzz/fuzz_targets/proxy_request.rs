@@ -8,13 +8,13 @@ use edgetunnel_protocol::kubectl::filter::{
     DEFAULT_REJECT_PATHS,
 };
 use edgetunnel_protocol::kubectl::forward;
-use edgetunnel_protocol::kubectl::go_url::{clean_path, RequestUrl};
+use edgetunnel_protocol::go::url::{clean_path, RequestUrl};
 use edgetunnel_protocol::http1::{self, HeadLimit};
 
 const LIMIT: HeadLimit = HeadLimit::GO_SERVER;
 const MAX_HEAD: usize = LIMIT.bytes;
 use edgetunnel_protocol::kubectl::mux::{redirect_location, Mux, Route};
-use edgetunnel_protocol::impersonation::Impersonation;
+use edgetunnel_protocol::kubectl::upstream::impersonation::Impersonation;
 use edgetunnel_protocol::kubectl::forward::UpstreamHead;
 use libfuzzer_sys::fuzz_target;
 
@@ -31,7 +31,7 @@ fuzz_target!(|data: &[u8]| {
     let escaped = url.escaped_path();
     if url.path != "*" {
         assert_eq!(
-            edgetunnel_protocol::kubectl::go_url::unescape_path(&escaped).as_deref(),
+            edgetunnel_protocol::go::url::unescape_path(&escaped).as_deref(),
             Ok(url.path.as_str())
         );
     }

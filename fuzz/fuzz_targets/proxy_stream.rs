@@ -8,8 +8,8 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use bytes::Bytes;
-use edgetunnel_protocol::packet::{self, Frame};
-use edgetunnel_protocol::proxy_stream::{AgentEvent, ProxyStream, StreamAction, Token};
+use edgetunnel_protocol::anp::packet::{self, Frame};
+use edgetunnel_protocol::anp::proxy_service_stream::{AgentEvent, ProxyStream, StreamAction, Token};
 use libfuzzer_sys::fuzz_target;
 
 /// What the agents hold for this stream.

@@ -8,8 +8,8 @@
 //! are offered), then the text/bytes.
 #![no_main]
 
-use edgetunnel_protocol::proxy_client::{parse_connect_response, Socks5Client, SocksStep};
-use edgetunnel_protocol::upstream_proxy::{parse_env_proxy, parse_kubeconfig_proxy, EnvProxy};
+use edgetunnel_protocol::kubectl::upstream::proxy_handshake::{parse_connect_response, Socks5Client, SocksStep};
+use edgetunnel_protocol::kubectl::upstream::proxy_url::{parse_env_proxy, parse_kubeconfig_proxy, EnvProxy};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

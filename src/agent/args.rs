@@ -10,7 +10,7 @@ use super::AgentConfig;
 use crate::control::manager;
 use crate::engine::tls::TlsFiles;
 use crate::flags::{read_token, secs, CertMode, EngineArgs, TlsArgs};
-use crate::protocol::identifiers::Identifiers;
+use crate::protocol::anp::agent_identifiers::Identifiers;
 use crate::BoxError;
 
 #[derive(Args, Debug)]
@@ -74,7 +74,7 @@ pub struct AgentArgs {
         env = "EDGETUNNEL_ALLOW_DESTINATIONS",
         value_delimiter = ','
     )]
-    pub allow_destinations: Vec<crate::protocol::dest_policy::Entry>,
+    pub allow_destinations: Vec<crate::protocol::anp::agent_dest_policy::Entry>,
     /// Destinations this agent never dials (same syntax); wins over
     /// --allow-destinations.
     #[arg(
@@ -83,7 +83,7 @@ pub struct AgentArgs {
         env = "EDGETUNNEL_DENY_DESTINATIONS",
         value_delimiter = ','
     )]
-    pub deny_destinations: Vec<crate::protocol::dest_policy::Entry>,
+    pub deny_destinations: Vec<crate::protocol::anp::agent_dest_policy::Entry>,
     /// Do not offer the half-close extension (behave exactly like ANP's agent).
     #[arg(long, help_heading = "Dialing")]
     pub no_half_close: bool,
@@ -179,7 +179,7 @@ impl AgentArgs {
             backoff_reset_after: secs(self.backoff_reset_after_secs),
             drain_grace: secs(self.drain_grace_secs),
             dial_timeout: secs(self.dial_timeout_secs),
-            policy: crate::protocol::dest_policy::Policy::new(
+            policy: crate::protocol::anp::agent_dest_policy::Policy::new(
                 self.allow_destinations,
                 self.deny_destinations,
             ),

@@ -26,10 +26,10 @@ use crate::engine::tunnel_relay::{self, DownEnd, Incoming, UpEnd};
 use crate::engine::window::{self, ConnWindow};
 use crate::metrics::agent::{metrics as agent_metrics, Direction, EndpointDialFailure};
 use crate::metrics::Segment;
-use crate::protocol::agent_links;
-use crate::protocol::agent_tunnel::{AgentAction, AgentTunnel, DialOutcome};
-use crate::protocol::dest_policy::{self, Policy};
-use crate::protocol::packet::{self, Encoded, Frame};
+use crate::protocol::anp::agent_dest_policy::{self as dest_policy, Policy};
+use crate::protocol::anp::agent_links;
+use crate::protocol::anp::agent_tunnel::{AgentAction, AgentTunnel, DialOutcome};
+use crate::protocol::anp::packet::{self, Encoded, Frame};
 use crate::protocol::{self as proto};
 use crate::readiness::Ready;
 
@@ -106,7 +106,7 @@ pub(crate) async fn run(
         let host = cfg
             .server_name
             .clone()
-            .unwrap_or_else(|| crate::protocol::routing::dest_host(&addr).to_string());
+            .unwrap_or_else(|| crate::protocol::anp::routing::dest_host(&addr).to_string());
         let name = ServerName::try_from(host)?;
         let tls = TlsConnector::from(slots.tls.clone())
             .connect(name, crate::engine::read_ahead::ReadAhead::new(io))

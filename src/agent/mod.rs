@@ -20,7 +20,7 @@ pub use backoff::{Attempt, Backoff};
 
 use crate::engine::runtime::{self, Driver};
 use crate::engine::{listener, signals, tls};
-use crate::protocol::identifiers::Identifiers;
+use crate::protocol::anp::agent_identifiers::Identifiers;
 
 /// Everything `edgetunnel agent` is told at start.
 #[derive(Debug, Clone)]
@@ -50,7 +50,7 @@ pub struct AgentConfig {
     pub dial_timeout: Duration,
     /// Which destinations may be dialed (`--allow-destinations`,
     /// `--deny-destinations`).
-    pub policy: crate::protocol::dest_policy::Policy,
+    pub policy: crate::protocol::anp::agent_dest_policy::Policy,
     pub driver: Driver,
     pub max_message: usize,
     /// Offer the half-close extension to servers.

@@ -128,7 +128,7 @@ impl Drop for Credit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::packet;
+    use crate::protocol::anp::packet;
     use std::future::Future;
     use std::pin::pin;
     use std::task::{Context, Waker};

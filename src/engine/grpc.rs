@@ -17,9 +17,9 @@ use h2::{RecvStream, SendStream};
 use http::{HeaderMap, HeaderValue};
 
 use crate::engine::h2_conn;
-use crate::protocol::grpc_frame::FrameError;
-use crate::protocol::packet::{self, Encoded, Frame, PacketError};
-use crate::protocol::packet_decoder::PacketDecoder;
+use crate::protocol::anp::grpc_frame::FrameError;
+use crate::protocol::anp::packet::{self, Encoded, Frame, PacketError};
+use crate::protocol::anp::packet_decoder::PacketDecoder;
 
 /// The buffer type every h2 stream of ours sends.
 pub type SendBuf = Chain<Bytes, Bytes>;

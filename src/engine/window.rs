@@ -24,7 +24,7 @@ use std::task::Poll;
 use futures::channel::mpsc::UnboundedSender;
 use futures::task::AtomicWaker;
 
-use crate::protocol::packet::{self, Frame};
+use crate::protocol::anp::packet::{self, Frame};
 
 /// Unacknowledged bytes one connection may have in flight per direction.
 pub const TUNNEL_WINDOW: u64 = 2 * 1024 * 1024;

@@ -270,7 +270,7 @@ impl AgentMetrics {
 
     /// One packet sent (`FromAgent`) or received (`ToAgent`).
     #[inline]
-    pub fn packet(&self, segment: Segment, packet_type: crate::protocol::pb::PacketType) {
+    pub fn packet(&self, segment: Segment, packet_type: crate::protocol::anp::pb::PacketType) {
         self.streams.packet(segment, packet_type);
     }
 
@@ -286,7 +286,7 @@ impl AgentMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::pb::PacketType;
+    use crate::protocol::anp::pb::PacketType;
 
     #[test]
     fn anp_agent_families() {

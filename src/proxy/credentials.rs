@@ -37,7 +37,7 @@ use rustls::client::ResolvesClientCert;
 use rustls::sign::CertifiedKey;
 
 use super::oidc::OidcProvider;
-use crate::protocol::exec_credential;
+use crate::protocol::kubectl::upstream::exec_credential;
 
 /// How long a token file's copy is used before it is read again.
 const FILE_TOKEN_TTL: Duration = Duration::from_secs(50);
@@ -434,8 +434,9 @@ impl DynamicToken {
                 c.header = Some(header);
                 // Valid while now + 10 s < exp; asked again from then on.
                 c.expires = Some(
-                    exp.map_or(0.0, |e| e as f64 - crate::protocol::oidc::EXPIRY_DELTA_SECS)
-                        - 0.001,
+                    exp.map_or(0.0, |e| {
+                        e as f64 - crate::protocol::kubectl::upstream::oidc::EXPIRY_DELTA_SECS
+                    }) - 0.001,
                 );
                 c.stale = false;
                 c.serial += 1;

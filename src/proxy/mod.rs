@@ -19,7 +19,8 @@ pub mod upstream_config;
 
 // kubectl's Go behaviour, sans-I/O, lives in the protocol crate
 // (`protocol::kubectl`); the old paths stay.
-pub use crate::protocol::kubectl::{filter, go_regex as goregex, go_url as gourl, mux};
+pub use crate::protocol::go::{regexp as goregex, url as gourl};
+pub use crate::protocol::kubectl::{filter, mux};
 
 /// kubectl's command line ([`crate::protocol::kubectl::go_args`]), and
 /// reading this process's.
@@ -113,9 +114,48 @@ pub use flags::ProxyArgs;
 
 use crate::BoxError;
 
-enum Bound {
-    Tcp(Vec<std::net::TcpListener>),
-    Unix(Vec<std::os::unix::net::UnixListener>),
+/// The proxy's listeners, bound by [`listener::bind_all`] from [`specs`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `--port`/`--address` or `--unix-socket`: every worker accepts.
+    Proxy,
+    /// `--metrics-bind-address` (edgetunnel's own): worker 0.
+    Metrics,
+}
+
+impl Kind {
+    /// What errors and readiness lines call it.
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Proxy => "proxy",
+            Kind::Metrics => "metrics",
+        }
+    }
+}
+
+/// The listeners `args` ask for: the proxy's (a socket path, or Go's
+/// `net.Listen("tcp", address:port)` address), then the metrics one.
+fn specs(args: &ProxyArgs) -> Result<Vec<listener::Spec<Kind>>, BoxError> {
+    let spec = |kind: Kind, at, spread| listener::Spec {
+        kind,
+        name: kind.name(),
+        at,
+        spread,
+    };
+    let at = if args.unix_socket.is_empty() {
+        listener::Endpoint::Tcp(SocketAddr::new(listen_ip(&args.address)?, args.port))
+    } else {
+        listener::Endpoint::Unix(PathBuf::from(&args.unix_socket))
+    };
+    let mut specs = vec![spec(Kind::Proxy, at, listener::Spread::EveryWorker)];
+    if let Some(a) = args.metrics_bind {
+        specs.push(spec(
+            Kind::Metrics,
+            listener::Endpoint::Tcp(a),
+            listener::Spread::FirstWorker,
+        ));
+    }
+    Ok(specs)
 }
 
 struct MetricsView(Arc<conn::ProxySettings>);
@@ -242,10 +282,7 @@ pub fn run(args: ProxyArgs, announce: crate::readiness::Announce) -> Result<(), 
     args.validate()?;
     let shared = Arc::new(shared_from(&args)?);
     let workers = args.workers.unwrap_or_else(runtime::default_workers).max(1);
-    // The socket file (it carries this user's credentials to the apiserver)
-    // is removed when `run` returns.
-    let mut _socket_file = None;
-    let (bound, shown) = if !args.unix_socket.is_empty() {
+    if !args.unix_socket.is_empty() {
         let path = PathBuf::from(&args.unix_socket);
         clear_socket_path(&path);
         if std::fs::symlink_metadata(&path).is_ok() {
@@ -256,56 +293,60 @@ pub fn run(args: ProxyArgs, announce: crate::readiness::Announce) -> Result<(), 
             )
             .into());
         }
-        let (ls, file) = listener::bind_unix(&path, workers, KUBECTL_UDS)?;
-        _socket_file = Some(file);
-        (Bound::Unix(ls), args.unix_socket.clone())
-    } else {
-        let ip = listen_ip(&args.address)?;
-        let ls = listener::bind_tcp(SocketAddr::new(ip, args.port), workers)?;
-        let local = ls[0].local_addr()?;
-        (Bound::Tcp(ls), local.to_string())
-    };
-    let metrics = match args.metrics_bind {
-        Some(a) => Some(listener::bind_tcp(a, 1)?.remove(0)),
-        None => None,
+    }
+    let listener::Bound {
+        per_worker,
+        addresses,
+        // The socket file (it carries this user's credentials to the
+        // apiserver) is removed when `run` returns.
+        files: _socket_files,
+    } = listener::bind_all(&specs(&args)?, workers, KUBECTL_UDS)?;
+    let address = |name| {
+        addresses
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, a)| a.clone())
     };
     tracing::info!(driver = args.driver().name(), workers, "proxy data plane");
-    announce.send(crate::readiness::Ready::Serving { on: shown.clone() });
+    announce.send(crate::readiness::Ready::Serving {
+        on: address(Kind::Proxy.name()).unwrap_or_default(),
+    });
     // After kubectl's own first line, which scripts read first.
-    if let Some(m) = &metrics {
+    if let Some(addr) = address(Kind::Metrics.name()) {
         announce.send(crate::readiness::Ready::Listen {
             what: "metrics".into(),
-            addr: m.local_addr()?.to_string(),
+            addr,
         });
     }
     let _ = std::io::stdout().flush();
 
-    let per_core = std::sync::Mutex::new(match bound {
-        Bound::Tcp(v) => v.into_iter().map(Listener::Tcp).collect::<Vec<_>>(),
-        Bound::Unix(v) => v.into_iter().map(Listener::Unix).collect(),
-    });
-    let metrics = std::sync::Mutex::new(metrics);
-    let per_core = Arc::new(per_core);
-    let metrics = Arc::new(metrics);
+    let per_worker = Arc::new(std::sync::Mutex::new(per_worker));
     runtime::run_workers(workers, args.driver(), move |idx| {
-        let listener = per_core.lock().ok().and_then(|mut v| v.pop());
-        let metrics = if idx == 0 {
-            metrics.lock().ok().and_then(|mut m| m.take())
-        } else {
-            None
-        };
+        let mine = per_worker
+            .lock()
+            .ok()
+            .and_then(|mut v| v.get_mut(idx).map(std::mem::take))
+            .unwrap_or_default();
         let shared = shared.clone();
         async move {
             let core = conn::Core::new(shared.clone());
-            if let Some(m) = metrics {
-                let m = monoio::net::TcpListener::from_std(m)?;
-                monoio::spawn(crate::admin::serve(
-                    m,
-                    "metrics",
-                    Rc::new(MetricsView(shared)),
-                ));
+            let mut proxy = None;
+            for l in mine {
+                match l.kind {
+                    Kind::Proxy => proxy = Some(l.socket),
+                    Kind::Metrics => {
+                        if let listener::Socket::Tcp(m) = l.socket {
+                            let m = monoio::net::TcpListener::from_std(m)?;
+                            monoio::spawn(crate::admin::serve(
+                                m,
+                                "metrics",
+                                Rc::new(MetricsView(shared.clone())),
+                            ));
+                        }
+                    }
+                }
             }
-            match listener {
+            match proxy {
                 Some(l) => accept_loop(l, core).await,
                 None => Ok(()),
             }
@@ -342,15 +383,10 @@ fn listen_ip(address: &str) -> Result<IpAddr, BoxError> {
         .ok_or_else(|| format!("listen tcp {address}: lookup {address}: no such host").into())
 }
 
-enum Listener {
-    Tcp(std::net::TcpListener),
-    Unix(std::os::unix::net::UnixListener),
-}
-
-async fn accept_loop(l: Listener, core: Rc<conn::Core>) -> std::io::Result<()> {
+async fn accept_loop(l: listener::Socket, core: Rc<conn::Core>) -> std::io::Result<()> {
     use crate::engine::accept;
     match l {
-        Listener::Tcp(l) => {
+        listener::Socket::Tcp(l) => {
             let l = monoio::net::TcpListener::from_std(l)?;
             accept::serve(l, accept::Options::named("proxy"), move |c| {
                 let core = core.clone();
@@ -363,7 +399,7 @@ async fn accept_loop(l: Listener, core: Rc<conn::Core>) -> std::io::Result<()> {
             })
             .await
         }
-        Listener::Unix(l) => {
+        listener::Socket::Unix(l) => {
             let l = monoio::net::UnixListener::from_std(l)?;
             accept::serve(l, accept::Options::named("proxy-unix"), move |c| {
                 let core = core.clone();

@@ -1,6 +1,6 @@
 //! The proxy leg of an upstream dial: on a connected socket to the proxy,
 //! TLS to an `https://` proxy, then the CONNECT or SOCKS5 handshake (the
-//! sans-I/O [`crate::protocol::proxy_client`] drives the bytes), leaving a
+//! sans-I/O [`crate::protocol::kubectl::upstream::proxy_handshake`] drives the bytes), leaving a
 //! stream on which the caller starts TLS to the API server (or, for a
 //! plain-http target through an HTTP proxy, sends absolute-form requests).
 
@@ -13,8 +13,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::io::{go_error_text, UpstreamIo};
 use crate::engine::read_ahead::ReadAhead;
-use crate::protocol::proxy_client::{self, Socks5Client, SocksStep};
-use crate::protocol::upstream_proxy::{join_host_port, ProxyScheme, ProxyUrl};
+use crate::protocol::kubectl::upstream::proxy_handshake::{
+    self as proxy_client, Socks5Client, SocksStep,
+};
+use crate::protocol::kubectl::upstream::proxy_url::{join_host_port, ProxyScheme, ProxyUrl};
 
 /// Go's transport has no separate limit; this bounds a silent proxy.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);

@@ -23,10 +23,12 @@ use secrecy::ExposeSecret;
 use super::credentials::{DynamicToken, ExecPlugin, PluginCert, TokenSource};
 use super::flags::ProxyArgs;
 use super::oidc::{OidcProvider, Persister};
-use crate::protocol::impersonation::Impersonation;
 use crate::protocol::kubectl::forward::{ForwardProxy, UpstreamHead};
-use crate::protocol::oidc as oidc_policy;
-use crate::protocol::upstream_proxy::{parse_kubeconfig_proxy, EnvProxy, ProxyScheme, ProxyUrl};
+use crate::protocol::kubectl::upstream::impersonation::Impersonation;
+use crate::protocol::kubectl::upstream::oidc as oidc_policy;
+use crate::protocol::kubectl::upstream::proxy_url::{
+    parse_kubeconfig_proxy, EnvProxy, ProxyScheme, ProxyUrl,
+};
 
 /// Where the service account token and CA are mounted in a pod.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -93,7 +95,7 @@ impl Auth {
     }
 }
 
-use crate::protocol::upstream_proxy::base64;
+use crate::protocol::kubectl::upstream::proxy_url::base64;
 
 /// Where and how to reach the API server.
 #[derive(Clone)]

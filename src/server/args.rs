@@ -11,7 +11,7 @@ use crate::control::manager;
 use crate::engine::runtime;
 use crate::engine::tls::TlsFiles;
 use crate::flags::{read_token, secs, CertMode, EngineArgs, TlsArgs};
-use crate::protocol::routing::parse_strategies;
+use crate::protocol::anp::routing::parse_strategies;
 use crate::BoxError;
 
 #[derive(Args, Debug)]
@@ -463,7 +463,7 @@ impl ServerArgs {
         }
     }
 
-    fn strategies(&self) -> Result<Vec<crate::protocol::routing::Strategy>, BoxError> {
+    fn strategies(&self) -> Result<Vec<crate::protocol::anp::routing::Strategy>, BoxError> {
         let strategies = parse_strategies(&self.proxy_strategies)?;
         if strategies.is_empty() {
             return Err("--proxy-strategies must name at least one strategy".into());

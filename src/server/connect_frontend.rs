@@ -27,7 +27,7 @@ use crate::engine::relay::{self, ChunkReader, LocalSocket, MovedSocket};
 use crate::engine::tunnel_relay::{self, DownEnd, Incoming, UpEnd};
 use crate::engine::window::{self, ConnWindow};
 use crate::metrics::DialResult;
-use crate::protocol::http_connect;
+use crate::protocol::anp::http_connect;
 
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 

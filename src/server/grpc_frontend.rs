@@ -27,10 +27,12 @@ use crate::engine::h2_conn::{H2Conn, H2Error, Incoming, RecvError, StreamRecv};
 use crate::engine::h2_keepalive::{KeepaliveError, PingSchedule};
 use crate::engine::window::{self, ConnWindow};
 use crate::metrics::{self, DialResult, KeepalivePeer, Segment};
+use crate::protocol::anp::packet::{self, Frame};
+use crate::protocol::anp::pb::PacketType;
+use crate::protocol::anp::proxy_service_stream::{
+    Abandoned, AgentEvent, ProxyStream, StreamAction,
+};
 use crate::protocol::h2_server;
-use crate::protocol::packet::{self, Frame};
-use crate::protocol::pb::PacketType;
-use crate::protocol::proxy_stream::{Abandoned, AgentEvent, ProxyStream, StreamAction};
 use crate::protocol::{PROXY_PATH, ROUTE_ATTEMPTS};
 
 use crate::BoxError;

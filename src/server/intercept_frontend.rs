@@ -21,8 +21,8 @@ use crate::engine::head_reader::read_request_head;
 use crate::engine::relay::MovedSocket;
 use crate::engine::{abort, accept};
 use crate::metrics::DialResult;
+use crate::protocol::anp::http_connect;
 use crate::protocol::http1::{self, HeadLimit};
-use crate::protocol::http_connect;
 
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 

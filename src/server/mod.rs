@@ -28,7 +28,7 @@ use futures::StreamExt;
 use crate::engine::runtime::{self, Driver};
 use crate::engine::{listener, relay::MovedSocket, signals, tls};
 use crate::metrics::Metrics;
-use crate::protocol::routing::{Registry, Strategy};
+use crate::protocol::anp::routing::{Registry, Strategy};
 use crate::readiness::{Announce, Ready};
 
 pub use session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
@@ -87,7 +87,7 @@ pub struct ServerConfig {
     /// then need no client certificate.
     pub agent_auth: Option<crate::control::token_review::AgentAuthSpec>,
     /// Agents may register only the ID and identifiers their client
-    /// certificate names (see [`crate::protocol::agent_identity`]).
+    /// certificate names (see [`crate::protocol::anp::agent_identity`]).
     pub bind_agent_identity: bool,
 }
 
@@ -147,7 +147,7 @@ pub(crate) struct ServerState {
     /// SIGTERM/SIGINT: the first starts the drain, the second ends it.
     shutdown: Arc<signals::Shutdown>,
     /// With `bind_agent_identity`: which certificate holds each agent ID.
-    holders: Mutex<crate::protocol::agent_identity::Holders>,
+    holders: Mutex<crate::protocol::anp::agent_identity::Holders>,
     /// Agent connections not yet authenticated, capped.
     handshakes: Arc<crate::engine::admission::Admission>,
 }

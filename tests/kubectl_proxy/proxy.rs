@@ -459,3 +459,35 @@ fn streamed_request_bodies_reach_the_upstream_as_sent() {
         assert!(failed.is_empty(), "{name}: {failed:#?}");
     }
 }
+
+/// A port already taken fails the start with the listener named, as the
+/// server's listeners do (`engine::listener::bind_all`): the proxy's own
+/// and the metrics one.
+#[test]
+fn a_taken_port_names_the_listener() {
+    let s = setup();
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = held.local_addr().unwrap();
+    let run = |extra: &[String]| {
+        let out = std::process::Command::new(support::BIN)
+            .args(["proxy", "--address=127.0.0.1", "--workers=1"])
+            .args(extra)
+            .arg(format!("--kubeconfig={}", s.kubeconfig.display()))
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run(&[format!("--port={}", taken.port())]);
+    assert!(
+        err.contains(&format!("proxy listener: binding {taken}: address in use")),
+        "{err}"
+    );
+    let err = run(&["--port=0".into(), format!("--metrics-bind={taken}")]);
+    assert!(
+        err.contains(&format!(
+            "metrics listener: binding {taken}: address in use"
+        )),
+        "{err}"
+    );
+}

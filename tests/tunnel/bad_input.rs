@@ -15,8 +15,8 @@ use bytes::Bytes;
 use edgetunnel::engine::grpc::{self, PacketReceiver, SendBuf};
 use edgetunnel::engine::runtime::{block_on, Driver};
 use edgetunnel::engine::tls::{client_config, TlsFiles};
-use edgetunnel::protocol::grpc_frame;
-use edgetunnel::protocol::packet::{self, Frame};
+use edgetunnel::protocol::anp::grpc_frame;
+use edgetunnel::protocol::anp::packet::{self, Frame};
 use monoio::io::IntoPollIo;
 use support::*;
 
@@ -193,8 +193,8 @@ fn misbehaving_agents_are_answered_or_closed_and_others_keep_flowing() {
     // A DATA packet whose type and payload disagree.
     let mismatched = {
         use prost::Message;
-        let p = edgetunnel::protocol::pb::Packet {
-            r#type: edgetunnel::protocol::pb::PacketType::Data as i32,
+        let p = edgetunnel::protocol::anp::pb::Packet {
+            r#type: edgetunnel::protocol::anp::pb::PacketType::Data as i32,
             payload: None,
         };
         raw_message(&p.encode_to_vec())

@@ -1,7 +1,10 @@
-//! The tunnel protocol, sans-I/O: gRPC framing, ANP Packets, the HTTP CONNECT
-//! head, HTTP/1.x heads, bodies and exchanges, agent identifiers and their binding to client certificates, routing and the per-connection state machines;
-//! Go's pflag command-line syntax ([`goflag`]) and kubectl proxy's Go
-//! behaviour ([`kubectl`]).
+//! edgetunnel's protocol layer, sans-I/O, one folder per product or origin:
+//! the tunnel's wire and state machines ([`anp`]: gRPC framing, ANP
+//! Packets, the HTTP CONNECT head, agent identifiers and their binding to
+//! client certificates, routing, the per-connection state machines), our
+//! HTTP/2 server connection ([`h2_server`]), HTTP/1.x heads, bodies and
+//! exchanges ([`http1`]), ports of Go library behaviour ([`go`]) and
+//! `kubectl proxy`'s Go behaviour ([`kubectl`]).
 //!
 //! Nothing here touches a socket, a runtime or a file: every type takes
 //! bytes or events in and gives bytes or actions out, so it runs in unit
@@ -13,34 +16,11 @@
 //! even indirectly (`tests/protocol_deps.rs` in the root package checks
 //! `cargo tree`); the fuzz targets depend on this crate alone.
 
-pub mod agent_identity;
-pub mod agent_links;
-pub mod agent_tunnel;
-pub mod dest_policy;
-pub mod exec_credential;
-pub mod goflag;
-pub mod grpc_frame;
+pub mod anp;
+pub mod go;
 pub mod h2_server;
 pub mod http1;
-pub mod http_connect;
-pub mod identifiers;
-pub mod impersonation;
 pub mod kubectl;
-pub mod oidc;
-pub mod packet;
-pub mod packet_decoder;
-pub mod percent;
-pub mod proxy_client;
-pub mod proxy_stream;
-pub mod routing;
-pub mod server_tunnel;
-pub mod upstream_proxy;
-
-/// Protobuf types generated from `proto/` (see `tests/codegen.rs`).
-#[allow(clippy::all, missing_docs)]
-pub mod pb {
-    include!("pb.rs");
-}
 
 /// gRPC method of the agent connection.
 pub const AGENT_CONNECT_PATH: &str = "/AgentService/Connect";

@@ -1,10 +1,10 @@
 //! kubectl's `FilterServer`: comma-separated regular expression lists for
 //! paths, methods and hosts, evaluated in kubectl's order, with Go's
-//! `regexp` semantics ([`super::go_regex`]): the filter is a security
+//! `regexp` semantics ([`crate::go::regexp`]): the filter is a security
 //! boundary, so a pattern means here exactly what it means to kubectl.
 
-use super::go_regex::{GoRegex, GoRegexError};
-use super::go_url::split_host;
+use crate::go::regexp::{GoRegex, GoRegexError};
+use crate::go::url::split_host;
 
 pub const DEFAULT_ACCEPT_PATHS: &str = "^.*";
 pub const DEFAULT_REJECT_PATHS: &str = r"^/api/.*/pods/.*/exec,^/api/.*/pods/.*/attach";
@@ -53,7 +53,7 @@ impl Filter {
     }
 
     /// kubectl's `accept(method, path, host)`. `path` and `host` are Go
-    /// strings as [`super::go_regex::go_runes`] renders them.
+    /// strings as [`crate::go::regexp::go_runes`] renders them.
     pub fn accept(&self, method: &str, path: &str, host: &str) -> bool {
         if matches(path, &self.reject_paths) || matches(method, &self.reject_methods) {
             return false;

@@ -10,9 +10,9 @@
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-use super::go_url::RequestUrl;
+use crate::go::url::RequestUrl;
 use crate::http1::{self, Framing, Header, RequestHead, ResponseHead};
-use crate::impersonation::Impersonation;
+use crate::kubectl::upstream::impersonation::Impersonation;
 
 /// Sent upstream when the client sent no User-Agent.
 pub const DEFAULT_USER_AGENT: &str = concat!("edgetunnel/", env!("CARGO_PKG_VERSION"));

@@ -1,6 +1,6 @@
 //! `edgetunnel proxy`'s command line read as kubectl reads it: every flag
 //! `kubectl proxy` accepts (its own and kubectl's global ones), in Go's
-//! pflag syntax, parsed by [`crate::goflag`] and handed on to the
+//! pflag syntax, parsed by [`crate::go::pflag`] and handed on to the
 //! clap parser (the main crate's `proxy::flags::ProxyArgs`) as canonical `--name=value`
 //! arguments, so clap stays the one place where the configuration is built.
 //! Reading the process's arguments (`proxy::goargs::from_process_args`)
@@ -13,7 +13,7 @@
 //! `kubectl proxy --help` and `kubectl options` (v1.32), plus `--kuberc`
 //! (kubectl 1.33+) and edgetunnel's own.
 
-use crate::goflag::{self, FlagError, Kind, Spec, Value};
+use crate::go::pflag::{self as goflag, FlagError, Kind, Spec, Value};
 
 const fn short(name: &'static str, c: char, kind: Kind, default: &'static str) -> Spec {
     let mut s = Spec::new(name, kind, default);

@@ -1,20 +1,20 @@
 //! `kubectl proxy`'s Go behaviour, sans-I/O: what `edgetunnel proxy` must
-//! decide exactly as the Go program does. Go's `regexp` ([`go_regex`]),
-//! `net/url` and `path` rules ([`go_url`]), the request filter
-//! ([`filter`]), `http.ServeMux` routing ([`mux`]), kubectl's command line
+//! decide exactly as the Go program does (on top of the Go ports in
+//! [`crate::go`]): the request filter ([`filter`]), `http.ServeMux` routing ([`mux`]), kubectl's command line
 //! ([`go_args`]), the head rewrite of `httputil.ReverseProxy` and Go's
 //! server ([`forward`]) and the header logic of `http.FileServer`
 //! ([`static_files`]), the choice of an HTTP/2 upstream connection
-//! ([`h2_pool`]) and when a failed request may go again ([`retry`]). The main crate's `proxy` module does the I/O and
+//! ([`h2_pool`]), when a failed request may go again ([`retry`]) and the
+//! connection toward the API server as client-go makes it ([`upstream`]).
+//! The main crate's `proxy` module does the I/O and
 //! re-exports these under their old names (`proxy::goregex`,
 //! `proxy::gourl`, ...).
 
 pub mod filter;
 pub mod forward;
 pub mod go_args;
-pub mod go_regex;
-pub mod go_url;
 pub mod h2_pool;
 pub mod mux;
 pub mod retry;
 pub mod static_files;
+pub mod upstream;

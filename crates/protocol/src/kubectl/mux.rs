@@ -3,7 +3,7 @@
 //! a 301 to the clean path, the `/tree` -> `/tree/` redirect, 404 for the
 //! rest; then kubectl's prefix stripping for each handler.
 
-use super::go_url::{clean_path, escape_path, RequestUrl};
+use crate::go::url::{clean_path, escape_path, RequestUrl};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
@@ -127,11 +127,11 @@ pub fn redirect_location(url: &str) -> String {
         Some(i) => (&url[..i], &url[i..]),
         None => (url, ""),
     };
-    let mut cleaned = super::go_url::clean(path);
+    let mut cleaned = crate::go::url::clean(path);
     if path.ends_with('/') && !cleaned.ends_with('/') {
         cleaned.push('/');
     }
-    super::go_url::hex_escape_non_ascii(&format!("{cleaned}{query}"))
+    crate::go::url::hex_escape_non_ascii(&format!("{cleaned}{query}"))
 }
 
 #[cfg(test)]

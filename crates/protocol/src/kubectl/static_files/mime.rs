@@ -137,7 +137,7 @@ fn consume_param(v: &str) -> Option<(String, String, &str)> {
 /// Go's `percentHexUnescape`; `None` on a bad `%` escape (`+` is itself,
 /// bytes that are not UTF-8 are replaced).
 fn percent_unescape(s: &str) -> Option<String> {
-    let bytes = crate::percent::decode(s, crate::percent::Plus::Literal)?;
+    let bytes = crate::go::percent::decode(s, crate::go::percent::Plus::Literal)?;
     Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 

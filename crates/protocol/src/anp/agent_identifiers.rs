@@ -11,7 +11,7 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::percent::{self, Plus};
+use crate::go::percent::{self, Plus};
 
 /// An IP network such as `10.1.0.0/16` or `fd00::/64`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

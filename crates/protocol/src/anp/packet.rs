@@ -270,7 +270,7 @@ pub fn is_half_close(d: &Data) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::grpc_frame::FrameDecoder;
+    use crate::anp::grpc_frame::FrameDecoder;
 
     #[test]
     fn half_close_mark_is_an_empty_data_packet_with_its_text() {

@@ -27,7 +27,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
 
-use super::identifiers::{Cidr, Identifiers};
+use super::agent_identifiers::{Cidr, Identifiers};
 
 /// Kubernetes node client certificates: CN `system:node:<node name>`.
 const NODE_CN_PREFIX: &str = "system:node:";

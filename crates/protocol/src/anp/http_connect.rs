@@ -5,7 +5,7 @@
 //! succeeded, then both sides speak raw bytes. Like Go's `net/http` (which
 //! ANP uses), the dial address is the request-target's authority.
 
-use super::http1::{self, HeadError, HeadLimit};
+use crate::http1::{self, HeadError, HeadLimit};
 
 /// Largest request head accepted, like a conservative `MaxHeaderBytes`.
 pub const LIMIT: HeadLimit = HeadLimit::CONNECT;

@@ -315,7 +315,7 @@ pub fn refresh_request(
             );
             authorization = Some(format!(
                 "Basic {}",
-                super::upstream_proxy::base64(pair.as_bytes())
+                super::proxy_url::base64(pair.as_bytes())
             ));
         }
     }
@@ -749,7 +749,7 @@ mod tests {
     use super::*;
 
     fn b64url(s: &str) -> String {
-        super::super::upstream_proxy::base64(s.as_bytes())
+        super::super::proxy_url::base64(s.as_bytes())
             .trim_end_matches('=')
             .replace('+', "-")
             .replace('/', "_")

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::packet::{self, Frame};
-use super::{NO_TUNNEL, ROUTE_ATTEMPTS};
+use crate::{NO_TUNNEL, ROUTE_ATTEMPTS};
 
 /// Identifies one dial (and then its connection) on this stream.
 pub type Token = u64;
@@ -183,7 +183,7 @@ impl<A: Clone, P> ProxyStream<A, P> {
     /// the HTTP/2 chunks' slices): its payload goes to the agent; an unknown
     /// connectID was answered once, at the first piece, as ANP answers a
     /// packet once.
-    pub fn on_client_data_piece(&mut self, d: crate::pb::Data) {
+    pub fn on_client_data_piece(&mut self, d: super::pb::Data) {
         let agent = self
             .by_id
             .get(&d.connect_id)

@@ -83,7 +83,7 @@ impl<C: Clone> AgentTunnel<C> {
     /// [`Self::on_server_frame`] (`PacketDecoder` hands a large DATA on as
     /// the HTTP/2 chunks' slices): its payload for an open connection, and no
     /// second `CLOSE_RSP` for an unknown one (ANP answers a packet once).
-    pub fn on_server_data_piece(&mut self, d: crate::pb::Data) -> AgentAction<C> {
+    pub fn on_server_data_piece(&mut self, d: super::pb::Data) -> AgentAction<C> {
         match self.open.get(&d.connect_id) {
             Some(c) => AgentAction::Write {
                 conn: c.clone(),

@@ -62,7 +62,7 @@ pub fn join_host_port(host: &str, port: impl std::fmt::Display) -> String {
 /// Userinfo as Go's `url.Parse` unescapes it: `+` is itself; a bad
 /// escape or bytes that are not UTF-8 refuse the URL.
 fn percent_decode(s: &str) -> Option<String> {
-    crate::percent::decode_utf8(s, crate::percent::Plus::Literal)
+    crate::go::percent::decode_utf8(s, crate::go::percent::Plus::Literal)
 }
 
 /// Why a proxy URL was refused.

@@ -68,7 +68,7 @@ pub fn unescape_path(s: &str) -> Result<String, UrlError> {
     // regexp (the filter) and range loops see it.
     Ok(match String::from_utf8(out) {
         Ok(s) => s,
-        Err(e) => super::go_regex::go_runes(e.as_bytes()).into_owned(),
+        Err(e) => crate::go::regexp::go_runes(e.as_bytes()).into_owned(),
     })
 }
 

@@ -2,9 +2,9 @@ use bytes::Bytes;
 use prost::Message;
 
 use super::*;
-use crate::grpc_frame;
-use crate::packet::{encode, Encoded};
-use crate::pb::Packet;
+use crate::anp::grpc_frame;
+use crate::anp::packet::{encode, Encoded};
+use crate::anp::pb::Packet;
 
 fn wire(frames: &[Frame]) -> Vec<u8> {
     frames

@@ -28,9 +28,9 @@
 
 use bytes::Bytes;
 
-use crate::grpc_frame::{FrameDecoder, FrameError};
-use crate::packet::{self, Frame, PacketError};
-use crate::pb::{Data, PacketType};
+use crate::anp::grpc_frame::{FrameDecoder, FrameError};
+use crate::anp::packet::{self, Frame, PacketError};
+use crate::anp::pb::{Data, PacketType};
 
 /// The longest DATA header read before the payload: the Packet's type
 /// (2 bytes), the Data field's tag and length (1 + 5), connectID (1 + 10)

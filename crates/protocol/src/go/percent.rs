@@ -4,7 +4,7 @@
 //! the `%` as it is), with or without `+` for a space (query or userinfo),
 //! and `url.QueryEscape`'s encoding.
 //!
-//! kubectl's request paths keep their own Go port ([`crate::kubectl::go_url`]):
+//! kubectl's request paths keep their own Go port ([`crate::go::url`]):
 //! it tells Go's path and query rules apart and names the bad escape as Go
 //! does.
 

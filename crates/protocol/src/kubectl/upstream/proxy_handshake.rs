@@ -8,7 +8,7 @@
 
 use std::net::IpAddr;
 
-use super::http1::{self, HeadLimit};
+use crate::http1::{self, HeadLimit};
 
 /// Limit on a CONNECT answer's head.
 pub const CONNECT_RESPONSE_LIMIT: HeadLimit = HeadLimit {
@@ -131,7 +131,7 @@ impl Socks5Client {
     fn fail(&self, why: &str) -> ProxyHandshakeError {
         ProxyHandshakeError::Socks(
             self.proxy.clone(),
-            super::upstream_proxy::join_host_port(&self.target_host, self.target_port),
+            super::proxy_url::join_host_port(&self.target_host, self.target_port),
             why.to_string(),
         )
     }

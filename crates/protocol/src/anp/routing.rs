@@ -22,7 +22,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
 
-use super::identifiers::Identifiers;
+use super::agent_identifiers::Identifiers;
 
 /// One proxy strategy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

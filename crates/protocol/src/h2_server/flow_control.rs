@@ -1,0 +1,103 @@
+//! Flow control both ways: window credit given back as the caller takes
+//! data (one WINDOW_UPDATE once half a window is owed), and queued stream
+//! DATA sent as the client's windows and the output queue allow.
+
+use super::*;
+
+/// Flow control.
+impl<U: Default> ServerConn<U> {
+    /// Gives `n` bytes of connection window back, in one WINDOW_UPDATE
+    /// once half the window is owed.
+    pub(super) fn conn_credit(&mut self, n: i64) {
+        self.recv_unacked += n;
+        if self.recv_unacked >= i64::from(self.cfg.conn_window) / 2 && self.closed.is_none() {
+            let mut f = Vec::with_capacity(FRAME_HEADER_LEN + 4);
+            put_window_update(&mut f, 0, self.recv_unacked as u32);
+            self.push_out(f);
+            self.recv_window += self.recv_unacked;
+            self.recv_unacked = 0;
+        }
+    }
+
+    pub(super) fn stream_credit(&mut self, i: usize) {
+        let s = &mut self.streams[i];
+        if s.recv_unacked >= i64::from(self.cfg.stream_window) / 2 && s.recv_side == RecvSide::Open
+        {
+            let mut f = Vec::with_capacity(FRAME_HEADER_LEN + 4);
+            put_window_update(&mut f, s.id, s.recv_unacked as u32);
+            s.recv_window += s.recv_unacked;
+            s.recv_unacked = 0;
+            self.push_out(f);
+        }
+    }
+
+    pub(super) fn flush_all(&mut self) {
+        for i in 0..self.streams.len() {
+            if self.out_len >= OUT_HIGH || self.send_window <= 0 {
+                break;
+            }
+            self.flush_stream(i);
+        }
+    }
+
+    /// Moves the stream's queued data into the output as far as the windows
+    /// and the output's room allow; then its end, once the data is out.
+    pub(super) fn flush_stream(&mut self, i: usize) {
+        let max_frame = self.peer_max_frame;
+        let had = self.streams[i].pending_len;
+        loop {
+            let s = &mut self.streams[i];
+            if s.pending_len == 0 {
+                break;
+            }
+            let room = s.send_window.min(self.send_window);
+            if room <= 0 || self.out_len >= OUT_HIGH {
+                break;
+            }
+            let n = (room as usize).min(max_frame).min(s.pending_len);
+            let mut head = Vec::with_capacity(FRAME_HEADER_LEN);
+            put_frame_header(&mut head, n, DATA, 0, s.id);
+            self.out.push_back(Bytes::from(head));
+            let mut left = n;
+            while left > 0 {
+                let front = s
+                    .pending
+                    .front_mut()
+                    .expect("pending_len counts the chunks");
+                if front.len() <= left {
+                    left -= front.len();
+                    let b = s.pending.pop_front().expect("front exists");
+                    self.out.push_back(b);
+                } else {
+                    self.out.push_back(front.split_to(left));
+                    left = 0;
+                }
+            }
+            s.pending_len -= n;
+            s.send_window -= n as i64;
+            self.send_window -= n as i64;
+            self.out_len += FRAME_HEADER_LEN + n;
+        }
+        let s = &mut self.streams[i];
+        if s.pending_len == 0 {
+            if s.pending.capacity() > 0 {
+                s.pending = VecDeque::new();
+            }
+            let id = s.id;
+            if s.send_side == SendSide::Ending {
+                s.send_side = SendSide::Ended;
+                match s.trailers.take() {
+                    Some(block) => self.push_block(id, true, &block),
+                    None => {
+                        let mut f = Vec::with_capacity(FRAME_HEADER_LEN);
+                        put_frame_header(&mut f, 0, DATA, END_STREAM, id);
+                        self.push_out(f);
+                    }
+                }
+            }
+            if had > 0 {
+                self.wake(id);
+            }
+        }
+    }
+}
