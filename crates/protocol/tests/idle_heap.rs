@@ -14,8 +14,8 @@ use std::cell::Cell;
 use std::time::Instant;
 
 use bytes::Bytes;
-use edgetunnel_protocol::anp::proxy_service_stream::{AgentEvent, ProxyStream, StreamAction};
 use edgetunnel_protocol::anp::packet;
+use edgetunnel_protocol::anp::proxy_service_stream::{AgentEvent, ProxyStream, StreamAction};
 
 struct Counting;
 
