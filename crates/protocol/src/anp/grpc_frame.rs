@@ -38,20 +38,27 @@ pub enum FrameError {
 /// Incremental decoder for a stream of gRPC messages.
 #[derive(Debug)]
 pub struct FrameDecoder {
-    max_message: usize,
     chunks: VecDeque<Bytes>,
     buffered: usize,
-    /// Length of the message whose header has been consumed.
-    pending_len: Option<usize>,
+    /// At most `u32::MAX - 1` (a gRPC length is 32 bits).
+    max_message: u32,
+    /// Length of the message whose header has been consumed, or
+    /// [`NO_MESSAGE`]. Kept as 32 bits with a sentinel, not an
+    /// `Option<usize>`, so that the decoder is 48 bytes: it sits inline in
+    /// every gRPC stream's task (see `an_idle_callers_tasks_stay_small`).
+    pending_len: u32,
 }
+
+/// `pending_len` when no message is started (above any `max_message`).
+const NO_MESSAGE: u32 = u32::MAX;
 
 impl FrameDecoder {
     pub fn new(max_message: usize) -> Self {
         Self {
-            max_message,
             chunks: VecDeque::new(),
             buffered: 0,
-            pending_len: None,
+            max_message: max_message.min(NO_MESSAGE as usize - 1) as u32,
+            pending_len: NO_MESSAGE,
         }
     }
 
@@ -70,7 +77,7 @@ impl FrameDecoder {
 
     /// Call at end of stream: an error if a message was cut short.
     pub fn finish(&self) -> Result<(), FrameError> {
-        if self.buffered == 0 && self.pending_len.is_none() {
+        if self.buffered == 0 && self.pending_len == NO_MESSAGE {
             Ok(())
         } else {
             Err(FrameError::Truncated {
@@ -87,7 +94,7 @@ impl FrameDecoder {
         if self.buffered < len {
             return Ok(None);
         }
-        self.pending_len = None;
+        self.pending_len = NO_MESSAGE;
         self.buffered -= len;
         Ok(Some(self.take(len)))
     }
@@ -95,8 +102,8 @@ impl FrameDecoder {
     /// The length of the message at the front, its prefix consumed (and
     /// checked) on the first call; `Ok(None)` until the prefix is here.
     pub(crate) fn start_message(&mut self) -> Result<Option<usize>, FrameError> {
-        if let Some(len) = self.pending_len {
-            return Ok(Some(len));
+        if self.pending_len != NO_MESSAGE {
+            return Ok(Some(self.pending_len as usize));
         }
         if self.buffered < HEADER_LEN {
             return Ok(None);
@@ -109,22 +116,22 @@ impl FrameDecoder {
             1 => return Err(FrameError::CompressionNotNegotiated),
             other => return Err(FrameError::BadFlag(other)),
         }
-        let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+        let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]);
         if len > self.max_message {
             return Err(FrameError::TooLarge {
-                len,
-                max: self.max_message,
+                len: len as usize,
+                max: self.max_message as usize,
             });
         }
-        self.pending_len = Some(len);
-        Ok(Some(len))
+        self.pending_len = len;
+        Ok(Some(len as usize))
     }
 
     /// The message started by [`Self::start_message`] is no longer this
     /// decoder's: the caller takes its bytes with [`Self::skip`] and
     /// [`Self::take_piece`].
     pub(crate) fn hand_off_message(&mut self) {
-        self.pending_len = None;
+        self.pending_len = NO_MESSAGE;
     }
 
     /// Copies up to `out.len()` bytes from the front without consuming
