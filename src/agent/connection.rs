@@ -434,8 +434,13 @@ async fn read_loop(shared: Rc<LinkState>, mut rx: PacketReceiver) -> Result<(), 
                 return Err(e.into());
             }
         };
-        agent_metrics().packet(Segment::ToAgent, crate::metrics::packet_type(&frame));
-        let action = shared.tunnel.borrow_mut().on_server_frame(frame);
+        let action = match frame {
+            Frame::Data(d) if rx.continued() => shared.tunnel.borrow_mut().on_server_data_piece(d),
+            frame => {
+                agent_metrics().packet(Segment::ToAgent, crate::metrics::packet_type(&frame));
+                shared.tunnel.borrow_mut().on_server_frame(frame)
+            }
+        };
         match action {
             AgentAction::Dial {
                 random,

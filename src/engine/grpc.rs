@@ -5,7 +5,8 @@
 //!
 //! Outgoing messages go out as `head ++ payload` (no copy) and only once
 //! the message before left, so at most about one message per stream waits
-//! in the HTTP/2 layer. Incoming DATA chunks feed a [`FrameDecoder`];
+//! in the HTTP/2 layer. Incoming DATA chunks feed a [`PacketDecoder`],
+//! which hands DATA payload on as slices of those chunks (never joined);
 //! flow-control credit is returned as chunks are consumed.
 
 use std::task::{ready, Context, Poll};
@@ -16,8 +17,9 @@ use h2::{RecvStream, SendStream};
 use http::{HeaderMap, HeaderValue};
 
 use crate::engine::h2_conn;
-use crate::protocol::anp::grpc_frame::{FrameDecoder, FrameError};
+use crate::protocol::anp::grpc_frame::FrameError;
 use crate::protocol::anp::packet::{self, Encoded, Frame, PacketError};
+use crate::protocol::anp::packet_decoder::PacketDecoder;
 
 /// The buffer type every h2 stream of ours sends.
 pub type SendBuf = Chain<Bytes, Bytes>;
@@ -153,7 +155,7 @@ impl Body for h2_conn::StreamRecv {
 /// The receiving half of a Packet stream.
 pub struct PacketReceiver<B = RecvStream> {
     body: B,
-    decoder: FrameDecoder,
+    decoder: PacketDecoder,
     /// The body ended; only trailers remain.
     body_done: bool,
 }
@@ -162,13 +164,21 @@ impl<B: Body> PacketReceiver<B> {
     pub fn new(body: B, max_message: usize) -> Self {
         Self {
             body,
-            decoder: FrameDecoder::new(max_message),
+            decoder: PacketDecoder::new(max_message),
             body_done: false,
         }
     }
 
-    /// The next packet; `Ok(None)` at a clean end of stream. Packets of a
-    /// type this build does not know are skipped with a log line.
+    /// Whether the last packet given continues the one before: a later
+    /// piece of one DATA packet's payload (count packets only when not).
+    pub fn continued(&self) -> bool {
+        self.decoder.continued()
+    }
+
+    /// The next packet; `Ok(None)` at a clean end of stream. A DATA
+    /// packet's payload may come as several packets of the same connection
+    /// (see [`PacketDecoder`]). Packets of a type this build does not know
+    /// are skipped with a log line.
     /// Cancel-safe: bytes already received stay in the decoder.
     pub async fn next(&mut self) -> Result<Option<Frame>, GrpcError> {
         futures::future::poll_fn(|cx| self.poll_next(cx)).await
@@ -177,8 +187,8 @@ impl<B: Body> PacketReceiver<B> {
     /// [`Self::next`] as a poll function.
     pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Frame>, GrpcError>> {
         loop {
-            if let Some(msg) = self.decoder.next_message()? {
-                match packet::decode(msg) {
+            if let Some(decoded) = self.decoder.next_packet()? {
+                match decoded {
                     Ok(f) => return Poll::Ready(Ok(Some(f))),
                     Err(PacketError::UnknownType(t)) => {
                         tracing::debug!(packet_type = t, "skipping packet of unknown type");

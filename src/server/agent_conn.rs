@@ -754,7 +754,9 @@ async fn read_loop(
             _ => None,
         };
         let kind = metrics::packet_type(&frame);
-        state.shared.metrics.packet(Segment::FromAgent, kind);
+        if !rx.continued() {
+            state.shared.metrics.packet(Segment::FromAgent, kind);
+        }
         let action = state.tunnel.borrow_mut().on_agent_frame(frame);
         state.sync_gauges();
         match action {

@@ -647,11 +647,14 @@ async fn proxy_stream(
             match next {
                 Next::Agent(token, ev) => machine.on_agent_event(token, agent_event(ev)),
                 Next::Unparked => parked = None,
-                Next::Client(Ok(Some(frame))) => {
-                    let kind = metrics::packet_type(&frame);
-                    shared.metrics.packet(Segment::FromClient, kind);
-                    machine.on_client_frame(frame, Instant::now())
-                }
+                Next::Client(Ok(Some(frame))) => match frame {
+                    Frame::Data(d) if rx.continued() => machine.on_client_data_piece(d),
+                    frame => {
+                        let kind = metrics::packet_type(&frame);
+                        shared.metrics.packet(Segment::FromClient, kind);
+                        machine.on_client_frame(frame, Instant::now())
+                    }
+                },
                 Next::Client(Err(e)) => {
                     let code = crate::engine::grpc::recv_error_code(&e);
                     shared

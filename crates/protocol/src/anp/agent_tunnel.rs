@@ -79,6 +79,23 @@ impl<C: Clone> AgentTunnel<C> {
         self.dialing.len()
     }
 
+    /// Handles a later piece of a DATA packet whose first piece went to
+    /// [`Self::on_server_frame`] (`PacketDecoder` hands a large DATA on as
+    /// the HTTP/2 chunks' slices): its payload for an open connection, and no
+    /// second `CLOSE_RSP` for an unknown one (ANP answers a packet once).
+    pub fn on_server_data_piece(&mut self, d: super::pb::Data) -> AgentAction<C> {
+        match self.open.get(&d.connect_id) {
+            Some(c) => AgentAction::Write {
+                conn: c.clone(),
+                payload: d.data,
+            },
+            None => AgentAction::Ignored(format!(
+                "later piece of DATA for unknown connectID {}",
+                d.connect_id
+            )),
+        }
+    }
+
     /// Handles one packet from the server.
     pub fn on_server_frame(&mut self, frame: Frame) -> AgentAction<C> {
         match frame {
@@ -237,6 +254,18 @@ mod tests {
             AgentAction::Reply(packet::close_response(3, "Unknown connectID"))
         );
         assert_eq!(t.on_server_frame(Frame::Drain), AgentAction::ServerDraining);
+    }
+
+    #[test]
+    fn a_later_piece_of_unknown_data_is_not_answered_again() {
+        let mut t: AgentTunnel<u8> = AgentTunnel::default();
+        let Frame::Data(piece) = packet::data(3, Bytes::from_static(b"rest")) else {
+            unreachable!()
+        };
+        assert!(matches!(
+            t.on_server_data_piece(piece),
+            AgentAction::Ignored(_)
+        ));
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! [`FrameDecoder`] takes the stream's DATA chunks as they arrive (split or
 //! coalesced arbitrarily) and yields whole messages. A message that lies inside
 //! one chunk is returned as a slice of that chunk (no copy); only a message that
-//! straddles chunks is gathered into a new buffer.
+//! straddles chunks is gathered into a new buffer. ANP Packets are read with
+//! [`crate::packet_decoder::PacketDecoder`] instead, which hands a DATA
+//! packet's payload on as the chunks' own slices.
 //!
 //! Memory is bounded by the caller draining [`FrameDecoder::next_message`]
 //! after each push: a declared length above `max_message` is an error before
@@ -36,20 +38,27 @@ pub enum FrameError {
 /// Incremental decoder for a stream of gRPC messages.
 #[derive(Debug)]
 pub struct FrameDecoder {
-    max_message: usize,
     chunks: VecDeque<Bytes>,
     buffered: usize,
-    /// Length of the message whose header has been consumed.
-    pending_len: Option<usize>,
+    /// At most `u32::MAX - 1` (a gRPC length is 32 bits).
+    max_message: u32,
+    /// Length of the message whose header has been consumed, or
+    /// [`NO_MESSAGE`]. Kept as 32 bits with a sentinel, not an
+    /// `Option<usize>`, so that the decoder is 48 bytes: it sits inline in
+    /// every gRPC stream's task (see `an_idle_callers_tasks_stay_small`).
+    pending_len: u32,
 }
+
+/// `pending_len` when no message is started (above any `max_message`).
+const NO_MESSAGE: u32 = u32::MAX;
 
 impl FrameDecoder {
     pub fn new(max_message: usize) -> Self {
         Self {
-            max_message,
             chunks: VecDeque::new(),
             buffered: 0,
-            pending_len: None,
+            max_message: max_message.min(NO_MESSAGE as usize - 1) as u32,
+            pending_len: NO_MESSAGE,
         }
     }
 
@@ -68,7 +77,7 @@ impl FrameDecoder {
 
     /// Call at end of stream: an error if a message was cut short.
     pub fn finish(&self) -> Result<(), FrameError> {
-        if self.buffered == 0 && self.pending_len.is_none() {
+        if self.buffered == 0 && self.pending_len == NO_MESSAGE {
             Ok(())
         } else {
             Err(FrameError::Truncated {
@@ -79,52 +88,92 @@ impl FrameDecoder {
 
     /// Returns the next whole message, `Ok(None)` if more input is needed.
     pub fn next_message(&mut self) -> Result<Option<Bytes>, FrameError> {
-        let len = match self.pending_len {
-            Some(len) => len,
-            None => {
-                if self.buffered < HEADER_LEN {
-                    return Ok(None);
-                }
-                let mut header = [0u8; HEADER_LEN];
-                self.copy_out(&mut header);
-                match header[0] {
-                    0 => {}
-                    1 => return Err(FrameError::CompressionNotNegotiated),
-                    other => return Err(FrameError::BadFlag(other)),
-                }
-                let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
-                if len > self.max_message {
-                    return Err(FrameError::TooLarge {
-                        len,
-                        max: self.max_message,
-                    });
-                }
-                self.pending_len = Some(len);
-                len
-            }
+        let Some(len) = self.start_message()? else {
+            return Ok(None);
         };
         if self.buffered < len {
             return Ok(None);
         }
-        self.pending_len = None;
+        self.pending_len = NO_MESSAGE;
         self.buffered -= len;
         Ok(Some(self.take(len)))
     }
 
-    /// Copies `out.len()` bytes from the front (header bytes only).
-    fn copy_out(&mut self, out: &mut [u8]) {
+    /// The length of the message at the front, its prefix consumed (and
+    /// checked) on the first call; `Ok(None)` until the prefix is here.
+    pub(crate) fn start_message(&mut self) -> Result<Option<usize>, FrameError> {
+        if self.pending_len != NO_MESSAGE {
+            return Ok(Some(self.pending_len as usize));
+        }
+        if self.buffered < HEADER_LEN {
+            return Ok(None);
+        }
+        let mut header = [0u8; HEADER_LEN];
+        self.peek(&mut header);
+        self.skip(HEADER_LEN);
+        match header[0] {
+            0 => {}
+            1 => return Err(FrameError::CompressionNotNegotiated),
+            other => return Err(FrameError::BadFlag(other)),
+        }
+        let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]);
+        if len > self.max_message {
+            return Err(FrameError::TooLarge {
+                len: len as usize,
+                max: self.max_message as usize,
+            });
+        }
+        self.pending_len = len;
+        Ok(Some(len as usize))
+    }
+
+    /// The message started by [`Self::start_message`] is no longer this
+    /// decoder's: the caller takes its bytes with [`Self::skip`] and
+    /// [`Self::take_piece`].
+    pub(crate) fn hand_off_message(&mut self) {
+        self.pending_len = NO_MESSAGE;
+    }
+
+    /// Copies up to `out.len()` bytes from the front without consuming
+    /// them (prefix and packet header bytes only); how many were copied.
+    pub(crate) fn peek(&self, out: &mut [u8]) -> usize {
         let mut filled = 0;
-        while filled < out.len() {
-            let front = self.chunks.front_mut().expect("buffered count is exact");
-            let n = front.len().min(out.len() - filled);
-            out[filled..filled + n].copy_from_slice(&front[..n]);
-            front.advance(n);
+        for chunk in &self.chunks {
+            if filled == out.len() {
+                break;
+            }
+            let n = chunk.len().min(out.len() - filled);
+            out[filled..filled + n].copy_from_slice(&chunk[..n]);
             filled += n;
+        }
+        filled
+    }
+
+    /// Drops `n` buffered bytes from the front (`n` <= [`Self::buffered`]).
+    pub(crate) fn skip(&mut self, mut n: usize) {
+        self.buffered -= n;
+        while n > 0 {
+            let front = self.chunks.front_mut().expect("buffered count is exact");
+            let k = front.len().min(n);
+            front.advance(k);
+            n -= k;
             if front.is_empty() {
                 self.chunks.pop_front();
             }
         }
-        self.buffered -= out.len();
+    }
+
+    /// Up to `max` bytes from the front, as a slice of the chunk they sit
+    /// in (never a copy); `None` when nothing is buffered.
+    pub(crate) fn take_piece(&mut self, max: usize) -> Option<Bytes> {
+        let front = self.chunks.front_mut()?;
+        let piece = if front.len() <= max {
+            self.chunks.pop_front().expect("a front chunk")
+        } else {
+            front.split_to(max)
+        };
+        self.buffered -= piece.len();
+        Some(piece)
     }
 
     /// Takes `len` bytes from the front: a zero-copy slice when they sit in

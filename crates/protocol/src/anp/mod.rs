@@ -14,6 +14,7 @@ pub mod agent_tunnel;
 pub mod grpc_frame;
 pub mod http_connect;
 pub mod packet;
+pub mod packet_decoder;
 pub mod proxy_service_stream;
 pub mod routing;
 pub mod server_tunnel;

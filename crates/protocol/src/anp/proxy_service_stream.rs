@@ -178,6 +178,26 @@ impl<A: Clone, P> ProxyStream<A, P> {
         }
     }
 
+    /// A later piece of a client DATA packet whose first piece went to
+    /// [`Self::on_client_frame`] (`PacketDecoder` hands a large DATA on as
+    /// the HTTP/2 chunks' slices): its payload goes to the agent; an unknown
+    /// connectID was answered once, at the first piece, as ANP answers a
+    /// packet once.
+    pub fn on_client_data_piece(&mut self, d: super::pb::Data) {
+        let agent = self
+            .by_id
+            .get(&d.connect_id)
+            .and_then(|t| self.conns.get(t))
+            .and_then(|c| c.agent.clone());
+        if let Some(agent) = agent {
+            self.push(StreamAction::ToAgentData {
+                agent,
+                connect_id: d.connect_id,
+                payload: d.data,
+            });
+        }
+    }
+
     /// A packet from the client.
     pub fn on_client_frame(&mut self, frame: Frame, now: Instant) {
         match frame {
@@ -813,6 +833,12 @@ mod tests {
                 StreamAction::ToClient(packet::close_response(1234, "Unknown connectID")),
             ]
         );
+        // A later piece of an unknown connection's DATA is not answered again.
+        let Frame::Data(piece) = packet::data(1234, Bytes::from_static(b"rest")) else {
+            unreachable!()
+        };
+        s.on_client_data_piece(piece);
+        assert_eq!(drain(&mut s), vec![]);
     }
 
     #[test]
