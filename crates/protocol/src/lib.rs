@@ -32,6 +32,7 @@ pub mod percent;
 pub mod proxy_client;
 pub mod proxy_stream;
 pub mod routing;
+pub mod tls_record;
 pub mod server_tunnel;
 pub mod upstream_proxy;
 
