@@ -289,7 +289,8 @@ async fn link_tls(
         listener::nodelay(&tcp);
         Ok::<_, std::io::Error>(tcp.into_poll_io()?)
     };
-    if tls_records::Mode::from_env() == tls_records::Mode::Own && !tls_records::server_chose_tls12() {
+    if tls_records::Mode::from_env() == tls_records::Mode::Own && !tls_records::server_chose_tls12()
+    {
         let config = tls_records::client_config(config);
         match tls_records::connect(tcp().await?, name.clone(), config).await {
             Ok(done) => return Ok(tls_records::Link::Own(done.stream)),
@@ -304,7 +305,10 @@ async fn link_tls(
         }
     }
     let tls = TlsConnector::from(config.clone())
-        .connect(name, crate::engine::read_ahead::ReadAhead::new(tcp().await?))
+        .connect(
+            name,
+            crate::engine::read_ahead::ReadAhead::new(tcp().await?),
+        )
         .await?;
     Ok(tls_records::Link::Rustls(tls))
 }

@@ -215,6 +215,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for KeyUpdating<T> {
 
 #[test]
 fn a_key_update_mid_stream_and_a_corrupted_record() {
+    // Our record layer in the server and the good agent.
+    CHILD_ENV.with(|e| {
+        e.borrow_mut()
+            .push(("EDGETUNNEL_TLS_RECORDS".into(), "own".into()))
+    });
     let env = Env::new();
     let server = Server::start(&env, &[]);
     let _good = Agent::start(
@@ -241,7 +246,9 @@ fn a_key_update_mid_stream_and_a_corrupted_record() {
     let (frames, ended) = rustls_agent(server.agent, &certs, "rekey", Misdeed::KeyUpdate, 3, watch);
     assert_eq!(
         frames,
-        (0..3).map(|r| packet::close_request(4000 + r)).collect::<Vec<_>>(),
+        (0..3)
+            .map(|r| packet::close_request(4000 + r))
+            .collect::<Vec<_>>(),
         "{ended:?}"
     );
     assert!(ended.is_none(), "{ended:?}");

@@ -32,8 +32,8 @@ pub mod percent;
 pub mod proxy_client;
 pub mod proxy_stream;
 pub mod routing;
-pub mod tls_record;
 pub mod server_tunnel;
+pub mod tls_record;
 pub mod upstream_proxy;
 
 /// Protobuf types generated from `proto/` (see `tests/codegen.rs`).

@@ -54,7 +54,9 @@ const USER_CANCELED: u8 = 90;
 /// answers with ([`RecordError::alert`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {
-    #[error("TLS record of outer type {0} after the handshake (TLS 1.3 allows only application_data)")]
+    #[error(
+        "TLS record of outer type {0} after the handshake (TLS 1.3 allows only application_data)"
+    )]
     UnexpectedOuterType(u8),
     #[error("TLS record of {len} encrypted bytes, more than the {MAX_CIPHERTEXT} TLS 1.3 allows (record_overflow)")]
     Overflow { len: usize },
@@ -70,7 +72,9 @@ pub enum RecordError {
     UnexpectedInnerType(u8),
     #[error("empty TLS {0} record")]
     Empty(&'static str),
-    #[error("TLS post-handshake message of {len} bytes, more than the {MAX_HANDSHAKE_MESSAGE} accepted")]
+    #[error(
+        "TLS post-handshake message of {len} bytes, more than the {MAX_HANDSHAKE_MESSAGE} accepted"
+    )]
     HandshakeTooLarge { len: usize },
     #[error("TLS post-handshake message of type {0} not expected here")]
     UnexpectedHandshake(u8),
@@ -372,7 +376,8 @@ fn offers_tls13(msg: &[u8]) -> Option<bool> {
             self.take(1).map(|b| usize::from(b[0]))
         }
         fn u16(&mut self) -> Option<usize> {
-            self.take(2).map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
+            self.take(2)
+                .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
         }
     }
     let mut c = Cursor(msg);
@@ -453,7 +458,14 @@ mod tests {
         let whole = split(&stream, &[stream.len()]);
         assert_eq!(whole.0.len(), 6);
         assert_eq!(whole.2, 200);
-        for sizes in [&[1][..], &[5], &[4, 1, 7000], &[16_389], &[3, 65_536], &[2, 17, 9]] {
+        for sizes in [
+            &[1][..],
+            &[5],
+            &[4, 1, 7000],
+            &[16_389],
+            &[3, 65_536],
+            &[2, 17, 9],
+        ] {
             assert_eq!(split(&stream, sizes), whole, "sizes {sizes:?}");
         }
         // Bad input ends at the same record whatever the split.
@@ -503,7 +515,9 @@ mod tests {
         let big = vec![1u8; MAX_PLAINTEXT + 2];
         assert_eq!(
             inner_content(&big),
-            Err(RecordError::PlaintextOverflow { len: MAX_PLAINTEXT + 2 })
+            Err(RecordError::PlaintextOverflow {
+                len: MAX_PLAINTEXT + 2
+            })
         );
         assert!(inner_content(&big[1..]).is_ok());
     }

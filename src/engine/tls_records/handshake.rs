@@ -27,7 +27,10 @@ trait Side {
     type Data;
     const IS_CLIENT: bool;
     fn common(&self) -> &rustls::CommonState;
-    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data>;
+    fn process<'c, 'i>(
+        &'c mut self,
+        incoming: &'i mut [u8],
+    ) -> UnbufferedStatus<'c, 'i, Self::Data>;
     fn into_kernel(self) -> Result<(ExtractedSecrets, Kernel), rustls::Error>;
 }
 
@@ -37,7 +40,10 @@ impl Side for UnbufferedServerConnection {
     fn common(&self) -> &rustls::CommonState {
         self
     }
-    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
+    fn process<'c, 'i>(
+        &'c mut self,
+        incoming: &'i mut [u8],
+    ) -> UnbufferedStatus<'c, 'i, Self::Data> {
         self.process_tls_records(incoming)
     }
     fn into_kernel(self) -> Result<(ExtractedSecrets, Kernel), rustls::Error> {
@@ -52,7 +58,10 @@ impl Side for UnbufferedClientConnection {
     fn common(&self) -> &rustls::CommonState {
         self
     }
-    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
+    fn process<'c, 'i>(
+        &'c mut self,
+        incoming: &'i mut [u8],
+    ) -> UnbufferedStatus<'c, 'i, Self::Data> {
         self.process_tls_records(incoming)
     }
     fn into_kernel(self) -> Result<(ExtractedSecrets, Kernel), rustls::Error> {

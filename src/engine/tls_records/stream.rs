@@ -259,7 +259,11 @@ impl<T: AsyncWrite + Unpin> RecordStream<T> {
         Poll::Ready(Ok(()))
     }
 
-    fn write_slices(&mut self, cx: &mut Context<'_>, bufs: &[IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn write_slices(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         if self.close_sent {
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,

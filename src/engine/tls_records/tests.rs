@@ -26,7 +26,10 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn server_cfg(p: &Pki, versions: &[&'static rustls::SupportedProtocolVersion]) -> Arc<rustls::ServerConfig> {
+fn server_cfg(
+    p: &Pki,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> Arc<rustls::ServerConfig> {
     let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(p.key.clone()));
     let mut c = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(versions)
@@ -61,12 +64,17 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 /// Our server over `io`, as the agent listener runs it (ClientHello
 /// looked at first).
-async fn our_server(mut io: DuplexStream, cfg: &Arc<rustls::ServerConfig>) -> RecordStream<DuplexStream> {
+async fn our_server(
+    mut io: DuplexStream,
+    cfg: &Arc<rustls::ServerConfig>,
+) -> RecordStream<DuplexStream> {
     let (tls13, first) = sniff_client_hello(&mut io).await.unwrap();
     assert!(tls13);
     accept(io, first, server_config(cfg)).await.unwrap().stream
@@ -145,7 +153,10 @@ fn key_updates_from_a_rustls_client_and_from_us() {
             let rx_key = s.rx.seq();
             let mut got = vec![0u8; 50_000];
             s.read_exact(&mut got).await.unwrap();
-            assert!(got == pattern(50_000, 3), "data after the client's KeyUpdate");
+            assert!(
+                got == pattern(50_000, 3),
+                "data after the client's KeyUpdate"
+            );
             assert!(s.rx.seq() < rx_key, "the receiving key changed");
             // Our own KeyUpdate after 5 records (of 19 to send).
             s.set_key_refresh_after(5);
@@ -293,7 +304,10 @@ fn tls12_is_left_to_rustls() {
     rt().block_on(async {
         let (c, s) = tokio::io::duplex(64 * 1024);
         let server = async {
-            let mut tls = match tokio_rustls::TlsAcceptor::from(scfg.clone()).accept(s).await {
+            let mut tls = match tokio_rustls::TlsAcceptor::from(scfg.clone())
+                .accept(s)
+                .await
+            {
                 Ok(t) => t,
                 Err(_) => return,
             };
