@@ -287,7 +287,7 @@ async fn link_tls(
     let tcp = || async {
         let tcp = monoio::net::TcpStream::connect(addr).await?;
         listener::nodelay(&tcp);
-        Ok::<_, std::io::Error>(tcp.into_poll_io()?)
+        tcp.into_poll_io()
     };
     if tls_records::Mode::from_env() == tls_records::Mode::Own && !tls_records::server_chose_tls12()
     {

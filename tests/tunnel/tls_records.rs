@@ -147,7 +147,8 @@ fn rustls_agent(
                     Misdeed::Corrupt => armed.set(true),
                 }
                 let p = packet::encode(packet::data(4000 + round, Bytes::from_static(b"x")));
-                send.send_data(grpc::chain(p, Bytes::new()), false).unwrap();
+                send.send_data(grpc::chain(p.head, p.payload), false)
+                    .unwrap();
                 match monoio::time::timeout(watch, rx.next()).await {
                     Err(_) => {}
                     Ok(Ok(Some(f))) => frames.push(f),

@@ -143,27 +143,18 @@ async fn drive<S: Side, T: AsyncRead + AsyncWrite + Unpin>(
                 return Err(tls_error(e));
             }
             Ok(ConnectionState::EncodeTlsData(mut enc)) => {
-                loop {
-                    let at = outgoing.len();
-                    outgoing.resize(at + 4096, 0);
-                    match enc.encode(&mut outgoing[at..]) {
-                        Ok(n) => {
-                            outgoing.truncate(at + n);
-                            break;
-                        }
-                        Err(EncodeError::InsufficientSize(s)) => {
-                            outgoing.truncate(at);
-                            outgoing.reserve(s.required_size);
-                            outgoing.resize(at + s.required_size, 0);
-                            let n = enc
-                                .encode(&mut outgoing[at..])
-                                .map_err(|e| io::Error::other(e.to_string()))?;
-                            outgoing.truncate(at + n);
-                            break;
-                        }
-                        Err(e) => return Err(io::Error::other(e.to_string())),
+                let at = outgoing.len();
+                outgoing.resize(at + 4096, 0);
+                let n = match enc.encode(&mut outgoing[at..]) {
+                    Ok(n) => n,
+                    Err(EncodeError::InsufficientSize(s)) => {
+                        outgoing.resize(at + s.required_size, 0);
+                        enc.encode(&mut outgoing[at..])
+                            .map_err(|e| io::Error::other(e.to_string()))?
                     }
-                }
+                    Err(e) => return Err(io::Error::other(e.to_string())),
+                };
+                outgoing.truncate(at + n);
                 Next::Again
             }
             Ok(ConnectionState::TransmitTlsData(t)) => {
