@@ -329,3 +329,15 @@ write("upstream_proxy", "url-noproxy", b"\x00http://u%40x:p@proxy:3128\nexample.
 write("upstream_proxy", "connect-200", b"\x01HTTP/1.1 200 Connection established\r\n\r\n")
 write("upstream_proxy", "connect-407", b"\x01HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n")
 write("upstream_proxy", "socks-auth", b"\x02\x01" + bytes([5, 2, 1, 0, 5, 0, 0, 3, 4]) + b"name" + bytes([1, 187]))
+
+# tls_record: [n][n % 16 chunk sizes][records]; a record's body less its
+# last 16 bytes (the tag) is taken as the opened inner plaintext.
+def tls_rec(inner):
+    body = inner + b"\x00" * 16
+    return bytes([23, 3, 3]) + struct.pack(">H", len(body)) + body
+
+
+write("tls_record", "data-and-close", b"\x02\x05\x40" + tls_rec(b"hello\x17") + tls_rec(b"\x17\x00\x00") + tls_rec(b"\x01\x00\x15"))
+write("tls_record", "ticket-split-then-keyupdate", b"\x00" + tls_rec(b"\x04\x00\x00\x03\x16") + tls_rec(b"abc\x18\x00\x00\x01\x01\x16"))
+write("tls_record", "lying-length", b"\x00" + tls_rec(b"\x04\xff\xff\xff\x16") + bytes([23, 3, 3, 0xff, 0xff]))
+write("tls_record", "alert-fatal", b"\x01\x03" + tls_rec(b"\x02\x14\x15"))

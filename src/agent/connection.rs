@@ -22,6 +22,7 @@ use crate::engine::grpc::{self, PacketReceiver, PacketSender, SendBuf};
 use crate::engine::h2_keepalive::{self, KeepaliveError};
 use crate::engine::listener;
 use crate::engine::relay::{self, ChunkReader};
+use crate::engine::tls_records;
 use crate::engine::tunnel_relay::{self, DownEnd, Incoming, UpEnd};
 use crate::engine::window::{self, ConnWindow};
 use crate::metrics::agent::{metrics as agent_metrics, Direction, EndpointDialFailure};
@@ -100,17 +101,12 @@ pub(crate) async fn run(
     let cfg = &slots.cfg;
     let addr = slots.addr.clone();
     let setup = async {
-        let tcp = monoio::net::TcpStream::connect(addr.as_str()).await?;
-        listener::nodelay(&tcp);
-        let io = tcp.into_poll_io()?;
         let host = cfg
             .server_name
             .clone()
             .unwrap_or_else(|| crate::protocol::anp::routing::dest_host(&addr).to_string());
         let name = ServerName::try_from(host)?;
-        let tls = TlsConnector::from(slots.tls.clone())
-            .connect(name, crate::engine::read_ahead::ReadAhead::new(io))
-            .await?;
+        let tls = link_tls(&addr, name, &slots.tls).await?;
         let (client, conn) = grpc::h2_client(grpc::STREAM_WINDOW)
             .handshake::<_, SendBuf>(tls)
             .await?;
@@ -281,6 +277,50 @@ impl Drop for Registered<'_> {
     }
 }
 
+/// Connects to `addr` and runs TLS: our record layer unless it is
+/// switched off or the server chose TLS 1.2 (then rustls, from then on).
+async fn link_tls(
+    addr: &str,
+    name: ServerName<'static>,
+    config: &Arc<rustls::ClientConfig>,
+) -> Result<LinkIo, BoxError> {
+    let tcp = || async {
+        let tcp = monoio::net::TcpStream::connect(addr).await?;
+        listener::nodelay(&tcp);
+        tcp.into_poll_io()
+    };
+    if tls_records::Mode::from_env() == tls_records::Mode::Own && !tls_records::server_chose_tls12()
+    {
+        let config = tls_records::client_config(config);
+        match tls_records::connect(tcp().await?, name.clone(), config).await {
+            Ok(done) => return Ok(tls_records::Link::Own(done.stream)),
+            Err(e) if e.get_ref().is_some_and(|i| i.is::<tls_records::NotTls13>()) => {
+                tracing::info!(
+                    server = addr,
+                    "the server chose TLS 1.2: connecting again with rustls' record layer"
+                );
+                tls_records::note_server_chose_tls12();
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let tls = TlsConnector::from(config.clone())
+        .connect(
+            name,
+            crate::engine::read_ahead::ReadAhead::new(tcp().await?),
+        )
+        .await?;
+    Ok(tls_records::Link::Rustls(tls))
+}
+
+/// The link's TLS stream.
+type LinkIo = tls_records::Link<
+    tokio_rustls::client::TlsStream<
+        crate::engine::read_ahead::ReadAhead<monoio::net::tcp::stream_poll::TcpStreamPoll>,
+    >,
+    tls_records::RecordStream<monoio::net::tcp::stream_poll::TcpStreamPoll>,
+>;
+
 /// Which connection [`serve`] runs.
 #[derive(Clone, Copy, PartialEq)]
 enum Role {
@@ -288,12 +328,7 @@ enum Role {
     Secondary,
 }
 
-type Conn = h2::client::Connection<
-    tokio_rustls::client::TlsStream<
-        crate::engine::read_ahead::ReadAhead<monoio::net::tcp::stream_poll::TcpStreamPoll>,
-    >,
-    SendBuf,
->;
+type Conn = h2::client::Connection<LinkIo, SendBuf>;
 
 /// Serves an established connection until it ends.
 #[allow(clippy::too_many_arguments)]

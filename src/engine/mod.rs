@@ -25,6 +25,7 @@ pub mod signals;
 pub mod sys;
 pub mod tls;
 pub mod tls_copy;
+pub mod tls_records;
 pub mod tunnel_relay;
 pub mod window;
 

@@ -67,6 +67,12 @@ impl<T> SharedReadAhead<T> {
         }
     }
 
+    /// With `rest` already read from `inner` (a ClientHello looked at),
+    /// served first.
+    pub fn with_rest(inner: T, rest: BytesMut) -> Self {
+        SharedReadAhead { inner, rest }
+    }
+
     pub fn get_ref(&self) -> &T {
         &self.inner
     }

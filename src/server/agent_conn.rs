@@ -53,6 +53,7 @@ use crate::engine::grpc::{self, code, PacketReceiver, StreamSender};
 use crate::engine::h2_conn::{H2Conn, H2Error, Incoming, StreamRecv, StreamSend};
 use crate::engine::h2_keepalive::{KeepaliveError, PingSchedule};
 use crate::engine::read_ahead::SharedReadAhead;
+use crate::engine::tls_records;
 use crate::engine::window::ConnWindow;
 use crate::metrics::{self, DialFailure, DialResult, KeepalivePeer, Segment};
 use crate::protocol::anp::agent_identifiers::Identifiers;
@@ -73,7 +74,20 @@ const MAX_STREAMS: u32 = 16;
 /// How long a refused agent may take to read its answer and close.
 const REFUSAL_FLUSH: Duration = Duration::from_secs(5);
 
-type AgentIo = tokio_rustls::server::TlsStream<SharedReadAhead<TcpPoll>>;
+/// The link's TLS: our record layer, or rustls (TLS 1.2, or
+/// `EDGETUNNEL_TLS_RECORDS=rustls`).
+type AgentIo = tls_records::Link<
+    tokio_rustls::server::TlsStream<SharedReadAhead<TcpPoll>>,
+    tls_records::RecordStream<TcpPoll>,
+>;
+
+/// How agent links' TLS is accepted: rustls' acceptor, and the
+/// configuration for our record layer unless it is switched off.
+#[derive(Clone)]
+struct Acceptors {
+    rustls: TlsAcceptor,
+    own: Option<Arc<rustls::ServerConfig>>,
+}
 type TcpPoll = monoio::net::tcp::stream_poll::TcpStreamPoll;
 
 /// The HTTP/2 settings of an agent link: the Connect stream carries every
@@ -97,7 +111,11 @@ pub(super) async fn accept_loop(
     l: monoio::net::TcpListener,
     tls: Arc<rustls::ServerConfig>,
 ) {
-    let acceptor = TlsAcceptor::from(tls);
+    let acceptor = Acceptors {
+        own: (tls_records::Mode::from_env() == tls_records::Mode::Own)
+            .then(|| tls_records::server_config(&tls)),
+        rustls: TlsAcceptor::from(tls),
+    };
     let opts = accept::Options {
         name: "agent",
         admission: Some(shared.handshakes.clone()),
@@ -310,31 +328,47 @@ struct Setup {
 /// while the admission permit is not shed; `None` when it was shed.
 async fn handshake(
     shared: &ServerState,
-    acceptor: TlsAcceptor,
+    acceptor: Acceptors,
     io: TcpPoll,
     peer: std::net::SocketAddr,
     permit: &Option<Permit>,
 ) -> Result<Option<Setup>, BoxError> {
     let setup = async {
-        let tls = acceptor
-            .accept(SharedReadAhead::new(io))
-            .await
-            .map_err(|e| {
-                let files = &shared.cfg.tls;
-                crate::engine::tls::explain_agent_handshake(&e, peer, &files.ca, &files.cert)
-            })?;
+        let explain = |e: std::io::Error| {
+            let files = &shared.cfg.tls;
+            crate::engine::tls::explain_agent_handshake(&e, peer, &files.ca, &files.cert)
+        };
+        // The verified leaf certificate, for --bind-agent-identity.
+        let (tls, leaf) = match acceptor.own {
+            Some(own) => {
+                let mut io = io;
+                let (tls13, first) = tls_records::sniff_client_hello(&mut io)
+                    .await
+                    .map_err(explain)?;
+                if tls13 {
+                    let done = Box::pin(tls_records::accept(io, first, own))
+                        .await
+                        .map_err(explain)?;
+                    let leaf = done
+                        .peer_certificates
+                        .as_ref()
+                        .and_then(|c| c.first())
+                        .map(|c| c.as_ref().to_vec());
+                    (tls_records::Link::Own(done.stream), leaf)
+                } else {
+                    let io = SharedReadAhead::with_rest(io, first);
+                    rustls_accept(&acceptor.rustls, io).await.map_err(explain)?
+                }
+            }
+            None => rustls_accept(&acceptor.rustls, SharedReadAhead::new(io))
+                .await
+                .map_err(explain)?,
+        };
         // TLS done (with mutual TLS: a certificate of the CA proved): a
         // newcomer over the handshake caps no longer sheds this one.
         if let Some(p) = permit {
             p.advance();
         }
-        // The verified leaf certificate, for --bind-agent-identity.
-        let leaf = tls
-            .get_ref()
-            .1
-            .peer_certificates()
-            .and_then(|c| c.first())
-            .map(|c| c.as_ref().to_vec());
         let mut conn = Box::new(H2Conn::new(tls, agent_h2_config()));
         loop {
             match conn.next().await {
@@ -376,6 +410,22 @@ async fn handshake(
     }
 }
 
+/// The handshake through rustls: the stream and the peer's leaf
+/// certificate.
+async fn rustls_accept(
+    acceptor: &TlsAcceptor,
+    io: SharedReadAhead<TcpPoll>,
+) -> std::io::Result<(AgentIo, Option<Vec<u8>>)> {
+    let tls = acceptor.accept(io).await?;
+    let leaf = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.as_ref().to_vec());
+    Ok((tls_records::Link::Rustls(tls), leaf))
+}
+
 /// Logs a Connect request's head at TRACE (tokens left out).
 fn trace_head(peer: std::net::SocketAddr, head: &RequestHead) {
     if !tracing::enabled!(tracing::Level::TRACE) {
@@ -403,7 +453,7 @@ fn trace_head(peer: std::net::SocketAddr, head: &RequestHead) {
 async fn serve(
     core: usize,
     shared: Arc<ServerState>,
-    acceptor: TlsAcceptor,
+    acceptor: Acceptors,
     stream: monoio::net::TcpStream,
     permit: Option<Permit>,
 ) -> Result<(), BoxError> {

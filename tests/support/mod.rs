@@ -156,6 +156,13 @@ impl Proc {
         if !cmd.get_envs().any(|(k, _)| k == ALLOW_ENV) {
             cmd.env(ALLOW_ENV, TEST_ALLOW_DESTINATIONS);
         }
+        CHILD_ENV.with(|e| {
+            for (k, v) in e.borrow().iter() {
+                if !cmd.get_envs().any(|(x, _)| x == k.as_str()) {
+                    cmd.env(k, v);
+                }
+            }
+        });
         let logf = std::fs::File::create(&log).expect("log file");
         cmd.stdout(Stdio::piped()).stderr(logf).stdin(Stdio::null());
         let mut child = cmd.spawn().expect("spawn edgetunnel");
@@ -823,4 +830,12 @@ pub(crate) fn proc_status(pid: u32, key: &str) -> String {
         .find_map(|l| l.strip_prefix(&prefix))
         .map(|v| v.trim().to_string())
         .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status:\n{status}"))
+}
+
+thread_local! {
+    /// Environment for every process this thread spawns (unless the
+    /// command sets the variable itself), e.g. one test's
+    /// `EDGETUNNEL_TLS_RECORDS=own` without touching the test process's.
+    pub(crate) static CHILD_ENV: std::cell::RefCell<Vec<(String, String)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }

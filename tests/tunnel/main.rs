@@ -25,3 +25,4 @@ mod listener_safety;
 mod reconnect;
 mod server_leases;
 mod tls_flush;
+mod tls_records;
