@@ -65,9 +65,21 @@ pub(crate) async fn open(entry: &Entry, source: Option<IpAddr>) -> io::Result<Co
             connect_handshake(&mut s, *target).await?;
             Ok(Conn::Tls(Box::new(s)))
         }
-        Entry::Grpc { server, target } => Ok(Conn::Grpc(Box::new(
-            GrpcConn::open(*server, *target, source).await?,
-        ))),
+        Entry::Grpc { server, target } => {
+            let io = tcp(*server, source).await?;
+            let authority = server.to_string();
+            Ok(Conn::Grpc(Box::new(
+                GrpcConn::open(io, &authority, *target).await?,
+            )))
+        }
+        Entry::GrpcUds { path, target } => {
+            let io = UnixStream::connect(path).await?;
+            // A unix socket has no host: ANP's gRPC server does not look
+            // at the authority.
+            Ok(Conn::Grpc(Box::new(
+                GrpcConn::open(io, "127.0.0.1", *target).await?,
+            )))
+        }
     }
 }
 
@@ -132,12 +144,10 @@ pub(crate) struct GrpcConn {
 const MAX_MESSAGE: usize = 16 << 20;
 
 impl GrpcConn {
-    async fn open(
-        server: SocketAddr,
-        target: SocketAddr,
-        source: Option<IpAddr>,
-    ) -> io::Result<Self> {
-        let io = tcp(server, source).await?;
+    async fn open<T>(io: T, authority: &str, target: SocketAddr) -> io::Result<Self>
+    where
+        T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
         let (client, conn) = h2::client::Builder::new()
             .initial_window_size(4 << 20)
             .initial_connection_window_size(8 << 20)
@@ -148,7 +158,7 @@ impl GrpcConn {
             let _ = conn.await;
         });
         let mut client = client.ready().await.map_err(io::Error::other)?;
-        let req = http::Request::post(format!("http://{server}{PROXY_PATH}"))
+        let req = http::Request::post(format!("http://{authority}{PROXY_PATH}"))
             .header("content-type", "application/grpc")
             .header("te", "trailers")
             .body(())

@@ -36,6 +36,11 @@ pub(crate) enum SystemKind {
     /// mutual TLS only (the client presents the `certs init` proxy-client
     /// certificate), and its Go proxy-agent.
     AnpTcp,
+    /// ANP's Go proxy-server in gRPC mode (its default), `ProxyService` on a
+    /// unix socket as kube-apiserver's `GRPC` egress over `UDS` dials it, and
+    /// its Go proxy-agent: the same work as `edgetunnel-grpc` (one HTTP/2
+    /// connection and one Proxy stream per tunnel).
+    AnpGrpc,
     /// edgetunnel server + agent (mutual TLS), reached through the HTTP CONNECT frontend.
     EdgetunnelConnect,
     /// edgetunnel server + agent (mutual TLS), reached through gRPC ProxyService
@@ -44,7 +49,7 @@ pub(crate) enum SystemKind {
 }
 
 impl SystemKind {
-    pub(crate) const ALL: [SystemKind; 11] = [
+    pub(crate) const ALL: [SystemKind; 12] = [
         SystemKind::Direct,
         SystemKind::Socat,
         SystemKind::Haproxy,
@@ -54,6 +59,7 @@ impl SystemKind {
         SystemKind::StunnelPair,
         SystemKind::AnpUds,
         SystemKind::AnpTcp,
+        SystemKind::AnpGrpc,
         SystemKind::EdgetunnelConnect,
         SystemKind::EdgetunnelGrpc,
     ];
@@ -70,6 +76,7 @@ impl SystemKind {
             SystemKind::StunnelPair => "stunnel-pair",
             SystemKind::AnpUds => "anp-uds",
             SystemKind::AnpTcp => "anp-tcp",
+            SystemKind::AnpGrpc => "anp-grpc",
             SystemKind::EdgetunnelConnect => "edgetunnel-connect",
             SystemKind::EdgetunnelGrpc => "edgetunnel-grpc",
         }
@@ -89,7 +96,10 @@ impl SystemKind {
     /// The Go ANP systems: they need the real peers, and a run without
     /// them says "not run: no peers" instead of failing.
     pub(crate) fn is_anp(self) -> bool {
-        matches!(self, SystemKind::AnpUds | SystemKind::AnpTcp)
+        matches!(
+            self,
+            SystemKind::AnpUds | SystemKind::AnpTcp | SystemKind::AnpGrpc
+        )
     }
 }
 
@@ -119,6 +129,9 @@ pub(crate) enum Entry {
         server: SocketAddr,
         target: SocketAddr,
     },
+    /// `Grpc` over the unix socket `path` (ANP's gRPC frontend as
+    /// kube-apiserver dials it).
+    GrpcUds { path: PathBuf, target: SocketAddr },
 }
 
 /// One measured value. Every repetition of every case is one sample.

@@ -93,6 +93,7 @@ pub(crate) fn palette<'a>(systems: &[&'a str]) -> HashMap<&'a str, Style> {
                 Some(SystemKind::StunnelPair) => muted(0x6a51a3),
                 Some(SystemKind::AnpUds) => muted(0xe66101),
                 Some(SystemKind::AnpTcp) => muted(0x8c510a),
+                Some(SystemKind::AnpGrpc) => muted(0xb35806),
                 Some(SystemKind::EdgetunnelConnect) => strong(0xd7191c),
                 Some(SystemKind::EdgetunnelGrpc) => strong(0x2155d9),
                 None => next(is_edgetunnel(name)),

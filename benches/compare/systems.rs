@@ -323,7 +323,9 @@ pub(crate) fn available(kind: SystemKind, opts: &StartOptions) -> Result<(), Str
         }
         SystemKind::HaproxyTlsPair => find_tool("haproxy").map(drop),
         SystemKind::StunnelPair => find_tool("stunnel").map(drop),
-        SystemKind::AnpUds | SystemKind::AnpTcp => anchors::peers_dir().map(drop),
+        SystemKind::AnpUds | SystemKind::AnpTcp | SystemKind::AnpGrpc => {
+            anchors::peers_dir().map(drop)
+        }
         SystemKind::EdgetunnelConnect | SystemKind::EdgetunnelGrpc => {
             if is_executable(&opts.edgetunnel_bin) {
                 Ok(())
@@ -371,7 +373,9 @@ pub(crate) fn start(
         SystemKind::SshR => start_ssh(&mut run, targets, opts)?,
         SystemKind::HaproxyTlsPair => anchors::start_haproxy_tls_pair(&mut run, targets, opts)?,
         SystemKind::StunnelPair => anchors::start_stunnel_pair(&mut run, targets, opts)?,
-        SystemKind::AnpUds | SystemKind::AnpTcp => anchors::start_anp(&mut run, targets, opts)?,
+        SystemKind::AnpUds | SystemKind::AnpTcp | SystemKind::AnpGrpc => {
+            anchors::start_anp(&mut run, targets, opts)?
+        }
         SystemKind::EdgetunnelConnect | SystemKind::EdgetunnelGrpc => {
             start_edgetunnel(&mut run, targets, opts)?
         }

@@ -198,7 +198,12 @@ impl<B: Body> PacketReceiver<B> {
                 }
             }
             if !self.body_done {
-                match ready!(self.body.poll_chunk(cx)) {
+                let Poll::Ready(chunk) = self.body.poll_chunk(cx) else {
+                    // Waiting for the peer: an idle stream keeps no room.
+                    self.decoder.release_if_empty();
+                    return Poll::Pending;
+                };
+                match chunk {
                     Some(Ok(chunk)) => {
                         self.decoder.push(chunk);
                         continue;

@@ -11,6 +11,7 @@ pub mod accept;
 pub mod admission;
 pub mod budget;
 pub mod cert_reload;
+pub mod deadline;
 pub mod grpc;
 pub mod h2_conn;
 pub mod h2_keepalive;

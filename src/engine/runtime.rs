@@ -125,6 +125,8 @@ fn uring_runtime() -> io::Result<monoio::Runtime<monoio::time::TimeDriver<IoUrin
 /// Runs `fut` to completion on a new runtime of the chosen driver, on the
 /// calling thread.
 pub fn block_on<F: Future>(driver: Driver, fut: F) -> io::Result<F::Output> {
+    // Deadlines of a runtime that ran on this thread before are void.
+    super::deadline::reset_thread();
     Ok(match driver.resolve() {
         Driver::Uring => uring_runtime()?.block_on(fut),
         _ => RuntimeBuilder::<LegacyDriver>::new()

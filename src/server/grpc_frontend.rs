@@ -22,6 +22,7 @@ use super::session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
 use super::ServerState;
 use crate::engine::accept;
 use crate::engine::budget::Credit;
+use crate::engine::deadline::Deadline;
 use crate::engine::grpc::{self, code, GrpcError, PacketReceiver, StreamSender};
 use crate::engine::h2_conn::{H2Conn, H2Error, Incoming, RecvError, StreamRecv};
 use crate::engine::h2_keepalive::{KeepaliveError, PingSchedule};
@@ -188,6 +189,10 @@ where
         // A draining server sends GOAWAY (grpc-go's GracefulStop): the caller
         // opens new streams elsewhere, the open ones finish here.
         let mut draining = std::pin::pin!(shared.draining());
+        // The idle limit, the handshake limit and the keepalive, on this
+        // worker's deadline table: a timer of its own would be 640 bytes
+        // held by every idle caller.
+        let mut deadline = Deadline::new();
         let mut told = false;
         // The client's preface and SETTINGS came.
         let mut up = false;
@@ -206,24 +211,20 @@ where
             };
             // While streams are open, look again every `idle_for`; and when
             // the next PING or PONG is due.
-            let wait = {
+            let wake_at = {
                 // (In a block: `now` is not kept across the wait.)
                 let now = Instant::now();
-                let wait = idle
-                    .deadline(limit)
-                    .map_or(idle_for, |d| d.saturating_duration_since(now));
+                let at = idle.deadline(limit).unwrap_or(now + idle_for);
                 if up {
-                    wait.min(keepalive.deadline().saturating_duration_since(now))
+                    at.min(keepalive.deadline())
                 } else {
-                    wait.min((started + idle_for).saturating_duration_since(now))
+                    at.min(started + idle_for)
                 }
             };
             let next = monoio::select! {
                 next = conn.next() => Next::Conn(next),
                 _ = &mut draining, if !told => Next::Drain,
-                // Boxed: a timer is 640 bytes, and the connection's task is
-                // allocated at its largest state for as long as it lives.
-                _ = Box::pin(monoio::time::sleep(wait)) => Next::Tick,
+                _ = deadline.until(wake_at) => Next::Tick,
             };
             let next = match next {
                 Next::Conn(n) => n,

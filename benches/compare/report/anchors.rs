@@ -13,11 +13,12 @@ use super::{aggregate, fmt3, fmt_ratio, is_edgetunnel, md_row, md_table_head, md
 use crate::model::{Sample, SystemKind};
 
 /// The anchors, in table order.
-const ANCHORS: [SystemKind; 4] = [
+const ANCHORS: [SystemKind; 5] = [
     SystemKind::HaproxyTlsPair,
     SystemKind::StunnelPair,
     SystemKind::AnpUds,
     SystemKind::AnpTcp,
+    SystemKind::AnpGrpc,
 ];
 
 /// The goal of a figure against an anchor: the least ratio (> 1 =
@@ -29,7 +30,7 @@ fn goal(anchor: SystemKind, metric: &str) -> Option<(f64, &'static str)> {
             "req/s" | "conn/s" => Some((1.0, "at or above")),
             _ => None,
         },
-        SystemKind::AnpUds | SystemKind::AnpTcp => match metric {
+        SystemKind::AnpUds | SystemKind::AnpTcp | SystemKind::AnpGrpc => match metric {
             "CPU s/GB" | "CPU µs/req" => Some((5.0, "5x less")),
             "bytes/conn" => Some((10.0, "a tenth")),
             _ => None,
@@ -72,7 +73,8 @@ pub(super) fn section(samples: &[Sample]) -> String {
          The anchors do a tunnel's work: four sockets and mutual TLS between the halves \
          (haproxy-tls-pair, stunnel-pair: TLS 1.3 TLS\\_AES\\_128\\_GCM\\_SHA256 with the \
          certificates of edgetunnel's agent link), or are the incumbent (anp-uds, anp-tcp: \
-         ANP's Go proxy-server in http-connect mode and its Go proxy-agent). Each cell is \
+         ANP's Go proxy-server in http-connect mode; anp-grpc: in gRPC mode on a unix socket, \
+         the same work as edgetunnel-grpc; each with its Go proxy-agent). Each cell is \
          the anchor's median, then the ratio (> 1 = edgetunnel better), then the goal of \
          issue 29 where it set one. CPU is user + kernel of all the system's processes; \
          the kernel part has its own rows.\n\n",

@@ -238,11 +238,13 @@ pub(super) fn start_anp(
     let certs = certs(run, opts)?;
     let c = |f: &str| certs.join(f).display().to_string();
     let tcp = run.kind == SystemKind::AnpTcp;
+    let grpc = run.kind == SystemKind::AnpGrpc;
     let ports = free_ports(6)?;
     let (agent, admin, health, frontend) = (ports[0], ports[1], ports[2], ports[3]);
     let uds = run.dir().join("konnectivity-server.socket");
+    let mode = if grpc { "grpc" } else { "http-connect" };
     let mut args = vec![
-        "--mode=http-connect".to_string(),
+        format!("--mode={mode}"),
         format!("--cluster-cert={}", c("server.crt")),
         format!("--cluster-key={}", c("server.key")),
         format!("--cluster-ca-cert={}", c("ca.crt")),
@@ -308,6 +310,14 @@ pub(super) fn start_anp(
                 proxy,
                 target,
                 tls: tls.clone(),
+            })
+            .collect()
+    } else if grpc {
+        targets
+            .iter()
+            .map(|&target| Entry::GrpcUds {
+                path: uds.clone(),
+                target,
             })
             .collect()
     } else {

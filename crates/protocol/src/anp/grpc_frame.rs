@@ -75,6 +75,16 @@ impl FrameDecoder {
         }
     }
 
+    /// Gives back the chunk queue's room when nothing is buffered: a
+    /// stream that waits for its peer (an idle tunnel) holds none. Called
+    /// when the input runs dry, so a busy stream reallocates at most once
+    /// per read, not per chunk.
+    pub fn release_if_empty(&mut self) {
+        if self.chunks.is_empty() && self.chunks.capacity() > 0 {
+            self.chunks = VecDeque::new();
+        }
+    }
+
     /// Call at end of stream: an error if a message was cut short.
     pub fn finish(&self) -> Result<(), FrameError> {
         if self.buffered == 0 && self.pending_len == NO_MESSAGE {
@@ -233,6 +243,24 @@ mod tests {
         assert_eq!(d.next_message().unwrap().unwrap(), &b"hello"[..]);
         assert_eq!(d.next_message().unwrap(), None);
         d.finish().unwrap();
+    }
+
+    #[test]
+    fn an_emptied_decoder_gives_its_room_back() {
+        let wire = framed(&[b"first", b"second"]);
+        let mut d = FrameDecoder::new(100);
+        d.push(Bytes::copy_from_slice(&wire[..8]));
+        d.push(Bytes::copy_from_slice(&wire[8..]));
+        assert_eq!(d.next_message().unwrap().unwrap(), &b"first"[..]);
+        // Bytes still buffered: the room stays.
+        d.release_if_empty();
+        assert!(d.chunks.capacity() > 0);
+        assert_eq!(d.next_message().unwrap().unwrap(), &b"second"[..]);
+        d.release_if_empty();
+        assert_eq!(d.chunks.capacity(), 0, "an idle decoder holds no room");
+        // And it decodes on afterwards.
+        d.push(Bytes::from(framed(&[b"third"])));
+        assert_eq!(d.next_message().unwrap().unwrap(), &b"third"[..]);
     }
 
     #[test]

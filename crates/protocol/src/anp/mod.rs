@@ -18,6 +18,7 @@ pub mod packet_decoder;
 pub mod proxy_service_stream;
 pub mod routing;
 pub mod server_tunnel;
+mod small_map;
 
 /// Protobuf types generated from `proto/` (see `tests/codegen.rs`).
 #[allow(clippy::all, missing_docs)]

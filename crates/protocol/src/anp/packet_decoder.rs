@@ -82,6 +82,11 @@ impl PacketDecoder {
         self.frames.push(chunk);
     }
 
+    /// See [`FrameDecoder::release_if_empty`].
+    pub fn release_if_empty(&mut self) {
+        self.frames.release_if_empty();
+    }
+
     /// Call at end of stream: an error if a message was cut short.
     pub fn finish(&self) -> Result<(), FrameError> {
         if self.left > 0 {

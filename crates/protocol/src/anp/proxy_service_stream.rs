@@ -19,12 +19,13 @@
 //!
 //! Never blocks, owns no sockets, reads no clock (times come in as inputs).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
 use super::packet::{self, Frame};
+use super::small_map::SmallMap;
 use crate::{NO_TUNNEL, ROUTE_ATTEMPTS};
 
 /// Identifies one dial (and then its connection) on this stream.
@@ -109,14 +110,17 @@ struct Conn<A> {
 
 /// The state of one Proxy stream.
 pub struct ProxyStream<A, P> {
-    conns: HashMap<Token, Conn<A>>,
+    /// The stream's dials and connections. The maps are [`SmallMap`]s:
+    /// konnectivity-client opens a stream per tunnel, so they hold one
+    /// entry nearly always.
+    conns: SmallMap<Token, Conn<A>>,
     /// Established connections.
-    by_id: HashMap<i64, Token>,
+    by_id: SmallMap<i64, Token>,
     /// Pending dials by the client's random (for DIAL_CLS).
-    by_random: HashMap<i64, Token>,
+    by_random: SmallMap<i64, Token>,
     /// Dials cancelled at an agent that may still answer (a DIAL_RSP can
     /// cross our DIAL_CLS): an answer that opened a connection is closed.
-    cancelled: HashMap<Token, A>,
+    cancelled: SmallMap<Token, A>,
     recently_closed: VecDeque<i64>,
     next_token: Token,
     rng: fastrand::Rng,
@@ -127,10 +131,10 @@ impl<A: Clone, P> ProxyStream<A, P> {
     /// `seed` draws the randoms agents see.
     pub fn new(seed: u64) -> Self {
         Self {
-            conns: HashMap::new(),
-            by_id: HashMap::new(),
-            by_random: HashMap::new(),
-            cancelled: HashMap::new(),
+            conns: SmallMap::new(),
+            by_id: SmallMap::new(),
+            by_random: SmallMap::new(),
+            cancelled: SmallMap::new(),
             recently_closed: VecDeque::new(),
             next_token: 0,
             rng: fastrand::Rng::with_seed(seed),
@@ -455,7 +459,7 @@ impl<A: Clone, P> ProxyStream<A, P> {
     /// The stream ended (the client finished, failed or went away): tell
     /// the agents about everything still open or pending.
     pub fn finish(&mut self) {
-        let tokens: Vec<Token> = self.conns.keys().copied().collect();
+        let tokens: Vec<Token> = self.conns.keys();
         for token in tokens {
             self.forget(token);
         }
@@ -492,9 +496,6 @@ impl<A: Clone, P> ProxyStream<A, P> {
     /// entry (an idle tunnel has no pending dial).
     fn forget_random(&mut self, client_random: i64) {
         self.by_random.remove(&client_random);
-        if self.by_random.is_empty() {
-            self.by_random.shrink_to_fit();
-        }
     }
 
     fn remember_closed(&mut self, connect_id: i64) {
