@@ -6,6 +6,7 @@
 //! not read.
 
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -412,9 +413,15 @@ impl Parked {
     }
 }
 
-/// The stream's side of the queue toward the client.
+/// The queue toward the client, between the stream's two halves (one
+/// task: a queue on this thread, not a channel, whose shared state and
+/// stub node an idle tunnel would keep).
 struct ToClient {
-    out: mpsc::UnboundedSender<Out>,
+    out: RefCell<VecDeque<Out>>,
+    /// No more will be queued: the writer ends once the queue is empty.
+    closed: Cell<bool>,
+    /// The writer waiting for something to send.
+    writer: RefCell<Option<Waker>>,
     /// Packets queued and not yet taken by the writer.
     queued: Cell<usize>,
     /// The reader waiting for the queue to shrink.
@@ -422,9 +429,50 @@ struct ToClient {
 }
 
 impl ToClient {
+    fn new() -> Self {
+        ToClient {
+            out: RefCell::new(VecDeque::new()),
+            closed: Cell::new(false),
+            writer: RefCell::new(None),
+            queued: Cell::new(0),
+            reader: RefCell::new(None),
+        }
+    }
+
+    fn push(&self, o: Out) {
+        self.out.borrow_mut().push_back(o);
+        if let Some(w) = self.writer.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
     fn frame(&self, f: Frame) {
         self.queued.set(self.queued.get() + 1);
-        let _ = self.out.unbounded_send(Out::Frame(f));
+        self.push(Out::Frame(f));
+    }
+
+    fn close(&self) {
+        self.closed.set(true);
+        if let Some(w) = self.writer.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
+    /// The next thing to send; `None` once closed and empty. An emptied
+    /// queue gives its room back (an idle tunnel keeps none).
+    fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Option<Out>> {
+        let mut out = self.out.borrow_mut();
+        if let Some(o) = out.pop_front() {
+            if out.is_empty() {
+                *out = VecDeque::new();
+            }
+            return Poll::Ready(Some(o));
+        }
+        if self.closed.get() {
+            return Poll::Ready(None);
+        }
+        *self.writer.borrow_mut() = Some(cx.waker().clone());
+        Poll::Pending
     }
 
     fn taken(&self) {
@@ -468,7 +516,7 @@ fn carry_out(shared: &ServerState, to_client: &ToClient, parked: &mut Option<Par
             connect_id,
             payload,
         } => {
-            let _ = to_client.out.unbounded_send(Out::Data(connect_id, payload));
+            to_client.push(Out::Data(connect_id, payload));
         }
         StreamAction::ToAgentData {
             agent,
@@ -594,13 +642,8 @@ async fn proxy_stream(
 ) -> Result<(), BoxError> {
     let mut rx = PacketReceiver::new(body, shared.cfg.max_message);
     let (ev_tx, mut events) = mpsc::unbounded::<(u64, FrontendEvent)>();
-    let (out_tx, mut out_rx) = mpsc::unbounded::<Out>();
     let mut machine: Machine = ProxyStream::new(fastrand::u64(..));
-    let to_client = ToClient {
-        out: out_tx,
-        queued: Cell::new(0),
-        reader: RefCell::new(None),
-    };
+    let to_client = ToClient::new();
     let mut parked: Option<Parked> = None;
 
     let handle = async {
@@ -670,7 +713,7 @@ async fn proxy_stream(
     let write = async {
         loop {
             let next = futures::future::poll_fn(|cx| {
-                if let Poll::Ready(o) = out_rx.poll_next_unpin(cx) {
+                if let Poll::Ready(o) = to_client.poll_next(cx) {
                     return Poll::Ready(Ok(o));
                 }
                 tx.poll_reset(cx).map(|r| match r {
@@ -730,7 +773,7 @@ async fn proxy_stream(
     while let Some(a) = machine.poll_action() {
         carry_out(shared, &to_client, &mut parked, a);
     }
-    to_client.out.close_channel();
+    to_client.close();
     if writing {
         match Box::pin(monoio::time::timeout(FLUSH_TIMEOUT, write)).await {
             Ok(Ok(())) => {}
