@@ -31,6 +31,7 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Metric, Registry};
 
 use crate::engine::grpc;
+use crate::engine::tls_records::LinkTls;
 use crate::protocol::anp::agent_identity::REASONS;
 use crate::protocol::anp::packet::Frame;
 use crate::protocol::anp::pb::PacketType;
@@ -269,6 +270,36 @@ impl Exposition {
 pub(crate) type Label1 = [(&'static str, &'static str); 1];
 pub(crate) type Label2 = [(&'static str, &'static str); 2];
 pub(crate) type Label3 = [(&'static str, &'static str); 3];
+
+/// `edgetunnel_agent_link_tls_total{record_layer,tls_version}` (at both
+/// ends of the agent link): links whose TLS handshake completed, one
+/// counter per [`LinkTls`] value. A counter, not a gauge: nothing has to
+/// be held for a link's life, and the mode is per process.
+#[derive(Debug, Clone)]
+pub(crate) struct LinkTlsCounters([Counter; 3]);
+
+impl LinkTlsCounters {
+    pub(crate) fn register(x: &mut Exact) -> Self {
+        let f = Family::<Label2, Counter>::default();
+        let counters = LinkTls::ALL.map(|t| {
+            f.get_or_create_owned(&[
+                ("record_layer", t.record_layer()),
+                ("tls_version", t.version()),
+            ])
+        });
+        // Registered without "_total": the text encoder adds it to counters.
+        x.add(
+            "edgetunnel_agent_link_tls",
+            "Agent links whose TLS handshake completed, by record layer (own: edgetunnel's TLS 1.3 record layer, the default; rustls: TLS 1.2 links, or EDGETUNNEL_TLS_RECORDS=rustls) and TLS version.",
+            f,
+        );
+        LinkTlsCounters(counters)
+    }
+
+    pub(crate) fn inc(&self, t: LinkTls) {
+        self.0[t.index()].inc();
+    }
+}
 
 /// `stream_packets_total` handles, one per segment and packet type, and
 /// the `stream_errors_total` family.
@@ -543,6 +574,7 @@ pub struct Metrics {
     worker_links: Family<Label1, Gauge>,
     worker_dials: Family<Label1, Counter>,
     worker_bytes: Family<Label2, Counter>,
+    link_tls: LinkTlsCounters,
 }
 
 /// The per-worker metrics of one agent link, looked up once per link.
@@ -808,6 +840,7 @@ impl Metrics {
             "Payload bytes relayed through agent links by each server worker.",
             worker_bytes.clone(),
         );
+        let link_tls = LinkTlsCounters::register(&mut x);
         x.add(
             "edgetunnel_certificate_reloads",
             "Certificate reloads by result: ok (a new certificate and key in use for new handshakes, after their files changed or on SIGHUP), failed (the pair did not load; the old one stays in use).",
@@ -831,6 +864,7 @@ impl Metrics {
             worker_links,
             worker_dials,
             worker_bytes,
+            link_tls,
             agents_connected,
             open_connections,
             pending_dials,
@@ -926,6 +960,11 @@ impl Metrics {
     }
 
     /// The per-worker handles for a link on worker `core`.
+    /// An agent link's TLS handshake completed as `t`.
+    pub fn agent_link_tls(&self, t: LinkTls) {
+        self.link_tls.inc(t);
+    }
+
     pub fn worker(&self, core: usize) -> WorkerMetrics {
         let w = worker_label(core);
         WorkerMetrics {

@@ -106,13 +106,14 @@ pub(crate) async fn run(
             .clone()
             .unwrap_or_else(|| crate::protocol::anp::routing::dest_host(&addr).to_string());
         let name = ServerName::try_from(host)?;
-        let tls = link_tls(&addr, name, &slots.tls).await?;
+        let (tls, link_tls) = link_tls(&addr, name, &slots.tls).await?;
+        agent_metrics().link_tls(link_tls);
         let (client, conn) = grpc::h2_client(grpc::STREAM_WINDOW)
             .handshake::<_, SendBuf>(tls)
             .await?;
-        Ok::<_, BoxError>((client, conn))
+        Ok::<_, BoxError>((client, conn, link_tls))
     };
-    let (client, mut conn) = monoio::time::timeout(CONNECT_TIMEOUT, setup)
+    let (client, mut conn, link_tls) = monoio::time::timeout(CONNECT_TIMEOUT, setup)
         .await
         .map_err(|_| "connect/handshake timed out")??;
     let ping = conn.ping_pong();
@@ -200,7 +201,8 @@ pub(crate) async fn run(
                 answer.window,
                 answer.link,
             );
-            tracing::info!(server = %addr, %server_id, server_count, half_close, window, ?link, %instance, "connected to server");
+            let (record_layer, tls) = (link_tls.record_layer(), link_tls.version());
+            tracing::info!(server = %addr, %server_id, server_count, half_close, window, ?link, %instance, record_layer, tls, "connected to server");
             cfg.announce.send(Ready::Connected {
                 server: addr.to_string(),
                 server_id: server_id.clone(),
@@ -208,7 +210,7 @@ pub(crate) async fn run(
         }
         Role::Secondary => {
             let worker = answer.link.map(|(_, w)| w);
-            tracing::debug!(server = %addr, %server_id, ?worker, "secondary link up");
+            tracing::debug!(server = %addr, %server_id, ?worker, record_layer = link_tls.record_layer(), "secondary link up");
             cfg.announce.send(Ready::Linked {
                 server: addr.to_string(),
                 server_id: server_id.clone(),
@@ -278,12 +280,13 @@ impl Drop for Registered<'_> {
 }
 
 /// Connects to `addr` and runs TLS: our record layer unless it is
-/// switched off or the server chose TLS 1.2 (then rustls, from then on).
+/// switched off or the server chose TLS 1.2 (then rustls, from then on);
+/// the stream and what it came to.
 async fn link_tls(
     addr: &str,
     name: ServerName<'static>,
     config: &Arc<rustls::ClientConfig>,
-) -> Result<LinkIo, BoxError> {
+) -> Result<(LinkIo, tls_records::LinkTls), BoxError> {
     let tcp = || async {
         let tcp = monoio::net::TcpStream::connect(addr).await?;
         listener::nodelay(&tcp);
@@ -293,7 +296,12 @@ async fn link_tls(
     {
         let config = tls_records::client_config(config);
         match tls_records::connect(tcp().await?, name.clone(), config).await {
-            Ok(done) => return Ok(tls_records::Link::Own(done.stream)),
+            Ok(done) => {
+                return Ok((
+                    tls_records::Link::Own(done.stream),
+                    tls_records::LinkTls::Own,
+                ))
+            }
             Err(e) if e.get_ref().is_some_and(|i| i.is::<tls_records::NotTls13>()) => {
                 tracing::info!(
                     server = addr,
@@ -310,7 +318,8 @@ async fn link_tls(
             crate::engine::read_ahead::ReadAhead::new(tcp().await?),
         )
         .await?;
-    Ok(tls_records::Link::Rustls(tls))
+    let link_tls = tls_records::LinkTls::rustls(tls.get_ref().1.protocol_version());
+    Ok((tls_records::Link::Rustls(tls), link_tls))
 }
 
 /// The link's TLS stream.

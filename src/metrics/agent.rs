@@ -13,7 +13,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 
-use super::{Exact, ExactCounter, Exposition, GaugeGuard, Label1, Segment, Streams};
+use super::{
+    Exact, ExactCounter, Exposition, GaugeGuard, Label1, LinkTlsCounters, Segment, Streams,
+};
+use crate::engine::tls_records::LinkTls;
 
 /// ANP agent `latencyBuckets` (pkg/agent/metrics/metrics.go).
 pub const ANP_AGENT_LATENCY_BUCKETS: [f64; 7] = [0.005, 0.025, 0.1, 0.5, 2.5, 10.0, 30.0];
@@ -54,6 +57,7 @@ pub struct AgentMetrics {
     server_drains: Counter,
     server_busy: Counter,
     server_duplicates: Counter,
+    link_tls: LinkTlsCounters,
 }
 
 static METRICS: LazyLock<AgentMetrics> = LazyLock::new(AgentMetrics::new);
@@ -156,6 +160,7 @@ impl AgentMetrics {
             "Server connections the agent closed because they reached a server it is already connected to (a load balancer in front of several servers); the slot tries again until it reaches another.",
             server_duplicates.clone(),
         );
+        let link_tls = LinkTlsCounters::register(&mut x);
         x.add(
             "edgetunnel_certificate_reloads",
             "Certificate reloads by result: ok (a new certificate and key in use for new handshakes, after their files changed or on SIGHUP), failed (the pair did not load; the old one stays in use).",
@@ -182,6 +187,7 @@ impl AgentMetrics {
             server_drains,
             server_busy,
             server_duplicates,
+            link_tls,
         }
     }
 
@@ -199,6 +205,11 @@ impl AgentMetrics {
     /// A connection reached a server already connected and was closed.
     pub fn server_duplicate(&self) {
         self.server_duplicates.inc();
+    }
+
+    /// A server link's TLS handshake completed as `t`.
+    pub fn link_tls(&self, t: LinkTls) {
+        self.link_tls.inc(t);
     }
 
     /// A server connection dropped by its keepalive (the server went

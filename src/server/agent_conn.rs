@@ -322,6 +322,8 @@ struct Setup {
     recv: StreamRecv,
     send: StreamSend,
     leaf: Option<Vec<u8>>,
+    /// Who seals the link's records, and the TLS version.
+    link_tls: tls_records::LinkTls,
 }
 
 /// TLS, HTTP/2 and the first request, within [`HANDSHAKE_TIMEOUT`] and
@@ -339,7 +341,7 @@ async fn handshake(
             crate::engine::tls::explain_agent_handshake(&e, peer, &files.ca, &files.cert)
         };
         // The verified leaf certificate, for --bind-agent-identity.
-        let (tls, leaf) = match acceptor.own {
+        let (tls, leaf, link_tls) = match acceptor.own {
             Some(own) => {
                 let mut io = io;
                 let (tls13, first) = tls_records::sniff_client_hello(&mut io)
@@ -354,7 +356,11 @@ async fn handshake(
                         .as_ref()
                         .and_then(|c| c.first())
                         .map(|c| c.as_ref().to_vec());
-                    (tls_records::Link::Own(done.stream), leaf)
+                    (
+                        tls_records::Link::Own(done.stream),
+                        leaf,
+                        tls_records::LinkTls::Own,
+                    )
                 } else {
                     let io = SharedReadAhead::with_rest(io, first);
                     rustls_accept(&acceptor.rustls, io).await.map_err(explain)?
@@ -364,6 +370,7 @@ async fn handshake(
                 .await
                 .map_err(explain)?,
         };
+        shared.metrics.agent_link_tls(link_tls);
         // TLS done (with mutual TLS: a certificate of the CA proved): a
         // newcomer over the handshake caps no longer sheds this one.
         if let Some(p) = permit {
@@ -383,6 +390,7 @@ async fn handshake(
                         recv,
                         send,
                         leaf,
+                        link_tls,
                     })
                 }
                 // The start, a PONG, the agent's GOAWAY: still waiting.
@@ -410,12 +418,12 @@ async fn handshake(
     }
 }
 
-/// The handshake through rustls: the stream and the peer's leaf
-/// certificate.
+/// The handshake through rustls: the stream, the peer's leaf
+/// certificate and the TLS version.
 async fn rustls_accept(
     acceptor: &TlsAcceptor,
     io: SharedReadAhead<TcpPoll>,
-) -> std::io::Result<(AgentIo, Option<Vec<u8>>)> {
+) -> std::io::Result<(AgentIo, Option<Vec<u8>>, tls_records::LinkTls)> {
     let tls = acceptor.accept(io).await?;
     let leaf = tls
         .get_ref()
@@ -423,7 +431,8 @@ async fn rustls_accept(
         .peer_certificates()
         .and_then(|c| c.first())
         .map(|c| c.as_ref().to_vec());
-    Ok((tls_records::Link::Rustls(tls), leaf))
+    let link_tls = tls_records::LinkTls::rustls(tls.get_ref().1.protocol_version());
+    Ok((tls_records::Link::Rustls(tls), leaf, link_tls))
 }
 
 /// Logs a Connect request's head at TRACE (tokens left out).
@@ -468,6 +477,7 @@ async fn serve(
         recv: body,
         send: mut respond,
         leaf,
+        link_tls,
     }) = setup
     else {
         return Ok(());
@@ -584,9 +594,9 @@ async fn serve(
     // One line per agent at INFO; its further links (one per server
     // worker) at DEBUG.
     if first {
-        tracing::info!(parent: &span, identifiers = %ids.encode(), half_close, window, core, secondary, "agent connected");
+        tracing::info!(parent: &span, identifiers = %ids.encode(), half_close, window, core, secondary, record_layer = link_tls.record_layer(), tls = link_tls.version(), "agent connected");
     } else {
-        tracing::debug!(parent: &span, identifiers = %ids.encode(), half_close, window, core, secondary, "agent link up");
+        tracing::debug!(parent: &span, identifiers = %ids.encode(), half_close, window, core, secondary, record_layer = link_tls.record_layer(), tls = link_tls.version(), "agent link up");
     }
     drop(ids);
     drop(agent_id);

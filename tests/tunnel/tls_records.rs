@@ -4,6 +4,16 @@
 //! for the server's), and one whose record is corrupted on the wire. A
 //! well-behaved agent (ours: our record layer at both ends) keeps a
 //! tunneled connection busy meanwhile; it must never notice.
+//!
+//! And TLS 1.2 peers, which stay on rustls' records: a relay that speaks
+//! only TLS 1.2 on both sides sits between our agent and our server (the
+//! Go peers cannot be limited to TLS 1.2: ANP's proxy-server has only
+//! `--tls-min-version` and `--cipher-suites`, "no effect on TLS1.3",
+//! cmd/server/app/options/options.go; its getTLSConfig in
+//! cmd/server/app/server.go sets MinVersion and CipherSuites, no
+//! MaxVersion; the agent's pkg/util/certificates.go sets MinVersion
+//! only). One case runs with `EDGETUNNEL_TLS_RECORDS=rustls`, the way
+//! back from the default.
 
 use crate::support;
 
@@ -13,6 +23,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::thread;
 use std::time::Duration;
@@ -20,7 +31,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use edgetunnel::engine::grpc::{self, PacketReceiver, SendBuf};
 use edgetunnel::engine::runtime::{block_on, Driver};
-use edgetunnel::engine::tls::{client_config, TlsFiles};
+use edgetunnel::engine::tls::{client_config, load_certs, load_key, load_roots, TlsFiles};
 use edgetunnel::protocol::anp::packet::{self, Frame};
 use monoio::io::IntoPollIo;
 use support::*;
@@ -262,5 +273,153 @@ fn a_key_update_mid_stream_and_a_corrupted_record() {
 
     assert!(busy.join().unwrap(), "the good tunnel was corrupted");
     server.wait_metric("edgetunnel_agents_connected", 1.0);
+    server.wait_metric("edgetunnel_open_connections", 0.0);
+}
+
+/// A TLS-terminating relay that speaks TLS 1.2 only, on both sides: it
+/// takes agent links as the server (the server's certificate, no client
+/// certificate asked for) and carries each to `upstream` as a client (the
+/// agent's certificate), so our agent meets a TLS 1.2-only server and our
+/// server a TLS 1.2-only client. Each side checks that it got TLS 1.2.
+fn tls12_relay(certs: &Path, upstream: SocketAddr) -> SocketAddr {
+    let provider = || Arc::new(rustls::crypto::ring::default_provider());
+    let tls12: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS12];
+    let mut server = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(tls12)
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            load_certs(&certs.join("server.crt")).unwrap(),
+            load_key(&certs.join("server.key")).unwrap(),
+        )
+        .unwrap();
+    server.alpn_protocols = vec![b"h2".to_vec()];
+    let mut client = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(tls12)
+        .unwrap()
+        .with_root_certificates(load_roots(&certs.join("ca.crt")).unwrap())
+        .with_client_auth_cert(
+            load_certs(&certs.join("agent.crt")).unwrap(),
+            load_key(&certs.join("agent.key")).unwrap(),
+        )
+        .unwrap();
+    client.alpn_protocols = vec![b"h2".to_vec()];
+    let (server, client) = (Arc::new(server), Arc::new(client));
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    thread::spawn(move || {
+        block_on(Driver::Auto, async move {
+            let l = monoio::net::TcpListener::from_std(l).unwrap();
+            loop {
+                let Ok((down, _)) = l.accept().await else {
+                    continue;
+                };
+                let (server, client) = (server.clone(), client.clone());
+                monoio::spawn(async move {
+                    let down = tokio_rustls::TlsAcceptor::from(server)
+                        .accept(down.into_poll_io().unwrap())
+                        .await;
+                    // Our agent's first try (our record layer) ends when
+                    // it finds TLS 1.2; it connects again through rustls.
+                    let Ok(mut down) = down else { return };
+                    let v = down.get_ref().1.protocol_version();
+                    assert_eq!(v, Some(rustls::ProtocolVersion::TLSv1_2));
+                    let up = monoio::net::TcpStream::connect(upstream).await.unwrap();
+                    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+                    let mut up = tokio_rustls::TlsConnector::from(client)
+                        .connect(name, up.into_poll_io().unwrap())
+                        .await
+                        .unwrap();
+                    let v = up.get_ref().1.protocol_version();
+                    assert_eq!(v, Some(rustls::ProtocolVersion::TLSv1_2));
+                    let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                });
+            }
+        })
+        .unwrap()
+    });
+    addr
+}
+
+/// `edgetunnel_agent_link_tls_total` for one record layer and version.
+fn link_tls(admin: SocketAddr, record_layer: &str, version: &str) -> f64 {
+    metric_at(
+        admin,
+        &format!(
+            "edgetunnel_agent_link_tls_total{{record_layer=\"{record_layer}\",tls_version=\"{version}\"}}"
+        ),
+    )
+}
+
+/// A tunnel through `server` carries 4 MiB intact.
+fn tunnel_carries_bytes(server: &Server, seed: u64) {
+    let echo = echo_server("127.0.0.1");
+    let (status, body, s) = connect_tcp(server.connect, &echo.addr.to_string());
+    assert_eq!(status, 200, "{body}");
+    let data = random_bytes(4 << 20, seed);
+    assert!(
+        echo_roundtrip(s, &data) == data,
+        "the tunnel corrupted bytes"
+    );
+}
+
+#[test]
+fn tls12_peers_stay_on_rustls_records() {
+    // Our record layer asked for at both ends (the default; named here so
+    // that the case keeps its meaning whatever the default).
+    CHILD_ENV.with(|e| {
+        e.borrow_mut()
+            .push(("EDGETUNNEL_TLS_RECORDS".into(), "own".into()))
+    });
+    let env = Env::new();
+    let server = Server::start(&env, &[]);
+    let ids = "host=localhost&ipv4=127.0.0.1";
+
+    // A TLS 1.3 agent: our records at both ends.
+    let (direct, admin) = Agent::start_with_admin(&env, server.agent, "direct", ids, &[]);
+    tunnel_carries_bytes(&server, 1);
+    assert!(link_tls(admin, "own", "1.3") >= 1.0);
+    assert_eq!(link_tls(admin, "rustls", "1.2"), 0.0);
+    assert!(link_tls(server.admin, "own", "1.3") >= 1.0);
+    assert_eq!(link_tls(server.admin, "rustls", "1.2"), 0.0);
+    let log = direct.proc.wait_log("connected to server");
+    let line = log.lines().find(|l| l.contains("connected to server"));
+    assert!(
+        line.is_some_and(|l| l.contains("record_layer") && l.contains("own")),
+        "{log}"
+    );
+    drop(direct);
+    server.wait_metric("edgetunnel_agents_connected", 0.0);
+
+    // Through the TLS 1.2 relay: the agent finds its server chose TLS 1.2
+    // and goes to rustls; the server sees a ClientHello without TLS 1.3.
+    let relay = tls12_relay(&env.certs(), server.agent);
+    let own_before = link_tls(server.admin, "own", "1.3");
+    let (old, admin) = Agent::start_with_admin(&env, relay, "tls12", ids, &[]);
+    tunnel_carries_bytes(&server, 2);
+    assert_eq!(link_tls(admin, "own", "1.3"), 0.0);
+    assert!(link_tls(admin, "rustls", "1.2") >= 1.0);
+    assert_eq!(link_tls(server.admin, "own", "1.3"), own_before);
+    assert!(link_tls(server.admin, "rustls", "1.2") >= 1.0);
+    old.proc.wait_log("the server chose TLS 1.2");
+    server.wait_metric("edgetunnel_open_connections", 0.0);
+}
+
+#[test]
+fn rustls_records_on_request() {
+    // The way back: EDGETUNNEL_TLS_RECORDS=rustls at both ends.
+    CHILD_ENV.with(|e| {
+        e.borrow_mut()
+            .push(("EDGETUNNEL_TLS_RECORDS".into(), "rustls".into()))
+    });
+    let env = Env::new();
+    let server = Server::start(&env, &[]);
+    let ids = "host=localhost&ipv4=127.0.0.1";
+    let (_agent, admin) = Agent::start_with_admin(&env, server.agent, "back", ids, &[]);
+    tunnel_carries_bytes(&server, 3);
+    for at in [admin, server.admin] {
+        assert!(link_tls(at, "rustls", "1.3") >= 1.0);
+        assert_eq!(link_tls(at, "own", "1.3"), 0.0);
+    }
     server.wait_metric("edgetunnel_open_connections", 0.0);
 }

@@ -10,10 +10,13 @@
 //! The framing and its rules are sans-I/O in `protocol::tls_record`; this
 //! module owns the keys, the buffers and the socket.
 //!
-//! A TLS 1.2 link stays on rustls: the server looks at the ClientHello
-//! first ([`Mode`], [`sniff_client_hello`]); a client that finds its server
-//! chose TLS 1.2 connects again through rustls ([`handshake::NotTls13`]).
-//! `EDGETUNNEL_TLS_RECORDS=rustls` keeps every agent link on rustls.
+//! It is the default ([`Mode::Own`]). A TLS 1.2 link stays on rustls: the
+//! server looks at the ClientHello first ([`Mode`], [`sniff_client_hello`]);
+//! a client that finds its server chose TLS 1.2 connects again through
+//! rustls ([`handshake::NotTls13`]). `EDGETUNNEL_TLS_RECORDS=rustls` keeps
+//! every agent link on rustls (the way back). Which one a link got
+//! ([`LinkTls`]) is in the "agent connected" / "connected to server" log
+//! lines and in `edgetunnel_agent_link_tls_total` at both ends.
 
 mod handshake;
 mod keys;
@@ -35,10 +38,10 @@ use crate::protocol::tls_record::{self, HEADER_LEN, MAX_PLAINTEXT};
 /// Who seals the agent link's records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// Our record layer (TLS 1.3; TLS 1.2 links stay on rustls):
-    /// `EDGETUNNEL_TLS_RECORDS=own`.
+    /// Our record layer (TLS 1.3; TLS 1.2 links stay on rustls): the
+    /// default, or `EDGETUNNEL_TLS_RECORDS=own`.
     Own,
-    /// rustls, as before (the default, or `EDGETUNNEL_TLS_RECORDS=rustls`).
+    /// rustls' records on every link: `EDGETUNNEL_TLS_RECORDS=rustls`.
     Rustls,
 }
 
@@ -46,21 +49,73 @@ pub enum Mode {
 pub const MODE_ENV: &str = "EDGETUNNEL_TLS_RECORDS";
 
 impl Mode {
-    /// From [`MODE_ENV`] (read once per process). The default stays
-    /// [`Mode::Rustls`] until the gates of issue 29 (the real Go agent, the
-    /// tunnel suites, hostile_neighbours, the bench) have run with `own`.
+    /// From [`MODE_ENV`] (read once per process); unset or empty:
+    /// [`Mode::Own`], the default since issue 29's gates passed (the Go
+    /// peers, TLS 1.2 peers, the suites run with `own`).
     pub fn from_env() -> Mode {
         static MODE: std::sync::OnceLock<Mode> = std::sync::OnceLock::new();
-        *MODE.get_or_init(|| match std::env::var(MODE_ENV).as_deref() {
-            Ok("own") => Mode::Own,
-            Ok("rustls") | Ok("") | Err(_) => Mode::Rustls,
-            Ok(other) => {
+        *MODE.get_or_init(|| Self::parse(std::env::var(MODE_ENV).ok().as_deref()))
+    }
+
+    /// [`MODE_ENV`]'s value (None: unset) as a mode; anything else than
+    /// `own` or `rustls` gets a warning and the default.
+    fn parse(value: Option<&str>) -> Mode {
+        match value {
+            Some("rustls") => Mode::Rustls,
+            Some("own") | Some("") | None => Mode::Own,
+            Some(other) => {
                 tracing::warn!(
-                    "{MODE_ENV}={other:?} is neither \"own\" nor \"rustls\": using rustls"
+                    "{MODE_ENV}={other:?} is neither \"own\" nor \"rustls\": using own (the default)"
                 );
-                Mode::Rustls
+                Mode::Own
             }
-        })
+        }
+    }
+}
+
+/// What an agent link's TLS came to: who seals its records, and the TLS
+/// version (rustls speaks 1.2 and 1.3 only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkTls {
+    /// TLS 1.3, our record layer.
+    Own,
+    /// TLS 1.3, rustls' records (`EDGETUNNEL_TLS_RECORDS=rustls`).
+    Rustls13,
+    /// TLS 1.2: always rustls' records.
+    Rustls12,
+}
+
+impl LinkTls {
+    /// Every value, in the order of [`LinkTls::index`].
+    pub const ALL: [LinkTls; 3] = [LinkTls::Own, LinkTls::Rustls13, LinkTls::Rustls12];
+
+    /// A link on rustls' records that negotiated `version`.
+    pub fn rustls(version: Option<rustls::ProtocolVersion>) -> LinkTls {
+        match version {
+            Some(rustls::ProtocolVersion::TLSv1_3) => LinkTls::Rustls13,
+            _ => LinkTls::Rustls12,
+        }
+    }
+
+    /// Position in [`LinkTls::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// `own` or `rustls` (a log field, a metric label).
+    pub fn record_layer(self) -> &'static str {
+        match self {
+            LinkTls::Own => "own",
+            LinkTls::Rustls13 | LinkTls::Rustls12 => "rustls",
+        }
+    }
+
+    /// `1.3` or `1.2` (a log field, a metric label).
+    pub fn version(self) -> &'static str {
+        match self {
+            LinkTls::Own | LinkTls::Rustls13 => "1.3",
+            LinkTls::Rustls12 => "1.2",
+        }
     }
 }
 

@@ -350,3 +350,23 @@ fn tls12_is_left_to_rustls() {
         tokio::join!(client, server);
     });
 }
+
+#[test]
+fn own_is_the_default_and_rustls_the_way_back() {
+    assert_eq!(Mode::parse(None), Mode::Own);
+    assert_eq!(Mode::parse(Some("")), Mode::Own);
+    assert_eq!(Mode::parse(Some("own")), Mode::Own);
+    assert_eq!(Mode::parse(Some("rustls")), Mode::Rustls);
+    assert_eq!(Mode::parse(Some("openssl")), Mode::Own);
+    for (i, t) in LinkTls::ALL.iter().enumerate() {
+        assert_eq!(t.index(), i);
+    }
+    assert_eq!(
+        LinkTls::rustls(Some(rustls::ProtocolVersion::TLSv1_2)),
+        LinkTls::Rustls12
+    );
+    assert_eq!(
+        LinkTls::rustls(Some(rustls::ProtocolVersion::TLSv1_3)),
+        LinkTls::Rustls13
+    );
+}
