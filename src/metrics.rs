@@ -393,6 +393,20 @@ fn lease_histogram() -> Histogram {
     Histogram::new(GO_DEFAULT_BUCKETS)
 }
 
+/// How the Connects that needed a verdict were answered
+/// (`edgetunnel_token_reviews_total{result}`): by a TokenReview that
+/// accepted, denied or failed, from memory, or by joining a review of the
+/// same token already under way. The control thread counts
+/// (`control::token_review`); this module shows them.
+#[derive(Clone, Debug, Default)]
+pub struct ReviewCounters {
+    pub accepted: Counter,
+    pub denied: Counter,
+    pub failed: Counter,
+    pub remembered: Counter,
+    pub joined: Counter,
+}
+
 /// ANP's lease garbage collection families (pkg/server/metrics/metrics.go,
 /// observed as pkg/server/leases/gc_controller.go does): the culled
 /// count, and each list and delete call by HTTP status code (200 on
@@ -532,7 +546,7 @@ pub struct Metrics {
     /// DRAIN packets received from agents.
     pub agent_drains: Counter,
     /// `edgetunnel_token_reviews_total{result}`, counted by the control thread.
-    pub token_reviews: crate::control::token_review::ReviewCounters,
+    pub token_reviews: ReviewCounters,
     /// Keepalive PINGs left unanswered: toward agents, toward gRPC
     /// frontend callers.
     keepalive_timeouts: [Counter; 2],
@@ -757,7 +771,7 @@ impl Metrics {
         );
         let tr = Family::<Label1, Counter>::default();
         let review = |r: &'static str| tr.get_or_create_owned(&[("result", r)]);
-        let token_reviews = crate::control::token_review::ReviewCounters {
+        let token_reviews = ReviewCounters {
             accepted: review("accepted"),
             denied: review("denied"),
             failed: review("failed"),

@@ -51,7 +51,7 @@
 //! that could overtake it. A TLS client fails its handshake at once with a
 //! clear error instead of waiting for a timeout: rustls reports
 //! `AlertReceived(UserCanceled)`, which edgetunnel's agent recognises as
-//! "server busy" ([`crate::agent::backoff::is_busy`]) and backs off from
+//! "server busy" (the agent's backoff, `agent/backoff.rs`) and backs off from
 //! (growing, jittered delays); Go's crypto/tls reports `remote error: tls:
 //! user canceled`, and ANP's Go agent backs off from any failed connect
 //! (its `ClientSet.sync` in pkg/agent/clientset.go: `backoff.Step()`,
