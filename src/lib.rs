@@ -24,20 +24,16 @@
 //!   yurt-tunnel) into them. No role imports either (see ARCHITECTURE.md).
 
 /// The error type of runtime glue that only reports (never matches) errors.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use edgetunnel_engine::BoxError;
 
-pub mod admin;
 pub mod agent;
 pub mod certs;
 pub mod cli;
 pub mod compat;
 pub mod control;
-pub mod engine;
 pub mod flags;
-pub mod logging;
 pub mod metrics;
 pub mod proxy;
-pub mod readiness;
 
 /// The sans-I/O protocol layer, a crate of its own (`crates/protocol`), so
 /// that it can use nothing of this one nor its runtime, TLS or Kubernetes
@@ -45,3 +41,10 @@ pub mod readiness;
 /// before.
 pub use edgetunnel_protocol as protocol;
 pub mod server;
+
+/// The data-plane runtime, a crate of its own (`crates/engine`,
+/// `edgetunnel-engine`) that names no role. Re-exported here, with the
+/// shared services it holds, so `crate::engine::...`, `crate::admin`,
+/// `crate::logging` and `crate::readiness` paths read as before.
+pub use edgetunnel_engine as engine;
+pub use edgetunnel_engine::{admin, logging, readiness};

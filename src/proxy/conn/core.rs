@@ -15,12 +15,12 @@ use monoio::io::IntoPollIo;
 use prometheus_client::metrics::counter::Counter;
 
 use super::READ_CHUNK;
-use crate::metrics::{Exact, Exposition};
 use crate::protocol::kubectl::h2_pool;
 use crate::proxy::filter::Filter;
 use crate::proxy::io::{go_error_text, UpstreamIo};
 use crate::proxy::mux::Mux;
 use crate::proxy::upstream_config::Upstream;
+use edgetunnel_engine::exposition::{Exact, Exposition};
 
 /// Pooled upstream connections idle longer than this are dropped.
 const POOL_IDLE: Duration = Duration::from_secs(60);

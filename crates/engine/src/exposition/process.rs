@@ -14,6 +14,8 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 
+use crate::sys::sysconf;
+
 /// The commit this binary was built from (`git rev-parse` at build time,
 /// `unknown` outside a git checkout).
 pub const COMMIT: &str = env!("EDGETUNNEL_COMMIT");
@@ -38,13 +40,6 @@ pub struct ProcessStats {
     pub start_time_seconds: Option<f64>,
     pub open_fds: Option<f64>,
     pub max_fds: Option<f64>,
-}
-
-#[allow(unsafe_code)]
-fn sysconf(name: libc::c_int) -> Option<f64> {
-    // SAFETY: sysconf only reads a configuration value.
-    let v = unsafe { libc::sysconf(name) };
-    (v > 0).then_some(v as f64)
 }
 
 /// Fields of `/proc/self/stat` after the command name (which may hold

@@ -16,7 +16,7 @@ use bytes::{Buf, Bytes};
 use h2::{RecvStream, SendStream};
 use http::{HeaderMap, HeaderValue};
 
-use crate::engine::h2_conn;
+use crate::h2_conn;
 use crate::protocol::anp::grpc_frame::FrameError;
 use crate::protocol::anp::packet::{self, Encoded, Frame, PacketError};
 use crate::protocol::anp::packet_decoder::PacketDecoder;
@@ -55,7 +55,7 @@ pub enum GrpcError {
     #[error("stream closed by peer")]
     Closed,
     #[error("HTTP/2: {0}")]
-    Recv(#[from] crate::engine::h2_conn::RecvError),
+    Recv(#[from] crate::h2_conn::RecvError),
     #[error("HTTP/2: {0}")]
     Send(#[from] crate::protocol::h2_server::SendError),
 }
@@ -398,7 +398,7 @@ pub fn code_name(code: u32) -> &'static str {
 /// error but io.EOF, so a client closing its tunnel the usual way (its
 /// context canceled) is `Canceled` there.
 pub fn recv_error_code(e: &GrpcError) -> &'static str {
-    use crate::engine::h2_conn::RecvError;
+    use crate::h2_conn::RecvError;
     let reset = |r: u32| match r {
         0x8 => "Canceled",
         0x7 => "Unavailable",

@@ -176,8 +176,8 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::budget::Budget;
-    use crate::engine::runtime::{block_on, Driver};
+    use crate::budget::Budget;
+    use crate::runtime::{block_on, Driver};
     use futures::channel::mpsc;
     use monoio::io::{AsyncWriteRentExt, Splitable};
 

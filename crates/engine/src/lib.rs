@@ -1,23 +1,40 @@
-//! The data-plane engine: runtime glue between the sans-I/O protocol and the
-//! kernel. Workers (one monoio runtime per core), SO_REUSEPORT listeners
-//! and the accept loop they all run,
-//! TLS and HTTP/2 adapters (and HTTP/2 keepalive), the socket relay and cross-core socket handoff.
+//! The data-plane engine (`edgetunnel-engine`): runtime glue between the
+//! sans-I/O protocol (`edgetunnel-protocol`) and the kernel. Workers (one
+//! monoio runtime per core), SO_REUSEPORT listeners and the accept loop
+//! they all run, TLS and HTTP/2 adapters (and HTTP/2 keepalive), the
+//! socket relay and cross-core socket handoff.
+//!
+//! Beside them, the services every product shares: the admin listener
+//! ([`admin`]), readiness lines ([`readiness`]), the log thread
+//! ([`logging`]) and the Prometheus text exposition ([`exposition`]).
 //!
 //! Nothing here blocks a core: file and Kubernetes work belongs to the
-//! control thread, never to these tasks.
+//! control thread, never to these tasks. This crate names no role (tunnel
+//! server, agent, `kubectl proxy`): the roles depend on it, never the
+//! other way (`tests/crate_deps.rs`). [`sys`] holds its only `unsafe`.
+
+/// The error type of runtime glue that only reports (never matches) errors.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+// `crate::protocol::...` paths, as in the roles.
+use edgetunnel_protocol as protocol;
 
 pub mod abort;
 pub mod accept;
+pub mod admin;
 pub mod admission;
 pub mod budget;
 pub mod cert_reload;
+pub mod exposition;
 pub mod grpc;
 pub mod h2_conn;
 pub mod h2_keepalive;
 pub mod head_reader;
 pub mod listener;
+pub mod logging;
 pub mod memory;
 pub mod read_ahead;
+pub mod readiness;
 pub mod relay;
 pub mod runtime;
 pub mod signals;

@@ -153,6 +153,14 @@ pub fn disable_transparent_huge_pages() -> io::Result<()> {
     Ok(())
 }
 
+/// A positive `sysconf` value (clock ticks, page size) as a float; `None`
+/// when the system has no value for `name`.
+pub fn sysconf(name: libc::c_int) -> Option<f64> {
+    // SAFETY: sysconf only reads a configuration value.
+    let v = unsafe { libc::sysconf(name) };
+    (v > 0).then_some(v as f64)
+}
+
 /// CPU time the calling thread has used.
 pub fn thread_cpu_time() -> std::time::Duration {
     let mut ts = libc::timespec {

@@ -59,7 +59,7 @@ impl Budget {
     }
 
     /// Charges payload received for one tunneled connection. With the
-    /// connection's negotiated window ([`crate::engine::window`]) the peer
+    /// connection's negotiated window ([`crate::window`]) the peer
     /// already bounds it: never wait (that would stall the shared stream),
     /// and acknowledge it to the window once written. Without one, wait past
     /// the budget: that is the backpressure toward the peer, and below the

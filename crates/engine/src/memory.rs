@@ -141,16 +141,16 @@ mod tests {
     /// machine only makes it take longer.)
     #[test]
     fn thread_cpu_time_counts_this_threads_work() {
-        let before = crate::engine::sys::thread_cpu_time();
+        let before = crate::sys::thread_cpu_time();
         std::thread::sleep(Duration::from_millis(20));
-        let slept = crate::engine::sys::thread_cpu_time();
+        let slept = crate::sys::thread_cpu_time();
         assert!(
             slept - before < Duration::from_millis(10),
             "{before:?} {slept:?}"
         );
         let mut x = 0u64;
         let start = std::time::Instant::now();
-        while crate::engine::sys::thread_cpu_time() - slept < Duration::from_millis(10) {
+        while crate::sys::thread_cpu_time() - slept < Duration::from_millis(10) {
             for _ in 0..10_000 {
                 x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
             }
@@ -161,6 +161,6 @@ mod tests {
         }
         let burst: Vec<Vec<u8>> = (0..1000).map(|i| vec![i as u8; 4096]).collect();
         drop(std::hint::black_box(burst));
-        crate::engine::sys::release_free_memory();
+        crate::sys::release_free_memory();
     }
 }

@@ -110,7 +110,7 @@ pub const BUSY_ALERT: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 90];
 /// socket's send buffer is empty). The caller then closes it. Errors are
 /// ignored: the connection is being closed anyway.
 pub fn refuse(sock: &impl std::os::fd::AsRawFd) {
-    crate::engine::sys::with_sock(sock, |s| {
+    crate::sys::with_sock(sock, |s| {
         let flags = libc::MSG_DONTWAIT;
         let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 16 * 1024];
         for _ in 0..4 {

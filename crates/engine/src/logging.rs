@@ -144,7 +144,7 @@ fn start_writer(file: Option<Arc<File>>) -> Option<SyncSender<Msg>> {
             // Started before the roles block their shutdown signals: this
             // thread must not be the one the kernel picks for them (SIGHUP's
             // default action would end the process).
-            let _ = crate::engine::sys::ShutdownSignals::block();
+            let _ = crate::sys::ShutdownSignals::block();
             for msg in rx {
                 match msg {
                     Msg::Line { bytes, stderr } => {

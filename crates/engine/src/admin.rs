@@ -8,8 +8,8 @@ use std::rc::Rc;
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpListener;
 
-use crate::engine::accept;
-use crate::engine::head_reader::{read_request_head, ReadHeadError};
+use crate::accept;
+use crate::head_reader::{read_request_head, ReadHeadError};
 use crate::protocol::http1::{HeadLimit, RequestHead};
 
 /// What the admin endpoints report.
@@ -48,7 +48,7 @@ fn respond(req: &RequestHead, state: &dyn AdminState, peer: SocketAddr) -> Strin
     let path = req.target.split('?').next().unwrap_or("/");
     tracing::trace!(%peer, path, "admin request");
     match path {
-        "/metrics" => reply(200, crate::metrics::CONTENT_TYPE, &state.metrics()),
+        "/metrics" => reply(200, crate::exposition::CONTENT_TYPE, &state.metrics()),
         "/healthz" => reply(200, "text/plain", "ok"),
         "/readyz" | "/ready" => match state.ready() {
             Ok(t) => reply(200, "text/plain", &t),

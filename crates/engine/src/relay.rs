@@ -140,7 +140,7 @@ impl<R: AsyncReadRent + Readable> ChunkReader<R> {
     }
 
     /// Reads only while the peer's window has room, and charges every chunk
-    /// to it (see [`crate::engine::window`]).
+    /// to it (see [`crate::window`]).
     pub fn with_flow_control(mut self, flow: Option<Arc<ConnWindow>>) -> Self {
         self.flow = flow;
         self
@@ -284,7 +284,7 @@ pub fn gather<E, T>(
 /// The receive half of a tunneled connection, one step: `first` and the
 /// payload already queued behind it (see [`gather`]) go to the socket in one
 /// vectored write, and their credits (budget, flow-control window, see
-/// [`crate::engine::budget`]) are returned once the bytes are written.
+/// [`crate::budget`]) are returned once the bytes are written.
 /// `moved` counts the writes (for [`linger`]). `Ok` holds the first queued
 /// event that was not payload, to handle next.
 ///
@@ -397,7 +397,7 @@ pub async fn linger<F: std::future::Future>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::runtime::{block_on, Driver};
+    use crate::runtime::{block_on, Driver};
 
     #[test]
     fn read_window_grows_for_bulk_and_shrinks_when_idle() {
