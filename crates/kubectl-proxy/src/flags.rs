@@ -9,7 +9,7 @@ use clap::{ArgAction, Args};
 use super::filter::{
     DEFAULT_ACCEPT_HOSTS, DEFAULT_ACCEPT_PATHS, DEFAULT_REJECT_METHODS, DEFAULT_REJECT_PATHS,
 };
-use crate::engine::runtime::Driver;
+use edgetunnel_engine::runtime::Driver;
 
 pub const DEFAULT_PORT: u16 = 8001;
 

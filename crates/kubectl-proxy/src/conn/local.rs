@@ -4,10 +4,10 @@
 
 use tokio::io::AsyncWriteExt;
 
-use crate::proxy::forward;
-use crate::proxy::gourl::{html_escape, RequestUrl};
-use crate::proxy::mux::{redirect_location, Route};
-use crate::proxy::static_files::{self, StaticReply};
+use crate::forward;
+use crate::gourl::{html_escape, RequestUrl};
+use crate::mux::{redirect_location, Route};
+use crate::static_files::{self, StaticReply};
 
 use super::body::BodyReader;
 use super::{send, Client, Core, Next, ProxySettings};

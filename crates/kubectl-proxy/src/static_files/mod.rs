@@ -190,7 +190,7 @@ fn head(status: u16, headers: &[(&str, &str)], len: Option<u64>, keep: bool) -> 
         all.push(("Content-Length", l.to_string()));
     }
     // Go's server adds Date to every answer (item 7 of issue 14).
-    all.push(("Date", crate::proxy::forward::now_http_date()));
+    all.push(("Date", crate::forward::now_http_date()));
     all.sort_by(|a, b| a.0.cmp(b.0));
     let mut out = format!("HTTP/1.1 {status} {reason}\r\n");
     for (n, v) in all {

@@ -4,8 +4,8 @@
 use std::time::Instant;
 
 use super::ProxySettings;
+use crate::credentials::Used;
 use crate::protocol::http1::{self, RequestHead};
-use crate::proxy::credentials::Used;
 
 /// Makes refreshed credentials (exec plugin, token file) current before a
 /// head is built and a connection chosen; awaits only when they must be
@@ -45,7 +45,7 @@ pub(super) fn log_round_trip(
         tracing::info!(
             target: "edgetunnel::proxy::round_trip",
             "{}",
-            crate::proxy::klog::round_trip_line(method, &url, status, reason, ms)
+            crate::klog::round_trip_line(method, &url, status, reason, ms)
         );
     }
 }

@@ -6,8 +6,8 @@ use bytes::Bytes;
 use h2::client::SendRequest;
 use h2::SendStream;
 
+use crate::io::UpstreamIo;
 use crate::protocol::http1::{self, Header, ResponseHead};
-use crate::proxy::io::UpstreamIo;
 
 const STREAM_WINDOW: u32 = 4 << 20;
 const UPSTREAM_H2_CONNECTION_WINDOW: u32 = 16 << 20;

@@ -15,11 +15,11 @@ use monoio::io::IntoPollIo;
 use prometheus_client::metrics::counter::Counter;
 
 use super::READ_CHUNK;
+use crate::filter::Filter;
+use crate::io::{go_error_text, UpstreamIo};
+use crate::mux::Mux;
 use crate::protocol::kubectl::h2_pool;
-use crate::proxy::filter::Filter;
-use crate::proxy::io::{go_error_text, UpstreamIo};
-use crate::proxy::mux::Mux;
-use crate::proxy::upstream_config::Upstream;
+use crate::upstream_config::Upstream;
 use edgetunnel_engine::exposition::{Exact, Exposition};
 
 /// Pooled upstream connections idle longer than this are dropped.
@@ -64,7 +64,7 @@ impl Default for ProxyMetrics {
         x.add(
             "edgetunnel_log_write_errors",
             "Log lines lost: their write failed (stderr closed, disk full) or the log queue was full (stderr not read).",
-            crate::logging::write_errors(),
+            edgetunnel_engine::logging::write_errors(),
         );
         ProxyMetrics {
             requests,
@@ -285,7 +285,7 @@ impl Core {
                 Ok(tcp) => {
                     let _ = tcp.set_nodelay(true);
                     if let Some(ka) = s.keepalive {
-                        crate::engine::sys::with_sock(&tcp, |sock| {
+                        edgetunnel_engine::sys::with_sock(&tcp, |sock| {
                             let _ = sock.set_tcp_keepalive(
                                 &socket2::TcpKeepalive::new().with_time(ka).with_interval(ka),
                             );
@@ -304,7 +304,7 @@ impl Core {
                         None => UpstreamIo::Plain(io),
                         Some(p) => {
                             let (host, port) = up.target_host_port();
-                            crate::proxy::proxy_dial::through_proxy(
+                            crate::proxy_dial::through_proxy(
                                 io,
                                 p,
                                 host,
@@ -330,7 +330,7 @@ impl Core {
                                     connector
                                         .connect(
                                             name,
-                                            crate::engine::read_ahead::ReadAhead::new(io),
+                                            edgetunnel_engine::read_ahead::ReadAhead::new(io),
                                         )
                                         .await
                                         .map_err(|e| format!("tls: {e}"))?,

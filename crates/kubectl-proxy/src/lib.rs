@@ -3,6 +3,16 @@
 //! `ServeMux` and `net/url` rules are reproduced in [`gourl`] and [`mux`]);
 //! kept-alive upstream connections per core, streaming responses, upgrades
 //! relayed raw (spliced when no TLS sits on either side).
+//!
+//! A crate of its own (`crates/kubectl-proxy`, `edgetunnel-kubectl-proxy`)
+//! built on the protocol crate (kubectl's Go rules, `protocol::kubectl`)
+//! and the engine crate (workers, listeners, admin, logging), and on
+//! nothing of the tunnel: `tests/crate_deps.rs` fails if it depends on the
+//! root package. Its flags ([`ProxyArgs`]) are clap's; the `edgetunnel`
+//! command mounts them as the `proxy` subcommand and calls [`run`].
+
+// `crate::protocol::...` paths, as in the other crates.
+use edgetunnel_protocol as protocol;
 
 mod conn;
 pub mod credentials;
@@ -109,10 +119,8 @@ use std::sync::Arc;
 
 use monoio::io::IntoPollIo;
 
-use crate::engine::{listener, runtime};
+use edgetunnel_engine::{listener, runtime, BoxError};
 pub use flags::ProxyArgs;
-
-use crate::BoxError;
 
 /// The proxy's listeners, bound by [`listener::bind_all`] from [`specs`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,7 +168,7 @@ fn specs(args: &ProxyArgs) -> Result<Vec<listener::Spec<Kind>>, BoxError> {
 
 struct MetricsView(Arc<conn::ProxySettings>);
 
-impl crate::admin::AdminState for MetricsView {
+impl edgetunnel_engine::admin::AdminState for MetricsView {
     fn metrics(&self) -> String {
         self.0.metrics.render()
     }
@@ -189,7 +197,7 @@ fn shared_from(args: &ProxyArgs) -> Result<conn::ProxySettings, BoxError> {
             // kubectl: `klog.Fatalf("Error compiling re: %v", err)`, exit 255.
             Err(e) => {
                 eprintln!("Error compiling re: {e}");
-                crate::logging::flush(std::time::Duration::from_secs(1));
+                edgetunnel_engine::logging::flush(std::time::Duration::from_secs(1));
                 std::process::exit(255);
             }
         }
@@ -278,7 +286,10 @@ fn clear_socket_path(path: &std::path::Path) {
 
 /// Runs `edgetunnel proxy` until killed.
 /// Readiness (`Starting to serve on ...`) goes to `announce`.
-pub fn run(args: ProxyArgs, announce: crate::readiness::Announce) -> Result<(), BoxError> {
+pub fn run(
+    args: ProxyArgs,
+    announce: edgetunnel_engine::readiness::Announce,
+) -> Result<(), BoxError> {
     args.validate()?;
     let shared = Arc::new(shared_from(&args)?);
     let workers = args.workers.unwrap_or_else(runtime::default_workers).max(1);
@@ -308,12 +319,12 @@ pub fn run(args: ProxyArgs, announce: crate::readiness::Announce) -> Result<(), 
             .map(|(_, a)| a.clone())
     };
     tracing::info!(driver = args.driver().name(), workers, "proxy data plane");
-    announce.send(crate::readiness::Ready::Serving {
+    announce.send(edgetunnel_engine::readiness::Ready::Serving {
         on: address(Kind::Proxy.name()).unwrap_or_default(),
     });
     // After kubectl's own first line, which scripts read first.
     if let Some(addr) = address(Kind::Metrics.name()) {
-        announce.send(crate::readiness::Ready::Listen {
+        announce.send(edgetunnel_engine::readiness::Ready::Listen {
             what: "metrics".into(),
             addr,
         });
@@ -337,7 +348,7 @@ pub fn run(args: ProxyArgs, announce: crate::readiness::Announce) -> Result<(), 
                     Kind::Metrics => {
                         if let listener::Socket::Tcp(m) = l.socket {
                             let m = monoio::net::TcpListener::from_std(m)?;
-                            monoio::spawn(crate::admin::serve(
+                            monoio::spawn(edgetunnel_engine::admin::serve(
                                 m,
                                 "metrics",
                                 Rc::new(MetricsView(shared.clone())),
@@ -384,7 +395,7 @@ fn listen_ip(address: &str) -> Result<IpAddr, BoxError> {
 }
 
 async fn accept_loop(l: listener::Socket, core: Rc<conn::Core>) -> std::io::Result<()> {
-    use crate::engine::accept;
+    use edgetunnel_engine::accept;
     match l {
         listener::Socket::Tcp(l) => {
             let l = monoio::net::TcpListener::from_std(l)?;

@@ -10,9 +10,9 @@ use tokio::io::AsyncWriteExt;
 use super::local::proxy_error;
 use super::round_trip::fresh_auth;
 use super::{Client, Core};
+use crate::forward;
+use crate::io::{ClientIo, UpstreamIo};
 use crate::protocol::http1::{Framing, RequestHead};
-use crate::proxy::forward;
-use crate::proxy::io::{ClientIo, UpstreamIo};
 
 /// Relays an upgrade request (exec, attach, port-forward, websockets) on a
 /// new upstream connection, raw in both directions from the request on.

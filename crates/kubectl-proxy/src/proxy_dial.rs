@@ -12,11 +12,11 @@ use rustls::ClientConfig;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::io::{go_error_text, UpstreamIo};
-use crate::engine::read_ahead::ReadAhead;
 use crate::protocol::kubectl::upstream::proxy_handshake::{
     self as proxy_client, Socks5Client, SocksStep,
 };
 use crate::protocol::kubectl::upstream::proxy_url::{join_host_port, ProxyScheme, ProxyUrl};
+use edgetunnel_engine::read_ahead::ReadAhead;
 
 /// Go's transport has no separate limit; this bounds a silent proxy.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);

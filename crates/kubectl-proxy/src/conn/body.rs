@@ -200,7 +200,7 @@ mod tests {
     }
 
     fn block_on<F: std::future::Future>(f: F) -> F::Output {
-        use crate::engine::runtime::{block_on, Driver};
+        use edgetunnel_engine::runtime::{block_on, Driver};
         block_on(Driver::Legacy, f).expect("a test runtime")
     }
 
