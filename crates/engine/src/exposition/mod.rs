@@ -85,7 +85,7 @@ impl Collector for Exact {
 }
 
 /// A registry of [`Exact`] families plus the process and build families
-/// ([`process::ProcessCollector`]), rendered in the Prometheus text format.
+/// ([`process`]), rendered in the Prometheus text format.
 #[derive(Debug)]
 pub struct Exposition {
     registry: Registry,
