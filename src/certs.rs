@@ -26,12 +26,89 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use clap::Subcommand;
 use rcgen::{
     BasicConstraints, Certificate, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose,
 };
 
-use crate::cli::{CertRole, CertsCommand};
+// `edgetunnel certs`'s subcommands. They live here, and `cli` re-uses
+// them, so that this module names no face above it. (A line comment: a
+// doc comment here would become clap's help text.)
+#[derive(Subcommand, Debug)]
+pub enum CertsCommand {
+    /// Write a new CA into --ca-dir (default DIR-ca: its key stays off the
+    /// nodes) and ca.crt with a server, an agent and a proxy-client
+    /// certificate into DIR. Refuses to replace existing files without
+    /// --force.
+    Init {
+        dir: PathBuf,
+        /// Server certificate names (DNS or IP); repeatable.
+        #[arg(long = "server-name", default_values_t = ["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()])]
+        server_names: Vec<String>,
+        /// Agent certificate common name (and DNS name).
+        #[arg(long, default_value = "edgetunnel-agent")]
+        agent_name: String,
+        /// Where the CA (ca.crt, ca.key) goes; default: DIR-ca beside DIR.
+        #[arg(long)]
+        ca_dir: Option<PathBuf>,
+        /// Days the server, agent and proxy-client certificates last.
+        #[arg(long, default_value_t = DEFAULT_DAYS, value_parser = clap::value_parser!(u32).range(1..))]
+        days: u32,
+        /// Days the CA lasts.
+        #[arg(long, default_value_t = DEFAULT_CA_DAYS, value_parser = clap::value_parser!(u32).range(1..))]
+        ca_days: u32,
+        /// Replace existing files (a new CA: certificates from the old one
+        /// stop being trusted).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Sign one more certificate with an existing CA: writes ca.crt and
+    /// ROLE.crt/ROLE.key into OUT (for an agent, all one edge node needs).
+    /// Refuses to replace a different existing file without --force.
+    Issue {
+        /// server, agent or proxy-client.
+        #[arg(value_enum)]
+        role: CertRole,
+        out: PathBuf,
+        /// The CA directory (`certs init`'s DIR-ca).
+        #[arg(long)]
+        ca_dir: PathBuf,
+        /// DNS names or IP addresses (repeatable): the SANs; an agent's
+        /// first name is also its CN (the agent ID that
+        /// --bind-agent-identity accepts). Default: as `certs init`.
+        #[arg(long = "name")]
+        names: Vec<String>,
+        /// Days the certificate lasts (never past the CA).
+        #[arg(long, default_value_t = DEFAULT_DAYS, value_parser = clap::value_parser!(u32).range(1..))]
+        days: u32,
+        /// Replace existing files.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// Which certificate `certs issue` signs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CertRole {
+    /// serverAuth, CN edgetunnel-server.
+    Server,
+    /// clientAuth, CN the first --name.
+    Agent,
+    /// clientAuth toward kubelets, CN tunnel-proxy-client, O openyurt:yurttunnel.
+    ProxyClient,
+}
+
+impl CertRole {
+    /// The files' base name, as `--certs-dir` looks for them.
+    pub fn file_base(self) -> &'static str {
+        match self {
+            CertRole::Server => "server",
+            CertRole::Agent => "agent",
+            CertRole::ProxyClient => "proxy-client",
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum CertsError {

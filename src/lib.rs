@@ -1,8 +1,11 @@
 //! edgetunnel: a thread-per-core io_uring edge tunnel, wire-compatible with
-//! apiserver-network-proxy (konnectivity) and yurt-tunnel, and a drop-in
-//! `kubectl proxy`.
+//! apiserver-network-proxy (konnectivity) and yurt-tunnel. This crate (the
+//! root package) holds the tunnel's roles, its control thread and the
+//! command-line faces; the `edgetunnel` binary (`src/main.rs`) also mounts
+//! the drop-in `kubectl proxy` from its own crate (`crates/kubectl-proxy`,
+//! `edgetunnel-kubectl-proxy`), which uses nothing of this one.
 //!
-//! Layering (each layer uses only the ones above it):
+//! Layering (each layer uses only the ones below it):
 //! - [`protocol`]: sans-I/O codecs, parsers, state machines and policies
 //!   (Packets, HTTP CONNECT, HTTP/1 heads, routing, identities, Go flag
 //!   syntax, kubectl proxy's Go rules). No I/O, no runtime; every parser
@@ -12,32 +15,32 @@
 //!   (`tests/protocol_deps.rs`). The fuzz targets build against it alone.
 //! - [`engine`]: data-plane runtime glue: one monoio runtime per core,
 //!   SO_REUSEPORT listeners and the accept loop, TLS, HTTP/2 adapters,
-//!   relays and cross-core socket handoff. `engine::sys` holds the crate's
-//!   only `unsafe` code.
+//!   relays and cross-core socket handoff, and the services every product
+//!   shares ([`admin`], [`readiness`], [`logging`], the metrics text in
+//!   `engine::exposition`). A crate of its own (`crates/engine`,
+//!   `edgetunnel-engine`) that names no role (`tests/crate_deps.rs`);
+//!   `engine::sys` holds the workspace's only `unsafe` code.
 //! - [`control`]: the control thread (tokio, kube): certificates, iptables,
 //!   DNS records, leases, TokenReviews; it never runs on a data-plane core.
-//! - [`metrics`], [`certs`], [`admin`], [`logging`]: shared services of the roles.
-//! - The roles: [`server`], [`agent`] and [`proxy`] (`kubectl proxy`); the
-//!   server and agent flatten the flag groups of [`flags`].
+//! - [`metrics`] (the server's and agent's families), [`certs`]: shared
+//!   services of the tunnel roles.
+//! - The roles: [`server`] and [`agent`]; they flatten the flag groups of
+//!   [`flags`].
 //! - The faces on top: [`cli`] assembles the subcommands from the roles'
-//!   flags; [`compat`] translates the Go binaries' command lines (ANP,
-//!   yurt-tunnel) into them. No role imports either (see ARCHITECTURE.md).
+//!   flags (and the kubectl proxy crate's); [`compat`] translates the Go
+//!   binaries' command lines (ANP, yurt-tunnel) into them. No role imports
+//!   either (see ARCHITECTURE.md).
 
 /// The error type of runtime glue that only reports (never matches) errors.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use edgetunnel_engine::BoxError;
 
-pub mod admin;
 pub mod agent;
 pub mod certs;
 pub mod cli;
 pub mod compat;
 pub mod control;
-pub mod engine;
 pub mod flags;
-pub mod logging;
 pub mod metrics;
-pub mod proxy;
-pub mod readiness;
 
 /// The sans-I/O protocol layer, a crate of its own (`crates/protocol`), so
 /// that it can use nothing of this one nor its runtime, TLS or Kubernetes
@@ -45,3 +48,10 @@ pub mod readiness;
 /// before.
 pub use edgetunnel_protocol as protocol;
 pub mod server;
+
+/// The data-plane runtime, a crate of its own (`crates/engine`,
+/// `edgetunnel-engine`) that names no role. Re-exported here, with the
+/// shared services it holds, so `crate::engine::...`, `crate::admin`,
+/// `crate::logging` and `crate::readiness` paths read as before.
+pub use edgetunnel_engine as engine;
+pub use edgetunnel_engine::{admin, logging, readiness};

@@ -16,16 +16,16 @@ fn main() {
     let cli = match &compat {
         Some(t) => Cli::parse_from(&t.argv),
         // `proxy`: kubectl's flags in Go's syntax.
-        None => match edgetunnel::proxy::goargs::from_process_args() {
+        None => match edgetunnel_kubectl_proxy::goargs::from_process_args() {
             Some(argv) => Cli::parse_from(argv),
             None => Cli::parse(),
         },
     };
     // kubectl's -v/--vmodule raise the proxy's log filter.
     let log = match &cli.command {
-        Command::Proxy(a) => edgetunnel::proxy::klog::filter(
+        Command::Proxy(a) => edgetunnel_kubectl_proxy::klog::filter(
             &cli.log,
-            edgetunnel::proxy::klog::verbosity(a.v, &a.vmodule),
+            edgetunnel_kubectl_proxy::klog::verbosity(a.v, &a.vmodule),
         ),
         _ => cli.log.clone(),
     };
@@ -70,7 +70,7 @@ fn main() {
             cfg.announce = stdout_announce();
             edgetunnel::agent::run(cfg)
         }),
-        Command::Proxy(args) => edgetunnel::proxy::run(*args, stdout_announce()),
+        Command::Proxy(args) => edgetunnel_kubectl_proxy::run(*args, stdout_announce()),
         Command::Iptables(cmd) => iptables(cmd),
         Command::Certs(cmd) => edgetunnel::certs::run(cmd),
     };

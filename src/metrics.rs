@@ -14,21 +14,13 @@
 //! handles created once (no label lookup on the hot path).
 
 pub mod agent;
-pub mod process;
 
-use std::fmt;
 use std::time::Duration;
 
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{
-    prometheus_text, DescriptorEncoder, EncodeMetric, MetricEncoder,
-};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::metrics::{MetricType, TypedMetric};
-use prometheus_client::registry::{Metric, Registry};
 
 use crate::engine::grpc;
 use crate::engine::tls_records::LinkTls;
@@ -38,8 +30,11 @@ use crate::protocol::anp::pb::PacketType;
 use crate::protocol::anp::routing::Strategy;
 use crate::protocol::h2_server::Flood;
 
-/// `Content-Type` of [`Metrics::render`]'s output.
-pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+// The text exposition (exact names, counters retyped, the process
+// families) is shared with the `kubectl proxy` crate, so it lives in the
+// engine crate; the paths below stay.
+pub use edgetunnel_engine::exposition::{process, ExactCounter, CONTENT_TYPE};
+use edgetunnel_engine::exposition::{Exact, Exposition};
 
 /// Upper bounds (seconds) of `edgetunnel_dial_duration_seconds`.
 const DIAL_BUCKETS: [f64; 12] = [
@@ -163,107 +158,6 @@ pub fn encoded_packet_type(message_head: &[u8]) -> PacketType {
     match message_head.get(5..7) {
         Some([0x08, t]) => PacketType::try_from(i32::from(*t)).unwrap_or(PacketType::DialReq),
         _ => PacketType::DialReq,
-    }
-}
-
-/// A counter shown under its exact name (no `_total` added) with
-/// `# TYPE <name> counter`, as Go's client shows ANP's `*_count` counters
-/// (e.g. `dial_failure_count`). prometheus-client adds `_total` to every
-/// sample of a counter family, so the family is encoded as untyped and
-/// [`Exposition::render`] retypes it (see [`Exact::add_counter`]).
-#[derive(Debug, Clone, Default)]
-pub struct ExactCounter(Counter);
-
-impl ExactCounter {
-    pub fn inc(&self) {
-        self.0.inc();
-    }
-    pub fn get(&self) -> u64 {
-        self.0.get()
-    }
-}
-
-impl TypedMetric for ExactCounter {
-    const TYPE: MetricType = MetricType::Unknown;
-}
-
-impl EncodeMetric for ExactCounter {
-    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), fmt::Error> {
-        encoder.encode_gauge(&self.0.get())
-    }
-    fn metric_type(&self) -> MetricType {
-        MetricType::Unknown
-    }
-}
-
-/// Families encoded with their exact name and help text (the registry's
-/// own `register` appends a period to every help text).
-#[derive(Debug, Default)]
-pub(crate) struct Exact {
-    items: Vec<(String, &'static str, Box<dyn Metric>)>,
-    /// Families of [`ExactCounter`]s, shown as counters.
-    counters: Vec<String>,
-}
-
-impl Exact {
-    pub(crate) fn add(&mut self, name: impl Into<String>, help: &'static str, m: impl Metric) {
-        self.items.push((name.into(), help, Box::new(m)));
-    }
-
-    /// A family of [`ExactCounter`]s (or one), under `name` exactly.
-    pub(crate) fn add_counter(
-        &mut self,
-        name: impl Into<String>,
-        help: &'static str,
-        m: impl Metric,
-    ) {
-        let name = name.into();
-        self.counters.push(name.clone());
-        self.add(name, help, m);
-    }
-}
-
-impl Collector for Exact {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
-        for (name, help, metric) in &self.items {
-            if metric.is_empty() {
-                continue;
-            }
-            let e = encoder.encode_descriptor(name, help, None, metric.metric_type())?;
-            metric.encode(e)?;
-        }
-        Ok(())
-    }
-}
-
-/// A registry of [`Exact`] families plus the process and build families
-/// ([`process::ProcessCollector`]), rendered in the Prometheus text format.
-#[derive(Debug)]
-pub(crate) struct Exposition {
-    registry: Registry,
-    counters: Vec<String>,
-}
-
-impl Exposition {
-    pub(crate) fn new(mut exact: Exact) -> Self {
-        let counters = std::mem::take(&mut exact.counters);
-        let mut registry = Registry::default();
-        registry.register_collector(Box::new(exact));
-        registry.register_collector(Box::new(process::ProcessCollector));
-        Exposition { registry, counters }
-    }
-
-    /// The Prometheus text exposition ([`CONTENT_TYPE`]).
-    pub(crate) fn render(&self) -> String {
-        let mut s = String::new();
-        prometheus_text::encode(&mut s, &self.registry).expect("writing to a String");
-        for name in &self.counters {
-            let untyped = format!("# TYPE {name} untyped\n");
-            if let Some(at) = s.find(&untyped) {
-                s.replace_range(at..at + untyped.len(), &format!("# TYPE {name} counter\n"));
-            }
-        }
-        s
     }
 }
 
@@ -424,6 +318,20 @@ fn lease_histogram() -> Histogram {
     Histogram::new(GO_DEFAULT_BUCKETS)
 }
 
+/// How the Connects that needed a verdict were answered
+/// (`edgetunnel_token_reviews_total{result}`): by a TokenReview that
+/// accepted, denied or failed, from memory, or by joining a review of the
+/// same token already under way. The control thread counts
+/// (`control::token_review`); this module shows them.
+#[derive(Clone, Debug, Default)]
+pub struct ReviewCounters {
+    pub accepted: Counter,
+    pub denied: Counter,
+    pub failed: Counter,
+    pub remembered: Counter,
+    pub joined: Counter,
+}
+
 /// ANP's lease garbage collection families (pkg/server/metrics/metrics.go,
 /// observed as pkg/server/leases/gc_controller.go does): the culled
 /// count, and each list and delete call by HTTP status code (200 on
@@ -563,7 +471,7 @@ pub struct Metrics {
     /// DRAIN packets received from agents.
     pub agent_drains: Counter,
     /// `edgetunnel_token_reviews_total{result}`, counted by the control thread.
-    pub token_reviews: crate::control::token_review::ReviewCounters,
+    pub token_reviews: ReviewCounters,
     /// Keepalive PINGs left unanswered: toward agents, toward gRPC
     /// frontend callers.
     keepalive_timeouts: [Counter; 2],
@@ -789,7 +697,7 @@ impl Metrics {
         );
         let tr = Family::<Label1, Counter>::default();
         let review = |r: &'static str| tr.get_or_create_owned(&[("result", r)]);
-        let token_reviews = crate::control::token_review::ReviewCounters {
+        let token_reviews = ReviewCounters {
             accepted: review("accepted"),
             denied: review("denied"),
             failed: review("failed"),

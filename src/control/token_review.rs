@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use futures::channel::{mpsc, oneshot};
 use futures::StreamExt;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenReviewStatus};
-use prometheus_client::metrics::counter::Counter;
+
+use crate::metrics::ReviewCounters;
 
 use super::review_cache::{key_of, CacheConfig, Pacer, ReviewCache, TokenKey, Verdict};
 
@@ -60,19 +61,6 @@ pub struct ReviewRequest {
 
 /// The data plane's end: send requests here.
 pub type Reviewer = mpsc::UnboundedSender<ReviewRequest>;
-
-/// How the Connects that needed a verdict were answered
-/// (`edgetunnel_token_reviews_total{result}`): by a TokenReview that
-/// accepted, denied or failed, from memory, or by joining a review of the
-/// same token already under way.
-#[derive(Clone, Debug, Default)]
-pub struct ReviewCounters {
-    pub accepted: Counter,
-    pub denied: Counter,
-    pub failed: Counter,
-    pub remembered: Counter,
-    pub joined: Counter,
-}
 
 /// The control thread's end, handed over once through the control spec.
 #[derive(Clone)]

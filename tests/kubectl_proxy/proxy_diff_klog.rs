@@ -18,7 +18,7 @@ use support::http_raw::{exchange, read_request};
 use support::proxy_proc::{kubectl, kubectl_cmd, ours_cmd, start};
 use support::Env;
 
-/// The kubectl release edgetunnel emulates (src/proxy/server_version.rs).
+/// The kubectl release edgetunnel emulates (crates/kubectl-proxy/src/server_version.rs).
 const OURS_VERSION: &str = r#"{"major":"1","minor":"32","gitVersion":"v1.32.4","gitCommit":"59526cd4867447956156ae3a602fcbac10a2c335","gitTreeState":"clean"}"#;
 
 /// A plain-HTTP upstream answering `/version` with the current `version`

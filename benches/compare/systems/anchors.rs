@@ -16,7 +16,7 @@
 //! Every anchor uses the certificates `edgetunnel certs init` makes for
 //! edgetunnel's own agent link (CA, server, agent and proxy-client), and
 //! the pairs the cipher suite rustls picks first for that link
-//! (TLS_AES_128_GCM_SHA256, src/engine/tls.rs); Go's crypto/tls picks the
+//! (TLS_AES_128_GCM_SHA256, crates/engine/src/tls.rs); Go's crypto/tls picks the
 //! same on processors with AES instructions.
 
 use std::io::{Read, Write};

@@ -1,10 +1,10 @@
 //! `edgetunnel proxy`'s command line read as kubectl reads it: every flag
 //! `kubectl proxy` accepts (its own and kubectl's global ones), in Go's
 //! pflag syntax, parsed by [`crate::go::pflag`] and handed on to the
-//! clap parser (the main crate's `proxy::flags::ProxyArgs`) as canonical `--name=value`
+//! clap parser (the kubectl proxy crate's `flags::ProxyArgs`) as canonical `--name=value`
 //! arguments, so clap stays the one place where the configuration is built.
-//! Reading the process's arguments (`proxy::goargs::from_process_args`)
-//! stays in the main crate.
+//! Reading the process's arguments (`goargs::from_process_args`) stays in
+//! the kubectl proxy crate.
 //!
 //! What this adds over clap alone: Go's value syntax (`--disable-filter=T`,
 //! `--port=0x4651`, `--keepalive=1h30m`), a repeated flag's last value

@@ -6,9 +6,8 @@
 //! ([`static_files`]), the choice of an HTTP/2 upstream connection
 //! ([`h2_pool`]), when a failed request may go again ([`retry`]) and the
 //! connection toward the API server as client-go makes it ([`upstream`]).
-//! The main crate's `proxy` module does the I/O and
-//! re-exports these under their old names (`proxy::goregex`,
-//! `proxy::gourl`, ...).
+//! The kubectl proxy crate (`crates/kubectl-proxy`) does the I/O and
+//! re-exports these under their old names (`goregex`, `gourl`, ...).
 
 pub mod filter;
 pub mod forward;

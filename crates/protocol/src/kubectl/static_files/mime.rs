@@ -7,8 +7,8 @@
 //! gets `charset=utf-8`, and a `text/` type with other parameters but no
 //! charset becomes "" (unknown), as Go's `FormatMediaType` gives it. Lookup
 //! tries the extension as given, then lower-cased. The table building is
-//! sans-I/O ([`Table::add_globs2`], [`Table::add_mime_types`]); the main
-//! crate's `proxy::static_files::mime::system` reads the files once.
+//! sans-I/O ([`Table::add_globs2`], [`Table::add_mime_types`]); the kubectl
+//! proxy crate's `static_files::mime::system` reads the files once.
 
 use std::collections::HashMap;
 

@@ -2,8 +2,8 @@
 //! `--www`: HTTP dates ([`httpdate`]), Range headers and multipart layouts
 //! ([`ranges`]), the conditional-header decision ([`cond`]), content
 //! sniffing ([`sniff`]) and extension-to-type tables ([`mime`]). Opening,
-//! listing and reading files stays in the main crate's
-//! `proxy::static_files`.
+//! listing and reading files stays in the kubectl proxy crate's
+//! `static_files`.
 
 pub mod cond;
 pub mod httpdate;

@@ -5,7 +5,8 @@
 //! `refreshCredsLocked`): same group and version as asked, a `status`, a
 //! token or a certificate/key pair (both or neither), an optional
 //! `expirationTimestamp` (RFC 3339). The pair becomes a TLS client key in
-//! the main crate (`proxy::exec_cert`, which needs rustls).
+//! the kubectl proxy crate (`edgetunnel_kubectl_proxy::exec_cert`, which
+//! needs rustls).
 
 use serde::Deserialize;
 

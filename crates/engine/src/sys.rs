@@ -1,0 +1,325 @@
+//! Every `unsafe` block of the crate: the few system calls that neither
+//! std, socket2 nor monoio wrap, each behind a safe function whose contract
+//! holds for any argument. The rest of the crate denies `unsafe_code`.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
+
+use bytes::{Bytes, BytesMut};
+
+/// Runs `f` with a socket2 view of `sock` (for socket options that monoio's
+/// types do not expose). The view cannot outlive the borrow of `sock`.
+pub fn with_sock<R>(sock: &impl AsRawFd, f: impl FnOnce(socket2::SockRef<'_>) -> R) -> R {
+    // SAFETY: `sock` owns an open descriptor and is borrowed for the whole
+    // call, so the descriptor stays open while the view exists.
+    let fd = unsafe { BorrowedFd::borrow_raw(sock.as_raw_fd()) };
+    f(socket2::SockRef::from(&fd))
+}
+
+/// Takes a descriptor out of a socket that gives up its ownership.
+pub fn into_owned(sock: impl IntoRawFd) -> OwnedFd {
+    // SAFETY: `into_raw_fd` hands over sole ownership of an open descriptor.
+    unsafe { OwnedFd::from_raw_fd(sock.into_raw_fd()) }
+}
+
+/// Disconnects a TCP socket at once: `connect(AF_UNSPEC)` makes Linux send
+/// a RST (`tcp_disconnect`). Unix sockets refuse it, which callers ignore.
+pub fn disconnect(sock: &impl AsRawFd) -> io::Result<()> {
+    let unspec = libc::sockaddr {
+        sa_family: libc::AF_UNSPEC as libc::sa_family_t,
+        sa_data: [0; 14],
+    };
+    // SAFETY: a valid sockaddr of the given length, read by the call only.
+    let rc = unsafe {
+        libc::connect(
+            sock.as_raw_fd(),
+            &unspec,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The destination a connection had before iptables DNAT/REDIRECT
+/// (`SO_ORIGINAL_DST`, IPv4 then IPv6), if it was redirected.
+pub fn original_dst(sock: &impl AsRawFd) -> Option<SocketAddr> {
+    with_sock(sock, |s| {
+        s.original_dst()
+            .ok()
+            .or_else(|| s.original_dst_ipv6().ok())
+            .and_then(|a| a.as_socket())
+    })
+}
+
+/// Attaches a classic BPF program that picks the SO_REUSEPORT group member
+/// for each new connection (`SO_ATTACH_REUSEPORT_CBPF`).
+pub fn attach_reuseport_cbpf(
+    member: &impl AsRawFd,
+    prog: &mut [libc::sock_filter],
+) -> io::Result<()> {
+    let fprog = libc::sock_fprog {
+        len: u16::try_from(prog.len())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "BPF program too long"))?,
+        filter: prog.as_mut_ptr(),
+    };
+    // SAFETY: `fprog` points at `prog`, which outlives the call; the kernel
+    // copies the program.
+    let rc = unsafe {
+        libc::setsockopt(
+            member.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_REUSEPORT_CBPF,
+            std::ptr::from_ref(&fprog).cast::<libc::c_void>(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Runs `f` with the process umask set to `mask`, then restores it. The
+/// umask is per process: call only while no other thread creates files.
+pub fn with_umask<R>(mask: u32, f: impl FnOnce() -> R) -> R {
+    // SAFETY: umask only swaps an integer in the process; no memory effects.
+    let old = unsafe { libc::umask(mask as libc::mode_t) };
+    let out = f();
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    out
+}
+
+/// SIGTERM, SIGINT and SIGHUP, blocked in the calling thread (and in the
+/// threads it spawns afterwards) so that only [`ShutdownSignals::wait`]
+/// receives them (SIGHUP's default action would end the process and leave
+/// its unix sockets behind).
+pub struct ShutdownSignals {
+    set: libc::sigset_t,
+}
+
+impl ShutdownSignals {
+    pub fn block() -> io::Result<Self> {
+        // SAFETY: sigset_t is plain data; sigemptyset initialises it.
+        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a valid, initialised signal set owned here, and
+        // SIGTERM/SIGINT/SIGHUP are valid signal numbers.
+        let rc = unsafe {
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            libc::sigaddset(&mut set, libc::SIGINT);
+            libc::sigaddset(&mut set, libc::SIGHUP);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        Ok(Self { set })
+    }
+
+    /// Blocks until one of the signals arrives; returns its number.
+    pub fn wait(&self) -> Option<i32> {
+        let mut sig: libc::c_int = 0;
+        // SAFETY: `self.set` is an initialised signal set; `sig` is written.
+        let rc = unsafe { libc::sigwait(&self.set, &mut sig) };
+        (rc == 0).then_some(sig)
+    }
+}
+
+/// The stream behind one half of a monoio split (monoio's own accessors on
+/// split halves borrow it the same way).
+pub fn split_stream<T>(half: &monoio::io::OwnedReadHalf<T>) -> &T {
+    // SAFETY: a shared borrow tied to the borrow of `half`, which keeps the
+    // stream alive; monoio gives the halves no `&mut` access that could
+    // overlap a call made through it (each op holds its own fd handle).
+    unsafe { &*half.0.get() }
+}
+
+/// Turns transparent huge pages off for the whole process (see
+/// [`super::memory`]).
+pub fn disable_transparent_huge_pages() -> io::Result<()> {
+    // SAFETY: PR_SET_THP_DISABLE takes plain integers and touches no memory
+    // of ours.
+    let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A positive `sysconf` value (clock ticks, page size) as a float; `None`
+/// when the system has no value for `name`.
+pub fn sysconf(name: libc::c_int) -> Option<f64> {
+    // SAFETY: sysconf only reads a configuration value.
+    let v = unsafe { libc::sysconf(name) };
+    (v > 0).then_some(v as f64)
+}
+
+/// CPU time the calling thread has used.
+pub fn thread_cpu_time() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write to; the clock id is a
+    // constant every Linux supports.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Asks the allocator to return the memory it holds free to the system
+/// (see [`super::memory`]): mimalloc's forced collect of the calling
+/// thread's heap, or glibc's `malloc_trim` in a `system-alloc` build.
+pub fn release_free_memory() {
+    #[cfg(not(feature = "system-alloc"))]
+    // SAFETY: no arguments to uphold; it only frees what is already free.
+    unsafe {
+        libmimalloc_sys::mi_collect(true)
+    };
+    #[cfg(feature = "system-alloc")]
+    // SAFETY: as above.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// One non-blocking `recv(MSG_DONTWAIT)` of up to `want` bytes appended to
+/// `buf` (which must have that much spare capacity, or it is reserved).
+/// Returns the bytes read; 0 is end of stream.
+pub fn recv_dontwait(fd: std::os::fd::RawFd, buf: &mut BytesMut, want: usize) -> io::Result<usize> {
+    buf.reserve(want);
+    // SAFETY: `buf` has at least `want` bytes of spare capacity; recv writes
+    // at most that many into it.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            buf.spare_capacity_mut().as_mut_ptr().cast(),
+            want,
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let n = n as usize;
+    // SAFETY: recv initialised the first `n` spare bytes.
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
+}
+
+/// Chunks written with one `writev`: the `Bytes` are kept alive (their heap
+/// data never moves) while the kernel reads them through `iovecs`.
+pub struct BytesVec {
+    iovecs: Vec<libc::iovec>,
+    chunks: Vec<Bytes>,
+}
+
+impl BytesVec {
+    pub fn new(chunks: Vec<Bytes>) -> Self {
+        let iovecs = chunks
+            .iter()
+            .map(|b| libc::iovec {
+                iov_base: b.as_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            })
+            .collect();
+        Self { iovecs, chunks }
+    }
+
+    /// The chunks back, to advance past what was written.
+    pub fn into_chunks(self) -> Vec<Bytes> {
+        self.chunks
+    }
+}
+
+// SAFETY: the iovecs point into `chunks`, owned by the same struct and
+// immutable until it drops; moving the struct moves no payload.
+unsafe impl monoio::buf::IoVecBuf for BytesVec {
+    fn read_iovec_ptr(&self) -> *const libc::iovec {
+        self.iovecs.as_ptr()
+    }
+    fn read_iovec_len(&self) -> usize {
+        self.iovecs.len()
+    }
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit (as Go's runtime does at
+/// start since Go 1.19) and returns the limits then in force, `(soft,
+/// hard)`. An infinite limit reads as `u64::MAX`.
+pub fn raise_nofile_limit() -> io::Result<(u64, u64)> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `r` is a valid rlimit the call writes.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if r.rlim_cur < r.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: r.rlim_max,
+            rlim_max: r.rlim_max,
+        };
+        // SAFETY: `raised` is a valid rlimit the call only reads.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        r = raised;
+    }
+    Ok((r.rlim_cur, r.rlim_max))
+}
+
+/// The soft RLIMIT_NOFILE in force (`u64::MAX` when infinite or unknown).
+pub fn nofile_limit() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `r` is a valid rlimit the call writes.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return u64::MAX;
+    }
+    r.rlim_cur
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_redirected_has_no_original_destination() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        assert_eq!(original_dst(&s), None);
+        drop(c);
+    }
+
+    #[test]
+    fn disconnect_resets_a_tcp_connection() {
+        use std::io::Read;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        disconnect(&s).unwrap();
+        let mut buf = [0u8; 1];
+        let err = c.read(&mut buf).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionReset);
+    }
+
+    #[test]
+    fn bytes_vec_keeps_chunks() {
+        let v = BytesVec::new(vec![Bytes::from_static(b"ab"), Bytes::from_static(b"c")]);
+        assert_eq!(monoio::buf::IoVecBuf::read_iovec_len(&v), 2);
+        assert_eq!(v.into_chunks().concat(), b"abc");
+    }
+}
