@@ -65,6 +65,12 @@ const KERNEL_PER_GB: &str = "kernel s/GB";
 const CPU_PER_REQ: &str = "CPU µs/req";
 /// The kernel-mode (system) part of [`CPU_PER_REQ`].
 const KERNEL_PER_REQ: &str = "kernel µs/req";
+/// The load generator's own CPU per request at saturation (this process:
+/// the clients; the targets run in a process of their own): what driving
+/// the system costs, which shares the cores with the system and bounds
+/// its req/s (a gRPC client frames and decodes what a TCP client sends
+/// raw).
+const CLIENT_PER_REQ: &str = "client µs/req";
 /// Metric of the dial rows: the system's CPU (user + system) per
 /// connection opened, used once and closed, microseconds.
 const CPU_PER_CONN: &str = "CPU µs/conn";
@@ -579,13 +585,26 @@ impl Harness {
             true,
             Vec::new(),
         );
-        let Some(w) = l.cpu.filter(|w| cpu::measurable(w.seconds)) else {
-            return;
-        };
         let requests = l.rate * l.secs;
         if requests < 1.0 {
             return;
         }
+        if let Some(secs) = l.client_secs.filter(|&s| cpu::measurable(s)) {
+            let us = secs / requests * 1e6;
+            self.record(
+                scenario,
+                case,
+                system,
+                CLIENT_PER_REQ,
+                us,
+                rep,
+                false,
+                Vec::new(),
+            );
+        }
+        let Some(w) = l.cpu.filter(|w| cpu::measurable(w.seconds)) else {
+            return;
+        };
         for (metric, secs) in [
             (CPU_PER_REQ, w.seconds),
             (KERNEL_PER_REQ, w.seconds - w.user_seconds),

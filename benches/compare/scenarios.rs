@@ -118,6 +118,8 @@ pub(crate) struct Latency {
     /// CPU over the run (from the first connection's start to the last
     /// one's end), when the system has processes of its own.
     pub cpu: Option<Window>,
+    /// This process's own CPU seconds over the same window: the clients.
+    pub client_secs: Option<f64>,
 }
 
 const CDF_POINTS: [f64; 14] = [
@@ -144,6 +146,7 @@ pub(crate) async fn latency(
     let begin = Instant::now() + Duration::from_millis(20);
     let interval = rate.map(|r| Duration::from_secs_f64(conns as f64 / r));
     let cpu0 = cpu();
+    let client0 = own_cpu_ticks();
     let started = Instant::now();
     let tasks: Vec<_> = opened
         .into_iter()
@@ -191,6 +194,9 @@ pub(crate) async fn latency(
     let cpu_window = cpu0
         .zip(cpu())
         .map(|(a, b)| Window::between(&a, &b, started.elapsed().as_secs_f64()));
+    let client_secs = client0
+        .zip(own_cpu_ticks())
+        .map(|(a, b)| crate::cpu::ticks_to_seconds(b.saturating_sub(a), crate::cpu::clock_ticks()));
     if all.is_empty() {
         return Err(std::io::Error::other("no request completed"));
     }
@@ -207,7 +213,14 @@ pub(crate) async fn latency(
         secs: dur.as_secs_f64(),
         cdf: CDF_POINTS.iter().map(|&p| (p, pct(p))).collect(),
         cpu: cpu_window,
+        client_secs,
     })
+}
+
+/// This process's own CPU clock ticks (all its threads).
+fn own_cpu_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    crate::cpu::parse_stat(&stat).map(|t| t.own)
 }
 
 /// New connections per second (open, one 1 KiB round trip, close) by

@@ -41,13 +41,14 @@ fn goal(anchor: SystemKind, metric: &str) -> Option<(f64, &'static str)> {
 
 /// The rows of the section: (scenario, case filter, metric). A `None`
 /// case takes every case of the scenario.
-const FIGURES: [(&str, Option<&str>, &str); 11] = [
+const FIGURES: [(&str, Option<&str>, &str); 12] = [
     ("bulk", None, "CPU s/GB"),
     ("bulk", None, "kernel s/GB"),
     ("bulk", None, "Gbit/s"),
     ("latency", Some("saturation"), "CPU µs/req"),
     ("latency", Some("saturation"), "kernel µs/req"),
     ("latency", Some("saturation"), "req/s"),
+    ("latency", Some("saturation"), "client µs/req"),
     ("dial", None, "CPU µs/conn"),
     ("dial", None, "kernel µs/conn"),
     ("dial", None, "conn/s"),
