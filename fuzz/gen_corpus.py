@@ -169,13 +169,13 @@ write("http_connect", "get", "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 write("http_connect", "no-port", "CONNECT nohost HTTP/1.1\r\n\r\n")
 write("http_connect", "bare-lf", "CONNECT a:1 HTTP/1.0\nHost: a\n\n")
 
-# identifiers (also used as dial addresses by the target)
-write("identifiers", "all-keys", "host=node1&host=node-1.example&ipv4=10.0.0.5&ipv6=fd00%3A%3A1&cidr=10.1.0.0%2F16&default-route=true&future=x")
-write("identifiers", "cidr-v6", "cidr=fd00%3A%3A%2F64&cidr=0.0.0.0/0")
-write("identifiers", "encoded-host", "host=a+b%26c%3Dd&host=&host")
-write("identifiers", "bad", "ipv4=node1&cidr=10.0.0.0/33&host=%zz")
-write("identifiers", "addr-v4", "10.1.2.3:80")
-write("identifiers", "addr-v6", "[fd00::1]:443")
+# agent_identifiers (also used as dial addresses by the target)
+write("agent_identifiers", "all-keys", "host=node1&host=node-1.example&ipv4=10.0.0.5&ipv6=fd00%3A%3A1&cidr=10.1.0.0%2F16&default-route=true&future=x")
+write("agent_identifiers", "cidr-v6", "cidr=fd00%3A%3A%2F64&cidr=0.0.0.0/0")
+write("agent_identifiers", "encoded-host", "host=a+b%26c%3Dd&host=&host")
+write("agent_identifiers", "bad", "ipv4=node1&cidr=10.0.0.0/33&host=%zz")
+write("agent_identifiers", "addr-v4", "10.1.2.3:80")
+write("agent_identifiers", "addr-v6", "[fd00::1]:443")
 
 
 # HTTP/2 frames and HPACK by hand (for h2_server below).
@@ -279,18 +279,18 @@ cert_seed("csr-agent", der_cert("/O=openyurt:yurttunnel/CN=tunnel-agent-client",
           "edge-1\nhost=edge-1&ipv4=192.168.1.10&ipv6=fd00%3A%3A10")
 cert_seed("serving", der_cert("/CN=node-a", ["subjectAltName=IP:10.0.0.1", "extendedKeyUsage=serverAuth"]), "node-a\n")
 
-# dest_policy: [16-byte IPv6 address][2-byte port]["allow|deny" entries]
+# agent_dest_policy: [16-byte IPv6 address][2-byte port]["allow|deny" entries]
 V4_MAPPED_LOOPBACK = bytes(10) + b"\xff\xff" + bytes([127, 0, 0, 1])
 V4_MAPPED_METADATA = bytes(10) + b"\xff\xff" + bytes([169, 254, 169, 254])
-write("dest_policy", "yurt", V4_MAPPED_LOOPBACK + struct.pack(">H", 10266)
+write("agent_dest_policy", "yurt", V4_MAPPED_LOOPBACK + struct.pack(">H", 10266)
       + b"0.0.0.0/0,::/0,127.0.0.1/32:10266-10267|")
-write("dest_policy", "deny-wins", V4_MAPPED_LOOPBACK + struct.pack(">H", 22)
+write("agent_dest_policy", "deny-wins", V4_MAPPED_LOOPBACK + struct.pack(">H", 22)
       + b"127.0.0.0/8|127.0.0.1/32:1-1024,10.0.0.0/8:22")
-write("dest_policy", "metadata", V4_MAPPED_METADATA + struct.pack(">H", 80)
+write("agent_dest_policy", "metadata", V4_MAPPED_METADATA + struct.pack(">H", 80)
       + b"0.0.0.0/0:80,[fd00::/8]:1-1024|[::ffff:169.254.169.254]:80")
-write("dest_policy", "v6", bytes.fromhex("fe800000000000000000000000000001") + struct.pack(">H", 443)
+write("agent_dest_policy", "v6", bytes.fromhex("fe800000000000000000000000000001") + struct.pack(">H", 443)
       + b"fd00::/8,[::1]:443,::1/128|fe80::/10")
-write("dest_policy", "bad", bytes(18) + b"10.0.0.1/8,fd00::/8:443,[x]:1,1.2.3.4:0-1|::/129")
+write("agent_dest_policy", "bad", bytes(18) + b"10.0.0.1/8,fd00::/8:443,[x]:1,1.2.3.4:0-1|::/129")
 
 # exec_credential: [version byte (even v1, odd v1beta1)][plugin stdout].
 write("exec_credential", "v1-token", b"\x00" + b'{"kind":"ExecCredential","apiVersion":"client.authentication.k8s.io/v1","status":{"token":"t","expirationTimestamp":"2030-01-02T03:04:05Z"}}')
@@ -324,11 +324,11 @@ write("agent_links", "eight", b"abc-_XYZ\ns1\n8\n7\n\x00\x01\x02\x03\x04\x05\x06
 write("agent_links", "go-peer-secondary", b"\ns1\n")
 write("agent_links", "bad", b"a b\ns2\n0\n9\n\x00")
 
-# upstream_proxy: [selector: 0 URL\nNO_PROXY, 1 CONNECT answer, 2 SOCKS5 replies][...]
-write("upstream_proxy", "url-noproxy", b"\x00http://u%40x:p@proxy:3128\nexample.com,.s.org,*.t.net,10.0.0.0/8,[::1]:443,*")
-write("upstream_proxy", "connect-200", b"\x01HTTP/1.1 200 Connection established\r\n\r\n")
-write("upstream_proxy", "connect-407", b"\x01HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n")
-write("upstream_proxy", "socks-auth", b"\x02\x01" + bytes([5, 2, 1, 0, 5, 0, 0, 3, 4]) + b"name" + bytes([1, 187]))
+# kubectl_upstream_proxy: [selector: 0 URL\nNO_PROXY, 1 CONNECT answer, 2 SOCKS5 replies][...]
+write("kubectl_upstream_proxy", "url-noproxy", b"\x00http://u%40x:p@proxy:3128\nexample.com,.s.org,*.t.net,10.0.0.0/8,[::1]:443,*")
+write("kubectl_upstream_proxy", "connect-200", b"\x01HTTP/1.1 200 Connection established\r\n\r\n")
+write("kubectl_upstream_proxy", "connect-407", b"\x01HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n")
+write("kubectl_upstream_proxy", "socks-auth", b"\x02\x01" + bytes([5, 2, 1, 0, 5, 0, 0, 3, 4]) + b"name" + bytes([1, 187]))
 
 # tls_record: [n][n % 16 chunk sizes][records]; a record's body less its
 # last 16 bytes (the tag) is taken as the opened inner plaintext.

@@ -7,7 +7,7 @@
 #   fuzz/run.sh                  build every target
 #   fuzz/run.sh --smoke          build, then run each target (bounded; CI)
 #   fuzz/run.sh --smoke grpc_frame http_connect    only these targets
-#   fuzz/run.sh --long static_files go_regex       5 minutes each, ASan, merge
+#   fuzz/run.sh --long static_files go_regexp       5 minutes each, ASan, merge
 #
 # Environment:
 #   FUZZ_RUNS=20000       libFuzzer -runs per target in --smoke (none in --long)
