@@ -463,7 +463,7 @@ pub fn whole_seconds(ns: i64) -> u64 {
 
 /// `host:port` as Go's `net.JoinHostPort` writes it (the protocol crate's,
 /// which the control thread uses too).
-pub use crate::protocol::kubectl::upstream::proxy_url::join_host_port;
+pub use crate::protocol::go::net::join_host_port;
 
 /// A listen address from a Go bind-address flag and a port: empty means
 /// every address (IPv4 here), `localhost` the loopback address; anything

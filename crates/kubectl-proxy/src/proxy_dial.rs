@@ -15,7 +15,8 @@ use super::io::{go_error_text, UpstreamIo};
 use crate::protocol::kubectl::upstream::proxy_handshake::{
     self as proxy_client, Socks5Client, SocksStep,
 };
-use crate::protocol::kubectl::upstream::proxy_url::{join_host_port, ProxyScheme, ProxyUrl};
+use crate::protocol::go::net::join_host_port;
+use crate::protocol::kubectl::upstream::proxy_url::{ProxyScheme, ProxyUrl};
 use edgetunnel_engine::read_ahead::ReadAhead;
 
 /// Go's transport has no separate limit; this bounds a silent proxy.

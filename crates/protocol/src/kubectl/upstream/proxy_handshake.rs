@@ -131,7 +131,7 @@ impl Socks5Client {
     fn fail(&self, why: &str) -> ProxyHandshakeError {
         ProxyHandshakeError::Socks(
             self.proxy.clone(),
-            super::proxy_url::join_host_port(&self.target_host, self.target_port),
+            crate::go::net::join_host_port(&self.target_host, self.target_port),
             why.to_string(),
         )
     }

@@ -32,7 +32,7 @@ pub struct ProxyUrl {
 impl ProxyUrl {
     /// `host:port` to dial (IPv6 bracketed).
     pub fn addr(&self) -> String {
-        join_host_port(&self.host, self.port)
+        crate::go::net::join_host_port(&self.host, self.port)
     }
 
     /// The `Proxy-Authorization` value Go's transport sends (Basic, from
@@ -50,14 +50,6 @@ pub fn base64(input: &[u8]) -> String {
     ::base64::engine::general_purpose::STANDARD.encode(input)
 }
 
-/// `host:port`, bracketing an IPv6 host, as Go's `net.JoinHostPort`.
-pub fn join_host_port(host: &str, port: impl std::fmt::Display) -> String {
-    if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    }
-}
 
 /// Userinfo as Go's `url.Parse` unescapes it: `+` is itself; a bad
 /// escape or bytes that are not UTF-8 refuse the URL.
