@@ -12,10 +12,10 @@ use rustls::ClientConfig;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::io::{go_error_text, UpstreamIo};
+use crate::protocol::go::net::join_host_port;
 use crate::protocol::kubectl::upstream::proxy_handshake::{
     self as proxy_client, Socks5Client, SocksStep,
 };
-use crate::protocol::go::net::join_host_port;
 use crate::protocol::kubectl::upstream::proxy_url::{ProxyScheme, ProxyUrl};
 use edgetunnel_engine::read_ahead::ReadAhead;
 

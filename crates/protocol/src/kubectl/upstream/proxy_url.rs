@@ -50,7 +50,6 @@ pub fn base64(input: &[u8]) -> String {
     ::base64::engine::general_purpose::STANDARD.encode(input)
 }
 
-
 /// Userinfo as Go's `url.Parse` unescapes it: `+` is itself; a bad
 /// escape or bytes that are not UTF-8 refuse the URL.
 fn percent_decode(s: &str) -> Option<String> {
