@@ -96,7 +96,6 @@ pub fn reset_thread() {
             s.queued = false;
         }
         w.free = (0..w.slots.len() as u32).collect();
-        w.live = 0;
         w.heap.clear();
         dropped.extend(w.driver.take());
         w.armed = None;
@@ -128,7 +127,6 @@ struct Slot {
 struct Wheel {
     slots: Vec<Slot>,
     free: Vec<u32>,
-    live: usize,
     heap: BinaryHeap<Reverse<(Instant, u32, u32)>>,
     /// The driver task, while one runs on this thread's runtime.
     driver: Option<Waker>,
@@ -141,6 +139,11 @@ struct Wheel {
 }
 
 impl Wheel {
+    /// Slots held by a deadline.
+    fn live(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
     /// Points `d` at `at` (taking a slot if it has none).
     fn set(&mut self, d: &mut Deadline, at: Instant) {
         let valid = self
@@ -197,7 +200,6 @@ impl Wheel {
     }
 
     fn take_slot(&mut self, at: Instant) -> (u32, u32) {
-        self.live += 1;
         if let Some(idx) = self.free.pop() {
             let s = &mut self.slots[idx as usize];
             s.at = at;
@@ -225,7 +227,6 @@ impl Wheel {
         s.queued = false;
         let waker = s.waker.take();
         self.free.push(idx);
-        self.live -= 1;
         self.compact();
         waker
     }
@@ -233,7 +234,7 @@ impl Wheel {
     /// Rebuilds the heap from the queued slots once stale entries
     /// outnumber them.
     fn compact(&mut self) {
-        if self.heap.len() <= 2 * self.live + 64 {
+        if self.heap.len() <= 2 * self.live() + 64 {
             return;
         }
         self.heap = self
@@ -353,7 +354,7 @@ mod tests {
     fn live() -> (usize, usize) {
         WHEEL.with(|w| {
             let w = w.borrow();
-            (w.live, w.heap.len())
+            (w.live(), w.heap.len())
         })
     }
 
