@@ -85,6 +85,11 @@ pub(crate) struct Snapshot {
     pub machine: (u64, u64),
 }
 
+/// One process's clock ticks, from `/proc/PID/stat`.
+pub(crate) fn process_ticks(pid: u32) -> Option<StatTicks> {
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
 impl Snapshot {
     /// Reads the processes `pids` (with their threads) and `/proc/stat`.
     pub(crate) fn take(pids: &[u32]) -> Snapshot {
@@ -96,10 +101,7 @@ impl Snapshot {
             ..Snapshot::default()
         };
         for &pid in pids {
-            let Some(t) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|s| parse_stat(&s))
-            else {
+            let Some(t) = process_ticks(pid) else {
                 continue;
             };
             snap.ticks += t.total();

@@ -219,8 +219,7 @@ pub(crate) async fn latency(
 
 /// This process's own CPU clock ticks (all its threads).
 fn own_cpu_ticks() -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    crate::cpu::parse_stat(&stat).map(|t| t.own)
+    crate::cpu::process_ticks(std::process::id()).map(|t| t.own)
 }
 
 /// New connections per second (open, one 1 KiB round trip, close) by
