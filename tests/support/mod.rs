@@ -749,6 +749,24 @@ impl TryCloneStream for std::os::unix::net::UnixStream {
     }
 }
 
+/// A tunnel through the CONNECT frontend at `connect` to the echo server
+/// `target`, moving `len` bytes of seed `seed` there and back on a thread
+/// of its own while the test does something else; joins to whether they
+/// came back intact.
+pub(crate) fn busy_tunnel(
+    connect: SocketAddr,
+    target: String,
+    len: usize,
+    seed: u64,
+) -> thread::JoinHandle<bool> {
+    thread::spawn(move || {
+        let (status, body, s) = connect_tcp(connect, &target);
+        assert_eq!(status, 200, "{body}");
+        let data = random_bytes(len, seed);
+        echo_roundtrip(s, &data) == data
+    })
+}
+
 /// Deterministic pseudo-random bytes.
 pub(crate) fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
@@ -838,4 +856,10 @@ thread_local! {
     /// `EDGETUNNEL_TLS_RECORDS=own` without touching the test process's.
     pub(crate) static CHILD_ENV: std::cell::RefCell<Vec<(String, String)>> =
         const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Sets `key=value` in [`CHILD_ENV`] for the processes this thread spawns
+/// from now on.
+pub(crate) fn child_env(key: &str, value: &str) {
+    CHILD_ENV.with(|e| e.borrow_mut().push((key.into(), value.into())));
 }

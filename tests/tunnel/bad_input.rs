@@ -121,14 +121,7 @@ fn misbehaving_agents_are_answered_or_closed_and_others_keep_flowing() {
     let echo = echo_server("127.0.0.1");
 
     // A busy tunneled connection through the good agent for the whole test.
-    let connect = server.connect;
-    let target = echo.addr.to_string();
-    let busy = thread::spawn(move || {
-        let (status, body, s) = connect_tcp(connect, &target);
-        assert_eq!(status, 200, "{body}");
-        let data = random_bytes(48 << 20, 5);
-        echo_roundtrip(s, &data) == data
-    });
+    let busy = busy_tunnel(server.connect, echo.addr.to_string(), 48 << 20, 5);
 
     let certs = env.certs();
     let watch = Duration::from_millis(700);

@@ -228,10 +228,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for KeyUpdating<T> {
 #[test]
 fn a_key_update_mid_stream_and_a_corrupted_record() {
     // Our record layer in the server and the good agent.
-    CHILD_ENV.with(|e| {
-        e.borrow_mut()
-            .push(("EDGETUNNEL_TLS_RECORDS".into(), "own".into()))
-    });
+    child_env("EDGETUNNEL_TLS_RECORDS", "own");
     let env = Env::new();
     let server = Server::start(&env, &[]);
     let _good = Agent::start(
@@ -242,14 +239,7 @@ fn a_key_update_mid_stream_and_a_corrupted_record() {
         &[],
     );
     let echo = echo_server("127.0.0.1");
-    let connect = server.connect;
-    let target = echo.addr.to_string();
-    let busy = thread::spawn(move || {
-        let (status, body, s) = connect_tcp(connect, &target);
-        assert_eq!(status, 200, "{body}");
-        let data = random_bytes(32 << 20, 7);
-        echo_roundtrip(s, &data) == data
-    });
+    let busy = busy_tunnel(server.connect, echo.addr.to_string(), 32 << 20, 7);
     let certs = env.certs();
     let watch = Duration::from_secs(3);
 
@@ -367,10 +357,7 @@ fn tunnel_carries_bytes(server: &Server, seed: u64) {
 fn tls12_peers_stay_on_rustls_records() {
     // Our record layer asked for at both ends (the default; named here so
     // that the case keeps its meaning whatever the default).
-    CHILD_ENV.with(|e| {
-        e.borrow_mut()
-            .push(("EDGETUNNEL_TLS_RECORDS".into(), "own".into()))
-    });
+    child_env("EDGETUNNEL_TLS_RECORDS", "own");
     let env = Env::new();
     let server = Server::start(&env, &[]);
     let ids = "host=localhost&ipv4=127.0.0.1";
@@ -408,10 +395,7 @@ fn tls12_peers_stay_on_rustls_records() {
 #[test]
 fn rustls_records_on_request() {
     // The way back: EDGETUNNEL_TLS_RECORDS=rustls at both ends.
-    CHILD_ENV.with(|e| {
-        e.borrow_mut()
-            .push(("EDGETUNNEL_TLS_RECORDS".into(), "rustls".into()))
-    });
+    child_env("EDGETUNNEL_TLS_RECORDS", "rustls");
     let env = Env::new();
     let server = Server::start(&env, &[]);
     let ids = "host=localhost&ipv4=127.0.0.1";
