@@ -357,8 +357,10 @@ fn a_real_agent_gets_in_while_its_own_address_floods() {
 }
 
 /// Without the cap (0 turns it off) the flood runs the server out of
-/// descriptors: accept fails with EMFILE, and that is logged once per
-/// listener and core, then summarised every 5 s, with accept backing off
+/// descriptors: accept fails with EMFILE on every listener of every core,
+/// and that is logged once for the whole process, then summarised every
+/// 5 s (one log shared by all listeners: before, each of the six listeners
+/// of each core wrote its own line and summary, 12 lines), with accept backing off
 /// instead of retrying at once; once the flood ends the server accepts
 /// again.
 #[test]
@@ -377,9 +379,10 @@ fn accept_errors_are_logged_once_then_summarised() {
         "no EMFILE:\n{}",
         tail(&log)
     );
-    // One line per core at first, one summary per core after 5 s.
+    // One line at first, one summary after 5 s (6.5 s holds at most one
+    // more period's line, however late the workers run).
     assert!(
-        lines <= 6,
+        lines <= 3,
         "{lines} accept-error lines in 6.5 s:\n{}",
         tail(&log)
     );

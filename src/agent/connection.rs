@@ -5,7 +5,6 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -615,7 +614,7 @@ async fn dial(shared: Rc<LinkState>, d: Dial) {
 struct Opened {
     connect_id: i64,
     /// The target socket, split in `rd` and `wr`.
-    fd: RawFd,
+    fd: crate::engine::fd_ref::FdRef,
     rd: monoio::io::OwnedReadHalf<monoio::net::TcpStream>,
     wr: monoio::io::OwnedWriteHalf<monoio::net::TcpStream>,
     events: mpsc::UnboundedReceiver<ConnEvent>,
@@ -715,7 +714,7 @@ async fn open(shared: &Rc<LinkState>, d: Dial) -> Option<Opened> {
         DialOutcome::Cancelled => None,
         DialOutcome::Respond(f) => {
             let _ = shared.ctl.unbounded_send(f);
-            let fd = stream.as_raw_fd();
+            let fd = crate::engine::fd_ref::FdRef::of(&stream);
             let (rd, wr) = stream.into_split();
             Some(Opened {
                 connect_id,

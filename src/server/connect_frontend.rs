@@ -9,7 +9,6 @@
 
 use std::cell::Cell;
 use std::future::Future;
-use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,6 +22,7 @@ use super::session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
 use super::{Handoff, ServerState};
 use crate::engine::abort;
 use crate::engine::accept;
+use crate::engine::fd_ref::FdRef;
 use crate::engine::relay::{self, ChunkReader, LocalSocket, MovedSocket};
 use crate::engine::tunnel_relay::{self, DownEnd, Incoming, UpEnd};
 use crate::engine::window::{self, ConnWindow};
@@ -159,12 +159,12 @@ where
 
 /// The TCP descriptor under a TLS caller.
 trait CallerSocket {
-    fn tcp_fd(&self) -> std::os::fd::RawFd;
+    fn tcp_fd(&self) -> FdRef;
 }
 
 impl<T: std::os::fd::AsRawFd> CallerSocket for tokio_rustls::server::TlsStream<T> {
-    fn tcp_fd(&self) -> std::os::fd::RawFd {
-        self.get_ref().0.as_raw_fd()
+    fn tcp_fd(&self) -> FdRef {
+        FdRef::of(self.get_ref().0)
     }
 }
 
@@ -431,7 +431,7 @@ where
         window,
         events,
     };
-    let fd = sock.as_raw_fd();
+    let fd = FdRef::of(&sock);
     let (rd, wr) = sock.into_split();
     monoio::spawn(relay.run(fd, rd, wr).in_current_span());
     None
@@ -569,7 +569,7 @@ impl Relay {
     /// task keeps its future's arguments for its whole life, and an
     /// `async fn` (or moving fields out) would keep a second copy of them.
     #[allow(clippy::manual_async_fn)] // deliberate: see above
-    fn run<R, W>(mut self, fd: RawFd, rd: R, mut wr: W) -> impl Future<Output = ()>
+    fn run<R, W>(mut self, fd: FdRef, rd: R, mut wr: W) -> impl Future<Output = ()>
     where
         R: AsyncReadRent + relay::Readable,
         W: AsyncWriteRent,

@@ -17,6 +17,7 @@ use bytes::Bytes;
 
 use super::connect_frontend::{run_on_agent_core, socket_pair, Mode, Pending, NO_TUNNEL};
 use super::ServerState;
+use crate::engine::fd_ref::FdRef;
 use crate::engine::head_reader::read_request_head;
 use crate::engine::relay::MovedSocket;
 use crate::engine::{abort, accept};
@@ -127,7 +128,7 @@ async fn front(
         return;
     };
     let ends = Ends {
-        caller: sock.as_raw_fd(),
+        caller: FdRef::of(&sock),
         watch: abort::watch(&tunnel_end),
         started,
     };
@@ -240,7 +241,7 @@ async fn tls_front(
     use monoio::io::IntoPollIo;
     let started = Instant::now();
     let orig = original_dst(&sock).filter(|o| Some(*o) != local);
-    let caller_fd = sock.as_raw_fd();
+    let caller_fd = FdRef::of(&sock);
     let Ok(io) = sock.into_poll_io() else { return };
     let down = match monoio::time::timeout(HEAD_TIMEOUT, tls.acceptor.accept(io)).await {
         Ok(Ok(s)) => s,
@@ -333,7 +334,7 @@ async fn answer_tls<S: tokio::io::AsyncWrite + Unpin>(down: &mut S, answer: &[u8
 /// socket pair (an abnormal end of the tunnel resets the caller), and when
 /// the caller came.
 struct Ends {
-    caller: std::os::fd::RawFd,
+    caller: FdRef,
     watch: abort::Watch,
     started: Instant,
 }

@@ -8,14 +8,22 @@
 //! through the pair (unix sockets have no RST): the pair's tunnel end is
 //! [`watch`]ed, [`abort`] raises its flag, and the relay in front of the
 //! caller resets the caller's TCP connection itself.
+//!
+//! Watches are shared by every core and keyed by the watched socket's
+//! [`Identity`], not its number: the tunnel end often closes (on another
+//! core) while its watch still lives, and the number then goes to the next
+//! socket opened; keyed by number, that stranger's abnormal end would have
+//! reset this watch's caller (issue 47).
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-fn watched() -> &'static Mutex<HashMap<RawFd, Arc<AtomicBool>>> {
-    static W: OnceLock<Mutex<HashMap<RawFd, Arc<AtomicBool>>>> = OnceLock::new();
+use super::fd_ref::{FdRef, Identity};
+
+fn watched() -> &'static Mutex<HashMap<Identity, Arc<AtomicBool>>> {
+    static W: OnceLock<Mutex<HashMap<Identity, Arc<AtomicBool>>>> = OnceLock::new();
     W.get_or_init(Default::default)
 }
 
@@ -36,10 +44,13 @@ pub fn reset(sock: &impl AsRawFd) {
 /// through the flag of a [`Watch`] on it). Call while `sock` is open.
 pub fn abort(sock: &impl AsRawFd) {
     reset(sock);
+    let Some(id) = Identity::of(sock) else {
+        return;
+    };
     let flag = watched()
         .lock()
         .expect("abort watch lock")
-        .get(&sock.as_raw_fd())
+        .get(&id)
         .cloned();
     if let Some(f) = flag {
         f.store(true, Ordering::Release);
@@ -47,21 +58,22 @@ pub fn abort(sock: &impl AsRawFd) {
 }
 
 /// Watches the tunnel end `sock` of a socket pair for [`abort`] while this
-/// lives; drop it before `sock`'s descriptor can be reused (that is, keep
-/// the pair's other end open until then).
+/// lives (by the socket's identity: it may outlive `sock`).
 pub struct Watch {
-    fd: RawFd,
+    id: Option<Identity>,
     flag: Arc<AtomicBool>,
 }
 
 pub fn watch(sock: &impl AsRawFd) -> Watch {
     let flag = Arc::new(AtomicBool::new(false));
-    let fd = sock.as_raw_fd();
-    watched()
-        .lock()
-        .expect("abort watch lock")
-        .insert(fd, flag.clone());
-    Watch { fd, flag }
+    let id = Identity::of(sock);
+    if let Some(id) = id {
+        watched()
+            .lock()
+            .expect("abort watch lock")
+            .insert(id, flag.clone());
+    }
+    Watch { id, flag }
 }
 
 impl Watch {
@@ -73,24 +85,25 @@ impl Watch {
 
 impl Drop for Watch {
     fn drop(&mut self) {
+        let Some(id) = self.id else { return };
         let mut w = watched().lock().expect("abort watch lock");
-        if w.get(&self.fd).is_some_and(|f| Arc::ptr_eq(f, &self.flag)) {
-            w.remove(&self.fd);
+        if w.get(&id).is_some_and(|f| Arc::ptr_eq(f, &self.flag)) {
+            w.remove(&id);
         }
     }
 }
 
 thread_local! {
     /// Tunnel sockets open on this core (see [`track`]).
-    static OPEN: std::cell::RefCell<std::collections::HashSet<RawFd>> = Default::default();
+    static OPEN: std::cell::RefCell<HashMap<RawFd, FdRef>> = Default::default();
 }
 
 /// Counts `sock` among this core's open tunnels while the guard lives, so
-/// that [`reset_open`] can reset it when the server stops under it.
-pub fn track(sock: &impl AsRawFd) -> Tracked {
-    let fd = sock.as_raw_fd();
-    OPEN.with(|o| o.borrow_mut().insert(fd));
-    Tracked(fd)
+/// that [`reset_open`] can reset it when the server stops under it. The
+/// guard must not outlive `sock` (debug builds check, see [`FdRef`]).
+pub fn track(sock: &FdRef) -> Tracked {
+    OPEN.with(|o| o.borrow_mut().insert(sock.number(), *sock));
+    Tracked(sock.number())
 }
 
 pub struct Tracked(RawFd);
@@ -107,9 +120,41 @@ impl Drop for Tracked {
 pub fn reset_open() -> usize {
     OPEN.with(|o| {
         let o = o.borrow();
-        for fd in o.iter() {
+        for fd in o.values() {
             abort(fd);
         }
         o.len()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A watch outlives the socket it watches; the socket that gets the
+    /// same number next is a stranger, and its abnormal end must not set
+    /// the watch (before, watches were keyed by number).
+    #[test]
+    fn a_closed_sockets_watch_ignores_the_next_owner_of_its_number() {
+        let (a, _a2) = std::os::unix::net::UnixStream::pair().unwrap();
+        let n = a.as_raw_fd();
+        let w = watch(&a);
+        drop(a);
+        let mut held = Vec::new();
+        let stranger = loop {
+            let (c, d) = std::os::unix::net::UnixStream::pair().unwrap();
+            if c.as_raw_fd() == n {
+                break c;
+            }
+            held.push((c, d));
+            assert!(held.len() < 1000, "number {n} never came back");
+        };
+        abort(&stranger);
+        assert!(!w.aborted(), "a stranger's end reached a watch by number");
+        // Its own socket's end does.
+        let (b, _b2) = std::os::unix::net::UnixStream::pair().unwrap();
+        let wb = watch(&b);
+        abort(&b);
+        assert!(wb.aborted());
+    }
 }

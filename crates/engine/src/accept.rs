@@ -10,11 +10,25 @@
 //! or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) it backs off, doubling from
 //! 50 ms to 1 s; other errors pause 50 ms. The first error is logged, then
 //! at most one line every [`LOG_EVERY`] with the count of the ones not
-//! logged ([`RateLimitedLog`], pure). Refusals by the cap are logged the
-//! same way.
+//! logged ([`RateLimitedLog`], pure). Running out of descriptors or memory
+//! is one condition of the whole process, met by every listener of every
+//! core at once: those errors share one log ([`RESOURCE_LOG`]), so an
+//! operator reads one line and one summary per period, not one per
+//! listener and core (a server with six listeners on two cores wrote
+//! twelve). Other accept errors, and refusals by the cap, are logged per
+//! listener and core.
 //!
 //! Dropping the future returned by [`serve`] stops accepting and closes the
 //! listener (the server's drain relies on that); spawned connections go on.
+//!
+//! Fair to what is already open: on the epoll driver an accept with a
+//! connection waiting completes without ever returning to the scheduler,
+//! and monoio has no cooperative budget, so a flood that keeps the backlog
+//! full (every connection refused by the cap and opened again) would hold
+//! the core: the links and tunnels already on it would wait, keepalive
+//! PINGs unanswered until agents dropped their links (seen under a traced
+//! server in `tests/descriptor_churn.rs`). The loop yields to the core's
+//! other tasks after every [`ACCEPT_BURST`] connections.
 
 use std::future::Future;
 use std::io;
@@ -29,6 +43,14 @@ use super::admission::{Admission, Permit};
 /// At most one log line per listener and kind this often.
 pub const LOG_EVERY: Duration = Duration::from_secs(5);
 const PAUSE: Duration = Duration::from_millis(50);
+/// The log of resource errors (see the module documentation), shared by
+/// every listener and core.
+pub static RESOURCE_LOG: std::sync::Mutex<RateLimitedLog> =
+    std::sync::Mutex::new(RateLimitedLog::new(LOG_EVERY));
+
+/// Connections accepted in a row before the loop lets the core's other
+/// tasks run.
+pub const ACCEPT_BURST: u32 = 16;
 const MAX_PAUSE: Duration = Duration::from_secs(1);
 
 /// Who connected: a TCP listener's peers are `SocketAddr`s, a unix
@@ -126,12 +148,25 @@ where
     let mut errors = RateLimitedLog::new(LOG_EVERY);
     let mut refusals = RateLimitedLog::new(LOG_EVERY);
     let mut backoff = Backoff::default();
+    let mut burst = 0u32;
     loop {
+        burst += 1;
+        if burst >= ACCEPT_BURST {
+            burst = 0;
+            yield_now().await;
+        }
         let (stream, peer) = match l.next().await {
             Ok(c) => c,
             Err(e) => {
                 let now = Instant::now();
-                if let Report::Log { suppressed } = errors.event(now) {
+                let report = if is_resource_error(&e) {
+                    RESOURCE_LOG
+                        .lock()
+                        .map_or(Report::Quiet, |mut l| l.event(now))
+                } else {
+                    errors.event(now)
+                };
+                if let Report::Log { suppressed } = report {
                     tracing::warn!(
                         listener = name,
                         error = %e,
@@ -144,7 +179,11 @@ where
             }
         };
         backoff.reset();
-        if let Some(n) = errors.quiet(Instant::now()) {
+        let resource_quiet = RESOURCE_LOG
+            .lock()
+            .ok()
+            .and_then(|mut l| l.quiet(Instant::now()));
+        if let Some(n) = errors.quiet(Instant::now()).or(resource_quiet) {
             tracing::warn!(
                 listener = name,
                 suppressed = n,
@@ -180,6 +219,24 @@ where
             .instrument(span),
         );
     }
+}
+
+/// Lets the core's other ready tasks run once before this one goes on.
+/// A task that wakes itself while it is being polled goes back to the
+/// *front* of monoio's run queue (its scheduler's `yield_now`), so it would
+/// run again at once; the wake is made by a small task spawned behind the
+/// others instead, which puts this one at the back.
+pub async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            return std::task::Poll::Ready(());
+        }
+        yielded = true;
+        super::runtime::wake_behind_others(cx.waker());
+        std::task::Poll::Pending
+    })
+    .await
 }
 
 /// Whether an accept error means the process or system is out of a
@@ -232,7 +289,7 @@ pub struct RateLimitedLog {
 }
 
 impl RateLimitedLog {
-    pub fn new(every: Duration) -> Self {
+    pub const fn new(every: Duration) -> Self {
         RateLimitedLog {
             every,
             last: None,
@@ -312,6 +369,28 @@ mod tests {
             b.after_error(&io::Error::from_raw_os_error(libc::ENFILE)),
             PAUSE
         );
+    }
+
+    /// A yield lets a task that became ready meanwhile run before the
+    /// yielding one goes on, on both drivers.
+    #[test]
+    fn yield_now_runs_the_other_ready_tasks_first() {
+        use crate::runtime::{block_on, Driver};
+        use std::cell::RefCell;
+        use std::rc::Rc;
+        for driver in [Driver::Auto, Driver::Legacy] {
+            block_on(driver, async {
+                let order = Rc::new(RefCell::new(Vec::new()));
+                let o = order.clone();
+                let other = monoio::spawn(async move { o.borrow_mut().push("other") });
+                order.borrow_mut().push("before");
+                yield_now().await;
+                order.borrow_mut().push("after");
+                other.await;
+                assert_eq!(*order.borrow(), ["before", "other", "after"]);
+            })
+            .unwrap();
+        }
     }
 
     #[test]

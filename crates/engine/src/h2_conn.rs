@@ -329,7 +329,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
                 return Poll::Pending;
             }
             if reads == READS_PER_POLL {
-                cx.waker().wake_by_ref();
+                // The core's other tasks first (a self-wake would run this
+                // one again at once).
+                crate::runtime::wake_behind_others(cx.waker());
                 return Poll::Pending;
             }
             reads += 1;

@@ -27,6 +27,7 @@ pub mod budget;
 pub mod cert_reload;
 pub mod deadline;
 pub mod exposition;
+pub mod fd_ref;
 pub mod grpc;
 pub mod h2_conn;
 pub mod h2_keepalive;

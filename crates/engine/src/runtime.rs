@@ -180,3 +180,14 @@ pub fn default_workers() -> usize {
         .map(|n| n.get())
         .unwrap_or(1)
 }
+
+/// Wakes the task of `waker` behind the tasks already ready on this core,
+/// not in front of them: a task that wakes itself while polled goes to the
+/// front of monoio's run queue and would run again at once, holding the
+/// core (monoio has no cooperative budget). A small task spawned behind
+/// the others makes the wake. For loops that stop on a budget (accepts,
+/// reads) so that the rest of the core runs before they go on.
+pub fn wake_behind_others(waker: &std::task::Waker) {
+    let waker = waker.clone();
+    monoio::spawn(async move { waker.wake() });
+}

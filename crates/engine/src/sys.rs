@@ -17,6 +17,21 @@ pub fn with_sock<R>(sock: &impl AsRawFd, f: impl FnOnce(socket2::SockRef<'_>) ->
     f(socket2::SockRef::from(&fd))
 }
 
+/// The device and inode of what `fd` names now (`fstat`); `None` when the
+/// number is not open.
+pub fn fd_identity(fd: std::os::fd::RawFd) -> Option<super::fd_ref::Identity> {
+    // SAFETY: fstat writes a stat struct we own and reads no memory of
+    // ours; any number is a valid argument (EBADF when not open).
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let rc = unsafe { libc::fstat(fd, &mut st) };
+    #[allow(clippy::unnecessary_cast)] // u32 or u64 by target
+    (rc == 0).then_some(super::fd_ref::Identity {
+        dev: st.st_dev as u64,
+        ino: st.st_ino as u64,
+    })
+}
+
 /// Takes a descriptor out of a socket that gives up its ownership.
 pub fn into_owned(sock: impl IntoRawFd) -> OwnedFd {
     // SAFETY: `into_raw_fd` hands over sole ownership of an open descriptor.
