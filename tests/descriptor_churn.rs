@@ -604,11 +604,19 @@ fn epoll_driver_never_touches_a_descriptor_it_does_not_own() {
         .args(cmd.get_args())
         .env("EDGETUNNEL_DRIVER", "legacy");
     let server = Server::spawn(&env, traced, n, connect_uds, grpc_uds);
-    // strace's first line is the server's own first call: its pid. The
-    // server is killed directly, on every way out of the test (strace
-    // killed would leave it running, detached).
-    let first = std::fs::read_to_string(&trace).unwrap_or_default();
-    let traced_server = KillOnDrop(first.split_whitespace().next().unwrap_or("").to_string());
+    // The server is strace's child. It is killed directly, on every way
+    // out of the test: strace then sees it exit and writes out the whole
+    // trace (strace killed would lose what it buffered, and leave the
+    // server running, detached).
+    let strace_pid = server.proc.child.id();
+    let children =
+        std::fs::read_to_string(format!("/proc/{strace_pid}/task/{strace_pid}/children"))
+            .unwrap_or_default();
+    let traced_server = KillOnDrop(children.split_whitespace().next().unwrap_or("").to_string());
+    assert!(
+        !traced_server.0.is_empty(),
+        "the traced server (strace's child) not found"
+    );
     let _agent = Agent::start(&env, server.agent, "edge", "host=edge&ipv4=127.0.0.1", &[]);
     server.wait_metric("edgetunnel_agents_connected", 1.0);
 
