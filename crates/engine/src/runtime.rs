@@ -127,6 +127,7 @@ fn uring_runtime() -> io::Result<monoio::Runtime<monoio::time::TimeDriver<IoUrin
 pub fn block_on<F: Future>(driver: Driver, fut: F) -> io::Result<F::Output> {
     // Deadlines of a runtime that ran on this thread before are void.
     super::deadline::reset_thread();
+    let _on = OnEngineRuntime::enter();
     Ok(match driver.resolve() {
         Driver::Uring => uring_runtime()?.block_on(fut),
         _ => RuntimeBuilder::<LegacyDriver>::new()
@@ -187,7 +188,34 @@ pub fn default_workers() -> usize {
 /// core (monoio has no cooperative budget). A small task spawned behind
 /// the others makes the wake. For loops that stop on a budget (accepts,
 /// reads) so that the rest of the core runs before they go on.
+///
+/// Off an engine runtime (the record layer under tokio in tests), a plain
+/// wake: tokio's own budget keeps that fair.
 pub fn wake_behind_others(waker: &std::task::Waker) {
-    let waker = waker.clone();
-    monoio::spawn(async move { waker.wake() });
+    if ON_ENGINE_RUNTIME.get() {
+        let waker = waker.clone();
+        monoio::spawn(async move { waker.wake() });
+    } else {
+        waker.wake_by_ref();
+    }
+}
+
+thread_local! {
+    /// This thread is inside [`block_on`] (a monoio runtime of ours).
+    static ON_ENGINE_RUNTIME: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the thread as running an engine runtime while it lives.
+struct OnEngineRuntime(bool);
+
+impl OnEngineRuntime {
+    fn enter() -> Self {
+        OnEngineRuntime(ON_ENGINE_RUNTIME.replace(true))
+    }
+}
+
+impl Drop for OnEngineRuntime {
+    fn drop(&mut self) {
+        ON_ENGINE_RUNTIME.set(self.0);
+    }
 }

@@ -88,7 +88,26 @@ pub enum RecordError {
     BadAlert(usize),
     #[error("peer sent TLS alert {} ({code})", alert_name(*.code))]
     AlertReceived { code: u8 },
+    #[error("more than {MAX_EMPTY_RECORDS} empty TLS records in a row")]
+    TooManyEmptyRecords,
+    #[error("more than {MAX_KEY_UPDATES} TLS KeyUpdates without application data between them")]
+    TooManyKeyUpdates,
+    #[error("more than {MAX_WARNING_ALERTS} TLS warning alerts")]
+    TooManyWarningAlerts,
 }
+
+/// Empty records in a row the receiver takes; one more ends the
+/// connection (rustls 0.23 `ALLOWED_CONSECUTIVE_EMPTY_FRAGMENTS_MAX`,
+/// src/conn.rs: its `TooManyEmptyFragments`).
+pub const MAX_EMPTY_RECORDS: u8 = 32;
+/// KeyUpdates the receiver takes without application data in between
+/// (rustls 0.23 `INITIAL_KEY_UPDATE_REQUESTS`, src/common_state.rs: its
+/// `TooManyKeyUpdateRequests`).
+pub const MAX_KEY_UPDATES: u8 = 32;
+/// Warning alerts (user_canceled; every other warning is fatal in TLS 1.3)
+/// the receiver takes over the connection's life (rustls 0.23
+/// `allowed_warning_alerts`, after BoringSSL's `kMaxWarningAlerts`).
+pub const MAX_WARNING_ALERTS: u8 = 4;
 
 impl RecordError {
     /// The alert description this end sends before closing.
@@ -215,18 +234,29 @@ pub enum Inbound {
 }
 
 /// The receiving side's state between records: a partial post-handshake
-/// message, and which side this is (only a client takes tickets).
+/// message, which side this is (only a client takes tickets), and the
+/// anti-flood counters rustls keeps ([`MAX_EMPTY_RECORDS`],
+/// [`MAX_KEY_UPDATES`], [`MAX_WARNING_ALERTS`]): records that carry no
+/// data cost the receiver work without bound otherwise.
+///
+/// One deliberate difference: the KeyUpdate count starts again only on
+/// application data that is not empty (rustls also on an empty record), so
+/// that alternating empty records and KeyUpdates, which each reset the
+/// other's count there, is bounded here too.
 #[derive(Debug, Default)]
 pub struct Receiver {
     is_client: bool,
     partial: Vec<u8>,
+    empty_run: u8,
+    key_updates: u8,
+    warnings: u8,
 }
 
 impl Receiver {
     pub fn new(is_client: bool) -> Self {
         Receiver {
             is_client,
-            partial: Vec::new(),
+            ..Receiver::default()
         }
     }
 
@@ -238,10 +268,21 @@ impl Receiver {
     /// Takes a decrypted record's content of type `typ` (from
     /// [`inner_content`]).
     pub fn record(&mut self, typ: u8, content: &[u8]) -> Result<Inbound, RecordError> {
+        if content.is_empty() {
+            if self.empty_run == MAX_EMPTY_RECORDS {
+                return Err(RecordError::TooManyEmptyRecords);
+            }
+            self.empty_run += 1;
+        } else {
+            self.empty_run = 0;
+        }
         match typ {
             APPLICATION_DATA => {
                 if !self.partial.is_empty() {
                     return Err(RecordError::Interleaved("application_data"));
+                }
+                if !content.is_empty() {
+                    self.key_updates = 0;
                 }
                 Ok(Inbound::Data)
             }
@@ -249,7 +290,14 @@ impl Receiver {
                 if !self.partial.is_empty() {
                     return Err(RecordError::Interleaved("alert"));
                 }
-                alert(content)
+                let a = alert(content)?;
+                if a == Inbound::Nothing {
+                    if self.warnings == MAX_WARNING_ALERTS {
+                        return Err(RecordError::TooManyWarningAlerts);
+                    }
+                    self.warnings += 1;
+                }
+                Ok(a)
             }
             HANDSHAKE => self.handshake(content).map(Inbound::Messages),
             other => Err(RecordError::UnexpectedInnerType(other)),
@@ -291,6 +339,10 @@ impl Receiver {
                     if rest.len() != 4 + len {
                         return Err(RecordError::KeyUpdateNotAligned);
                     }
+                    if self.key_updates == MAX_KEY_UPDATES {
+                        return Err(RecordError::TooManyKeyUpdates);
+                    }
+                    self.key_updates += 1;
                     out.push(Message::KeyUpdate { update_requested });
                 }
                 NEW_SESSION_TICKET if self.is_client => {
@@ -415,6 +467,68 @@ fn offers_tls13(msg: &[u8]) -> Option<bool> {
 
 #[cfg(test)]
 mod tests {
+
+    /// rustls' anti-flood bounds, ported: 32 empty records in a row are
+    /// taken and the 33rd ends the connection; any record with content
+    /// starts the count again.
+    #[test]
+    fn empty_record_runs_are_bounded() {
+        let mut r = Receiver::new(false);
+        for _ in 0..3 {
+            for _ in 0..MAX_EMPTY_RECORDS {
+                assert_eq!(r.record(APPLICATION_DATA, &[]), Ok(Inbound::Data));
+            }
+            assert_eq!(r.record(APPLICATION_DATA, b"x"), Ok(Inbound::Data));
+        }
+        for _ in 0..MAX_EMPTY_RECORDS {
+            r.record(APPLICATION_DATA, &[]).unwrap();
+        }
+        assert_eq!(
+            r.record(APPLICATION_DATA, &[]),
+            Err(RecordError::TooManyEmptyRecords)
+        );
+        assert_eq!(
+            RecordError::TooManyEmptyRecords.alert(),
+            Some(UNEXPECTED_MESSAGE)
+        );
+    }
+
+    /// 32 KeyUpdates without application data are taken, the 33rd ends the
+    /// connection; data with content starts the count again, empty data
+    /// (which would reset the empty-record count in turn) does not.
+    #[test]
+    fn key_update_runs_are_bounded_and_reset_by_data_only() {
+        let ku = key_update(true);
+        let mut r = Receiver::new(false);
+        for _ in 0..MAX_KEY_UPDATES {
+            assert!(matches!(r.record(HANDSHAKE, &ku), Ok(Inbound::Messages(m)) if m.len() == 1));
+        }
+        r.record(APPLICATION_DATA, b"data").unwrap();
+        for _ in 0..MAX_KEY_UPDATES {
+            r.record(HANDSHAKE, &ku).unwrap();
+            r.record(APPLICATION_DATA, &[]).unwrap();
+        }
+        assert_eq!(
+            r.record(HANDSHAKE, &ku),
+            Err(RecordError::TooManyKeyUpdates)
+        );
+    }
+
+    /// Four user_canceled warnings over a connection's life, not five.
+    #[test]
+    fn warning_alerts_are_bounded() {
+        let mut r = Receiver::new(false);
+        let warn = [ALERT_WARNING, USER_CANCELED];
+        for _ in 0..MAX_WARNING_ALERTS {
+            assert_eq!(r.record(ALERT, &warn), Ok(Inbound::Nothing));
+            r.record(APPLICATION_DATA, b"x").unwrap();
+        }
+        assert_eq!(
+            r.record(ALERT, &warn),
+            Err(RecordError::TooManyWarningAlerts)
+        );
+    }
+
     use super::*;
 
     fn record(body_len: usize) -> Vec<u8> {

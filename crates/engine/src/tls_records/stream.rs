@@ -130,7 +130,17 @@ pub struct RecordStream<T> {
     /// Sealed records not yet written.
     wbuf: BytesMut,
     close_sent: bool,
+    /// A KeyUpdate answering the peer's request is sealed and not yet
+    /// written: a second request until then gets no second answer (RFC 8446
+    /// section 4.6.3 asks for one before our next record; rustls queues one
+    /// too), so a peer that requests without reading cannot grow `wbuf`.
+    key_update_owed: bool,
 }
+
+/// Records a read opens without giving the caller any data before it lets
+/// the core's other tasks run (monoio has no cooperative budget: a socket
+/// that keeps holding records would otherwise hold the core).
+pub const RECORDS_PER_POLL: usize = 32;
 
 /// What the handshake leaves for the record layer.
 pub struct Established {
@@ -159,6 +169,7 @@ impl<T> RecordStream<T> {
             read_end: None,
             wbuf: BytesMut::new(),
             close_sent: false,
+            key_update_owed: false,
         }
     }
 
@@ -194,7 +205,7 @@ impl<T> RecordStream<T> {
     /// Appends one record of content type `typ` with content `parts` (at
     /// most [`MAX_PLAINTEXT`] bytes in all) to the output, sealed; moves to
     /// the next key when this one sealed its share.
-    fn seal(&mut self, typ: u8, parts: &[&[u8]]) -> io::Result<()> {
+    pub(super) fn seal(&mut self, typ: u8, parts: &[&[u8]]) -> io::Result<()> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         debug_assert!(len <= MAX_PLAINTEXT);
         if self.wbuf.capacity() == 0 {
@@ -216,7 +227,7 @@ impl<T> RecordStream<T> {
 
     /// Sends a KeyUpdate sealed with the current key, then moves to the
     /// next one (RFC 8446 section 4.6.3).
-    fn send_key_update(&mut self, update_requested: bool) -> io::Result<()> {
+    pub(super) fn send_key_update(&mut self, update_requested: bool) -> io::Result<()> {
         let msg = rec::key_update(update_requested);
         let start = self.wbuf.len();
         self.wbuf.reserve(HEADER_LEN + msg.len() + 1 + TAG_LEN);
@@ -245,7 +256,7 @@ impl<T> RecordStream<T> {
 
 impl<T: AsyncWrite + Unpin> RecordStream<T> {
     /// Writes sealed output until none is left.
-    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    pub(super) fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while !self.wbuf.is_empty() {
             let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.wbuf))?;
             if n == 0 {
@@ -253,6 +264,7 @@ impl<T: AsyncWrite + Unpin> RecordStream<T> {
             }
             self.wbuf.advance(n);
         }
+        self.key_update_owed = false;
         if self.wbuf.capacity() > 0 {
             give(&WRITE_BUF, std::mem::take(&mut self.wbuf));
         }
@@ -339,8 +351,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin> RecordStream<T> {
             Message::KeyUpdate { update_requested } => {
                 self.rx = self.kernel.update(false)?;
                 tracing::debug!(update_requested, "TLS KeyUpdate received");
-                if update_requested && !self.close_sent {
+                if update_requested && !self.close_sent && !self.key_update_owed {
                     self.send_key_update(false)?;
+                    self.key_update_owed = true;
                 }
             }
             Message::NewSessionTicket(body) => self.kernel.ticket(&body)?,
@@ -357,6 +370,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for RecordStream<T> {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let before = out.filled().len();
+        let mut opened = 0;
         loop {
             // Content opened and not read yet.
             if this.plain.0 < this.plain.1 {
@@ -393,6 +407,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for RecordStream<T> {
             }
             match rec::complete_record(&this.rbuf) {
                 Ok(Some(len)) => {
+                    if opened == RECORDS_PER_POLL && out.filled().len() == before {
+                        crate::runtime::wake_behind_others(cx.waker());
+                        return Poll::Pending;
+                    }
+                    opened += 1;
                     if let Err(e) = this.open_front(len) {
                         let e = this.fail(e);
                         let _ = this.poll_drain(cx);
