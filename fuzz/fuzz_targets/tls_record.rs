@@ -6,6 +6,10 @@
 //! runs on the raw input too (it must not panic, and a prefix of a
 //! decided input is undecided or decided the same).
 //!
+//! The anti-flood counters ride along: however the records come, no more
+//! than `MAX_EMPTY_RECORDS` empty ones in a row and `MAX_KEY_UPDATES`
+//! KeyUpdates without application data between them are taken.
+//!
 //! Input: `n` (1 byte), then `n % 16` chunk-size bytes, then the stream.
 #![no_main]
 
@@ -27,11 +31,30 @@ fn act(r: &mut Receiver, record: &[u8]) -> Result<Inbound, RecordError> {
 fn one_shot(mut s: &[u8]) -> (Vec<Inbound>, Option<RecordError>) {
     let mut r = Receiver::new(true);
     let mut out = Vec::new();
+    // Taken records that were empty, in a row; KeyUpdates since data.
+    let (mut empty_run, mut key_updates) = (0usize, 0usize);
     loop {
         match rec::complete_record(s) {
             Ok(Some(len)) => {
                 match act(&mut r, &s[..len]) {
-                    Ok(e) => out.push(e),
+                    Ok(e) => {
+                        let inner = &s[HEADER_LEN..len - TAG_LEN];
+                        let content = rec::inner_content(inner).map(|(_, l)| l).unwrap_or(0);
+                        empty_run = if content == 0 { empty_run + 1 } else { 0 };
+                        assert!(empty_run <= usize::from(rec::MAX_EMPTY_RECORDS));
+                        match &e {
+                            Inbound::Data if content > 0 => key_updates = 0,
+                            Inbound::Messages(m) => {
+                                key_updates += m
+                                    .iter()
+                                    .filter(|m| matches!(m, rec::Message::KeyUpdate { .. }))
+                                    .count();
+                                assert!(key_updates <= usize::from(rec::MAX_KEY_UPDATES));
+                            }
+                            _ => {}
+                        }
+                        out.push(e)
+                    }
                     Err(e) => return (out, Some(e)),
                 }
                 s = &s[len..];

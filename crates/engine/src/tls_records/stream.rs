@@ -140,7 +140,7 @@ pub struct RecordStream<T> {
 /// Records a read opens without giving the caller any data before it lets
 /// the core's other tasks run (monoio has no cooperative budget: a socket
 /// that keeps holding records would otherwise hold the core).
-pub const RECORDS_PER_POLL: usize = 32;
+const RECORDS_PER_POLL: usize = 32;
 
 /// What the handshake leaves for the record layer.
 pub struct Established {

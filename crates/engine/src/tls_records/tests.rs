@@ -427,26 +427,21 @@ enum Verdict {
     Closed,
 }
 
-fn verdict_of<S: tokio::io::AsyncRead + Unpin>(
-    server: &mut S,
-    h: Hostile,
-) -> impl std::future::Future<Output = Verdict> + '_ {
-    async move {
-        let want: Vec<u8> = match h {
-            Hostile::Warnings(n) => [vec![b'.'; n], b"ping".to_vec()].concat(),
-            _ => b"ping".to_vec(),
-        };
-        let mut got = Vec::new();
-        let mut buf = [0u8; 256];
-        while got.len() < want.len() {
-            match server.read(&mut buf).await {
-                Ok(0) | Err(_) => return Verdict::Closed,
-                Ok(n) => got.extend_from_slice(&buf[..n]),
-            }
+async fn verdict_of<S: tokio::io::AsyncRead + Unpin>(server: &mut S, h: Hostile) -> Verdict {
+    let want: Vec<u8> = match h {
+        Hostile::Warnings(n) => [vec![b'.'; n], b"ping".to_vec()].concat(),
+        _ => b"ping".to_vec(),
+    };
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while got.len() < want.len() {
+        match server.read(&mut buf).await {
+            Ok(0) | Err(_) => return Verdict::Closed,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
         }
-        assert_eq!(got, want, "{h:?}: no forged or lost byte");
-        Verdict::Open
     }
+    assert_eq!(got, want, "{h:?}: no forged or lost byte");
+    Verdict::Open
 }
 
 /// Runs `h` against our server (`own`) or rustls' (`false`).
