@@ -341,3 +341,8 @@ write("tls_record", "data-and-close", b"\x02\x05\x40" + tls_rec(b"hello\x17") + 
 write("tls_record", "ticket-split-then-keyupdate", b"\x00" + tls_rec(b"\x04\x00\x00\x03\x16") + tls_rec(b"abc\x18\x00\x00\x01\x01\x16"))
 write("tls_record", "lying-length", b"\x00" + tls_rec(b"\x04\xff\xff\xff\x16") + bytes([23, 3, 3, 0xff, 0xff]))
 write("tls_record", "alert-fatal", b"\x01\x03" + tls_rec(b"\x02\x14\x15"))
+# The anti-flood counters: 40 empty records, KeyUpdate runs around data,
+# empty records and KeyUpdates alternating.
+write("tls_record", "empty-records-run", b"\x00" + tls_rec(b"\x17") * 40)
+write("tls_record", "key-update-run", b"\x00" + tls_rec(b"\x18\x00\x00\x01\x01\x16") * 20 + tls_rec(b"x\x17") + tls_rec(b"\x18\x00\x00\x01\x01\x16") * 40)
+write("tls_record", "empty-key-update-pairs", b"\x00" + (tls_rec(b"\x17") + tls_rec(b"\x18\x00\x00\x01\x01\x16")) * 40)
