@@ -189,9 +189,21 @@ pub struct Table {
     typical: Option<Duration>,
 }
 
-/// IPv4-mapped IPv6 addresses count as the IPv4 address.
+/// The "address" the per-address cap counts: an IPv4 address (IPv4-mapped
+/// IPv6 addresses count as the IPv4 address), or an IPv6 address's /64. A
+/// single host or site is routinely given a whole /64 (SLAAC, RFC 4291's
+/// interface identifiers), so counting whole IPv6 addresses would give one
+/// flooding peer 2^64 "addresses", each with a cap of its own.
+pub const IPV6_PREFIX: u32 = 64;
+
 fn key(ip: IpAddr) -> IpAddr {
-    ip.to_canonical()
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let mask = u128::MAX << (128 - IPV6_PREFIX);
+            IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6) & mask))
+        }
+        v4 => v4,
+    }
 }
 
 impl Table {
@@ -512,6 +524,33 @@ mod tests {
     fn at(n: u32) -> Instant {
         static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
         *T0.get_or_init(Instant::now) + SHED_GRACE * n
+    }
+
+    /// One /64 is one address for the cap; another /64 is another, and an
+    /// IPv4-mapped address is its IPv4 address.
+    #[test]
+    fn ipv6_addresses_count_by_their_64_prefix() {
+        assert_eq!(
+            key("2001:db8:1:2::1".parse().unwrap()),
+            key("2001:db8:1:2:ffff:ffff:ffff:ffff".parse().unwrap())
+        );
+        assert_ne!(
+            key("2001:db8:1:2::1".parse().unwrap()),
+            key("2001:db8:1:3::1".parse().unwrap())
+        );
+        assert_eq!(
+            key("::ffff:10.0.0.1".parse().unwrap()),
+            "10.0.0.1".parse::<IpAddr>().unwrap()
+        );
+        // The cap holds across a /64: the third connection from any of its
+        // addresses sheds the oldest unfinished one of the prefix.
+        let mut t = Table::new(limits(100, 2));
+        let first = t.admit(ip("2001:db8::1"), at(0)).unwrap().slot;
+        t.admit(ip("2001:db8::2"), at(0)).unwrap();
+        let third = t.admit(ip("2001:db8::ffff:3"), at(2)).unwrap();
+        assert_eq!(third.shed, Some((first, Refused::PerIp)));
+        // Another /64 has a cap of its own.
+        assert_eq!(t.admit(ip("2001:db8:0:1::1"), at(2)).unwrap().shed, None);
     }
 
     #[test]

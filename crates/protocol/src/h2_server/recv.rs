@@ -6,6 +6,9 @@
 
 use super::*;
 
+/// Settings one SETTINGS frame may carry (Go's server refuses more).
+const MAX_SETTINGS_PER_FRAME: usize = 100;
+
 pub(super) enum In {
     /// Bytes of the client preface still expected.
     Preface(usize),
@@ -404,7 +407,31 @@ impl<U: Default> ServerConn<U> {
         if !p.len().is_multiple_of(6) {
             return Err(conn_err(reason::FRAME_SIZE_ERROR, "SETTINGS size"));
         }
+        // Go's server hangs up on more than 100 entries or a duplicate
+        // (x/net/http2 server.go `processSettings`: "suspiciously large
+        // settings frames"); one frame of 256 KiB carried 43,690
+        // INITIAL_WINDOW_SIZE entries, each a walk over every stream.
+        let n = p.len() / 6;
+        if n > MAX_SETTINGS_PER_FRAME {
+            return Err(conn_err(
+                reason::PROTOCOL_ERROR,
+                "more than 100 settings in one SETTINGS frame",
+            ));
+        }
+        let keys: Vec<u16> = p
+            .chunks_exact(6)
+            .map(|s| u16::from_be_bytes([s[0], s[1]]))
+            .collect();
+        if keys.iter().enumerate().any(|(i, k)| keys[..i].contains(k)) {
+            return Err(conn_err(
+                reason::PROTOCOL_ERROR,
+                "a setting repeated in one SETTINGS frame",
+            ));
+        }
         self.got_settings = true;
+        // A new initial window applies to the open streams once per frame
+        // (as the h2 crate does), after the frame was checked.
+        let mut initial_window = None;
         for s in p.chunks_exact(6) {
             let key = u16::from_be_bytes([s[0], s[1]]);
             let v = u32::from_be_bytes([s[2], s[3], s[4], s[5]]);
@@ -419,17 +446,7 @@ impl<U: Default> ServerConn<U> {
                             "INITIAL_WINDOW_SIZE too large",
                         ));
                     }
-                    let delta = i64::from(v) - self.peer_initial_window;
-                    self.peer_initial_window = i64::from(v);
-                    for s in &mut self.streams {
-                        s.send_window += delta;
-                        if s.send_window > MAX_WINDOW {
-                            return Err(conn_err(
-                                reason::FLOW_CONTROL_ERROR,
-                                "stream window overflow",
-                            ));
-                        }
-                    }
+                    initial_window = Some(i64::from(v));
                 }
                 SETTINGS_MAX_FRAME_SIZE => {
                     if !(MIN_MAX_FRAME..=MAX_MAX_FRAME).contains(&v) {
@@ -446,6 +463,19 @@ impl<U: Default> ServerConn<U> {
                 | SETTINGS_MAX_CONCURRENT_STREAMS
                 | SETTINGS_MAX_HEADER_LIST_SIZE => {}
                 _ => {}
+            }
+        }
+        if let Some(v) = initial_window {
+            let delta = v - self.peer_initial_window;
+            self.peer_initial_window = v;
+            for s in &mut self.streams {
+                s.send_window += delta;
+                if s.send_window > MAX_WINDOW {
+                    return Err(conn_err(
+                        reason::FLOW_CONTROL_ERROR,
+                        "stream window overflow",
+                    ));
+                }
             }
         }
         let mut f = Vec::with_capacity(FRAME_HEADER_LEN);

@@ -153,6 +153,40 @@ fn acknowledges_settings_and_answers_pings() {
     assert_eq!(events(&mut c), vec![]);
 }
 
+/// Go's bound (issue 39, finding 5): at most 100 settings per frame, none
+/// repeated; a new initial window reaches the open streams once per frame.
+#[test]
+fn settings_frames_are_bounded_as_go_bounds_them() {
+    let entry = |k: u16, v: u32| [k.to_be_bytes().to_vec(), v.to_be_bytes().to_vec()].concat();
+    // 100 distinct settings (unknown ones are ignored): taken.
+    let mut c = open();
+    request(&mut c, 1);
+    let hundred: Vec<u8> = (0..100u16).flat_map(|i| entry(0x100 + i, 7)).collect();
+    feed(&mut c, &frame(SETTINGS, 0, 0, &hundred)).unwrap();
+    // 101: the connection ends with PROTOCOL_ERROR.
+    let mut c = open();
+    let many: Vec<u8> = (0..101u16).flat_map(|i| entry(0x100 + i, 7)).collect();
+    let e = feed(&mut c, &frame(SETTINGS, 0, 0, &many)).unwrap_err();
+    assert_eq!(e.code, reason::PROTOCOL_ERROR);
+    // A frame full of INITIAL_WINDOW_SIZE entries (the measured flood:
+    // 43,690 of them in a 256 KiB frame; here as many as 16 KiB holds).
+    let mut c = open();
+    let flood: Vec<u8> = (0..2_730u32)
+        .flat_map(|i| entry(SETTINGS_INITIAL_WINDOW_SIZE, 65_535 + (i & 1)))
+        .collect();
+    let e = feed(&mut c, &frame(SETTINGS, 0, 0, &flood)).unwrap_err();
+    assert_eq!(e.code, reason::PROTOCOL_ERROR);
+    // A repeated setting: PROTOCOL_ERROR too.
+    let mut c = open();
+    let twice = [
+        entry(SETTINGS_INITIAL_WINDOW_SIZE, 1),
+        entry(SETTINGS_INITIAL_WINDOW_SIZE, 2),
+    ]
+    .concat();
+    let e = feed(&mut c, &frame(SETTINGS, 0, 0, &twice)).unwrap_err();
+    assert_eq!(e.code, reason::PROTOCOL_ERROR);
+}
+
 #[test]
 fn a_bad_preface_or_a_first_frame_other_than_settings_is_a_connection_error() {
     let mut c = Conn::new(cfg());
