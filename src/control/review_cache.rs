@@ -184,7 +184,8 @@ pub fn jwt_lifetime_left(token: &str, now: SystemTime) -> Option<Duration> {
     let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
     let exp = claims.get("exp")?.as_f64()?;
     let now = now.duration_since(UNIX_EPOCH).ok()?.as_secs_f64();
-    Some(Duration::from_secs_f64((exp - now).max(0.0)))
+    // An absurd `exp` (1e300) is no lifetime, not a panic.
+    Duration::try_from_secs_f64((exp - now).max(0.0)).ok()
 }
 
 /// Spaces reviews to `qps` per second with bursts of `burst` (a token
@@ -228,6 +229,19 @@ impl Pacer {
 
 #[cfg(test)]
 mod tests {
+
+    /// A token whose `exp` no Duration holds gives no lifetime (it
+    /// panicked in `Duration::from_secs_f64`).
+    #[test]
+    fn an_absurd_jwt_expiry_is_no_lifetime() {
+        use base64::Engine;
+        let enc = |v: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+        let token = format!("{}.{}.sig", enc("{}"), enc(r#"{"exp":1e300}"#));
+        assert_eq!(jwt_lifetime_left(&token, SystemTime::now()), None);
+        let token = format!("{}.{}.sig", enc("{}"), enc(r#"{"exp":4102444800}"#));
+        assert!(jwt_lifetime_left(&token, SystemTime::now()).is_some());
+    }
+
     use super::*;
 
     fn accepted() -> Verdict {

@@ -180,6 +180,20 @@ impl ConnectHead {
     }
 }
 
+/// Compares a presented secret with the expected one in time that does not
+/// depend on where they differ (only on the lengths), so that timing does
+/// not reveal the `--agent-token-file` token a byte at a time.
+fn same_secret(given: &[u8], want: &[u8]) -> bool {
+    if given.len() != want.len() {
+        return false;
+    }
+    let diff = given
+        .iter()
+        .zip(want)
+        .fold(0u8, |acc, (a, b)| acc | std::hint::black_box(a ^ b));
+    diff == 0
+}
+
 /// Checks the Connect request: method, token, agentID, identifiers.
 fn validate(shared: &ServerState, head: &ConnectHead) -> Result<AgentHello, (u32, String)> {
     if head.path != proto::AGENT_CONNECT_PATH {
@@ -190,7 +204,8 @@ fn validate(shared: &ServerState, head: &ConnectHead) -> Result<AgentHello, (u32
             .headers
             .get("authorization")
             .and_then(|v| v.to_str().ok());
-        if given != Some(format!("Bearer {token}").as_str()) {
+        let want = format!("Bearer {token}");
+        if !given.is_some_and(|g| same_secret(g.as_bytes(), want.as_bytes())) {
             return Err((code::UNAUTHENTICATED, "bad or missing bearer token".into()));
         }
     }
@@ -371,9 +386,12 @@ async fn handshake(
                 .map_err(explain)?,
         };
         shared.metrics.agent_link_tls(link_tls);
-        // TLS done (with mutual TLS: a certificate of the CA proved): a
-        // newcomer over the handshake caps no longer sheds this one.
-        if let Some(p) = permit {
+        // TLS done with a verified client certificate (a certificate of the
+        // CA proved): a newcomer over the handshake caps no longer sheds
+        // this one. Without one (token mode asks for none) a finished TLS
+        // handshake proves nothing: the connection stays sheddable until
+        // its token is reviewed (the permit is dropped then).
+        if let (Some(p), Some(_)) = (permit, &leaf) {
             p.advance();
         }
         let mut conn = Box::new(H2Conn::new(tls, agent_h2_config()));
@@ -1016,6 +1034,20 @@ async fn handle_cmd(state: &AgentState, cmd: AgentCmd) -> Option<packet::Encoded
     };
     state.sync_gauges();
     Some(packet::encode(frame))
+}
+
+#[cfg(test)]
+mod secret_tests {
+    use super::same_secret;
+
+    #[test]
+    fn secrets_compare_equal_only_when_equal() {
+        assert!(same_secret(b"Bearer abc", b"Bearer abc"));
+        assert!(!same_secret(b"Bearer abd", b"Bearer abc"));
+        assert!(!same_secret(b"Bearer ab", b"Bearer abc"));
+        assert!(!same_secret(b"", b"x"));
+        assert!(same_secret(b"", b""));
+    }
 }
 
 #[cfg(test)]

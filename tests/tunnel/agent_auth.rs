@@ -440,3 +440,85 @@ fn reviews_are_paced() {
     assert_eq!(kube.token_reviews().len(), 8, "{}", server.proc.log_text());
     drop(agents);
 }
+
+/// Token mode asks for no client certificate, so a finished TLS handshake
+/// proves nothing (issue 39, finding 2): connections that finish TLS and
+/// then send nothing stay sheddable. With the handshake caps full of them
+/// (4 of 4), a token agent gets in within the admission grace (at most
+/// 8 s, `engine::admission::MAX_GRACE`), well before the 15 s handshake
+/// timeout would have freed their slots; before, they were never shed and
+/// kept it out until that timeout.
+#[test]
+fn certificate_less_tls_holders_do_not_keep_a_token_agent_out() {
+    use std::io::Read;
+    let env = Env::new();
+    let kube = FakeKube::start(None);
+    kube.put_token("token-one", GOOD_USER, &[AUDIENCE]);
+    let kc = env.path("kubeconfig");
+    fake_kube::kubeconfig(&kc, kube.addr);
+    let cert = env.certs().join("server.crt").display().to_string();
+    let key = env.certs().join("server.key").display().to_string();
+    let mut auth = token_auth(&kc);
+    auth.extend(
+        ["--max-handshakes", "4", "--max-handshakes-per-ip", "4"]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    let auth: Vec<&str> = auth.iter().map(String::as_str).collect();
+    let server = Server::start_with_tls(
+        &env,
+        "127.0.0.1:0",
+        &["--cert", &cert, "--key", &key],
+        &auth,
+    );
+    let cfg = support::tls_client::client_tls(
+        &env.certs().join("ca.crt"),
+        None,
+        b"h2",
+        &[&rustls::version::TLS13],
+        &[],
+    );
+    let started = Instant::now();
+    let mut holders: Vec<_> = (0..4)
+        .map(|_| support::tls_client::tls_connect(server.agent, cfg.clone()).expect("TLS"))
+        .collect();
+    let token = env.path("token");
+    std::fs::write(&token, "token-one\n").unwrap();
+    let agent = spawn_agent(&env, server.agent, "node-t", Some(&token), &[]);
+    wait_for(
+        "the token agent connected",
+        || server.metric("edgetunnel_agents_connected") >= 1.0,
+        || format!("{}\n{}", server.proc.log_text(), agent.log_text()),
+    );
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(12),
+        "the token agent got in only after {took:?}: the holders were not shed within the grace"
+    );
+    // Some holder was shed to make room (closed by the server).
+    let mut shed = 0;
+    for h in holders.iter_mut() {
+        h.sock
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        // The server's SETTINGS may be there; then EOF (or a reset) when
+        // it closed the connection, a timeout when it still holds it.
+        let mut b = [0u8; 4096];
+        loop {
+            match h.read(&mut b) {
+                Ok(0) => {
+                    shed += 1;
+                    break;
+                }
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    shed += 1;
+                    break;
+                }
+            }
+        }
+    }
+    assert!(shed >= 1, "no certificate-less holder was shed");
+    eprintln!("token agent in after {took:?}; {shed} of 4 holders shed");
+}

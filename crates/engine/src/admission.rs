@@ -15,8 +15,10 @@
 //!   the most of them (a flooding address pays for its own flood before
 //!   anyone else does).
 //!
-//! A connection that completed TLS ([`Permit::advance`]: with mutual TLS it
-//! proved a certificate of the CA) is never shed by a newcomer, and neither
+//! A connection that completed TLS with a verified client certificate
+//! ([`Permit::advance`]: it proved a certificate of the CA; without one, as
+//! in token mode, a finished handshake proves nothing and the connection
+//! stays sheddable until it is authenticated) is never shed by a newcomer, and neither
 //! is one younger than [`SHED_GRACE`] (time to complete TLS, so that a
 //! flood that reconnects in a tight loop cannot shed a real agent before
 //! its handshake is done, and churns at most one cap's worth of slots per

@@ -135,6 +135,9 @@ pub struct RecordStream<T> {
     /// section 4.6.3 asks for one before our next record; rustls queues one
     /// too), so a peer that requests without reading cannot grow `wbuf`.
     key_update_owed: bool,
+    /// A fatal alert is sealed: nothing more may be written after it (RFC
+    /// 8446 section 6.2), close_notify included.
+    fatal_sent: bool,
 }
 
 /// Records a read opens without giving the caller any data before it lets
@@ -170,6 +173,7 @@ impl<T> RecordStream<T> {
             wbuf: BytesMut::new(),
             close_sent: false,
             key_update_owed: false,
+            fatal_sent: false,
         }
     }
 
@@ -245,7 +249,10 @@ impl<T> RecordStream<T> {
     fn fail(&mut self, e: RecordError) -> io::Error {
         if let Some(code) = e.alert() {
             // Best effort: the alert goes with the next write attempt.
-            let _ = self.seal(rec::ALERT, &[&rec::alert_message(code)]);
+            if !self.fatal_sent && !self.close_sent {
+                let _ = self.seal(rec::ALERT, &[&rec::alert_message(code)]);
+            }
+            self.fatal_sent = true;
         }
         let msg = format!("TLS record layer: {e}");
         let kind = io::ErrorKind::InvalidData;
@@ -280,6 +287,12 @@ impl<T: AsyncWrite + Unpin> RecordStream<T> {
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
                 "TLS stream written after close_notify",
+            )));
+        }
+        if self.fatal_sent {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "TLS stream written after a fatal alert",
             )));
         }
         // Output waiting for the socket first: that is the backpressure.
@@ -526,7 +539,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for RecordStream<T> {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if !this.close_sent {
+        if !this.close_sent && !this.fatal_sent {
             ready!(this.poll_drain(cx))?;
             this.seal(rec::ALERT, &[&rec::alert_message(rec::CLOSE_NOTIFY)])?;
             this.close_sent = true;

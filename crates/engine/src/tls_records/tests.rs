@@ -287,6 +287,9 @@ fn lying_lengths_and_types_are_refused() {
                 let e = s.read(&mut [0u8; 100]).await.unwrap_err();
                 assert!(e.to_string().contains(want), "{e}");
                 assert!(s.rbuf.len() <= bad.len());
+                // Nothing more is written after the fatal alert.
+                let w = s.write_all(b"more").await.unwrap_err();
+                assert!(w.to_string().contains("after a fatal alert"), "{w}");
                 drop(s);
             };
             tokio::join!(client, server);
