@@ -186,6 +186,8 @@ impl<U: Default> ServerConn<U> {
         if self.streams.len() < 4 {
             self.streams.reserve_exact(1);
         }
+        // In id order (see `index`).
+        debug_assert!(self.streams.last().is_none_or(|s| s.id < id));
         self.streams.push(Stream {
             id,
             user: Default::default(),
