@@ -571,6 +571,19 @@ fn epoll_driver_never_touches_a_descriptor_it_does_not_own() {
         eprintln!("skipped: strace is not installed (scripts/ensure-tools installs it)");
         return;
     };
+    // Under a loaded suite strace's output has come back empty, rarely
+    // (the cause is not known yet): the churn is traced again then, and
+    // the third empty trace fails.
+    for attempt in 1..=3 {
+        if traced_churn(&strace, attempt == 3) {
+            return;
+        }
+    }
+}
+
+/// One traced churn and its audit; `false` when strace's output came back
+/// empty and this is not the `last` attempt.
+fn traced_churn(strace: &Path, last: bool) -> bool {
     let env = Env::new();
     let echo = echo_server("127.0.0.1");
     let certs = env.certs();
@@ -661,6 +674,14 @@ fn epoll_driver_never_touches_a_descriptor_it_does_not_own() {
     drop(server);
     let text = std::fs::read_to_string(&trace).expect("strace output");
     let report = fd_audit::audit(&text);
+    if report.calls == 0 && !last {
+        let head: String = text.lines().take(5).collect::<Vec<_>>().join("\n");
+        eprintln!(
+            "the trace came back empty ({} bytes, first lines: {head:?}); tracing again",
+            text.len()
+        );
+        return false;
+    }
     eprintln!(
         "strace: {} system calls on {} descriptors checked, {} TLS connections churned",
         report.calls,
@@ -675,6 +696,7 @@ fn epoll_driver_never_touches_a_descriptor_it_does_not_own() {
         report.violations[..report.violations.len().min(20)].join("\n")
     );
     assert_eq!(tally.bad.load(Ordering::SeqCst), 0, "{:?}", tally.samples);
+    true
 }
 
 /// The audit itself must fail on what it is there to catch.
