@@ -330,6 +330,11 @@ pub struct ReviewCounters {
     pub failed: Counter,
     pub remembered: Counter,
     pub joined: Counter,
+    /// Refused without a review: the reviews already waiting reach past
+    /// what the data plane waits for an answer.
+    pub shed: Counter,
+    /// Not sent: every Connect waiting for it gave up first.
+    pub abandoned: Counter,
 }
 
 /// ANP's lease garbage collection families (pkg/server/metrics/metrics.go,
@@ -477,7 +482,7 @@ pub struct Metrics {
     keepalive_timeouts: [Counter; 2],
     /// gRPC frontend connections ended for an HTTP/2 flood, by kind
     /// ([`Flood`]: rapid reset, CONTINUATION).
-    frontend_h2_floods: [Counter; 2],
+    frontend_h2_floods: [Counter; 3],
     /// Per server worker: agent links held, dials sent, payload bytes.
     worker_links: Family<Label1, Gauge>,
     worker_dials: Family<Label1, Counter>,
@@ -703,10 +708,12 @@ impl Metrics {
             failed: review("failed"),
             remembered: review("remembered"),
             joined: review("joined"),
+            shed: review("shed"),
+            abandoned: review("abandoned"),
         };
         x.add(
             "edgetunnel_token_reviews",
-            "Agent Connects that needed a token verdict, by how they got it: a TokenReview that accepted, denied or failed, the verdict remembered (--token-review-cache-secs), or joining a review of the same token under way.",
+            "Agent Connects that needed a token verdict, by how they got it: a TokenReview that accepted, denied or failed, the verdict remembered (--token-review-cache-secs), joining a review of the same token under way, shed (the reviews waiting for their turn under --token-review-qps reach past the 15 s a Connect waits), or abandoned (every Connect waiting for it gave up, so it was not sent).",
             tr,
         );
         let agent_drains = counter(
@@ -723,11 +730,11 @@ impl Metrics {
             kt,
         );
         let fl = Family::<Label1, Counter>::default();
-        let frontend_h2_floods = [Flood::RapidReset, Flood::Continuation]
+        let frontend_h2_floods = [Flood::RapidReset, Flood::Continuation, Flood::ErrorResets]
             .map(|k| fl.get_or_create_owned(&[("kind", k.label())]));
         x.add(
             "edgetunnel_frontend_h2_floods",
-            "gRPC frontend connections ended with GOAWAY ENHANCE_YOUR_CALM for an HTTP/2 flood, by kind (rapid_reset: streams reset faster than served, CVE-2023-44487; continuation: a header block in too many CONTINUATION frames).",
+            "gRPC frontend connections ended with GOAWAY ENHANCE_YOUR_CALM for an HTTP/2 flood, by kind (rapid_reset: streams reset faster than served, CVE-2023-44487; continuation: a header block in too many CONTINUATION frames; error_resets: more than 1,024 streams reset for the caller's own errors, CVE-2025-8671).",
             fl,
         );
         let worker_links = Family::<Label1, Gauge>::default();

@@ -8,7 +8,7 @@
 
 mod support;
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
@@ -253,4 +253,187 @@ fn http2_floods_end_the_attackers_connection() {
         server.metric("edgetunnel_frontend_h2_floods_total{kind=\"continuation\"}"),
         1.0
     );
+}
+
+/// What the server granted a caller, as its SETTINGS and WINDOW_UPDATE
+/// frames say (read by a thread while the caller writes).
+#[derive(Default)]
+struct Granted {
+    /// SETTINGS_INITIAL_WINDOW_SIZE, once the server's SETTINGS came.
+    stream_initial: Option<i64>,
+    conn: i64,
+    streams: std::collections::HashMap<u32, i64>,
+    /// RST_STREAM codes by stream, and a GOAWAY's code.
+    resets: std::collections::HashMap<u32, u32>,
+    goaway: Option<u32>,
+}
+
+/// A caller that stays within the windows it is given (issue 39 finding
+/// 4): it opens `streams` gRPC calls and on each sends one message that
+/// would be gathered whole (not a DATA packet, declared `declared` bytes
+/// long), in 4 KiB DATA frames each followed by 28 KiB of an unknown frame
+/// type (ignored, RFC 9113 5.5), so that every piece arrives in a read of
+/// its own. It sends while the server grants window and returns how many
+/// message bytes the server let in, and what it was told.
+fn window_respecting_flood(
+    server: &Server,
+    streams: u32,
+    declared: usize,
+) -> (usize, std::sync::Arc<std::sync::Mutex<Granted>>) {
+    use std::sync::{Arc, Mutex};
+    let mut s = TcpStream::connect(server.grpc).unwrap();
+    let mut r = s.try_clone().unwrap();
+    let granted = Arc::new(Mutex::new(Granted {
+        conn: 65_535,
+        ..Granted::default()
+    }));
+    let g = granted.clone();
+    std::thread::spawn(move || loop {
+        let mut h = [0u8; 9];
+        if r.read_exact(&mut h).is_err() {
+            return;
+        }
+        let len = usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
+        let mut p = vec![0u8; len];
+        if r.read_exact(&mut p).is_err() {
+            return;
+        }
+        let id = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
+        let word =
+            |p: &[u8], at: usize| u32::from_be_bytes([p[at], p[at + 1], p[at + 2], p[at + 3]]);
+        let mut g = g.lock().unwrap();
+        match h[3] {
+            SETTINGS if h[4] & ACK == 0 => {
+                for e in p.chunks_exact(6) {
+                    if u16::from_be_bytes([e[0], e[1]]) == 0x4 {
+                        g.stream_initial = Some(i64::from(word(e, 2)));
+                    }
+                }
+                g.stream_initial.get_or_insert(65_535);
+            }
+            WINDOW_UPDATE if id == 0 => g.conn += i64::from(word(&p, 0) & 0x7fff_ffff),
+            WINDOW_UPDATE => {
+                *g.streams.entry(id).or_default() += i64::from(word(&p, 0) & 0x7fff_ffff)
+            }
+            RST_STREAM => {
+                g.resets.insert(id, word(&p, 0));
+            }
+            GOAWAY => g.goaway = Some(word(&p, 4)),
+            _ => {}
+        }
+    });
+    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(&after_preface(&[frame(SETTINGS, ACK, 0, &[])]))
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while granted.lock().unwrap().stream_initial.is_none() {
+        assert!(t0.elapsed() < WAIT, "no SETTINGS from the server");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let junk = frame(0xfa, 0, 0, &[0x5a; 28 * 1024]);
+    let mut let_in = 0usize;
+    'streams: for k in 0..streams {
+        let id = 2 * k + 1;
+        {
+            let mut g = granted.lock().unwrap();
+            let initial = g.stream_initial.unwrap();
+            *g.streams.entry(id).or_default() += initial;
+        }
+        s.write_all(&frame(
+            HEADERS,
+            END_HEADERS,
+            id,
+            &hpack_literals(&proxy_request("localhost")),
+        ))
+        .unwrap();
+        // A DIAL_REQ-typed Packet header: gathered whole, never streamed.
+        let mut message = vec![0u8];
+        message.extend_from_slice(&(declared as u32).to_be_bytes());
+        message.extend_from_slice(&[0x08, 0x00]);
+        // All but its last byte: the server holds it, waiting for the rest.
+        message.resize(5 + declared - 1, 0x42);
+        let mut at = 0;
+        let mut stalled = std::time::Instant::now();
+        while at < message.len() {
+            let n = {
+                let mut g = granted.lock().unwrap();
+                if g.goaway.is_some() || g.resets.contains_key(&id) {
+                    break;
+                }
+                let room = g.conn.min(g.streams[&id]);
+                let n = (room.max(0) as usize).min(4096).min(message.len() - at);
+                if n > 0 {
+                    g.conn -= n as i64;
+                    *g.streams.get_mut(&id).unwrap() -= n as i64;
+                }
+                n
+            };
+            if n == 0 {
+                if stalled.elapsed() > Duration::from_secs(2) {
+                    // No window for 2 s: this stream is full; the next
+                    // one tries while the connection has room.
+                    if granted.lock().unwrap().conn <= 0 {
+                        break 'streams;
+                    }
+                    continue 'streams;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+            stalled = std::time::Instant::now();
+            let mut b = frame(DATA, 0, id, &message[at..at + n]);
+            b.extend_from_slice(&junk);
+            if s.write_all(&b).is_err() {
+                break 'streams;
+            }
+            at += n;
+            let_in += n;
+        }
+    }
+    std::mem::forget(s);
+    (let_in, granted)
+}
+
+/// Issue 39 finding 4: a caller's memory is bounded by the windows the
+/// server advertised. Before, credit came back as soon as the gRPC decoder
+/// took a chunk, so a message gathered whole (up to 4 MiB a stream, 1,024
+/// streams) was bounded by nothing, and every 4 KiB piece kept a whole
+/// 64 KiB read buffer alive: 40 streams held 164 MiB against an 8 MiB
+/// connection window. Now received bytes are copied into their stream's
+/// own buffer and the window comes back only as the decoder hands
+/// messages on: the flood stops at the connection window.
+#[test]
+fn a_callers_memory_is_bounded_by_the_windows_it_was_given() {
+    let env = Env::new();
+    let server = Server::start(&env, &[]);
+    let _agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    let target = echo_server("127.0.0.1");
+    let mut good = Tunnel::open(&server, target.addr, 1);
+    good.echo(1, "before");
+    let pid = server.proc.child.id();
+    let rss0 = rss_kib(pid);
+    let (let_in, granted) = window_respecting_flood(&server, 12, 4 * 1024 * 1024 - 64);
+    std::thread::sleep(Duration::from_millis(500));
+    let rss1 = rss_kib(pid);
+    let g = granted.lock().unwrap();
+    println!(
+        "window-respecting flood: {let_in} message bytes let in on {} streams (GOAWAY {:?}, resets {:?}), \
+         server RSS {rss0} -> {rss1} KiB (+{} KiB)",
+        g.streams.len(),
+        g.goaway,
+        g.resets,
+        rss1.saturating_sub(rss0)
+    );
+    // The frontend advertises a connection window of 8 MiB (two streams'
+    // worth) plus the 64 KiB the connection starts with.
+    assert!(
+        let_in <= 8 * 1024 * 1024 + 65_535,
+        "the server let {let_in} bytes of unfinished messages in"
+    );
+    assert!(
+        rss1 < rss0 + 16 * 1024,
+        "server RSS grew from {rss0} to {rss1} KiB: more than the connection window and its overhead"
+    );
+    drop(g);
+    good.echo(1, "after a window-respecting flood");
 }

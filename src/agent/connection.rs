@@ -107,9 +107,12 @@ pub(crate) async fn run(
         let name = ServerName::try_from(host)?;
         let (tls, link_tls) = link_tls(&addr, name, &slots.tls).await?;
         agent_metrics().link_tls(link_tls);
-        let (client, conn) = grpc::h2_client(grpc::STREAM_WINDOW)
-            .handshake::<_, SendBuf>(tls)
-            .await?;
+        let (client, conn) = grpc::h2_client(grpc::stream_window_for(
+            cfg.max_message,
+            grpc::STREAM_WINDOW,
+        ))
+        .handshake::<_, SendBuf>(tls)
+        .await?;
         Ok::<_, BoxError>((client, conn, link_tls))
     };
     let (client, mut conn, link_tls) = monoio::time::timeout(CONNECT_TIMEOUT, setup)

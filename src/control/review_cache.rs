@@ -12,7 +12,8 @@
 //!   claim when it has one, a refusal for `denied_ttl` (a bad agent that
 //!   retries does not cost a review per retry); an error of the review
 //!   itself (timeout, apiserver down) is not kept;
-//! - at most `capacity` verdicts, the oldest dropped first;
+//! - at most `capacity` acceptances and `capacity` refusals, the oldest of
+//!   each dropped first (refusals never push acceptances out);
 //! - [`Pacer`] spaces the reviews that do go out: `qps` per second, bursts
 //!   of `burst`.
 //!
@@ -85,9 +86,19 @@ struct Entry {
     seq: u64,
 }
 
-/// Verdicts by token hash, bounded in count and age.
+/// Verdicts by token hash, bounded in count and age: acceptances and
+/// refusals on shelves of their own, each of `capacity` at most, so that
+/// a flood of random tokens (each refused) evicts only refusals, never the
+/// acceptances of the fleet (issue 39, finding 9).
 pub struct ReviewCache {
     config: CacheConfig,
+    accepted: Shelf,
+    denied: Shelf,
+}
+
+/// One kind of verdict, oldest first.
+#[derive(Default)]
+struct Shelf {
     entries: HashMap<TokenKey, Entry>,
     /// Insertion order; a key re-inserted leaves a stale place behind,
     /// skipped when met (and compacted when they pile up).
@@ -95,18 +106,8 @@ pub struct ReviewCache {
     seq: u64,
 }
 
-impl ReviewCache {
-    pub fn new(config: CacheConfig) -> Self {
-        ReviewCache {
-            config,
-            entries: HashMap::new(),
-            order: VecDeque::new(),
-            seq: 0,
-        }
-    }
-
-    /// A verdict still in force for `key`.
-    pub fn get(&mut self, key: &TokenKey, now: Instant) -> Option<Verdict> {
+impl Shelf {
+    fn get(&mut self, key: &TokenKey, now: Instant) -> Option<Verdict> {
         match self.entries.get(key) {
             Some(e) if e.expires > now => Some(e.verdict.clone()),
             Some(_) => {
@@ -115,6 +116,53 @@ impl ReviewCache {
             }
             None => None,
         }
+    }
+
+    fn put(&mut self, key: TokenKey, verdict: &Verdict, expires: Instant, capacity: usize) {
+        while self.entries.len() >= capacity && !self.entries.contains_key(&key) {
+            self.evict_oldest();
+        }
+        self.seq += 1;
+        self.entries.insert(
+            key,
+            Entry {
+                verdict: verdict.clone(),
+                expires,
+                seq: self.seq,
+            },
+        );
+        self.order.push_back((key, self.seq));
+        if self.order.len() > 2 * capacity.max(16) {
+            let entries = &self.entries;
+            self.order
+                .retain(|(k, s)| entries.get(k).is_some_and(|e| e.seq == *s));
+        }
+    }
+
+    fn evict_oldest(&mut self) {
+        while let Some((k, s)) = self.order.pop_front() {
+            if self.entries.get(&k).is_some_and(|e| e.seq == s) {
+                self.entries.remove(&k);
+                return;
+            }
+        }
+    }
+}
+
+impl ReviewCache {
+    pub fn new(config: CacheConfig) -> Self {
+        ReviewCache {
+            config,
+            accepted: Shelf::default(),
+            denied: Shelf::default(),
+        }
+    }
+
+    /// A verdict still in force for `key`.
+    pub fn get(&mut self, key: &TokenKey, now: Instant) -> Option<Verdict> {
+        self.accepted
+            .get(key, now)
+            .or_else(|| self.denied.get(key, now))
     }
 
     /// Keeps what a review of `token` said (not a failure to review).
@@ -130,45 +178,25 @@ impl ReviewCache {
             Verdict::Denied(_) => self.config.denied_ttl,
             Verdict::Failed(_) => return,
         };
+        // The newest verdict is the one kept.
+        self.accepted.entries.remove(&key);
+        self.denied.entries.remove(&key);
         if ttl.is_zero() || self.config.capacity == 0 {
-            self.entries.remove(&key);
             return;
         }
-        while self.entries.len() >= self.config.capacity && !self.entries.contains_key(&key) {
-            self.evict_oldest();
-        }
-        self.seq += 1;
-        self.entries.insert(
-            key,
-            Entry {
-                verdict: verdict.clone(),
-                expires: now + ttl,
-                seq: self.seq,
-            },
-        );
-        self.order.push_back((key, self.seq));
-        if self.order.len() > 2 * self.config.capacity.max(16) {
-            let entries = &self.entries;
-            self.order
-                .retain(|(k, s)| entries.get(k).is_some_and(|e| e.seq == *s));
-        }
-    }
-
-    fn evict_oldest(&mut self) {
-        while let Some((k, s)) = self.order.pop_front() {
-            if self.entries.get(&k).is_some_and(|e| e.seq == s) {
-                self.entries.remove(&k);
-                return;
-            }
-        }
+        let shelf = match verdict {
+            Verdict::Accepted(_) => &mut self.accepted,
+            _ => &mut self.denied,
+        };
+        shelf.put(key, verdict, now + ttl, self.config.capacity);
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.accepted.entries.len() + self.denied.entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len() == 0
     }
 }
 
@@ -212,6 +240,19 @@ impl Pacer {
         }
     }
 
+    /// When the next review may go (now, or later when the bucket is
+    /// empty); taking it is [`Self::take`].
+    pub fn ready_at(&self, now: Instant) -> Instant {
+        if self.interval.is_zero() {
+            return now;
+        }
+        let depth = self.interval * self.burst;
+        let full_at = self.full_at.filter(|t| *t > now).unwrap_or(now);
+        (full_at + self.interval)
+            .checked_sub(depth)
+            .map_or(now, |t| t.max(now))
+    }
+
     /// Takes a slot for one review: how long to wait before sending it.
     pub fn take(&mut self, now: Instant) -> Duration {
         if self.interval.is_zero() {
@@ -248,6 +289,24 @@ mod tests {
         Verdict::Accepted("system:serviceaccount:kube-system:konnectivity-agent".into())
     }
 
+    /// The queue of reviews (issue 39, finding 7) asks the pacer when the
+    /// next turn is, and takes it only when a review goes.
+    #[test]
+    fn ready_at_says_when_the_next_review_may_go_without_taking_it() {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(2.0, 1);
+        assert_eq!(p.ready_at(t0), t0);
+        assert_eq!(p.ready_at(t0), t0, "asking takes nothing");
+        assert!(p.take(t0).is_zero());
+        assert_eq!(p.ready_at(t0), t0 + Duration::from_millis(500));
+        assert_eq!(p.take(t0), Duration::from_millis(500));
+        assert_eq!(p.ready_at(t0), t0 + Duration::from_secs(1));
+        // A quiet while later the bucket is full again.
+        let later = t0 + Duration::from_secs(5);
+        assert_eq!(p.ready_at(later), later);
+        assert_eq!(Pacer::new(0.0, 1).ready_at(t0), t0);
+    }
+
     #[test]
     fn keeps_verdicts_for_their_ttl_and_not_failures() {
         let t0 = Instant::now();
@@ -280,11 +339,43 @@ mod tests {
             // Re-putting a key leaves stale places; they stay bounded.
             c.put(key_of("0"), "0", &accepted(), t0);
             assert!(c.len() <= 3);
-            assert!(c.order.len() <= 32, "{}", c.order.len());
+            assert!(c.accepted.order.len() <= 32, "{}", c.accepted.order.len());
         }
         assert!(c.get(&key_of("999"), t0).is_some());
         assert!(c.get(&key_of("0"), t0).is_some(), "refreshed, so young");
         assert!(c.get(&key_of("1"), t0).is_none());
+    }
+
+    /// Issue 39, finding 9: random tokens at the review rate (each one
+    /// refused) no longer evict the fleet's acceptances.
+    #[test]
+    fn refusals_never_push_acceptances_out() {
+        let t0 = Instant::now();
+        let mut c = ReviewCache::new(CacheConfig {
+            capacity: 100,
+            ..Default::default()
+        });
+        for i in 0..50 {
+            let t = format!("agent-{i}");
+            c.put(key_of(&t), &t, &accepted(), t0);
+        }
+        for i in 0..10_000 {
+            let t = format!("random-{i}");
+            c.put(key_of(&t), &t, &Verdict::Denied("no".into()), t0);
+        }
+        assert!((0..50).all(|i| c.get(&key_of(&format!("agent-{i}")), t0) == Some(accepted())));
+        assert_eq!(c.len(), 150);
+        // A token refused after it was accepted is refused (one verdict).
+        c.put(
+            key_of("agent-0"),
+            "agent-0",
+            &Verdict::Denied("revoked".into()),
+            t0,
+        );
+        assert_eq!(
+            c.get(&key_of("agent-0"), t0),
+            Some(Verdict::Denied("revoked".into()))
+        );
     }
 
     fn jwt(claims: &str) -> String {

@@ -10,9 +10,17 @@
 //! to the control thread and awaits the answer on a oneshot channel. The
 //! control thread remembers verdicts, asks once for a token that several
 //! Connects present at the same time, and paces what it sends
-//! ([`super::review_cache`]).
+//! ([`super::review_cache`]). What is paced is bounded: reviews wait for
+//! their turn in a queue of at most what the pacer sends while the data
+//! plane waits for an answer ([`REVIEW_WAIT`]), past which a review is
+//! refused at once; a turn goes to the oldest review somebody still waits
+//! for, and one whose Connects all gave up (the agent left, or was shed) is
+//! dropped without being sent: ANP ends a review with the Connect stream's
+//! context (issue 39, finding 7). So a flood of Connects that end costs no
+//! turns, and an agent's review waits only behind reviews that are wanted,
+//! which the handshake caps bound.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,6 +31,10 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenRe
 use crate::metrics::ReviewCounters;
 
 use super::review_cache::{key_of, CacheConfig, Pacer, ReviewCache, TokenKey, Verdict};
+
+/// How long the data plane waits for a verdict; no review waits longer
+/// than this for its turn.
+pub const REVIEW_WAIT: Duration = Duration::from_secs(15);
 
 /// Who may connect as an agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,6 +126,13 @@ pub fn review_for(token: &str, spec: &AgentAuthSpec) -> TokenReview {
 }
 
 /// ANP's verdict on a TokenReview's status: the username, or why not.
+///
+/// One check more than ANP's (issue 39, finding 10): an authenticator that
+/// names the audiences it found the token valid for
+/// (`status.audiences`, the intersection of the token's and the review's)
+/// must name ours. Kubernetes asks this of a client that sets
+/// `spec.audiences` (the TokenReviewStatus documentation); an empty list
+/// (an authenticator that is not audience-aware) is taken as ANP takes it.
 pub fn judge(status: Option<&TokenReviewStatus>, spec: &AgentAuthSpec) -> Result<String, String> {
     let empty = TokenReviewStatus::default();
     let status = status.unwrap_or(&empty);
@@ -122,6 +141,14 @@ pub fn judge(status: Option<&TokenReviewStatus>, spec: &AgentAuthSpec) -> Result
     }
     if status.authenticated != Some(true) {
         return Err("lookup failed: service account jwt not valid".to_string());
+    }
+    if let Some(found) = status.audiences.as_deref().filter(|a| !a.is_empty()) {
+        if !found.contains(&spec.audience) {
+            return Err(format!(
+                "lookup failed: token valid for audiences {found:?}, not {:?}",
+                spec.audience
+            ));
+        }
     }
     let username = status
         .user
@@ -165,10 +192,24 @@ pub async fn serve(client: kube::Client, queue: ReviewQueue) {
         ..Default::default()
     });
     let mut pacer = Pacer::new(f64::from(limits.qps), limits.burst);
-    // Tokens under review, with everyone waiting for the verdict.
-    let mut waiting: HashMap<TokenKey, Vec<Reply>> = HashMap::new();
+    // Tokens under review: the token (until its review is sent) and
+    // everyone waiting for the verdict.
+    let mut waiting: HashMap<TokenKey, (String, Vec<Reply>)> = HashMap::new();
+    // Tokens waiting for their turn, oldest first. A turn goes to the next
+    // one somebody still waits for: reviews of Connects that ended cost no
+    // turn, so a flood of them does not delay the others.
+    let mut turns: VecDeque<TokenKey> = VecDeque::new();
+    // The most reviews that wait for a turn: what the pacer sends within
+    // the time a Connect waits for its verdict.
+    let max_queued = if limits.qps == 0 {
+        usize::MAX
+    } else {
+        (f64::from(limits.qps) * REVIEW_WAIT.as_secs_f64()) as usize
+    };
     let (done_tx, mut done_rx) = mpsc::unbounded::<(TokenKey, String, Verdict)>();
+    let live = |w: &(String, Vec<Reply>)| w.1.iter().any(|r| !r.is_canceled());
     loop {
+        let turn = (!turns.is_empty()).then(|| pacer.ready_at(Instant::now()));
         tokio::select! {
             req = rx.next() => {
                 let Some(req) = req else { break };
@@ -180,26 +221,58 @@ pub async fn serve(client: kube::Client, queue: ReviewQueue) {
                 }
                 if let Some(w) = waiting.get_mut(&key) {
                     queue.counters.joined.inc();
-                    w.push(req.reply);
+                    w.1.retain(|r| !r.is_canceled());
+                    w.1.push(req.reply);
                     continue;
                 }
-                waiting.insert(key, vec![req.reply]);
-                let wait = pacer.take(Instant::now());
-                let (api, spec, done) = (api.clone(), queue.spec.clone(), done_tx.clone());
-                tokio::spawn(async move {
-                    if !wait.is_zero() {
-                        tokio::time::sleep(wait).await;
-                    }
-                    let review = review_for(&req.token, &spec);
-                    let verdict = match api.create(&Default::default(), &review).await {
-                        Ok(r) => match judge(r.status.as_ref(), &spec) {
-                            Ok(user) => Verdict::Accepted(user),
-                            Err(e) => Verdict::Denied(e),
-                        },
-                        Err(e) => Verdict::Failed(format!("Failed to authenticate request. err:{e}")),
+                if turns.len() >= max_queued {
+                    // Those nobody waits for any more do not count.
+                    let before = turns.len();
+                    turns.retain(|k| {
+                        let keep = waiting.get(k).is_some_and(live);
+                        if !keep {
+                            waiting.remove(k);
+                        }
+                        keep
+                    });
+                    queue.counters.abandoned.inc_by((before - turns.len()) as u64);
+                }
+                if turns.len() >= max_queued {
+                    queue.counters.shed.inc();
+                    let why = format!(
+                        "too many token reviews waiting (--token-review-qps {}): try again later",
+                        limits.qps
+                    );
+                    let _ = req.reply.send(Err(why));
+                    continue;
+                }
+                waiting.insert(key, (req.token, vec![req.reply]));
+                turns.push_back(key);
+            }
+            _ = sleep_until(turn) => {
+                // The turn goes to the oldest review somebody waits for.
+                while let Some(key) = turns.pop_front() {
+                    let Some(w) = waiting.get_mut(&key).filter(|w| live(w)) else {
+                        queue.counters.abandoned.inc();
+                        waiting.remove(&key);
+                        continue;
                     };
-                    let _ = done.unbounded_send((key, req.token, verdict));
-                });
+                    pacer.take(Instant::now());
+                    let token = std::mem::take(&mut w.0);
+                    let (api, spec, done) = (api.clone(), queue.spec.clone(), done_tx.clone());
+                    tokio::spawn(async move {
+                        let review = review_for(&token, &spec);
+                        let verdict = match api.create(&Default::default(), &review).await {
+                            Ok(r) => match judge(r.status.as_ref(), &spec) {
+                                Ok(user) => Verdict::Accepted(user),
+                                Err(e) => Verdict::Denied(e),
+                            },
+                            Err(e) => Verdict::Failed(format!("Failed to authenticate request. err:{e}")),
+                        };
+                        let _ = done.unbounded_send((key, token, verdict));
+                    });
+                    break;
+                }
             }
             Some((key, token, verdict)) = done_rx.next() => {
                 let c = &queue.counters;
@@ -209,11 +282,19 @@ pub async fn serve(client: kube::Client, queue: ReviewQueue) {
                     Verdict::Failed(_) => c.failed.inc(),
                 };
                 cache.put(key, &token, &verdict, Instant::now());
-                for reply in waiting.remove(&key).unwrap_or_default() {
+                for reply in waiting.remove(&key).map(|w| w.1).unwrap_or_default() {
                     let _ = reply.send(verdict.clone().into_result());
                 }
             }
         }
+    }
+}
+
+/// Sleeps until `at`; never wakes without one.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -298,6 +379,28 @@ mod tests {
             assert!(got.contains(want), "{got} lacks {want}");
         }
         assert!(judge(None, &spec()).is_err());
+    }
+
+    /// Issue 39, finding 10: the audiences an answer names must hold ours.
+    #[test]
+    fn an_answer_for_another_audience_is_refused() {
+        let ok = "system:serviceaccount:kube-system:konnectivity-agent";
+        let with = |auds: Option<Vec<&str>>| TokenReviewStatus {
+            audiences: auds.map(|a| a.into_iter().map(String::from).collect()),
+            ..status(true, ok, None)
+        };
+        let got = judge(
+            Some(&with(Some(vec!["https://kubernetes.default.svc"]))),
+            &spec(),
+        );
+        assert!(got
+            .unwrap_err()
+            .contains("not \"system:konnectivity-server\""));
+        let both = with(Some(vec!["api", "system:konnectivity-server"]));
+        assert_eq!(judge(Some(&both), &spec()), Ok(ok.into()));
+        // Not audience-aware: as ANP.
+        assert_eq!(judge(Some(&with(Some(vec![]))), &spec()), Ok(ok.into()));
+        assert_eq!(judge(Some(&with(None)), &spec()), Ok(ok.into()));
     }
 
     #[test]

@@ -93,11 +93,13 @@ type TcpPoll = monoio::net::tcp::stream_poll::TcpStreamPoll;
 /// The HTTP/2 settings of an agent link: the Connect stream carries every
 /// tunnel of the agent, so it gets large windows (as with the h2 crate
 /// before: a 16 MiB stream window, 32 MiB for the connection, 256 KiB
-/// frames); the request's metadata is kept.
-fn agent_h2_config() -> h2_server::Config {
+/// frames), or larger, to hold a whole message of `max_message` bytes;
+/// the request's metadata is kept.
+fn agent_h2_config(max_message: usize) -> h2_server::Config {
+    let stream_window = grpc::stream_window_for(max_message, grpc::STREAM_WINDOW);
     h2_server::Config {
-        stream_window: grpc::STREAM_WINDOW,
-        conn_window: grpc::H2_CONNECTION_WINDOW,
+        stream_window,
+        conn_window: grpc::H2_CONNECTION_WINDOW.max(stream_window),
         max_frame: grpc::MAX_FRAME,
         max_streams: MAX_STREAMS,
         keep_fields: true,
@@ -293,8 +295,9 @@ fn bind_identity(
     })
 }
 
-/// How long an agent's token review may take.
-const REVIEW_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long an agent's token review may take (the control thread sends
+/// no review that would wait longer than this for its turn).
+const REVIEW_TIMEOUT: Duration = crate::control::token_review::REVIEW_WAIT;
 
 /// With agent authentication on, the Connect request's ServiceAccount token
 /// must pass a TokenReview (see [`crate::control::token_review`]).
@@ -324,6 +327,39 @@ async fn authenticate(shared: &ServerState, head: &ConnectHead) -> Result<(), (u
         }
         Ok(Err(e)) => Err(refused(e)),
         Err(_) => Err(refused("token review timed out".into())),
+    }
+}
+
+/// [`authenticate`] while the agent stays: `None` when a newcomer over the
+/// handshake caps sheds this connection (a token under review proves
+/// nothing yet) or the agent goes away first. Either drops the review's
+/// answer channel, so the control thread sends no review that nobody waits
+/// for any more, as ANP's review ends with the Connect stream's context
+/// (issue 39, finding 7). Requests and frames the agent sends meanwhile are
+/// not served.
+async fn authenticate_while_connected(
+    shared: &ServerState,
+    head: &ConnectHead,
+    conn: &mut H2Conn<AgentIo>,
+    permit: &Option<Permit>,
+) -> Option<Result<(), (u32, String)>> {
+    let shed = async {
+        match permit {
+            Some(p) => p.shed().await,
+            None => std::future::pending().await,
+        }
+    };
+    let gone = async { while let Some(Ok(_)) = conn.next().await {} };
+    monoio::select! {
+        r = authenticate(shared, head) => Some(r),
+        _ = shed => {
+            tracing::debug!("agent shed while its token was reviewed");
+            None
+        }
+        _ = gone => {
+            tracing::debug!("agent went away while its token was reviewed");
+            None
+        }
     }
 }
 
@@ -394,7 +430,7 @@ async fn handshake(
         if let (Some(p), Some(_)) = (permit, &leaf) {
             p.advance();
         }
-        let mut conn = Box::new(H2Conn::new(tls, agent_h2_config()));
+        let mut conn = Box::new(H2Conn::new(tls, agent_h2_config(shared.cfg.max_message)));
         loop {
             match conn.next().await {
                 None => return Err("agent closed before its first request".into()),
@@ -504,7 +540,13 @@ async fn serve(
 
     let checked = match ConnectHead::new(head) {
         Ok(head) => match validate(&shared, &head) {
-            Ok(h) => Box::pin(authenticate(&shared, &head)).await.map(|_| h),
+            Ok(h) => {
+                let review = authenticate_while_connected(&shared, &head, &mut conn, &permit);
+                match Box::pin(review).await {
+                    Some(r) => r.map(|_| h),
+                    None => return Ok(()),
+                }
+            }
             Err(e) => Err(e),
         },
         Err(e) => Err(e),

@@ -152,13 +152,18 @@ impl Drop for OpenStream {
 }
 
 /// The HTTP/2 settings of a caller's connection: the stream window and
-/// frame size the h2-based frontend had. The connection's window is two
+/// frame size the h2-based frontend had (the stream window grows to hold
+/// a whole message of `max_message` bytes). The connection's window is two
 /// streams' worth (it was 32 MiB): konnectivity-client opens one stream per
-/// connection, and the window bounds what a caller can make us hold.
-fn frontend_h2_config() -> h2_server::Config {
+/// connection, and the windows bound what a caller can make us hold: the
+/// bytes it sent that were not handed on yet (copied out of the read
+/// buffer, and a message gathered whole gives its window back only once
+/// decoded), and no more (issue 39, finding 4).
+fn frontend_h2_config(max_message: usize) -> h2_server::Config {
+    let stream_window = grpc::stream_window_for(max_message, FRONTEND_STREAM_WINDOW);
     h2_server::Config {
-        stream_window: FRONTEND_STREAM_WINDOW,
-        conn_window: 2 * FRONTEND_STREAM_WINDOW,
+        stream_window,
+        conn_window: stream_window.saturating_mul(2).min(grpc::MAX_WINDOW),
         max_frame: grpc::MAX_FRAME,
         ..h2_server::Config::default()
     }
@@ -178,7 +183,7 @@ where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
 {
     // Used in place by the block (a `let` inside would keep it twice).
-    let mut conn = H2Conn::new(io, frontend_h2_config());
+    let mut conn = H2Conn::new(io, frontend_h2_config(shared.cfg.max_message));
     async move {
         let idle_for = shared.cfg.frontend_idle;
         let started = Instant::now();

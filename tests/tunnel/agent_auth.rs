@@ -522,3 +522,188 @@ fn certificate_less_tls_holders_do_not_keep_a_token_agent_out() {
     assert!(shed >= 1, "no certificate-less holder was shed");
     eprintln!("token agent in after {took:?}; {shed} of 4 holders shed");
 }
+
+/// Issue 39, finding 7: what is paced is bounded by what the data plane
+/// waits for. With `--token-review-qps 1 --token-review-burst 1`, 36
+/// agents with tokens of their own arrive at once. Past the 15 reviews the
+/// pacer sends in the 15 s a Connect waits, a review is refused at once
+/// (`shed`); the agents are killed 3 s in, and the reviews still waiting
+/// for their turn are then not sent (`abandoned`): the apiserver sees the
+/// reviews that had their turn before the agents left, not one per agent.
+#[test]
+fn reviews_nobody_waits_for_are_not_sent() {
+    let env = Env::new();
+    let kube = FakeKube::start(None);
+    let kc = env.path("kubeconfig");
+    fake_kube::kubeconfig(&kc, kube.addr);
+    let cert = env.certs().join("server.crt").display().to_string();
+    let key = env.certs().join("server.key").display().to_string();
+    let mut auth = token_auth(&kc);
+    auth.extend(["--token-review-qps", "1", "--token-review-burst", "1"].map(String::from));
+    let auth: Vec<&str> = auth.iter().map(String::as_str).collect();
+    let server = Server::start_with_tls(
+        &env,
+        "127.0.0.1:0",
+        &["--cert", &cert, "--key", &key],
+        &auth,
+    );
+    let reviews =
+        |r: &str| server.metric(&format!("edgetunnel_token_reviews_total{{result=\"{r}\"}}"));
+    let t0 = Instant::now();
+    let agents = fleet(&env, &kube, server.agent, 36);
+    wait_for(
+        "reviews past the 15 s a Connect waits are shed",
+        || reviews("shed") >= 1.0,
+        || server.metrics(),
+    );
+    thread::sleep(Duration::from_secs(3).saturating_sub(t0.elapsed()));
+    drop(agents);
+    let sent_at_kill = kube.token_reviews().len();
+    // The reviews still queued are dropped at the next turn (a second).
+    thread::sleep(Duration::from_secs(5));
+    let sent = kube.token_reviews().len();
+    let (shed, abandoned) = (reviews("shed"), reviews("abandoned"));
+    println!(
+        "36 agents, killed after {:?}: {sent_at_kill} reviews sent by then, {sent} in all; \
+         {shed} shed, {abandoned} abandoned",
+        Duration::from_secs(3)
+    );
+    assert!(
+        sent <= sent_at_kill + 1,
+        "{} reviews sent for agents that had gone",
+        sent - sent_at_kill
+    );
+    assert!(sent <= 6, "{sent} reviews in about 3 s at one a second");
+    assert!(abandoned >= 8.0, "{}", server.metrics());
+}
+
+/// Issue 39, token mode's goal: Connects with random tokens at the
+/// handshake caps (4 of 4), each sent again as soon as it ends, do not keep
+/// a token agent out for more than the admission grace (at most 8 s). A
+/// Connect whose token is under review stays sheddable, a shed one's review
+/// is not sent, and a review waits only behind those still wanted. Before,
+/// the flood's Connects held the caps while their reviews were paced (two
+/// a second here), and the agent's review waited behind every one of them.
+#[test]
+fn a_random_token_flood_at_the_caps_does_not_keep_an_agent_out() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use support::raw_h2::*;
+    let env = Env::new();
+    let kube = FakeKube::start(None);
+    kube.put_token("token-one", GOOD_USER, &[AUDIENCE]);
+    let kc = env.path("kubeconfig");
+    fake_kube::kubeconfig(&kc, kube.addr);
+    let cert = env.certs().join("server.crt").display().to_string();
+    let key = env.certs().join("server.key").display().to_string();
+    let mut auth = token_auth(&kc);
+    auth.extend(
+        [
+            "--max-handshakes",
+            "4",
+            "--max-handshakes-per-ip",
+            "4",
+            "--token-review-qps",
+            "2",
+            "--token-review-burst",
+            "1",
+        ]
+        .map(String::from),
+    );
+    let auth: Vec<&str> = auth.iter().map(String::as_str).collect();
+    let server = Server::start_with_tls(
+        &env,
+        "127.0.0.1:0",
+        &["--cert", &cert, "--key", &key],
+        &auth,
+    );
+    let cfg = support::tls_client::client_tls(
+        &env.certs().join("ca.crt"),
+        None,
+        b"h2",
+        &[&rustls::version::TLS13],
+        &[],
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let flood: Vec<_> = (0..4)
+        .map(|t| {
+            let (stop, sent, cfg, addr) = (stop.clone(), sent.clone(), cfg.clone(), server.agent);
+            thread::spawn(move || {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(tls) = support::tls_client::tls_connect(addr, cfg.clone()) else {
+                        thread::sleep(Duration::from_millis(20));
+                        continue;
+                    };
+                    let _ = tls.sock.set_read_timeout(Some(Duration::from_millis(500)));
+                    let mut c = RawH2::start(tls);
+                    n += 1;
+                    let token = format!("Bearer random-{t}-{n}");
+                    let agent_id = format!("flood-{t}-{n}");
+                    let mut fields = vec![
+                        (":method", "POST"),
+                        (":scheme", "https"),
+                        (":path", "/AgentService/Connect"),
+                        (":authority", "localhost"),
+                        ("content-type", "application/grpc"),
+                        ("te", "trailers"),
+                        ("agentid", agent_id.as_str()),
+                    ];
+                    fields.push(("authorization", token.as_str()));
+                    c.open(1, &fields);
+                    sent.fetch_add(1, Ordering::Relaxed);
+                    // Until the server answers (refused: the stream ends)
+                    // or closes (shed); then again with a new token.
+                    let mut b = [0u8; 4096];
+                    let mut got = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        match std::io::Read::read(&mut c.s, &mut b) {
+                            Ok(0) => break,
+                            Ok(k) => got.extend_from_slice(&b[..k]),
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                            Err(_) => break,
+                        }
+                        let answered = split_frames(&got).iter().any(|f| {
+                            (f.stream == 1 && (f.flags & END_STREAM != 0 || f.ty == RST_STREAM))
+                                || f.ty == GOAWAY
+                        });
+                        if answered {
+                            break;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    // The flood holds the caps, and its reviews queue up.
+    thread::sleep(Duration::from_secs(3));
+    let started = Instant::now();
+    let token = env.path("token");
+    std::fs::write(&token, "token-one\n").unwrap();
+    let agent = spawn_agent(&env, server.agent, "node-t", Some(&token), &[]);
+    wait_for(
+        "the token agent connected",
+        || server.metric("edgetunnel_agents_connected") >= 1.0,
+        || format!("{}\n{}", server.proc.log_text(), agent.log_text()),
+    );
+    let took = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for t in flood {
+        t.join().unwrap();
+    }
+    let reviews =
+        |r: &str| server.metric(&format!("edgetunnel_token_reviews_total{{result=\"{r}\"}}"));
+    eprintln!(
+        "token agent in after {took:?} with {} random-token Connects sent; reviews: {} denied, \
+         {} shed, {} abandoned",
+        sent.load(Ordering::Relaxed),
+        reviews("denied"),
+        reviews("shed"),
+        reviews("abandoned")
+    );
+    assert!(
+        took < Duration::from_secs(8),
+        "the token agent got in only after {took:?}"
+    );
+}

@@ -7,7 +7,9 @@
 //! the message before left, so at most about one message per stream waits
 //! in the HTTP/2 layer. Incoming DATA chunks feed a [`PacketDecoder`],
 //! which hands DATA payload on as slices of those chunks (never joined);
-//! flow-control credit is returned as chunks are consumed.
+//! flow-control credit is returned as the decoder hands bytes on, not as it
+//! takes them: a message gathered whole counts against the windows until
+//! it is decoded (issue 39, finding 4).
 
 use std::task::{ready, Context, Poll};
 
@@ -31,12 +33,23 @@ pub const H2_CONNECTION_WINDOW: u32 = 32 * 1024 * 1024;
 pub const MAX_FRAME: u32 = 256 * 1024;
 pub const MAX_SEND_BUFFER: usize = 1024 * 1024;
 
+/// A stream window of at least `at_least` that holds a whole message of
+/// `max_message` bytes and its prefix: a message gathered whole gives its
+/// window back only once decoded, so a smaller window could never take it.
+pub fn stream_window_for(max_message: usize, at_least: u32) -> u32 {
+    let whole = max_message.saturating_add(crate::protocol::anp::grpc_frame::HEADER_LEN);
+    at_least.max(whole.min(MAX_WINDOW as usize) as u32)
+}
+
+/// The largest HTTP/2 window (RFC 9113 6.9.1).
+pub const MAX_WINDOW: u32 = (1 << 31) - 1;
+
 /// The HTTP/2 settings an agent dials its servers with: the same windows
 /// and frame size as the server's agent links (`server::agent_conn`).
 pub fn h2_client(stream_window: u32) -> h2::client::Builder {
     let mut b = h2::client::Builder::new();
     b.initial_window_size(stream_window)
-        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW.max(stream_window))
         .max_frame_size(MAX_FRAME)
         .max_send_buffer_size(MAX_SEND_BUFFER);
     b
@@ -115,8 +128,11 @@ impl PacketSender {
 /// A body of gRPC messages: an h2 stream's, or a frontend stream's
 /// ([`h2_conn::StreamRecv`]).
 pub trait Body {
-    /// The next chunk; its flow-control credit is given back.
+    /// The next chunk; its flow-control credit comes back with
+    /// [`Self::consumed`].
     fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, GrpcError>>>;
+    /// `n` bytes of the chunks taken were used: their credit goes back.
+    fn consumed(&mut self, n: usize);
     /// After the last chunk: a non-OK `grpc-status` in the trailers.
     fn poll_status(&mut self, cx: &mut Context<'_>) -> Poll<Option<GrpcError>>;
 }
@@ -124,13 +140,14 @@ pub trait Body {
 impl Body for RecvStream {
     fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, GrpcError>>> {
         Poll::Ready(match ready!(self.poll_data(cx)) {
-            Some(Ok(chunk)) => {
-                let _ = self.flow_control().release_capacity(chunk.len());
-                Some(Ok(chunk))
-            }
+            Some(Ok(chunk)) => Some(Ok(chunk)),
             Some(Err(e)) => Some(Err(e.into())),
             None => None,
         })
+    }
+
+    fn consumed(&mut self, n: usize) {
+        let _ = self.flow_control().release_capacity(n);
     }
 
     fn poll_status(&mut self, cx: &mut Context<'_>) -> Poll<Option<GrpcError>> {
@@ -144,6 +161,10 @@ impl Body for RecvStream {
 impl Body for h2_conn::StreamRecv {
     fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, GrpcError>>> {
         self.poll_data(cx).map(|c| c.map(|r| r.map_err(Into::into)))
+    }
+
+    fn consumed(&mut self, n: usize) {
+        h2_conn::StreamRecv::consumed(self, n)
     }
 
     /// A caller's request trailers carry no status.
@@ -187,7 +208,15 @@ impl<B: Body> PacketReceiver<B> {
     /// [`Self::next`] as a poll function.
     pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Frame>, GrpcError>> {
         loop {
-            if let Some(decoded) = self.decoder.next_packet()? {
+            // The bytes the decoder hands on (or skips) give their
+            // flow-control credit back; those it keeps do not.
+            let before = self.decoder.buffered();
+            let next = self.decoder.next_packet();
+            let used = before - self.decoder.buffered();
+            if used > 0 {
+                self.body.consumed(used);
+            }
+            if let Some(decoded) = next? {
                 match decoded {
                     Ok(f) => return Poll::Ready(Ok(Some(f))),
                     Err(PacketError::UnknownType(t)) => {
@@ -199,8 +228,10 @@ impl<B: Body> PacketReceiver<B> {
             }
             if !self.body_done {
                 let Poll::Ready(chunk) = self.body.poll_chunk(cx) else {
-                    // Waiting for the peer: an idle stream keeps no room.
-                    self.decoder.release_if_empty();
+                    // Waiting for the peer: an idle stream keeps no room,
+                    // and a few bytes kept (a message's start) do not keep
+                    // the whole chunk they came in.
+                    self.decoder.compact();
                     return Poll::Pending;
                 };
                 match chunk {

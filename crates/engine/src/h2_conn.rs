@@ -9,8 +9,10 @@
 //!
 //! An idle connection holds no buffer: reads go into one buffer per thread
 //! (a connection keeps only the bytes of a frame cut by a read, and copies
-//! them out when they are few), DATA payload leaves as slices of it, and
-//! the output queue is empty.
+//! them out when they are few), DATA payload is copied out of it into each
+//! stream's own blocks, and the output queue is empty. What a connection
+//! holds of received DATA is what its client sent and the caller did not
+//! use yet ([`StreamRecv::consumed`]), at most the connection window.
 
 use std::cell::RefCell;
 use std::io::{self, IoSlice};
@@ -25,9 +27,8 @@ use crate::protocol::h2_server::{
     Config, ConnError, Event, Recv, RequestHead, SendError, ServerConn,
 };
 
-/// The thread's read buffer: DATA payload is passed on as slices of it,
-/// so a buffer lives until its slices are sent on, and a new one is
-/// allocated when less than [`MIN_READ`] of it is left.
+/// The thread's read buffer (DATA payload is copied out of it, so it is
+/// free again once a read is processed).
 const READ_SIZE: usize = 64 * 1024;
 /// The least room a read is given.
 const MIN_READ: usize = 16 * 1024;
@@ -520,18 +521,24 @@ impl std::fmt::Display for RecvError {
 impl std::error::Error for RecvError {}
 
 impl StreamRecv {
-    /// The next piece of the body; `None` at its end.
+    /// The caller used `n` bytes of what it took: their window goes back to
+    /// the client. Until then they count against the windows, so what a
+    /// caller gathers (a gRPC message) is bounded by them.
+    pub fn consumed(&mut self, n: usize) {
+        let mut s = self.shared.borrow_mut();
+        s.conn.consumed(self.id, n);
+        if s.conn.output_len() > 0 {
+            s.wake_driver();
+        }
+    }
+
+    /// The next piece of the body; `None` at its end. Its window comes back
+    /// with [`Self::consumed`].
     pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, RecvError>>> {
         let mut s = self.shared.borrow_mut();
         let r = s.conn.take_data(self.id);
         match r {
-            Recv::Data(b) => {
-                // A window update may be due.
-                if s.conn.output_len() > 0 {
-                    s.wake_driver();
-                }
-                Poll::Ready(Some(Ok(b)))
-            }
+            Recv::Data(b) => Poll::Ready(Some(Ok(b))),
             Recv::End => Poll::Ready(None),
             Recv::Reset(code) => Poll::Ready(Some(Err(RecvError::Reset(code)))),
             Recv::Pending if s.closed => Poll::Ready(Some(Err(RecvError::ConnClosed))),

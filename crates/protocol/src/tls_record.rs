@@ -318,10 +318,23 @@ impl Receiver {
             joined = std::mem::take(&mut self.partial);
             &joined
         };
-        while rest.len() >= 4 {
+        while let Some(&ty) = rest.first() {
+            // A type that will be refused is refused at its first byte,
+            // not once up to 64 KiB of it arrived (issue 39, finding 11).
+            match ty {
+                KEY_UPDATE => {}
+                NEW_SESSION_TICKET if self.is_client => {}
+                other => return Err(RecordError::UnexpectedHandshake(other)),
+            }
+            if rest.len() < 4 {
+                break;
+            }
             let len = usize::from(rest[1]) << 16 | usize::from(rest[2]) << 8 | usize::from(rest[3]);
             if len > MAX_HANDSHAKE_MESSAGE {
                 return Err(RecordError::HandshakeTooLarge { len });
+            }
+            if ty == KEY_UPDATE && len != 1 {
+                return Err(RecordError::BadKeyUpdate);
             }
             if rest.len() < 4 + len {
                 break;
@@ -691,6 +704,37 @@ mod tests {
             Receiver::new(true).record(20, &[1]),
             Err(RecordError::UnexpectedInnerType(20))
         );
+    }
+
+    /// Issue 39, finding 11: a fragmented message of a type that will be
+    /// refused is refused at its first byte, and a KeyUpdate of the wrong
+    /// length at its header, not once its body arrived.
+    #[test]
+    fn a_refused_handshake_type_is_refused_before_its_body_is_held() {
+        // A server is sent a NewSessionTicket (only a client takes one),
+        // 60 KiB announced, its first byte alone in a record.
+        let mut r = Receiver::new(false);
+        assert_eq!(
+            r.record(HANDSHAKE, &[NEW_SESSION_TICKET]),
+            Err(RecordError::UnexpectedHandshake(NEW_SESSION_TICKET))
+        );
+        let mut r = Receiver::new(true);
+        assert_eq!(
+            r.record(HANDSHAKE, &[13, 0, 0xf0]),
+            Err(RecordError::UnexpectedHandshake(13))
+        );
+        let mut r = Receiver::new(true);
+        assert_eq!(
+            r.record(HANDSHAKE, &[KEY_UPDATE, 0, 0xf0, 0, 1, 1]),
+            Err(RecordError::BadKeyUpdate)
+        );
+        // A KeyUpdate split across records is still taken.
+        let mut r = Receiver::new(true);
+        assert_eq!(
+            r.record(HANDSHAKE, &[KEY_UPDATE, 0]),
+            Ok(Inbound::Messages(vec![]))
+        );
+        assert_eq!(r.held(), 2);
     }
 
     #[test]

@@ -206,6 +206,27 @@ impl<T> RecordStream<T> {
         self.rbuf.capacity() + self.wbuf.capacity()
     }
 
+    /// Seals one record of inner content type `typ` with `content` (at most
+    /// 2^14 bytes), whatever it holds: an empty application_data record, an
+    /// alert, a handshake message. Nothing a user of the stream needs: tests
+    /// and benches play a hostile peer with it (`benches/flood_latency.rs`).
+    /// Flush to send it.
+    pub fn seal_record(&mut self, typ: u8, content: &[u8]) -> io::Result<()> {
+        if content.len() > MAX_PLAINTEXT {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a record's content is at most 2^14 bytes",
+            ));
+        }
+        self.seal(typ, &[content])
+    }
+
+    /// Sends a KeyUpdate (asking for the peer's, or not); see
+    /// [`Self::seal_record`] for whom it is for. Flush to send it.
+    pub fn seal_key_update(&mut self, update_requested: bool) -> io::Result<()> {
+        self.send_key_update(update_requested)
+    }
+
     /// Appends one record of content type `typ` with content `parts` (at
     /// most [`MAX_PLAINTEXT`] bytes in all) to the output, sealed; moves to
     /// the next key when this one sealed its share.

@@ -35,6 +35,9 @@ pub enum FrameError {
     Truncated { buffered: usize },
 }
 
+/// The most bytes [`FrameDecoder::compact`] copies out of their chunks.
+pub const COMPACT_MAX: usize = 1024;
+
 /// Incremental decoder for a stream of gRPC messages.
 #[derive(Debug)]
 pub struct FrameDecoder {
@@ -83,6 +86,22 @@ impl FrameDecoder {
         if self.chunks.is_empty() && self.chunks.capacity() > 0 {
             self.chunks = VecDeque::new();
         }
+    }
+
+    /// Called when the input runs dry: gives the room back when nothing is
+    /// buffered ([`Self::release_if_empty`]), and copies a few bytes kept
+    /// (at most [`COMPACT_MAX`]: a message's prefix or start) out of the
+    /// chunks they came in, so that they do not keep those chunks alive.
+    pub fn compact(&mut self) {
+        if self.buffered == 0 || self.buffered > COMPACT_MAX {
+            self.release_if_empty();
+            return;
+        }
+        let mut joined = BytesMut::with_capacity(self.buffered);
+        for c in self.chunks.drain(..) {
+            joined.extend_from_slice(&c);
+        }
+        self.chunks = VecDeque::from([joined.freeze()]);
     }
 
     /// Call at end of stream: an error if a message was cut short.
@@ -243,6 +262,30 @@ mod tests {
         assert_eq!(d.next_message().unwrap().unwrap(), &b"hello"[..]);
         assert_eq!(d.next_message().unwrap(), None);
         d.finish().unwrap();
+    }
+
+    #[test]
+    fn a_few_bytes_kept_are_copied_out_of_their_chunks() {
+        let wire = framed(&[&[7u8; 100_000], b"tail message"]);
+        let big = Bytes::from(wire[..100_010].to_vec());
+        let range = big.as_ptr() as usize..big.as_ptr() as usize + big.len();
+        let mut d = FrameDecoder::new(1 << 20);
+        d.push(big);
+        assert_eq!(d.next_message().unwrap().unwrap().len(), 100_000);
+        // 5 bytes of the next message are left, in the 100 KB chunk.
+        assert_eq!(d.buffered(), 5);
+        d.compact();
+        let kept = d.chunks.front().unwrap();
+        assert!(!range.contains(&(kept.as_ptr() as usize)), "copied out");
+        d.push(Bytes::copy_from_slice(&wire[100_010..]));
+        assert_eq!(d.next_message().unwrap().unwrap(), &b"tail message"[..]);
+        // More than COMPACT_MAX kept: left where it is.
+        let mut d = FrameDecoder::new(1 << 20);
+        let part = Bytes::from(wire[..COMPACT_MAX + 100].to_vec());
+        let at = part.as_ptr() as usize;
+        d.push(part);
+        d.compact();
+        assert_eq!(d.chunks.front().unwrap().as_ptr() as usize, at);
     }
 
     #[test]

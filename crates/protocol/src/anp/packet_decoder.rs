@@ -87,6 +87,11 @@ impl PacketDecoder {
         self.frames.release_if_empty();
     }
 
+    /// See [`FrameDecoder::compact`].
+    pub fn compact(&mut self) {
+        self.frames.compact();
+    }
+
     /// Call at end of stream: an error if a message was cut short.
     pub fn finish(&self) -> Result<(), FrameError> {
         if self.left > 0 {

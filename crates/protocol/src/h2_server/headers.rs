@@ -125,13 +125,13 @@ impl<U: Default> ServerConn<U> {
                 // pseudo-header, the request is malformed (RFC 9113 8.1).
                 RecvSide::Open => {
                     if !block.end_stream || decoded.is_err() || block.self_dependent {
-                        self.reset_stream(i, reason::PROTOCOL_ERROR);
+                        self.error_reset(i, reason::PROTOCOL_ERROR);
                     } else {
                         self.end_of_request(id);
                     }
                 }
                 // Half-closed (remote): RFC 9113 5.1, STREAM_CLOSED.
-                RecvSide::Ended => self.reset_stream(i, reason::STREAM_CLOSED),
+                RecvSide::Ended => self.error_reset(i, reason::STREAM_CLOSED),
                 RecvSide::PeerReset(_) => self.closed_stream_frame(id),
                 // We reset it: sent before the client saw that.
                 RecvSide::Reset(_) => {}
@@ -191,7 +191,8 @@ impl<U: Default> ServerConn<U> {
         self.streams.push(Stream {
             id,
             user: Default::default(),
-            recv: VecDeque::new(),
+            recv: RecvBuffer::default(),
+            held: 0,
             recv_side: if block.end_stream {
                 RecvSide::Ended
             } else {

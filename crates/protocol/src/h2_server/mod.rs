@@ -8,9 +8,10 @@
 //! tunnel, so an idle tunnel cost about 28 KB, and a server holds one
 //! connection per agent (thousands, mostly idle). Here input is handed in by
 //! the caller ([`ServerConn::recv`] takes what it can from the caller's
-//! buffer, which the caller may drop or reuse once it is empty), DATA
-//! payload is passed on as slices of that buffer (no copy) as soon as it
-//! arrives (a DATA frame is never collected whole), and output is a queue
+//! buffer, which the caller may drop or reuse at once), DATA payload is
+//! copied into its stream's own blocks as it arrives (a DATA frame is never
+//! collected whole, and nothing of the caller's buffer is kept: see
+//! `recv_buffer`), and output is a queue
 //! of `Bytes` chunks ([`ServerConn::take_output`]) that is empty, and holds
 //! no allocation, when nothing is waiting to go out.
 //!
@@ -27,8 +28,9 @@
 //!   request trailers end the request;
 //! * our keepalive PINGs ([`ServerConn::ping`], [`Event::Pong`]);
 //! * flow control both ways: received DATA counts against the windows we
-//!   granted and the credit is given back as the caller takes the data
-//!   ([`ServerConn::take_data`]); sent DATA waits for the client's windows
+//!   granted and the credit is given back once the caller has used the
+//!   data ([`ServerConn::consumed`], after [`ServerConn::take_data`]), so
+//!   that what a caller gathers counts against the windows too; sent DATA waits for the client's windows
 //!   and for the output queue to drain below [`OUT_HIGH`];
 //! * response heads and trailers encoded without the dynamic table
 //!   (static indexes and literals), split into CONTINUATION frames when
@@ -43,7 +45,9 @@
 //!   more than [`MAX_PENDING_RESETS`] streams reset by the client before
 //!   the caller took them (rapid reset, CVE-2023-44487), and a header
 //!   block in more CONTINUATION frames than its largest size needs (empty
-//!   ones add no bytes to the size limit);
+//!   ones add no bytes to the size limit), and more than
+//!   [`MAX_ERROR_RESETS`] streams we had to reset for the client's errors
+//!   over the connection's life (CVE-2025-8671, as the h2 crate counts);
 //! * stream states (RFC 9113 5.1): a new stream id not above the last is
 //!   a connection error; HEADERS or DATA on a half-closed (remote) or
 //!   closed stream is STREAM_CLOSED, except what was in flight when we
@@ -69,6 +73,7 @@ mod frame;
 mod headers;
 mod output;
 mod recv;
+mod recv_buffer;
 mod streams;
 mod wire;
 pub use wire::{encode_field, put_frame_header, write_block, FRAME_HEADER_LEN, PREFACE};
@@ -78,6 +83,8 @@ use frame::*;
 pub use frame::{frame_type, reason};
 use headers::Block;
 use recv::In;
+use recv_buffer::RecvBuffer;
+pub use recv_buffer::BLOCK as RECV_BLOCK;
 use streams::{RecvSide, SendSide, Stream};
 use wire::{END_HEADERS, END_STREAM, PADDED, PRIORITY as PRIORITY_FLAG};
 
@@ -100,12 +107,6 @@ pub struct Config {
     /// SETTINGS_MAX_HEADER_LIST_SIZE (RFC 9113 counting: name + value + 32
     /// per field); also bounds a header block's encoded size.
     pub max_header_list: u32,
-    /// DATA payload pieces shorter than this are copied out of the input
-    /// rather than sliced: a slice keeps the caller's whole read buffer
-    /// alive, so a client sending tiny DATA frames among other bytes
-    /// could otherwise hold a buffer per byte of window. Pieces this long
-    /// or longer keep at most `buffer size / copy_below` times their size.
-    pub copy_below: usize,
     /// Keep a request's other header fields in [`RequestHead::fields`]
     /// (the agent listener reads its metadata there; the gRPC frontend
     /// needs none and keeps none).
@@ -120,7 +121,6 @@ impl Default for Config {
             max_frame: 256 * 1024,
             max_streams: 1_024,
             max_header_list: 64 * 1024,
-            copy_below: 4 * 1024,
             keep_fields: false,
         }
     }
@@ -223,6 +223,11 @@ const RECENT_RESETS: usize = 8;
 /// src/proto/mod.rs `DEFAULT_REMOTE_RESET_STREAM_MAX`).
 pub const MAX_PENDING_RESETS: usize = 20;
 
+/// Streams a connection may make us reset with its errors (RST_STREAM
+/// for a bad frame on a stream), over its life: the h2 crate's default
+/// `max_local_error_reset_streams`.
+pub const MAX_ERROR_RESETS: u32 = 1024;
+
 /// A flood the connection ended (GOAWAY ENHANCE_YOUR_CALM), for metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flood {
@@ -230,6 +235,10 @@ pub enum Flood {
     RapidReset = 0,
     /// A header block in more CONTINUATION frames than its size needs.
     Continuation = 1,
+    /// More than [`MAX_ERROR_RESETS`] streams we reset for the client's
+    /// errors ("MadeYouReset", CVE-2025-8671: each reset frees a stream
+    /// slot while the work it started goes on).
+    ErrorResets = 2,
 }
 
 impl Flood {
@@ -238,6 +247,7 @@ impl Flood {
         match self {
             Flood::RapidReset => "rapid_reset",
             Flood::Continuation => "continuation",
+            Flood::ErrorResets => "error_resets",
         }
     }
 }
@@ -262,6 +272,8 @@ pub struct ServerConn<U> {
     /// Streams the client reset whose request the caller has not taken
     /// (see [`MAX_PENDING_RESETS`]).
     pending_resets: u32,
+    /// Streams we reset for the client's errors (see [`MAX_ERROR_RESETS`]).
+    error_resets: u32,
     /// The GOAWAY we sent (its last stream id).
     goaway_sent: Option<u32>,
     goaway_received: bool,
@@ -301,6 +313,7 @@ impl<U: Default> ServerConn<U> {
             recent_next: 0,
             last_stream: 0,
             pending_resets: 0,
+            error_resets: 0,
             goaway_sent: None,
             goaway_received: false,
             closed: None,
@@ -376,17 +389,42 @@ impl<U: Default> ServerConn<U> {
             + self.events.capacity() * std::mem::size_of::<Event>()
             + self.streams.capacity() * std::mem::size_of::<Stream<U>>()
             + self.block.as_ref().map_or(0, |b| b.bytes.capacity())
+            + self
+                .streams
+                .iter()
+                .map(|s| s.recv.allocated())
+                .sum::<usize>()
+    }
+
+    /// Received DATA bytes the connection holds for its streams, and those
+    /// its caller took and has not used yet ([`Self::consumed`]): at most
+    /// the connection window we granted.
+    pub fn received_held(&self) -> usize {
+        self.streams
+            .iter()
+            .map(|s| s.recv.len() + s.held as usize)
+            .sum()
     }
 
     /// Consumes what it can of `input` (the caller keeps the rest and
-    /// appends to it). DATA payload leaves as slices of `input`'s buffer.
+    /// appends to it). DATA payload is copied out: nothing of `input`'s
+    /// buffer is kept.
     /// An `Err` is final: the GOAWAY is queued; write the output and close.
     pub fn recv(&mut self, input: &mut BytesMut) -> Result<(), ConnError> {
         if let Some(e) = &self.closed {
             input.clear();
             return Err(e.clone());
         }
-        match self.recv_frames(input) {
+        let r = self.recv_frames(input).and_then(|()| {
+            if self.error_resets > MAX_ERROR_RESETS {
+                return Err(flood_err(
+                    Flood::ErrorResets,
+                    "too many streams reset for the client's errors",
+                ));
+            }
+            Ok(())
+        });
+        match r {
             Ok(()) => Ok(()),
             Err(e) => {
                 input.clear();

@@ -68,14 +68,8 @@ impl<U: Default> ServerConn<U> {
                             };
                             continue;
                         }
-                        let chunk = if n < self.cfg.copy_below {
-                            let c = Bytes::copy_from_slice(&input[..n]);
-                            input.advance(n);
-                            c
-                        } else {
-                            input.split_to(n).freeze()
-                        };
-                        self.data_chunk(stream, chunk);
+                        self.data_chunk(stream, &input[..n]);
+                        input.advance(n);
                         self.input = In::Data {
                             stream,
                             keep,
@@ -196,7 +190,7 @@ impl<U: Default> ServerConn<U> {
             RecvSide::Ended => {
                 // Half-closed (remote): RFC 9113 5.1, STREAM_CLOSED.
                 self.conn_credit(len);
-                self.reset_stream(i, reason::STREAM_CLOSED);
+                self.error_reset(i, reason::STREAM_CLOSED);
                 return Ok((0, false));
             }
             RecvSide::PeerReset(_) => {
@@ -211,14 +205,14 @@ impl<U: Default> ServerConn<U> {
         }
         if len > self.streams[i].recv_window {
             self.conn_credit(len);
-            self.reset_stream(i, reason::FLOW_CONTROL_ERROR);
+            self.error_reset(i, reason::FLOW_CONTROL_ERROR);
             return Ok((0, false));
         }
         if let Some(left) = self.streams[i].content_left {
             if body > left {
                 // More than the content-length announced (RFC 9113 8.1.1).
                 self.conn_credit(len);
-                self.reset_stream(i, reason::PROTOCOL_ERROR);
+                self.error_reset(i, reason::PROTOCOL_ERROR);
                 return Ok((0, false));
             }
             self.streams[i].content_left = Some(left - body);
@@ -249,7 +243,7 @@ impl<U: Default> ServerConn<U> {
         }
     }
 
-    pub(super) fn data_chunk(&mut self, stream: u32, chunk: Bytes) {
+    pub(super) fn data_chunk(&mut self, stream: u32, chunk: &[u8]) {
         if stream == 0 {
             // Dropped; its window was given back at the frame's head.
             return;
@@ -257,7 +251,7 @@ impl<U: Default> ServerConn<U> {
         let n = chunk.len() as i64;
         match self.index(stream) {
             Some(i) if self.streams[i].recv_side == RecvSide::Open => {
-                self.streams[i].recv.push_back(chunk);
+                self.streams[i].recv.push(chunk);
                 self.wake(stream);
             }
             // Reset meanwhile (or dropped): the bytes are not wanted.
@@ -273,7 +267,7 @@ impl<U: Default> ServerConn<U> {
         }
         if self.streams[i].content_left.is_some_and(|n| n > 0) {
             // Less than the content-length announced (RFC 9113 8.1.1).
-            self.reset_stream(i, reason::PROTOCOL_ERROR);
+            self.error_reset(i, reason::PROTOCOL_ERROR);
             return;
         }
         self.streams[i].recv_side = RecvSide::Ended;
@@ -298,7 +292,7 @@ impl<U: Default> ServerConn<U> {
                 if u32::from_be_bytes([p[0], p[1], p[2], p[3]]) & 0x7fff_ffff == id {
                     // A stream cannot depend on itself (RFC 9113 5.3.1).
                     match self.index(id) {
-                        Some(i) => self.reset_stream(i, reason::PROTOCOL_ERROR),
+                        Some(i) => self.error_reset(i, reason::PROTOCOL_ERROR),
                         None => self.push_rst(id, reason::PROTOCOL_ERROR),
                     }
                 }
@@ -514,12 +508,12 @@ impl<U: Default> ServerConn<U> {
             return Ok(());
         };
         if inc == 0 {
-            self.reset_stream(i, reason::PROTOCOL_ERROR);
+            self.error_reset(i, reason::PROTOCOL_ERROR);
             return Ok(());
         }
         self.streams[i].send_window += inc;
         if self.streams[i].send_window > MAX_WINDOW {
-            self.reset_stream(i, reason::FLOW_CONTROL_ERROR);
+            self.error_reset(i, reason::FLOW_CONTROL_ERROR);
             return Ok(());
         }
         self.flush_stream(i);

@@ -31,7 +31,10 @@ pub(super) enum SendSide {
 pub(super) struct Stream<U> {
     pub(super) id: u32,
     pub(super) user: U,
-    pub(super) recv: VecDeque<Bytes>,
+    pub(super) recv: RecvBuffer,
+    /// Taken by the caller and not yet used ([`ServerConn::consumed`]):
+    /// still counted against the windows.
+    pub(super) held: i64,
     pub(super) recv_side: RecvSide,
     /// Window we granted minus what arrived.
     pub(super) recv_window: i64,
@@ -80,21 +83,17 @@ impl<U: Default> ServerConn<U> {
         self.streams.len()
     }
 
-    /// The next piece of a request body. Taking data gives its flow-control
-    /// credit back to the client.
+    /// The next piece of a request body. Its flow-control credit comes back
+    /// to the client once the caller says it used the bytes
+    /// ([`Self::consumed`]): a caller that gathers them (a gRPC message
+    /// taken whole) holds them against the windows.
     pub fn take_data(&mut self, id: u32) -> Recv {
         let Some(i) = self.index(id) else {
             return Recv::Reset(reason::CANCEL);
         };
         let s = &mut self.streams[i];
-        if let Some(b) = s.recv.pop_front() {
-            if s.recv.is_empty() {
-                s.recv = VecDeque::new();
-            }
-            let n = b.len() as i64;
-            s.recv_unacked += n;
-            self.conn_credit(n);
-            self.stream_credit(i);
+        if let Some(b) = s.recv.pop() {
+            s.held += b.len() as i64;
             return Recv::Data(b);
         }
         match s.recv_side {
@@ -102,6 +101,22 @@ impl<U: Default> ServerConn<U> {
             RecvSide::Ended => Recv::End,
             RecvSide::Reset(code) | RecvSide::PeerReset(code) => Recv::Reset(code),
         }
+    }
+
+    /// The caller used `n` bytes of what it took from stream `id`: their
+    /// window goes back to the client (one WINDOW_UPDATE once half a window
+    /// is owed). Bytes of a stream that is gone were given back already.
+    pub fn consumed(&mut self, id: u32, n: usize) {
+        let Some(i) = self.index(id) else { return };
+        let s = &mut self.streams[i];
+        let n = (n as i64).min(s.held);
+        if n <= 0 {
+            return;
+        }
+        s.held -= n;
+        s.recv_unacked += n;
+        self.conn_credit(n);
+        self.stream_credit(i);
     }
 
     /// Whether the stream was reset (by the client or an error), and how.
@@ -255,6 +270,15 @@ impl<U: Default> ServerConn<U> {
         }
     }
 
+    /// Resets stream `i` for an error of the client's (counted: see
+    /// [`MAX_ERROR_RESETS`]).
+    pub(super) fn error_reset(&mut self, i: usize, code: u32) {
+        if !matches!(self.streams[i].send_side, SendSide::Reset(_)) {
+            self.error_resets = self.error_resets.saturating_add(1);
+        }
+        self.reset_stream(i, code);
+    }
+
     pub(super) fn reset_stream(&mut self, i: usize, code: u32) {
         let s = &mut self.streams[i];
         if matches!(s.send_side, SendSide::Reset(_)) {
@@ -276,10 +300,11 @@ impl<U: Default> ServerConn<U> {
         }
     }
 
-    /// Received data nobody will take: its connection window is given back.
+    /// Received data nobody will take or use: its connection window is
+    /// given back.
     pub(super) fn drop_received(&mut self, i: usize) {
-        let recv = std::mem::take(&mut self.streams[i].recv);
-        let unread: i64 = recv.iter().map(|b| b.len() as i64).sum();
+        let s = &mut self.streams[i];
+        let unread = s.recv.clear() as i64 + std::mem::take(&mut s.held);
         if unread > 0 {
             self.conn_credit(unread);
         }

@@ -60,7 +60,6 @@ fn cfg() -> Config {
         max_frame: 16_384,
         max_streams: 4,
         max_header_list: 8_192,
-        copy_below: 1_000,
         keep_fields: false,
     }
 }
@@ -98,6 +97,7 @@ fn data_of(c: &mut Conn, id: u32) -> Vec<u8> {
     let mut v = Vec::new();
     while let Recv::Data(b) = c.take_data(id) {
         v.extend_from_slice(&b);
+        c.consumed(id, b.len());
     }
     v
 }
@@ -825,24 +825,73 @@ fn the_first_streams_take_one_slot_each() {
     eprintln!("stream state: {} bytes", stream_state_size::<()>());
 }
 
+/// Issue 39, finding 4: nothing of the caller's read buffer is kept (a
+/// slice would keep all of it alive), pieces queued behind others share
+/// blocks, and the windows come back only as the caller uses the bytes.
 #[test]
-fn long_payload_is_sliced_from_the_input_and_short_payload_copied() {
+fn payload_is_copied_out_and_its_window_comes_back_once_used() {
     let mut c = open();
     request(&mut c, 1);
-    let mut bytes = frame(DATA, 0, 1, &[1; 999]);
-    bytes.extend(frame(DATA, 0, 1, &[2; 1_000]));
+    let mut bytes = Vec::new();
+    for k in 0..100u8 {
+        bytes.extend(frame(DATA, 0, 1, &[k; 100]));
+        // An unknown frame type between the pieces (ignored).
+        bytes.extend(frame(0xfa, 0, 0, &[0; 900]));
+    }
     let mut buf = BytesMut::from(&bytes[..]);
     let range = buf.as_ptr() as usize..buf.as_ptr() as usize + bytes.len();
     c.recv(&mut buf).unwrap();
-    let Recv::Data(short) = c.take_data(1) else {
-        panic!()
-    };
-    let Recv::Data(long) = c.take_data(1) else {
-        panic!()
-    };
-    assert_eq!((short.len(), long.len()), (999, 1_000));
-    assert!(!range.contains(&(short.as_ptr() as usize)), "copied");
-    assert!(range.contains(&(long.as_ptr() as usize)), "sliced");
+    assert!(buf.is_empty());
+    assert_eq!(c.received_held(), 10_000);
+    let blocks = std::iter::from_fn(|| match c.take_data(1) {
+        Recv::Data(b) => Some(b),
+        _ => None,
+    })
+    .collect::<Vec<_>>();
+    assert!(
+        blocks
+            .iter()
+            .all(|b| !range.contains(&(b.as_ptr() as usize))),
+        "copied"
+    );
+    assert_eq!(
+        blocks.len(),
+        2,
+        "the first piece alone, the other 99 packed"
+    );
+    assert_eq!(blocks.iter().map(Bytes::len).sum::<usize>(), 10_000);
+    // Taken, not used: still held against the windows, no WINDOW_UPDATE.
+    assert_eq!(c.received_held(), 10_000);
+    assert!(!parse(&c.take_output())
+        .iter()
+        .any(|f| f.ty == WINDOW_UPDATE));
+    // Used: half the stream window (cfg: 1 MiB) is not owed yet; the
+    // connection's 2 MiB neither. Use the rest of a half window's worth.
+    c.consumed(1, 10_000);
+    assert_eq!(c.received_held(), 0);
+    // More than was taken is not given back.
+    c.consumed(1, 1_000_000);
+    let half = (1 << 20) / 2;
+    let mut more = Vec::new();
+    for _ in 0..(half / 16_000) + 1 {
+        more.extend(frame(DATA, 0, 1, &[7; 16_000]));
+    }
+    feed(&mut c, &more).unwrap();
+    let mut taken = 0;
+    while let Recv::Data(b) = c.take_data(1) {
+        taken += b.len();
+    }
+    assert!(!parse(&c.take_output())
+        .iter()
+        .any(|f| f.ty == WINDOW_UPDATE));
+    c.consumed(1, taken);
+    let out = parse(&c.take_output());
+    let updates: Vec<u32> = out
+        .iter()
+        .filter(|f| f.ty == WINDOW_UPDATE)
+        .map(|f| f.id)
+        .collect();
+    assert_eq!(updates, [1], "the stream's window once half of it was used");
 }
 
 #[test]
@@ -1246,6 +1295,41 @@ fn streams_reset_after_the_caller_took_them_are_no_flood() {
     assert!(c.error().is_none());
     assert_eq!(c.flood(), None);
     request(&mut c, id);
+}
+
+/// Issue 39, finding 12 ("MadeYouReset", CVE-2025-8671): a client that
+/// makes us reset its streams with its own errors (here a WINDOW_UPDATE of
+/// 0 on each, a stream error) frees a slot with each while the caller's
+/// work goes on; past [`MAX_ERROR_RESETS`] of them the connection ends
+/// with GOAWAY ENHANCE_YOUR_CALM, as the h2 crate ends it.
+#[test]
+fn streams_reset_for_the_clients_errors_are_counted() {
+    let mut c = open();
+    let mut id = 1;
+    let mut ended = None;
+    for k in 0..2 * MAX_ERROR_RESETS {
+        let mut b = frame(HEADERS, END_HEADERS, id, &request_fields(None));
+        b.extend(frame(WINDOW_UPDATE, 0, id, &0u32.to_be_bytes()));
+        if let Err(e) = feed(&mut c, &b) {
+            ended = Some((k, e));
+            break;
+        }
+        for e in events(&mut c) {
+            if let Event::Request { stream, .. } = e {
+                c.release(stream);
+            }
+        }
+        c.take_output();
+        id += 2;
+    }
+    let (k, err) = ended.expect("the connection ended");
+    assert_eq!(k, MAX_ERROR_RESETS, "ended after {k} resets");
+    assert_eq!(err.code, reason::ENHANCE_YOUR_CALM);
+    assert_eq!(c.flood(), Some(Flood::ErrorResets));
+    assert_eq!(
+        goaway_code(&response_frames(&mut c)),
+        Some(reason::ENHANCE_YOUR_CALM)
+    );
 }
 
 #[test]
