@@ -34,7 +34,6 @@ fn cfg() -> Config {
         max_frame: 16_384,
         max_streams: 100_000,
         max_header_list: 4_096,
-        copy_below: 64,
         // As the agent listener: the metadata is part of what must not
         // depend on the cutting.
         keep_fields: true,
@@ -57,10 +56,14 @@ fn drive(c: &mut ServerConn<()>, seen: &mut Seen) {
             }
             Event::Wake(id) => loop {
                 match c.take_data(id) {
-                    Recv::Data(b) => match seen.bodies.iter_mut().find(|(s, _)| *s == id) {
-                        Some((_, v)) => v.extend_from_slice(&b),
-                        None => seen.bodies.push((id, b.to_vec())),
-                    },
+                    Recv::Data(b) => {
+                        // Used at once: its window goes back.
+                        c.consumed(id, b.len());
+                        match seen.bodies.iter_mut().find(|(s, _)| *s == id) {
+                            Some((_, v)) => v.extend_from_slice(&b),
+                            None => seen.bodies.push((id, b.to_vec())),
+                        }
+                    }
                     Recv::End | Recv::Reset(_) => {
                         let _ = c.send_trailers(id, &[("grpc-status", "0")]);
                         c.release(id);
@@ -88,6 +91,9 @@ fn run(stream: &[u8], sizes: &[u8]) -> Seen {
         buf.extend_from_slice(&stream[pos..pos + len]);
         pos += len;
         let res = c.recv(&mut buf);
+        // What the connection holds of received DATA stays within the
+        // connection window it advertised (issue 39, finding 4).
+        assert!(c.received_held() <= cfg().conn_window as usize);
         drive(&mut c, &mut seen);
         if let Err(e) = res {
             assert_eq!(c.error(), Some(&e));

@@ -82,11 +82,6 @@ impl PacketDecoder {
         self.frames.push(chunk);
     }
 
-    /// See [`FrameDecoder::release_if_empty`].
-    pub fn release_if_empty(&mut self) {
-        self.frames.release_if_empty();
-    }
-
     /// See [`FrameDecoder::compact`].
     pub fn compact(&mut self) {
         self.frames.compact();

@@ -274,6 +274,8 @@ pub struct ServerConn<U> {
     pending_resets: u32,
     /// Streams we reset for the client's errors (see [`MAX_ERROR_RESETS`]).
     error_resets: u32,
+    /// Frames [`Self::recv_at_most`] may still take in this call.
+    frames_left: usize,
     /// The GOAWAY we sent (its last stream id).
     goaway_sent: Option<u32>,
     goaway_received: bool,
@@ -314,6 +316,7 @@ impl<U: Default> ServerConn<U> {
             last_stream: 0,
             pending_resets: 0,
             error_resets: 0,
+            frames_left: usize::MAX,
             goaway_sent: None,
             goaway_received: false,
             closed: None,
@@ -404,6 +407,18 @@ impl<U: Default> ServerConn<U> {
             .iter()
             .map(|s| s.recv.len() + s.held as usize)
             .sum()
+    }
+
+    /// [`Self::recv`], taking at most `max` frames; how many of them are
+    /// left (0: stopped for the budget, the rest of `input` is unread). A
+    /// read of tiny frames is thousands of them: the caller yields its core
+    /// between budgets (issue 39: the read loop counted reads, not frames).
+    pub fn recv_at_most(&mut self, input: &mut BytesMut, max: usize) -> Result<usize, ConnError> {
+        self.frames_left = max;
+        let r = self.recv(input);
+        let left = self.frames_left;
+        self.frames_left = usize::MAX;
+        r.map(|()| left)
     }
 
     /// Consumes what it can of `input` (the caller keeps the rest and

@@ -97,9 +97,10 @@ impl<U: Default> ServerConn<U> {
                     }
                 }
                 In::Head => {
-                    if input.len() < FRAME_HEADER_LEN {
+                    if input.len() < FRAME_HEADER_LEN || self.frames_left == 0 {
                         return Ok(());
                     }
+                    self.frames_left -= 1;
                     let len = usize::from(input[0]) << 16
                         | usize::from(input[1]) << 8
                         | usize::from(input[2]);
@@ -239,6 +240,9 @@ impl<U: Default> ServerConn<U> {
     /// lately (then the frame was in flight: ignored).
     pub(super) fn closed_stream_frame(&mut self, id: u32) {
         if !self.recent_resets.contains(&id) {
+            // A reset the client made us send (counted as the h2 crate
+            // counts library resets: see MAX_ERROR_RESETS).
+            self.error_resets = self.error_resets.saturating_add(1);
             self.push_rst(id, reason::STREAM_CLOSED);
         }
     }

@@ -1332,6 +1332,26 @@ fn streams_reset_for_the_clients_errors_are_counted() {
     );
 }
 
+/// The caller's read loop takes frames in budgets (a read of tiny frames
+/// is thousands of them): the frames past the budget stay in the input.
+#[test]
+fn recv_at_most_leaves_the_frames_past_its_budget() {
+    let mut c = open();
+    let pings: Vec<u8> = (0..10)
+        .flat_map(|_| frame(PING, 0, 0, b"12345678"))
+        .collect();
+    let mut buf = BytesMut::from(&pings[..]);
+    assert_eq!(c.recv_at_most(&mut buf, 4).unwrap(), 0);
+    assert_eq!(buf.len(), 6 * 17, "six PINGs left");
+    assert_eq!(parse(&c.take_output()).len(), 4, "four answered");
+    assert_eq!(c.recv_at_most(&mut buf, 100).unwrap(), 94);
+    assert!(buf.is_empty());
+    assert_eq!(parse(&c.take_output()).len(), 6);
+    // Without a budget, as before.
+    feed(&mut c, &pings).unwrap();
+    assert_eq!(parse(&c.take_output()).len(), 10);
+}
+
 #[test]
 fn empty_continuation_frames_are_bounded() {
     let mut c = open();
