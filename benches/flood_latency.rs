@@ -24,7 +24,8 @@
 //!   (ended after 1,024);
 //! - `many-streams`: 1,000 open streams, small DATA frames across them.
 //!
-//! Run: `cargo bench --bench flood_latency [-- --probes N]`. The ratio to
+//! Run: `cargo bench --bench flood_latency [-- --probes N --cases a,b]`
+//! (under `cargo test` a smoke pass of 10 probes a case). The ratio to
 //! `quiet` is the goal (within 2x); the ratio to `cpu-hog` takes out
 //! what the machine's two cores cost any busy neighbour.
 
@@ -58,7 +59,10 @@ struct Target {
 type Flood = fn(&Target);
 
 fn main() {
-    let mut probes = 200usize;
+    // Under `cargo test` (no `--bench`): a smoke pass that shows every
+    // case runs, 10 probes each.
+    let full = std::env::args().any(|a| a == "--bench");
+    let mut probes = if full { 200 } else { 10 };
     let mut only: Option<Vec<String>> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {

@@ -185,9 +185,11 @@ impl<U: Default> ServerConn<U> {
         // time rather than to 4 at once.
         if self.streams.len() < 4 {
             self.streams.reserve_exact(1);
+            self.ids.reserve_exact(1);
         }
         // In id order (see `index`).
         debug_assert!(self.streams.last().is_none_or(|s| s.id < id));
+        self.ids.push(id);
         self.streams.push(Stream {
             id,
             user: Default::default(),
