@@ -12,9 +12,15 @@
 //! - `cpu-hog`: two threads that only spin (the control: what two busy
 //!   client threads cost the probes on this machine without touching the
 //!   server);
+//! - `handshakes`: TLS handshakes, each connection closed once done (the
+//!   control for the record floods, which are a handshake each and then
+//!   up to 32 records: no record bound makes a handshake cheaper);
 //! - `empty-records`: TLS connections sending empty application_data
 //!   records (ended after 32 in a row);
 //! - `key-updates`: KeyUpdates asking for ours (ended after 32);
+//! - `h2-connections`: plaintext HTTP/2 connections to the gRPC frontend,
+//!   each closed after its preface and SETTINGS (the control for the
+//!   floods that the server ends at a bound and that start again);
 //! - `ping-flood`: HTTP/2 PINGs to the gRPC frontend without reading the
 //!   answers (the server stops reading);
 //! - `settings-flood`: SETTINGS frames of 100 entries (the most allowed),
@@ -90,11 +96,13 @@ fn main() {
         &[&rustls::version::TLS13],
         &[],
     );
-    let cases: [(&str, Option<Flood>); 9] = [
+    let cases: [(&str, Option<Flood>); 11] = [
         ("quiet", None),
         ("cpu-hog", Some(cpu_hog)),
+        ("handshakes", Some(handshakes)),
         ("empty-records", Some(empty_records)),
         ("key-updates", Some(key_updates)),
+        ("h2-connections", Some(h2_connections)),
         ("ping-flood", Some(ping_flood)),
         ("settings-flood", Some(settings_flood)),
         ("rapid-reset", Some(rapid_reset)),
@@ -201,6 +209,14 @@ fn cpu_hog(t: &Target) {
     }
 }
 
+fn handshakes(t: &Target) {
+    while !t.stop.load(Ordering::Relaxed) {
+        if tls_connect(t.agent, t.tls.clone()).is_ok() {
+            t.conns.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// TLS connections from our own record layer (which can seal any record),
 /// each sent `send` until the server ends it, again and again.
 fn record_flood(t: &Target, send: fn(&mut Records) -> std::io::Result<()>) {
@@ -268,6 +284,21 @@ fn h2_flood(t: &Target, chunk: &[u8]) {
             if s.write_all(chunk).is_err() {
                 break;
             }
+        }
+    }
+}
+
+fn h2_connections(t: &Target) {
+    while !t.stop.load(Ordering::Relaxed) {
+        if let Ok(mut s) = TcpStream::connect(t.grpc) {
+            t.conns.fetch_add(1, Ordering::Relaxed);
+            let mut start = PREFACE.to_vec();
+            start.extend(frame(SETTINGS, 0, 0, &[]));
+            let _ = s.write_all(&start);
+            // The server's SETTINGS, then close.
+            let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+            let mut b = [0u8; 64];
+            let _ = s.read(&mut b);
         }
     }
 }

@@ -106,10 +106,6 @@ pub(super) async fn accept_unix(shared: Arc<ServerState>, l: monoio::net::UnixLi
     .await
 }
 
-/// Requests a caller's connection starts before it lets the core's other
-/// tasks run.
-const REQUESTS_PER_TURN: u8 = 16;
-
 /// How long a connection told GOAWAY for idleness (or a drain) may stay
 /// once it has no stream open, at most.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
@@ -206,10 +202,6 @@ where
         let mut told = false;
         // The client's preface and SETTINGS came.
         let mut up = false;
-        // Requests started since this task last let the core's other tasks
-        // run: a caller opening streams by the thousand (each a task of its
-        // own) does not keep the worker from the others.
-        let mut started_in_a_row = 0u8;
         loop {
             enum Next {
                 Conn(Option<Result<Incoming, H2Error>>),
@@ -314,11 +306,6 @@ where
                     head, recv, send, ..
                 })) => (head, recv, send),
             };
-            started_in_a_row += 1;
-            if started_in_a_row == REQUESTS_PER_TURN {
-                started_in_a_row = 0;
-                accept::yield_now().await;
-            }
             let is_grpc = head
                 .content_type
                 .as_deref()

@@ -44,6 +44,10 @@ const READS_PER_POLL: usize = 16;
 /// 256 of grpc-go's 16 KiB frames are 4 MiB: bulk transfers meet the read
 /// budget first.
 const FRAMES_PER_POLL: usize = 256;
+/// Requests handed out in a row before the task lets the core's other
+/// tasks run: a caller opening streams by the thousand (each served by a
+/// task of its own) does not keep the worker from the others.
+const REQUESTS_PER_TURN: u8 = 16;
 /// Output chunks written in one `writev`.
 const WRITE_SLICES: usize = 64;
 
@@ -151,6 +155,12 @@ impl Wakers {
 
 struct Shared {
     conn: ServerConn<Wakers>,
+    /// The connection's `leftover` holds frames not yet taken (the frame
+    /// budget ran out). (Here, with the next field, rather than in
+    /// [`H2Conn`], whose size every idle caller's task carries.)
+    more_input: bool,
+    /// Requests handed out since the connection's task last yielded.
+    handed: u8,
     /// The connection's task, woken when a stream queued output.
     driver: Option<Waker>,
     /// The connection's task is gone (or ended): streams fail.
@@ -196,8 +206,6 @@ pub struct H2Conn<T> {
     flush: bool,
     done: bool,
     started: bool,
-    /// `leftover` holds frames not yet taken (the frame budget ran out).
-    more_input: bool,
     /// The connection's first bytes (up to [`START_KEPT`]), to name an
     /// HTTP/1 caller in the error, and how many there are.
     start: [u8; START_KEPT],
@@ -210,6 +218,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
             io,
             shared: Rc::new(RefCell::new(Shared {
                 conn: ServerConn::new(cfg),
+                more_input: false,
+                handed: 0,
                 driver: None,
                 closed: false,
             })),
@@ -217,7 +227,6 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
             flush: false,
             done: false,
             started: false,
-            more_input: false,
             start: [0; START_KEPT],
             start_len: 0,
         }
@@ -247,6 +256,15 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
         if self.done {
             return Poll::Ready(None);
         }
+        {
+            let mut s = self.shared.borrow_mut();
+            if s.handed >= REQUESTS_PER_TURN {
+                s.handed = 0;
+                drop(s);
+                crate::runtime::wake_behind_others(cx.waker());
+                return Poll::Pending;
+            }
+        }
         match self.drive(cx) {
             Poll::Ready(r) => {
                 self.done = true;
@@ -259,6 +277,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
                     return Poll::Ready(Some(Ok(Incoming::Started)));
                 }
                 if let Some(i) = self.incoming() {
+                    if let Incoming::Request { .. } = i {
+                        self.shared.borrow_mut().handed += 1;
+                    }
                     return Poll::Ready(Some(Ok(i)));
                 }
                 Poll::Pending
@@ -350,13 +371,14 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
                 take_read_buf()
             } else {
                 let mut b = std::mem::take(&mut self.leftover);
-                if !self.more_input {
+                if !self.shared.borrow().more_input {
                     b.reserve(MIN_READ);
                 }
                 b
             };
             let had = buf.len();
-            let read = if std::mem::take(&mut self.more_input) {
+            let more_input = std::mem::take(&mut self.shared.borrow_mut().more_input);
+            let read = if more_input {
                 // Frames left from the last budget: no read.
                 Poll::Ready(Ok(usize::MAX))
             } else {
@@ -394,7 +416,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
                     match left {
                         Ok(left) => {
                             frames = left;
-                            self.more_input = left == 0 && !buf.is_empty();
+                            self.shared.borrow_mut().more_input = left == 0 && !buf.is_empty();
                         }
                         Err(_) => frames = 0,
                     }
