@@ -65,6 +65,22 @@ fn start_server(env: &Env, kubeconfig: &std::path::Path, agent_bind: &str) -> Se
     Server::start_with_tls(env, agent_bind, &["--cert", &cert, "--key", &key], &auth)
 }
 
+/// A token-reviewing server (`--cert`/`--key` only, no CA) with `extra`
+/// flags, against a fake Kubernetes API of its own.
+fn token_server(env: &Env, extra: &[&str]) -> (FakeKube, Server) {
+    let kube = FakeKube::start(None);
+    let kc = env.path("kubeconfig");
+    fake_kube::kubeconfig(&kc, kube.addr);
+    let cert = env.certs().join("server.crt").display().to_string();
+    let key = env.certs().join("server.key").display().to_string();
+    let mut auth = token_auth(&kc);
+    auth.extend(extra.iter().map(|s| s.to_string()));
+    let auth: Vec<&str> = auth.iter().map(String::as_str).collect();
+    let server =
+        Server::start_with_tls(env, "127.0.0.1:0", &["--cert", &cert, "--key", &key], &auth);
+    (kube, server)
+}
+
 /// An agent with `--ca` and, when given, `--token-file` only; `extra` adds
 /// flags (e.g. a client certificate).
 fn spawn_agent(
@@ -418,19 +434,9 @@ fn a_restart_costs_one_review_per_agent() {
 #[test]
 fn reviews_are_paced() {
     let env = Env::new();
-    let kube = FakeKube::start(None);
-    let kc = env.path("kubeconfig");
-    fake_kube::kubeconfig(&kc, kube.addr);
-    let cert = env.certs().join("server.crt").display().to_string();
-    let key = env.certs().join("server.key").display().to_string();
-    let mut auth = token_auth(&kc);
-    auth.extend(["--token-review-qps", "4", "--token-review-burst", "2"].map(String::from));
-    let auth: Vec<&str> = auth.iter().map(String::as_str).collect();
-    let server = Server::start_with_tls(
+    let (kube, server) = token_server(
         &env,
-        "127.0.0.1:0",
-        &["--cert", &cert, "--key", &key],
-        &auth,
+        &["--token-review-qps", "4", "--token-review-burst", "2"],
     );
     let t0 = Instant::now();
     let agents = fleet(&env, &kube, server.agent, 8);
@@ -533,19 +539,9 @@ fn certificate_less_tls_holders_do_not_keep_a_token_agent_out() {
 #[test]
 fn reviews_nobody_waits_for_are_not_sent() {
     let env = Env::new();
-    let kube = FakeKube::start(None);
-    let kc = env.path("kubeconfig");
-    fake_kube::kubeconfig(&kc, kube.addr);
-    let cert = env.certs().join("server.crt").display().to_string();
-    let key = env.certs().join("server.key").display().to_string();
-    let mut auth = token_auth(&kc);
-    auth.extend(["--token-review-qps", "1", "--token-review-burst", "1"].map(String::from));
-    let auth: Vec<&str> = auth.iter().map(String::as_str).collect();
-    let server = Server::start_with_tls(
+    let (kube, server) = token_server(
         &env,
-        "127.0.0.1:0",
-        &["--cert", &cert, "--key", &key],
-        &auth,
+        &["--token-review-qps", "1", "--token-review-burst", "1"],
     );
     let reviews =
         |r: &str| server.metric(&format!("edgetunnel_token_reviews_total{{result=\"{r}\"}}"));
