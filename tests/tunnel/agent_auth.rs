@@ -458,25 +458,11 @@ fn reviews_are_paced() {
 fn certificate_less_tls_holders_do_not_keep_a_token_agent_out() {
     use std::io::Read;
     let env = Env::new();
-    let kube = FakeKube::start(None);
-    kube.put_token("token-one", GOOD_USER, &[AUDIENCE]);
-    let kc = env.path("kubeconfig");
-    fake_kube::kubeconfig(&kc, kube.addr);
-    let cert = env.certs().join("server.crt").display().to_string();
-    let key = env.certs().join("server.key").display().to_string();
-    let mut auth = token_auth(&kc);
-    auth.extend(
-        ["--max-handshakes", "4", "--max-handshakes-per-ip", "4"]
-            .iter()
-            .map(|s| s.to_string()),
-    );
-    let auth: Vec<&str> = auth.iter().map(String::as_str).collect();
-    let server = Server::start_with_tls(
+    let (kube, server) = token_server(
         &env,
-        "127.0.0.1:0",
-        &["--cert", &cert, "--key", &key],
-        &auth,
+        &["--max-handshakes", "4", "--max-handshakes-per-ip", "4"],
     );
+    kube.put_token("token-one", GOOD_USER, &[AUDIENCE]);
     let cfg = support::tls_client::client_tls(
         &env.certs().join("ca.crt"),
         None,
@@ -586,15 +572,9 @@ fn a_random_token_flood_at_the_caps_does_not_keep_an_agent_out() {
     use std::sync::Arc;
     use support::raw_h2::*;
     let env = Env::new();
-    let kube = FakeKube::start(None);
-    kube.put_token("token-one", GOOD_USER, &[AUDIENCE]);
-    let kc = env.path("kubeconfig");
-    fake_kube::kubeconfig(&kc, kube.addr);
-    let cert = env.certs().join("server.crt").display().to_string();
-    let key = env.certs().join("server.key").display().to_string();
-    let mut auth = token_auth(&kc);
-    auth.extend(
-        [
+    let (kube, server) = token_server(
+        &env,
+        &[
             "--max-handshakes",
             "4",
             "--max-handshakes-per-ip",
@@ -603,16 +583,9 @@ fn a_random_token_flood_at_the_caps_does_not_keep_an_agent_out() {
             "2",
             "--token-review-burst",
             "1",
-        ]
-        .map(String::from),
+        ],
     );
-    let auth: Vec<&str> = auth.iter().map(String::as_str).collect();
-    let server = Server::start_with_tls(
-        &env,
-        "127.0.0.1:0",
-        &["--cert", &cert, "--key", &key],
-        &auth,
-    );
+    kube.put_token("token-one", GOOD_USER, &[AUDIENCE]);
     let cfg = support::tls_client::client_tls(
         &env.certs().join("ca.crt"),
         None,

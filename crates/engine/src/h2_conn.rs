@@ -377,10 +377,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
                 b
             };
             let had = buf.len();
-            let more_input = std::mem::take(&mut self.shared.borrow_mut().more_input);
-            let read = if more_input {
-                // Frames left from the last budget: no read.
-                Poll::Ready(Ok(usize::MAX))
+            // Frames left from the last budget are taken without a read.
+            let fresh = !std::mem::take(&mut self.shared.borrow_mut().more_input);
+            let read = if !fresh {
+                Poll::Ready(Ok(1))
             } else {
                 reads += 1;
                 tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut buf)
@@ -403,9 +403,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
                     }
                     return Poll::Ready(None);
                 }
-                Poll::Ready(Ok(n)) => {
+                Poll::Ready(Ok(_)) => {
                     let kept = self.start_len as usize;
-                    if n != usize::MAX && !self.started && kept < START_KEPT {
+                    if fresh && !self.started && kept < START_KEPT {
                         let new = &buf[had..];
                         let n = new.len().min(START_KEPT - kept);
                         self.start[kept..kept + n].copy_from_slice(&new[..n]);

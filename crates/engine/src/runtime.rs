@@ -192,8 +192,8 @@ pub fn default_workers() -> usize {
 /// Off an engine runtime (the record layer under tokio in tests), a plain
 /// wake: tokio's own budget keeps that fair.
 ///
-/// Every [`YIELDS_TO_DRIVER`]th such wake waits for the driver instead (a
-/// timer due at once, which fires when the core parks): monoio's io_uring
+/// The wake waits for the driver (a timer due at once, which fires when the
+/// core parks): monoio's io_uring
 /// driver takes the readiness of poll-io sockets (every TLS handshake, every
 /// HTTP/2 connection waiting for input) only when its run queue empties and
 /// it parks, so a task that always yields behind the others kept that queue
@@ -203,27 +203,13 @@ pub fn default_workers() -> usize {
 pub fn wake_behind_others(waker: &std::task::Waker) {
     if ON_ENGINE_RUNTIME.get() {
         let waker = waker.clone();
-        let n = YIELDS.get().wrapping_add(1);
-        YIELDS.set(n);
-        if n.is_multiple_of(YIELDS_TO_DRIVER) {
-            monoio::spawn(async move {
-                monoio::time::sleep(std::time::Duration::ZERO).await;
-                waker.wake()
-            });
-        } else {
-            monoio::spawn(async move { waker.wake() });
-        }
+        monoio::spawn(async move {
+            monoio::time::sleep(std::time::Duration::ZERO).await;
+            waker.wake()
+        });
     } else {
         waker.wake_by_ref();
     }
-}
-
-/// See [`wake_behind_others`].
-const YIELDS_TO_DRIVER: u32 = 1;
-
-thread_local! {
-    /// Wakes made by [`wake_behind_others`] on this thread.
-    static YIELDS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 thread_local! {

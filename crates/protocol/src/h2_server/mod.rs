@@ -84,7 +84,6 @@ pub use frame::{frame_type, reason};
 use headers::Block;
 use recv::In;
 use recv_buffer::RecvBuffer;
-pub use recv_buffer::BLOCK as RECV_BLOCK;
 use streams::{RecvSide, SendSide, Stream};
 use wire::{END_HEADERS, END_STREAM, PADDED, PRIORITY as PRIORITY_FLAG};
 

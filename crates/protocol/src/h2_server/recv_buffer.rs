@@ -22,7 +22,7 @@ use bytes::{Bytes, BytesMut};
 
 /// The least size of a block that packs pieces behind others: a frame of
 /// grpc-go's (16 KiB) fills one.
-pub const BLOCK: usize = 16 * 1024;
+const BLOCK: usize = 16 * 1024;
 
 #[derive(Debug, Default)]
 pub(super) struct RecvBuffer {
