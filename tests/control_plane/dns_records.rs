@@ -14,8 +14,7 @@ use support::{Agent, Env, Proc, Server};
 /// check lost to busy TCP ports on a shared machine).
 fn free_port() -> u16 {
     loop {
-        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = tcp.local_addr().unwrap().port();
+        let port = support::free_port();
         if std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }

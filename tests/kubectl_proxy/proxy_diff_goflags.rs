@@ -6,7 +6,6 @@
 
 use crate::support;
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -57,14 +56,6 @@ fn error_line(stderr: &str) -> String {
         .to_string()
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn status(p: &Running, target: &str) -> u16 {
     let port = match &p.ep {
         Endpoint::Tcp(a) => a.port(),
@@ -98,7 +89,7 @@ fn go_flag_syntax_and_global_flags_as_kubectl() {
 
     // Each command line, run by both: where they listen and what the
     // filter decides must agree.
-    let port = free_port();
+    let port = support::free_port();
     let lines: Vec<(&str, Vec<String>)> = vec![
         (
             "hex-port-go-bools",

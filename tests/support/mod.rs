@@ -504,12 +504,24 @@ pub(crate) fn outward_ip() -> Option<std::net::IpAddr> {
     (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
 }
 
-/// A loopback port free at the moment of the call.
+/// A loopback port free at the moment of the call, and never one this
+/// process handed out before: the kernel may give the port it just
+/// released to the next bind to port 0, and two ports picked one after the
+/// other for the same program (etcd's client and peer URLs) were once the
+/// same.
 pub(crate) fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
+    static HANDED: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed = HANDED.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        if !handed.contains(&port) {
+            handed.push(port);
+            return port;
+        }
+    }
 }
 
 /// A running `edgetunnel agent`.

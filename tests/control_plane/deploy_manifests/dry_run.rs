@@ -8,11 +8,11 @@
 //! etcd.
 
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::free_port;
 use crate::support::peer_bins::peer_dir;
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, SanType};
@@ -20,14 +20,6 @@ use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, SanType}
 fn skip(why: &str) {
     // Straight to the file descriptor: libtest captures eprintln!.
     let _ = writeln!(std::io::stderr(), "skipped: {why}");
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// kube-apiserver from EDGETUNNEL_PEERS (unpacked into target/peers when
