@@ -37,13 +37,16 @@ const MIN_READ: usize = 16 * 1024;
 const SMALL_LEFTOVER: usize = 256;
 /// Reads per poll before the task yields to others.
 const READS_PER_POLL: usize = 16;
-/// Frames per poll before the task yields to others: a 64 KiB read of
-/// tiny frames is 4,681 of them, and a connection that kept sending them
-/// held its core (issue 39: a handshake on the same worker took 38 ms at
-/// the median, 1.7 s at p90, behind 1,000 streams of 1-byte DATA frames).
-/// 256 of grpc-go's 16 KiB frames are 4 MiB: bulk transfers meet the read
-/// budget first.
-const FRAMES_PER_POLL: usize = 256;
+/// Frames taken in one turn before the task yields to others: a 64 KiB
+/// read of tiny frames is 4,681 of them, and a connection that kept
+/// sending them held its core (issue 39: a handshake on the same worker
+/// took 38 ms at the median, 1.7 s at p90, behind 1,000 streams of 1-byte
+/// DATA frames). 256 of grpc-go's 16 KiB frames are 4 MiB: bulk transfers
+/// meet the read budget first. The budget is the turn's, not a poll's
+/// (each request handed out is a poll: a budget per poll let a turn take
+/// 16 x 256 frames), and a turn starts only after the yield's own wake
+/// ([`crate::runtime::YieldGate`]).
+const FRAMES_PER_TURN: usize = 256;
 /// Requests handed out in a row before the task lets the core's other
 /// tasks run: a caller opening streams by the thousand (each served by a
 /// task of its own) does not keep the worker from the others.
@@ -161,6 +164,10 @@ struct Shared {
     more_input: bool,
     /// Requests handed out since the connection's task last yielded.
     handed: u8,
+    /// Frames the connection may still take before it yields.
+    frames_left: u16,
+    /// The connection's task yielded and its turn has not come yet.
+    turn: crate::runtime::YieldGate,
     /// The connection's task, woken when a stream queued output.
     driver: Option<Waker>,
     /// The connection's task is gone (or ended): streams fail.
@@ -168,6 +175,14 @@ struct Shared {
 }
 
 impl Shared {
+    /// The connection's task yields behind the core's others; its next
+    /// turn has the budgets afresh.
+    fn yield_turn(&mut self, waker: &Waker) {
+        self.handed = 0;
+        self.frames_left = FRAMES_PER_TURN as u16;
+        self.turn.yield_now(waker);
+    }
+
     fn wake_driver(&mut self) {
         if let Some(w) = self.driver.take() {
             w.wake();
@@ -220,6 +235,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
                 conn: ServerConn::new(cfg),
                 more_input: false,
                 handed: 0,
+                frames_left: FRAMES_PER_TURN as u16,
+                turn: Default::default(),
                 driver: None,
                 closed: false,
             })),
@@ -258,10 +275,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
         }
         {
             let mut s = self.shared.borrow_mut();
-            if s.handed >= REQUESTS_PER_TURN {
-                s.handed = 0;
-                drop(s);
-                crate::runtime::wake_behind_others(cx.waker());
+            // Woken by a stream before its turn: it waits for the turn.
+            if s.turn.waiting() {
+                return Poll::Pending;
+            }
+            if s.handed >= REQUESTS_PER_TURN || s.frames_left == 0 {
+                s.yield_turn(cx.waker());
                 return Poll::Pending;
             }
         }
@@ -332,7 +351,6 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
     fn drive(&mut self, cx: &mut Context<'_>) -> Poll<Option<H2Error>> {
         self.shared.borrow_mut().driver = Some(cx.waker().clone());
         let mut reads = 0;
-        let mut frames = FRAMES_PER_POLL;
         loop {
             if let Poll::Ready(r) = self.write(cx) {
                 return Poll::Ready(r.err().map(Into::into));
@@ -361,10 +379,19 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
             if !room {
                 return Poll::Pending;
             }
-            if reads == READS_PER_POLL || frames == 0 {
+            // The caller takes what was parsed (the start, a request, a
+            // PONG) before more is: reads do not run ahead of the requests
+            // handed out (`poll_next` returns the event now).
+            self.wake_streams();
+            if (!self.started && self.shared.borrow().conn.started())
+                || self.shared.borrow().conn.has_events()
+            {
+                return Poll::Pending;
+            }
+            if reads == READS_PER_POLL || self.shared.borrow().frames_left == 0 {
                 // The core's other tasks first (a self-wake would run this
                 // one again at once).
-                crate::runtime::wake_behind_others(cx.waker());
+                self.shared.borrow_mut().yield_turn(cx.waker());
                 return Poll::Pending;
             }
             let mut buf = if self.leftover.is_empty() {
@@ -412,24 +439,17 @@ impl<T: AsyncRead + AsyncWrite + Unpin> H2Conn<T> {
                         self.start_len += n as u8;
                     }
                     // Errors are acted on above: the GOAWAY goes out first.
-                    let left = self.shared.borrow_mut().conn.recv_at_most(&mut buf, frames);
-                    match left {
+                    let mut s = self.shared.borrow_mut();
+                    let budget = s.frames_left as usize;
+                    match s.conn.recv_at_most(&mut buf, budget) {
                         Ok(left) => {
-                            frames = left;
-                            self.shared.borrow_mut().more_input = left == 0 && !buf.is_empty();
+                            s.frames_left = left as u16;
+                            s.more_input = left == 0 && !buf.is_empty();
                         }
-                        Err(_) => frames = 0,
+                        Err(_) => s.frames_left = 0,
                     }
+                    drop(s);
                     self.keep(buf);
-                    // Wake the streams that got data; give the caller its
-                    // other events (the start, a request, a PONG) before
-                    // reading on: the next poll goes on reading.
-                    self.wake_streams();
-                    let s = self.shared.borrow();
-                    if (!self.started && s.conn.started()) || s.conn.has_events() {
-                        cx.waker().wake_by_ref();
-                        return Poll::Pending;
-                    }
                 }
             }
         }
@@ -692,6 +712,87 @@ mod tests {
         eprintln!("per connection {shared} bytes, per open stream {stream}");
         assert!(shared <= 512, "Shared is {shared} bytes");
         assert!(stream <= 256, "a stream's slot is {stream} bytes");
+    }
+
+    /// A connection yields after [`super::REQUESTS_PER_TURN`] requests;
+    /// each request's stream task, ending, wakes the connection (its
+    /// output is due), and that wake must not start the next turn before
+    /// the core parked: the driver's readiness of other sockets comes only
+    /// then. A task counting timer ticks (one per park) sees at most one
+    /// turn's requests per tick.
+    #[test]
+    fn streams_waking_their_connection_do_not_start_its_next_turn_early() {
+        use super::{H2Conn, Incoming, REQUESTS_PER_TURN};
+        use crate::protocol::h2_server::Config;
+        use crate::runtime::{block_on, Driver};
+        use monoio::io::IntoPollIo;
+        use std::cell::Cell;
+        use std::io::{Read, Write};
+        use std::rc::Rc;
+        use std::time::Duration;
+
+        const STREAMS: u32 = 400;
+        for driver in [Driver::Auto, Driver::Legacy] {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let client = std::thread::spawn(move || {
+                let mut c = std::net::TcpStream::connect(addr).unwrap();
+                let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+                out.extend([0, 0, 0, 4, 0, 0, 0, 0, 0]);
+                for k in 0..STREAMS {
+                    // HEADERS, END_STREAM | END_HEADERS: POST, http, "/"
+                    // from HPACK's static table.
+                    out.extend([0, 0, 3, 1, 5]);
+                    out.extend((1 + 2 * k).to_be_bytes());
+                    out.extend([0x83, 0x86, 0x84]);
+                }
+                c.write_all(&out).unwrap();
+                let mut sink = [0u8; 16 * 1024];
+                while matches!(c.read(&mut sink), Ok(n) if n > 0) {}
+            });
+            let (sock, _) = listener.accept().unwrap();
+            sock.set_nonblocking(true).unwrap();
+            let per_tick = block_on(driver, async move {
+                let io = monoio::net::TcpStream::from_std(sock)
+                    .unwrap()
+                    .into_poll_io()
+                    .unwrap();
+                let mut conn = H2Conn::new(io, Config::default());
+                let ticks = Rc::new(Cell::new(0u32));
+                let t = ticks.clone();
+                monoio::spawn(async move {
+                    loop {
+                        monoio::time::sleep(Duration::ZERO).await;
+                        t.set(t.get() + 1);
+                    }
+                });
+                let mut per_tick = std::collections::BTreeMap::<u32, u32>::new();
+                let mut handed = 0;
+                while handed < STREAMS {
+                    match conn.next().await {
+                        Some(Ok(Incoming::Request { recv, send, .. })) => {
+                            handed += 1;
+                            *per_tick.entry(ticks.get()).or_default() += 1;
+                            monoio::spawn(async move { drop((recv, send)) });
+                        }
+                        Some(Ok(_)) => {}
+                        other => panic!("the connection ended: {:?}", other.map(|r| r.err())),
+                    }
+                }
+                per_tick
+            })
+            .unwrap();
+            client.join().unwrap();
+            let most = per_tick.values().copied().max().unwrap_or(0);
+            eprintln!(
+                "{driver:?}: {STREAMS} requests over {} ticks, at most {most} in one",
+                per_tick.len()
+            );
+            assert!(
+                most <= u32::from(REQUESTS_PER_TURN),
+                "{driver:?}: {most} requests handed out between two parks of the core"
+            );
+        }
     }
 
     #[test]
