@@ -89,29 +89,6 @@ impl Tally {
     }
 }
 
-/// Where the first difference between `got` and `want` is, with the bytes
-/// around it (hex), for the failure message.
-fn first_difference(got: &[u8], want: &[u8]) -> String {
-    let at = got
-        .iter()
-        .zip(want)
-        .position(|(a, b)| a != b)
-        .unwrap_or(got.len().min(want.len()));
-    let show = |b: &[u8]| {
-        b[at.min(b.len())..(at + 24).min(b.len())]
-            .iter()
-            .map(|x| format!("{x:02x}"))
-            .collect::<String>()
-    };
-    format!(
-        "{} bytes (want {}), first difference at {at}: got {} want {}",
-        got.len(),
-        want.len(),
-        show(got),
-        show(want)
-    )
-}
-
 /// `/healthz` on the admin listener: the whole answer must be exactly the
 /// one a quiet server gives.
 fn check_admin(admin: SocketAddr, want: &[u8]) -> Result<(), String> {

@@ -32,7 +32,7 @@ use crate::kube_cluster::{
 };
 use crate::kubelet::{big_log, small_log, Backend, FakeKubelet, BIG_LEN};
 use crate::support::netns::sh;
-use crate::support::{metric_at, Agent, Binds, Env, Proc, Server, BIN, WAIT};
+use crate::support::{first_difference, metric_at, Agent, Binds, Env, Proc, Server, BIN, WAIT};
 
 /// Printed when the peers are there but kube-apiserver is not.
 const SKIPPED_NO_KAS: &str = "skipped: kube-apiserver not in EDGETUNNEL_PEERS";
@@ -235,20 +235,6 @@ fn create_objects(kas: &KubeApiserver, env: &Env) {
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-/// Where two byte strings first differ, for a failure message.
-fn first_difference(got: &[u8], want: &[u8]) -> String {
-    let at = got
-        .iter()
-        .zip(want)
-        .position(|(a, b)| a != b)
-        .unwrap_or(got.len().min(want.len()));
-    format!(
-        "{} bytes, want {}; first difference at byte {at}",
-        got.len(),
-        want.len()
-    )
 }
 
 /// `kubectl logs`, `--tail`, node proxy and service proxy.

@@ -524,6 +524,29 @@ pub(crate) fn free_port() -> u16 {
     }
 }
 
+/// Where two byte strings part: both lengths, the offset of the first
+/// differing byte and 24 bytes of each from there, in hex.
+pub(crate) fn first_difference(got: &[u8], want: &[u8]) -> String {
+    let at = got
+        .iter()
+        .zip(want)
+        .position(|(a, b)| a != b)
+        .unwrap_or(got.len().min(want.len()));
+    let show = |b: &[u8]| {
+        b[at.min(b.len())..(at + 24).min(b.len())]
+            .iter()
+            .map(|x| format!("{x:02x}"))
+            .collect::<String>()
+    };
+    format!(
+        "{} bytes (want {}), first difference at {at}: got {} want {}",
+        got.len(),
+        want.len(),
+        show(got),
+        show(want)
+    )
+}
+
 /// A running `edgetunnel agent`.
 pub(crate) struct Agent {
     pub proc: Proc,
