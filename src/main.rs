@@ -4,11 +4,18 @@ use edgetunnel::readiness::Announce;
 
 // `--features system-alloc` keeps the system allocator, for heap profilers
 // that see only malloc (heaptrack, valgrind massif).
+// Either counts the live heap (`edgetunnel_heap_live_bytes`).
 #[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: edgetunnel::engine::heap::Counting<mimalloc::MiMalloc> =
+    edgetunnel::engine::heap::Counting(mimalloc::MiMalloc);
+#[cfg(feature = "system-alloc")]
+#[global_allocator]
+static GLOBAL: edgetunnel::engine::heap::Counting<std::alloc::System> =
+    edgetunnel::engine::heap::Counting(std::alloc::System);
 
 fn main() {
+    GLOBAL.start();
     // Before the runtimes allocate: no huge pages (memory per idle tunnel).
     let thp = edgetunnel::engine::memory::at_start();
     // `proxy-server`, `yurt-tunnel-agent`, ...: the Go binaries' flags.

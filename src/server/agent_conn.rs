@@ -869,8 +869,12 @@ async fn read_loop(
                 return Err(e.into());
             }
         };
+        // The dial a packet ends (its start time is forgotten with it: a
+        // DIAL_CLS left it behind, one entry for every dial an agent
+        // refused that way, for the link's life).
         let random = match &frame {
             Frame::DialResponse(r) => Some(r.random),
+            Frame::DialClose(c) => Some(c.random),
             _ => None,
         };
         let kind = metrics::packet_type(&frame);

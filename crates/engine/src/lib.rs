@@ -32,6 +32,7 @@ pub mod grpc;
 pub mod h2_conn;
 pub mod h2_keepalive;
 pub mod head_reader;
+pub mod heap;
 pub mod listener;
 pub mod logging;
 pub mod memory;

@@ -207,6 +207,64 @@ pub fn release_free_memory() {
     }
 }
 
+/// A global allocator that counts the bytes live in `A` ([`super::heap`]):
+/// `#[global_allocator] static A: Counting<MiMalloc> = Counting(MiMalloc);`.
+pub struct Counting<A>(pub A);
+
+// SAFETY: every call goes to the inner allocator unchanged; the count is a
+// side effect that allocates nothing (atomics and a const thread-local).
+unsafe impl<A: std::alloc::GlobalAlloc> std::alloc::GlobalAlloc for Counting<A> {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let p = unsafe { self.0.alloc(layout) };
+        if !p.is_null() {
+            super::heap::add(layout.size() as isize);
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let p = unsafe { self.0.alloc_zeroed(layout) };
+        if !p.is_null() {
+            super::heap::add(layout.size() as isize);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.0.dealloc(ptr, layout) };
+        super::heap::add(-(layout.size() as isize));
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new: usize) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let p = unsafe { self.0.realloc(ptr, layout, new) };
+        if !p.is_null() {
+            super::heap::add(new as isize - layout.size() as isize);
+        }
+        p
+    }
+}
+
+/// Bytes mimalloc has committed from the system (its process info);
+/// `None` in a `system-alloc` build.
+pub fn allocator_committed() -> Option<usize> {
+    #[cfg(not(feature = "system-alloc"))]
+    {
+        let mut v = [0usize; 8];
+        let [a, b, c, d, e, f, g, h] = &mut v;
+        // SAFETY: every pointer is to a distinct local that outlives the
+        // call; mimalloc only writes them.
+        unsafe { libmimalloc_sys::mi_process_info(a, b, c, d, e, f, g, h) };
+        // elapsed, user, system, rss, peak rss, commit, ...
+        Some(v[5])
+    }
+    #[cfg(feature = "system-alloc")]
+    None
+}
+
 /// One non-blocking `recv(MSG_DONTWAIT)` of up to `want` bytes appended to
 /// `buf` (which must have that much spare capacity, or it is reserved).
 /// Returns the bytes read; 0 is end of stream.

@@ -155,6 +155,20 @@ impl Collector for ProcessCollector {
             "Virtual memory size in bytes.",
             s.virtual_bytes,
         )?;
+        // Beside resident memory: what the program holds (a leak grows it)
+        // and what the allocator took from the system (its retention).
+        gauge(
+            &mut e,
+            "edgetunnel_heap_live_bytes",
+            "Bytes allocated and not yet freed, counted by the global allocator.",
+            crate::heap::live_bytes().map(|b| b as f64),
+        )?;
+        gauge(
+            &mut e,
+            "edgetunnel_heap_committed_bytes",
+            "Bytes the allocator (mimalloc) has committed from the system.",
+            crate::heap::committed_bytes().map(|b| b as f64),
+        )?;
         let labels = [
             ("version", env!("CARGO_PKG_VERSION")),
             ("commit", COMMIT),

@@ -130,6 +130,24 @@ impl<F: Clone> ServerTunnel<F> {
         }
     }
 
+    /// Drops the oldest entries of the closing order whose CLOSE_RSP came
+    /// (closes are mostly answered in order), so the order holds about as
+    /// many as still wait rather than the last [`MAX_CLOSING`] ever sent:
+    /// 64 KiB on every agent link that had served that many tunnels. An
+    /// empty order and table give their memory back.
+    fn forget_answered_closes(&mut self) {
+        while let Some(&(id, seq)) = self.closing_order.front() {
+            if self.closing.get(&id) == Some(&seq) {
+                break;
+            }
+            self.closing_order.pop_front();
+        }
+        if self.closing_order.is_empty() {
+            self.closing_order = VecDeque::new();
+            self.closing = HashMap::new();
+        }
+    }
+
     /// Handles one packet from the agent.
     pub fn on_agent_frame(&mut self, frame: Frame) -> ServerAction<F> {
         match frame {
@@ -198,7 +216,9 @@ impl<F: Clone> ServerTunnel<F> {
                 }
             }
             Frame::CloseResponse(c) => {
-                self.closing.remove(&c.connect_id);
+                if self.closing.remove(&c.connect_id).is_some() {
+                    self.forget_answered_closes();
+                }
                 match self.open.remove(&c.connect_id) {
                     Some(frontend) => ServerAction::Closed {
                         frontend,
@@ -316,6 +336,30 @@ mod tests {
             ServerAction::Ignored(_)
         ));
         assert!(t.is_open(7));
+    }
+
+    /// Closes that were answered are forgotten: an agent link that served
+    /// 10,000 tunnels closed by their frontends keeps only the closes not
+    /// answered yet (and those behind them in order), and nothing once
+    /// they are.
+    #[test]
+    fn answered_closes_leave_nothing_behind() {
+        let mut t: ServerTunnel<u8> = ServerTunnel::default();
+        let late = 9_990;
+        for id in 1..=10_000i64 {
+            t.begin_dial(id, "a:1", 1).unwrap();
+            t.on_agent_frame(packet::dial_response(id, id, ""));
+            t.close(id);
+            if id != late {
+                t.on_agent_frame(packet::close_response(id, ""));
+            }
+        }
+        assert_eq!(t.closing.len(), 1);
+        assert_eq!(t.closing_order.len(), 11);
+        t.on_agent_frame(packet::close_response(late, ""));
+        assert_eq!(t.closing_order.len(), 0);
+        assert_eq!(t.closing_order.capacity(), 0);
+        assert_eq!(t.closing.capacity(), 0);
     }
 
     #[test]
