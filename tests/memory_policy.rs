@@ -146,8 +146,14 @@ fn tunnels_served_leave_the_live_heap_where_it_was() {
         Agent::start_with_admin(&env, server.agent, "heap", "host=heap", &[]);
     serve_tunnels(&server, echo.addr, WARM_UP);
     let (server0, agent0) = (live_heap(server.admin), live_heap(agent_admin));
+    let deadlines0 = server.metric("edgetunnel_deadlines");
     serve_tunnels(&server, echo.addr, MORE);
     let (server1, agent1) = (live_heap(server.admin), live_heap(agent_admin));
+    // What an operator alerts on is back where it was too.
+    assert_eq!(server.metric("edgetunnel_deadlines"), deadlines0);
+    for admin in [server.admin, agent_admin] {
+        assert_eq!(metric_at(admin, "edgetunnel_buffered_bytes"), 0.0);
+    }
     let per = |a: f64, b: f64| (b - a) / MORE as f64;
     eprintln!(
         "live heap after {WARM_UP} and {} tunnels: server {server0} -> {server1} bytes \

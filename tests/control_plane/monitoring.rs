@@ -36,6 +36,7 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
     let mut e = strip(r#""([^"\\]|\\.)*""#, expr);
     e = strip(r"\{[^}]*\}", &e);
     e = strip(r"\[[^\]]*\]", &e);
+    e = strip(r"\boffset\s+[0-9a-z]+", &e);
     e = strip(
         r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)",
         &e,
@@ -112,6 +113,8 @@ fn promql_metric_names_are_extracted() {
         n,
         BTreeSet::from(["a_bucket".into(), "b_total".into(), "c".into()])
     );
+    let n = metric_names("min_over_time(h[1h]) > 2 * min_over_time(h[1h] offset 1d) and h > 1");
+    assert_eq!(n, BTreeSet::from(["h".into()]));
     let n = metric_names("label_values(edgetunnel_agents_connected, instance)");
     assert_eq!(n, BTreeSet::from(["edgetunnel_agents_connected".into()]));
 }

@@ -13,7 +13,17 @@ use std::task::Poll;
 use bytes::Bytes;
 use futures::task::AtomicWaker;
 
+use super::sharded_count::ShardedCount;
 use super::window::ConnWindow;
+
+/// Payload bytes held under every budget of the process (queued for a
+/// connection or a stream and not yet written): `edgetunnel_buffered_bytes`.
+static BUFFERED: ShardedCount = ShardedCount::new();
+
+/// Payload bytes held under every [`Budget`] of the process now.
+pub fn buffered_bytes() -> usize {
+    BUFFERED.get()
+}
 
 #[derive(Debug)]
 pub struct Budget {
@@ -82,6 +92,7 @@ impl Budget {
     /// Wraps `bytes` in a credit without waiting.
     fn charge_now(self: &Arc<Self>, bytes: Bytes) -> Credit {
         self.used.fetch_add(bytes.len(), Ordering::AcqRel);
+        BUFFERED.add(bytes.len() as isize);
         Credit {
             bytes,
             budget: self.clone(),
@@ -116,6 +127,7 @@ impl Drop for Credit {
     fn drop(&mut self) {
         let n = self.bytes.len();
         let before = self.budget.used.fetch_sub(n, Ordering::AcqRel);
+        BUFFERED.add(-(n as isize));
         if before - n <= self.budget.limit / 2 || before - n == 0 {
             self.budget.waiter.wake();
         }

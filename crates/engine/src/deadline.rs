@@ -21,6 +21,16 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
+use crate::sharded_count::ShardedCount;
+
+/// Slots held by a deadline, on every worker: `edgetunnel_deadlines`.
+static HELD: ShardedCount = ShardedCount::new();
+
+/// Deadlines held now, on every worker (a slot each).
+pub fn held() -> usize {
+    HELD.get()
+}
+
 /// A deadline a connection waits for, re-armed with [`Deadline::until`].
 /// Dropping it frees its slot. Eight bytes: it sits in every idle
 /// caller's task.
@@ -90,6 +100,7 @@ pub fn reset_thread() {
     let mut dropped: Vec<Waker> = Vec::new();
     WHEEL.with(|w| {
         let mut w = w.borrow_mut();
+        HELD.add(-(w.live() as isize));
         for s in &mut w.slots {
             s.gen = s.gen.wrapping_add(1);
             dropped.extend(s.waker.take());
@@ -200,6 +211,7 @@ impl Wheel {
     }
 
     fn take_slot(&mut self, at: Instant) -> (u32, u32) {
+        HELD.add(1);
         if let Some(idx) = self.free.pop() {
             let s = &mut self.slots[idx as usize];
             s.at = at;
@@ -225,6 +237,7 @@ impl Wheel {
         let s = self.slots.get_mut(idx as usize).filter(|s| s.gen == gen)?;
         s.gen = s.gen.wrapping_add(1);
         s.queued = false;
+        HELD.add(-1);
         let waker = s.waker.take();
         self.free.push(idx);
         self.compact();

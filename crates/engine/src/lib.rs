@@ -40,6 +40,7 @@ pub mod read_ahead;
 pub mod readiness;
 pub mod relay;
 pub mod runtime;
+pub mod sharded_count;
 pub mod signals;
 #[allow(unsafe_code)]
 pub mod sys;

@@ -169,6 +169,18 @@ impl Collector for ProcessCollector {
             "Bytes the allocator (mimalloc) has committed from the system.",
             crate::heap::committed_bytes().map(|b| b as f64),
         )?;
+        gauge(
+            &mut e,
+            "edgetunnel_buffered_bytes",
+            "Payload bytes queued for tunnels and streams and not yet written.",
+            Some(crate::budget::buffered_bytes() as f64),
+        )?;
+        gauge(
+            &mut e,
+            "edgetunnel_deadlines",
+            "Idle and keepalive deadlines held by connections, on every worker.",
+            Some(crate::deadline::held() as f64),
+        )?;
         let labels = [
             ("version", env!("CARGO_PKG_VERSION")),
             ("commit", COMMIT),
