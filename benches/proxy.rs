@@ -7,6 +7,14 @@
 //! under `cargo test` it runs a one-second smoke pass that only proves the
 //! harness works. Figures are printed, never asserted. Needs `wrk` and
 //! `kubectl` on PATH.
+//!
+//! `cargo bench --bench proxy -- --soak N` (issue 40) instead serves N
+//! requests through each proxy in rounds (wrk with kept-alive connections,
+//! wrk with `Connection: close`, and watches cancelled after their first
+//! event, one for every 100 requests), sampling each proxy's resident
+//! memory (and our live heap, `edgetunnel_heap_live_bytes`) after every
+//! round and after a minute idle; it writes
+//! `benches/results/proxy-soak/soak.json` and prints a table.
 
 #[path = "../tests/support/apiserver.rs"]
 mod apiserver;
@@ -84,6 +92,11 @@ fn parse_latency(v: &str) -> Option<f64> {
 }
 
 fn wrk(url: &str, conns: u32, secs: u32, pid: u32) -> Sample {
+    wrk_with(url, conns, secs, pid, &[]).0
+}
+
+/// [`wrk`] with extra arguments; also the requests it completed.
+fn wrk_with(url: &str, conns: u32, secs: u32, pid: u32, extra: &[&str]) -> (Sample, u64) {
     let pid = pid.to_string();
     let (c0, u0) = (cpu_seconds(&pid), cpu_seconds("self"));
     let out = Command::new("wrk")
@@ -92,8 +105,9 @@ fn wrk(url: &str, conns: u32, secs: u32, pid: u32) -> Sample {
             &format!("-c{conns}"),
             &format!("-d{secs}s"),
             "--latency",
-            url,
         ])
+        .args(extra)
+        .arg(url)
         .output()
         .expect("run wrk (apt-get install wrk)");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -123,7 +137,13 @@ fn wrk(url: &str, conns: u32, secs: u32, pid: u32) -> Sample {
     if text.contains("Non-2xx") || text.contains("Socket errors") {
         eprintln!("  wrk reported errors:\n{text}");
     }
-    s
+    // "  123456 requests in 5.00s, ..."
+    let done = text
+        .lines()
+        .find_map(|l| l.trim().split_once(" requests in "))
+        .and_then(|(n, _)| n.trim().parse().ok())
+        .unwrap_or(0);
+    (s, done)
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -138,6 +158,14 @@ fn kubeconfig(dir: &Path, server: &str) -> PathBuf {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--soak") {
+        let n = args
+            .get(i + 1)
+            .and_then(|v| v.parse().ok())
+            .expect("--soak N");
+        return soak(n);
+    }
     let full = std::env::args().any(|a| a == "--bench");
     let (reps, secs) = if full { (3, 5) } else { (1, 1) };
     let dir = tempfile::tempdir().unwrap();
@@ -257,4 +285,196 @@ fn chrono_like_now() -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default()
+}
+
+/// Resident memory of a process, bytes (`VmRSS`).
+fn rss(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb * 1024.0)
+}
+
+/// One sample of a `/metrics` endpoint (NaN when absent).
+fn scrape(addr: &str, name: &str) -> f64 {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return f64::NAN;
+    };
+    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+/// `n` watches through the proxy at `addr`, each cancelled (the
+/// connection closed) once its first event came.
+fn cancelled_watches(addr: &str, n: usize) {
+    use std::io::{Read, Write};
+    for _ in 0..n {
+        let mut s = std::net::TcpStream::connect(addr).expect("connect proxy");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = s.write_all(
+            b"GET /api/v1/namespaces/default/pods/quiet?watch=true HTTP/1.1\r\nHost: localhost\r\n\r\n",
+        );
+        let mut seen = Vec::new();
+        let mut b = [0u8; 4096];
+        while !String::from_utf8_lossy(&seen).contains("ADDED") {
+            match s.read(&mut b) {
+                Ok(k) if k > 0 => seen.extend_from_slice(&b[..k]),
+                _ => panic!("a watch got no event: {}", String::from_utf8_lossy(&seen)),
+            }
+        }
+    }
+}
+
+/// A soak sample: requests served so far, resident memory and live heap.
+#[derive(Clone, Copy)]
+struct Mem {
+    served: u64,
+    rss: f64,
+    heap: f64,
+}
+
+/// See the module documentation (`--soak N`).
+fn soak(n: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let ok = Command::new(BIN)
+        .args(["certs", "init"])
+        .arg(dir.path().join("certs"))
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let api = apiserver::start(&dir.path().join("certs"));
+    let kc = kubeconfig(
+        dir.path(),
+        &format!("https://127.0.0.1:{}", api.addr.port()),
+    );
+    let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    let metrics = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let ours = start({
+        let mut c = Command::new(BIN);
+        c.args([
+            "proxy",
+            "--port=0",
+            &format!("--kubeconfig={}", kc.display()),
+        ])
+        .arg(format!("--metrics-bind={metrics}"))
+        .env("EDGETUNNEL_LOG", "warn");
+        c
+    });
+    let go = start({
+        let mut c = Command::new(&kubectl);
+        c.arg(format!("--kubeconfig={}", kc.display()))
+            .args(["proxy", "--port=0"]);
+        c
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let systems = [
+        ("edgetunnel proxy", &ours, Some(metrics.as_str())),
+        ("kubectl proxy", &go, None),
+    ];
+    let sample = |p: &Proc, m: Option<&str>, served: u64| Mem {
+        served,
+        rss: rss(p.child.id()),
+        heap: m.map_or(f64::NAN, |m| scrape(m, "edgetunnel_heap_live_bytes")),
+    };
+    let mut series: Vec<Vec<Mem>> = systems
+        .iter()
+        .map(|(_, p, m)| vec![sample(p, *m, 0)])
+        .collect();
+    let mut served = [0u64; 2];
+    let mut watches = [0usize; 2];
+    let started = std::time::Instant::now();
+    let url = |p: &Proc| format!("http://{}/api/v1/namespaces/default/pods", p.addr);
+    while served.iter().any(|&s| s < n) {
+        // Interleaved, so that drift on a shared machine hits both alike.
+        for (i, (name, p, m)) in systems.iter().enumerate() {
+            if served[i] >= n {
+                continue;
+            }
+            let (_, kept) = wrk_with(&url(p), 32, 5, p.child.id(), &[]);
+            let (_, closed) = wrk_with(&url(p), 8, 2, p.child.id(), &["-H", "Connection: close"]);
+            let w = ((kept + closed) / 100) as usize;
+            cancelled_watches(&p.addr, w);
+            served[i] += kept + closed + w as u64;
+            watches[i] += w;
+            let s = sample(p, *m, served[i]);
+            eprintln!(
+                "{name:17} {:>9} requests, {:>6} watches cancelled: RSS {:.1} MB, live heap {:.2} MB ({:.0} s)",
+                served[i],
+                watches[i],
+                s.rss / 1e6,
+                s.heap / 1e6,
+                started.elapsed().as_secs_f64()
+            );
+            series[i].push(s);
+        }
+    }
+    eprintln!("idle for 60 s");
+    std::thread::sleep(Duration::from_secs(60));
+    let idle: Vec<Mem> = systems
+        .iter()
+        .enumerate()
+        .map(|(i, (_, p, m))| sample(p, *m, served[i]))
+        .collect();
+    let mut table = vec![
+        "| system | requests | watches cancelled | RSS idle start MB | RSS at 10k MB | RSS at end MB | RSS after 60 s idle MB | RSS bytes/request (10k to end) | live heap at 10k / end / idle MB |".to_string(),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|".to_string(),
+    ];
+    let mut json = Vec::new();
+    for (i, (name, _, _)) in systems.iter().enumerate() {
+        let v = &series[i];
+        let first = v[0];
+        let at10k = *v.iter().find(|s| s.served >= 10_000).unwrap_or(&v[1]);
+        let end = *v.last().unwrap();
+        let slope = (end.rss - at10k.rss) / (end.served - at10k.served).max(1) as f64;
+        let mb = |x: f64| x / 1e6;
+        table.push(format!(
+            "| {name} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {slope:.2} | {:.2} / {:.2} / {:.2} |",
+            end.served,
+            watches[i],
+            mb(first.rss),
+            mb(at10k.rss),
+            mb(end.rss),
+            mb(idle[i].rss),
+            mb(at10k.heap),
+            mb(end.heap),
+            mb(idle[i].heap)
+        ));
+        json.push(format!(
+            "{{\"system\":\"{name}\",\"watches_cancelled\":{},\"samples\":[{}],\"idle\":{{\"rss\":{},\"heap\":{}}}}}",
+            watches[i],
+            v.iter()
+                .map(|s| format!(
+                    "{{\"served\":{},\"rss\":{},\"heap\":{}}}",
+                    s.served,
+                    s.rss,
+                    if s.heap.is_nan() { "null".into() } else { s.heap.to_string() }
+                ))
+                .collect::<Vec<_>>()
+                .join(","),
+            idle[i].rss,
+            if idle[i].heap.is_nan() { "null".into() } else { idle[i].heap.to_string() }
+        ));
+    }
+    println!("\n{}\n", table.join("\n"));
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/results/proxy-soak");
+    std::fs::create_dir_all(&out).unwrap();
+    let text = format!(
+        "{{\"bench\":\"proxy soak\",\"date\":\"{}\",\"requests\":{n},\"results\":[\n{}\n]}}\n",
+        chrono_like_now(),
+        json.join(",\n")
+    );
+    std::fs::write(out.join("soak.json"), text).unwrap();
+    std::fs::write(out.join("table.md"), table.join("\n") + "\n").unwrap();
+    println!("wrote {}", out.display());
 }
