@@ -84,7 +84,10 @@ fn a_busy_server_answers_an_alert_and_agents_back_off_then_all_link() {
     );
     let held = hold_cap(&server, &env, CAP);
 
-    // What a client is answered: a TLS alert, user_canceled, at once.
+    // What a client is answered: a TLS alert, user_canceled, at once (at
+    // accept, before any TLS work). Without it a client waits for the 15 s
+    // handshake timeout: 10 s tells the two apart, with margin for a
+    // loaded machine.
     let t0 = Instant::now();
     let err = handshake_error(&server, &env);
     assert_eq!(
@@ -94,7 +97,7 @@ fn a_busy_server_answers_an_alert_and_agents_back_off_then_all_link() {
         )),
         "a refused handshake's error"
     );
-    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     assert_eq!(refused(&server), 1.0);
 
     // Agents started while the cap stays full.
@@ -151,9 +154,10 @@ fn a_busy_server_answers_an_alert_and_agents_back_off_then_all_link() {
             "agent counted no busy answer:\n{}",
             a.proc.log_text()
         );
+        // (Through the agent's log thread: waited for.)
         let logged = a
             .proc
-            .log_text()
+            .wait_log("server busy")
             .lines()
             .filter(|l| l.contains("server busy"))
             .count();

@@ -236,7 +236,9 @@ impl Gone {
     }
 }
 
-/// The bound the issue sets (seconds after the caller went away).
+/// The bound the issue sets (seconds after the caller went away). Measured
+/// here: under 20 ms, also beside two busy loops on 2 cores; the margin is
+/// some fifty times that.
 const BOUND: f64 = 1.0;
 /// How long past the bound we keep watching, to report how late it was.
 const OBSERVE_EXTRA: f64 = 4.0;
@@ -325,18 +327,19 @@ fn target_closes_first(frontend: Frontend, agent_extra: &[&str]) {
         );
         let last = client.wait_line_any(&["OK", "FAIL"], Duration::from_secs(90));
         let status = client.wait_exit(Duration::from_secs(10));
-        // Whatever the client saw, the server must not keep the connection.
+        // Whatever the client saw, the server must not keep the connection
+        // (it forgets it at once; 10 s is the margin for a loaded machine).
         let zero = wait_metric_within(
             &server,
             "edgetunnel_open_connections",
             0.0,
-            Duration::from_secs(5),
+            Duration::from_secs(10),
         );
         let ok = last.starts_with("OK") && status.is_some_and(|s| s.success()) && zero.is_some();
         let line = format!(
             "{label} {size} B: {last} (exit {status:?}); open_connections 0 {}",
             zero.map(|t| format!("after {}", ms(t)))
-                .unwrap_or_else(|| "never within 5 s".into())
+                .unwrap_or_else(|| "never within 10 s".into())
         );
         println!("{line}");
         if !ok {
@@ -610,10 +613,18 @@ fn connect_client_closes_once(stall: f64) -> Result<String, String> {
 /// ANP's `--frontend-keepalive-time`: a caller whose HTTP/2 stack stops
 /// answering PINGs (a peer gone without a FIN looks the same) is PINGed
 /// and then dropped; one that answers stays.
+///
+/// A PING every second, due back within two (`engine::h2_keepalive`): the
+/// answering caller has 2 s to answer each, which a loaded machine does not
+/// miss, and the silent one is dropped 3 s in (PING at 1 s, unanswered at
+/// 3 s), asserted within 6 s: 3 s of margin.
 #[test]
 fn grpc_frontend_keepalive_drops_a_caller_that_does_not_answer_pings() {
+    const EVERY: f64 = 1.0;
+    const WATCH: f64 = 8.0;
+    let _serial = serial();
     let env = Env::new();
-    let server = Server::start(&env, &["--frontend-keepalive-secs", "0.3"]);
+    let server = Server::start(&env, &["--frontend-keepalive-secs", &EVERY.to_string()]);
     const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
     // An empty SETTINGS frame and the ACK of the server's.
     const SETTINGS: [u8; 9] = [0, 0, 0, 4, 0, 0, 0, 0, 0];
@@ -628,7 +639,7 @@ fn grpc_frontend_keepalive_drops_a_caller_that_does_not_answer_pings() {
         let t0 = mono();
         let (mut pings, mut closed_after) = (0, None);
         let mut buf: Vec<u8> = Vec::new();
-        while mono() - t0 < 3.0 && closed_after.is_none() {
+        while mono() - t0 < WATCH && closed_after.is_none() {
             let mut chunk = [0u8; 4096];
             match c.read(&mut chunk) {
                 Ok(0) => closed_after = Some(mono() - t0),
@@ -656,12 +667,12 @@ fn grpc_frontend_keepalive_drops_a_caller_that_does_not_answer_pings() {
             }
         }
         if answer {
-            assert!(pings >= 3, "PINGs every 0.3 s: {pings}");
+            assert!(pings >= 3, "PINGs every {EVERY} s: {pings} in {WATCH} s");
             assert_eq!(closed_after, None, "an answering caller was dropped");
         } else {
             assert!(pings >= 1, "no PING sent");
             let after = closed_after.expect("a silent caller is dropped");
-            assert!(after < 2.5, "dropped after {after:.2} s");
+            assert!(after < 3.0 * EVERY + 3.0, "dropped after {after:.2} s");
         }
         // Only the silent caller is counted.
         assert_eq!(server.metric(KEEPALIVE_TIMEOUTS), 1.0);

@@ -144,10 +144,15 @@ fn handshake_flood_leaves_descriptors_for_connect_dials() {
     held.extend(flood("127.0.0.2", server.agent, 100));
     let total = held.len();
 
-    // Those over the cap are closed at once.
+    // Those over the cap are closed at once (refused at accept, or shed
+    // after a grace of about a second). Without the caps they would be
+    // held until the 15 s handshake timeout: 10 s (from before the first
+    // of the 400 connects) tells the two apart, with margin for a loaded
+    // machine, where this takes well under a second.
+    let limit = Duration::from_secs(10);
     let open = loop {
         let open = held.iter().filter(|s| !closed(s)).count();
-        if open <= CAP || t0.elapsed() > Duration::from_secs(5) {
+        if open <= CAP || t0.elapsed() > limit {
             break open;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -157,10 +162,6 @@ fn handshake_flood_leaves_descriptors_for_connect_dials() {
         open <= CAP,
         "{open} of {total} flood connections still open after {closed_in:?} (cap {CAP})\n{}",
         tail(&server.proc.log_text())
-    );
-    assert!(
-        closed_in < Duration::from_secs(2),
-        "closing took {closed_in:?}"
     );
 
     // CONNECT dials keep working while the flood is held.
@@ -276,7 +277,7 @@ fn default_caps_leave_descriptors_under_a_low_limit() {
         .flat_map(|i| flood(&format!("127.0.0.{i}"), server.agent, 60))
         .collect();
     let t0 = Instant::now();
-    while held.iter().filter(|s| !closed(s)).count() > 64 && t0.elapsed() < Duration::from_secs(5) {
+    while held.iter().filter(|s| !closed(s)).count() > 64 && t0.elapsed() < WAIT {
         std::thread::sleep(Duration::from_millis(50));
     }
     let failed: Vec<String> = (1..=20)
@@ -343,9 +344,11 @@ fn a_real_agent_gets_in_while_its_own_address_floods() {
     let t0 = Instant::now();
     // The agent dials from 127.0.0.1 too.
     let agent = Agent::spawn(&env, server.agent, "node1", "host=node1", &[]);
-    agent
-        .proc
-        .wait_line_any(&["CONNECTED"], Duration::from_secs(15));
+    // It gets in by shedding a flood connection past its grace (a second
+    // or so, 12 s at the very most) and its own backoff; without shedding
+    // it never would (the flood reopens every slot it loses). Twice WAIT:
+    // a bound for a hang, not a measure.
+    agent.proc.wait_line_any(&["CONNECTED"], WAIT * 2);
     let joined = t0.elapsed();
     dial(server.connect, echo.addr, 0).expect("dial during the flood");
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -370,28 +373,41 @@ fn accept_errors_are_logged_once_then_summarised() {
         &env,
         &["--max-handshakes", "0", "--max-handshakes-per-ip", "0"],
     );
+    let t0 = Instant::now();
     let held = flood("127.0.0.1", server.agent, 400);
-    std::thread::sleep(Duration::from_millis(6500));
-    let log = server.proc.log_text();
+    // One line at first, then a summary each 5 s while accept fails: wait
+    // for the first summary (about 5 s in; however late the workers and
+    // the log thread run on a loaded machine), then count.
+    let summaries = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("accept failed") && !l.contains("suppressed=0"))
+            .count()
+    };
+    let deadline = t0 + WAIT;
+    let log = loop {
+        let log = server.proc.log_text();
+        if summaries(&log) >= 1 {
+            break log;
+        }
+        assert!(Instant::now() < deadline, "no summary:\n{}", tail(&log));
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = t0.elapsed();
     let lines = count_lines(&log, "accept failed");
     assert!(
         log.contains("Too many open files"),
         "no EMFILE:\n{}",
         tail(&log)
     );
-    // One line at first, one summary after 5 s (6.5 s holds at most one
-    // more period's line, however late the workers run).
+    // The first line, at most one summary per 5 s period since, and one
+    // more however late the workers run (3 when read 5 to 10 s in).
+    let most = 2 + (took.as_secs_f64() / 5.0).floor() as usize;
     assert!(
-        lines <= 3,
-        "{lines} accept-error lines in 6.5 s:\n{}",
+        lines <= most,
+        "{lines} accept-error lines in {took:?} (at most {most}):\n{}",
         tail(&log)
     );
-    let summaries = log
-        .lines()
-        .filter(|l| l.contains("accept failed") && !l.contains("suppressed=0"))
-        .count();
-    assert!(summaries >= 1, "no summary:\n{}", tail(&log));
-    println!("EMFILE for 6.5 s: {lines} log lines");
+    println!("EMFILE for {took:?}: {lines} log lines");
     drop(held);
     let _agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
 }

@@ -557,8 +557,18 @@ fn an_impostor_is_refused_by_default_and_its_neighbours_undisturbed() {
         let (certs, port, stop) = (env.certs(), server.agent, stop.clone());
         thread::spawn(move || impostor(&certs, port, "node1", "ipv4=127.0.0.1", &stop))
     };
-    // Let the impostor try before the victims start.
-    thread::sleep(Duration::from_millis(300));
+    // Let the impostor try before the victims start: until it was refused
+    // once (or, with binding off, for a moment).
+    if off {
+        thread::sleep(Duration::from_millis(300));
+    } else {
+        wait_metric_at(
+            server.admin,
+            "edgetunnel_agent_identity_refused_total{reason=\"agent_id\"}",
+            &server.proc,
+            |v| v >= 1.0,
+        );
+    }
     let victims_stop = Arc::new(AtomicBool::new(false));
     let mut victims = Vec::new();
     for v in 0..2u64 {

@@ -102,10 +102,7 @@ fn grpcio_agent_serves_connect_and_grpc_frontends() {
         assert!(echo_roundtrip(st, &data) == data);
     }
     // A refused target: the Python agent's error text comes back as 502.
-    let dead = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let (_held, dead) = refused_addr();
     let (status, body, _) = connect_tcp(server.connect, &dead.to_string());
     assert_eq!(status, 502, "{body}");
 
@@ -226,10 +223,7 @@ fn grpcio_proxy_client_through_our_server_and_agent() {
     );
     expect_ok(&mut big);
     // Dial errors come back in DIAL_RSP.
-    let dead = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let (_held, dead) = refused_addr();
     let mut refused = script(
         &env,
         "proxy_client.py",
@@ -296,8 +290,7 @@ fn our_agent_against_grpcio_server() {
     expect_ok(&mut server);
     // A Go-like server announces no workers: the agent says so in its
     // connection line, and announces no secondary link (`LINKED`).
-    let log = agent.proc.log_text();
-    assert!(log.contains("link=None"), "{log}");
+    agent.proc.wait_log("link=None");
     let linked: Vec<String> = agent
         .proc
         .lines
@@ -344,15 +337,7 @@ fn bearer_token_is_checked() {
     );
     server.wait_metric("edgetunnel_agents_connected", 2.0);
     let refused = Agent::spawn(&env, server.agent, "rust-bad", "host=d", &[]);
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(
-        refused
-            .proc
-            .log_text()
-            .contains("bad or missing bearer token"),
-        "{}",
-        refused.proc.log_text()
-    );
+    refused.proc.wait_log("bad or missing bearer token");
     assert_eq!(server.metric("edgetunnel_agents_connected"), 2.0);
     drop(ok);
 }

@@ -327,16 +327,10 @@ fn intercepted_kubelet_traffic_reaches_the_edge_through_the_agent() {
         )
     });
     assert_eq!(body, "hello from the edge\n");
-    wait_for(
-        "the traced request in the log",
-        Duration::from_secs(5),
-        || {
-            let log = server.log_text();
-            log.contains("kubelet request")
-                && log.contains("/hello.txt")
-                && log.contains("status=200")
-        },
-    );
+    wait_for("the traced request in the log", support::WAIT, || {
+        let log = server.log_text();
+        log.contains("kubelet request") && log.contains("/hello.txt") && log.contains("status=200")
+    });
     // Straight at the interception listener, the node named by Host.
     let body = get_in(
         &cloud,

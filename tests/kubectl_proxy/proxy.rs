@@ -409,7 +409,9 @@ fn body_arrives_as_sent(
     first.extend_from_slice(&frame(&body[..mark]));
     let sent = Instant::now();
     c.write_all(&first).map_err(|e| e.to_string())?;
-    let seen = api.wait_count(&event, before + 1, Duration::from_secs(5));
+    // Milliseconds when streamed; a proxy that gathers the body first never
+    // sends it while the client waits (the bound is for a hang).
+    let seen = api.wait_count(&event, before + 1, support::WAIT);
     let took = sent.elapsed();
     let mut rest = frame(&body[mark..]);
     if let Framed::Chunked = how {

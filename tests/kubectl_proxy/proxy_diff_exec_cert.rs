@@ -267,8 +267,11 @@ fn expired_plugin_certificate_replaced_on_new_connections_as_kubectl() {
     let (one, two) = (issue(&env, "soon-expired"), issue(&env, "renewed"));
     let mut results = Vec::new();
     for who in WHO {
-        // Valid for a few seconds from now.
-        let soon = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second() + 3).unwrap();
+        // Valid for 3 to 4 s from now (whole seconds): starting the proxy
+        // (kubectl runs the plugin then) and the two requests below take
+        // about 0.6 s beside two busy loops on 2 cores: 5 times that is
+        // the margin before the certificate expires under them.
+        let soon = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second() + 4).unwrap();
         let answers = [cert_answer(&one, &soon.to_string()), cert_answer(&two, FAR)];
         let plugin = Plugin::new(&env.path(&format!("expiry-{who}-plugin")), &answers);
         let p = proxy(&env, who, "expiry", &server, &plugin.user_yaml());

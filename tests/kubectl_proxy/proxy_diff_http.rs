@@ -85,6 +85,19 @@ fn script(method: &str, target: &str) -> (Vec<u8>, Option<(Duration, Vec<u8>)>) 
     }
 }
 
+/// The targets whose delayed part (see [`script`]) the scripted upstream
+/// has written.
+static LATE_WRITTEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Whether the scripted upstream wrote the delayed part for `target`.
+fn late_written(target: &str) -> bool {
+    LATE_WRITTEN
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .any(|t| t == target)
+}
+
 /// Starts the scripted upstream on loopback.
 fn scripted_upstream() -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind upstream");
@@ -115,6 +128,10 @@ fn serve_scripted(s: TcpStream) {
             if w.write_all(&bytes).is_err() {
                 return;
             }
+            LATE_WRITTEN
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(target.clone());
         }
         if target == "/sw101" {
             return;
@@ -250,8 +267,16 @@ fn unsolicited_upstream_bytes_are_not_served_to_the_next_client() {
         a.write_all(&get(&format!("/extra/A{i}"))).unwrap();
         let ra = read_all(&mut *a, &mut Vec::new(), "GET");
         assert_eq!(final_of(&ra).body, format!("answer A{i}").as_bytes());
-        // The unsolicited bytes arrive 50 ms after the answer.
-        thread::sleep(Duration::from_millis(200));
+        // The unsolicited bytes are sent 50 ms after the answer: B asks
+        // once they are on their way (on loopback, in the proxy's socket).
+        let deadline = std::time::Instant::now() + support::WAIT;
+        while !late_written(&format!("/extra/A{i}")) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no unsolicited bytes sent"
+            );
+            thread::sleep(Duration::from_millis(5));
+        }
         let mut b = connect(&ours.ep);
         b.write_all(&get(&format!("/plain/B{i}"))).unwrap();
         let rb = read_all(&mut *b, &mut Vec::new(), "GET");

@@ -15,7 +15,7 @@ use std::thread;
 use std::time::Duration;
 
 use support::http_raw::{exchange, read_request};
-use support::proxy_proc::{kubectl, kubectl_cmd, ours_cmd, start};
+use support::proxy_proc::{kubectl, kubectl_cmd, ours_cmd, start, Running};
 use support::Env;
 
 /// The kubectl release edgetunnel emulates (crates/kubectl-proxy/src/server_version.rs).
@@ -196,7 +196,23 @@ fn verbosity_six_logs_each_round_trip_as_kubectl() {
             );
             exchange(ep, raw.as_bytes(), m).expect("exchange");
         }
-        thread::sleep(Duration::from_millis(500));
+    };
+    // The round trips a proxy logged, once it logged `n` (a line may reach
+    // the file a moment after the answer); with none expected, after half
+    // a second of not logging one.
+    let logged = |p: &Running, n: usize| -> Vec<String> {
+        if n == 0 {
+            thread::sleep(Duration::from_millis(500));
+            return round_trips(&p.log_text());
+        }
+        let deadline = std::time::Instant::now() + support::WAIT;
+        loop {
+            let got = round_trips(&p.log_text());
+            if got.len() >= n || std::time::Instant::now() > deadline {
+                return got;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
     };
     let want = vec![
         format!("GET http://{up}/api/x?y=1 200 OK"),
@@ -213,8 +229,8 @@ fn verbosity_six_logs_each_round_trip_as_kubectl() {
         reqs(&go.ep);
         reqs(&ours.ep);
         let expected = if i < 2 { want.clone() } else { Vec::new() };
-        assert_eq!(round_trips(&go.log_text()), expected, "kubectl {v:?}");
-        assert_eq!(round_trips(&ours.log_text()), expected, "ours {v:?}");
+        assert_eq!(logged(&go, expected.len()), expected, "kubectl {v:?}");
+        assert_eq!(logged(&ours, expected.len()), expected, "ours {v:?}");
     }
 }
 

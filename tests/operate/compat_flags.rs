@@ -91,10 +91,11 @@ fn place(env: &Env, files: &[(&str, &Path)]) {
     }
 }
 
+/// Each of `wants` logged (waited for: the lines reach the log file
+/// through the log thread, maybe after the process announced READY).
 fn assert_logged(p: &Proc, wants: &[&str]) {
-    let log = p.log_text();
     for w in wants {
-        assert!(log.contains(w), "{w:?} not logged:\n{log}");
+        p.wait_log(w);
     }
 }
 

@@ -61,27 +61,35 @@ fn go_agent_backs_off_from_a_busy_server_then_links() {
     );
     let t0 = Instant::now();
     std::thread::sleep(HOLD);
+    // At least one attempt refused (a loaded machine may be slow to start
+    // the Go agent: waited for), and the Go agent's error names the alert.
+    let deadline = Instant::now() + WAIT;
+    while refused() < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the Go agent never tried:\n{}",
+            tail(&agent.text(), 20)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    agent.wait_for("user canceled", WAIT);
     let attempts = refused();
-    let log = agent.text();
+    let took = t0.elapsed();
     // Backoff 0.1 s × 1.5^k (±10%) up to 1 s: about 8 tries in 4 s (and
     // grpc-go may retry a transport once on its own); without backoff it
-    // would be hundreds.
+    // would be hundreds. At most 5 a second over the time watched (20 in
+    // the 4 s of HOLD).
+    let most = 5.0 * took.as_secs_f64().max(HOLD.as_secs_f64());
     assert!(
-        (1.0..=20.0).contains(&attempts),
-        "{attempts} refused attempts in {:?}:\n{}",
-        t0.elapsed(),
-        tail(&log, 20)
-    );
-    assert!(
-        log.contains("user canceled"),
-        "the Go agent's error names the alert:\n{}",
-        tail(&log, 20)
+        attempts <= most,
+        "{attempts} refused attempts in {took:?} (at most {most}):\n{}",
+        tail(&agent.text(), 20)
     );
     drop(held);
     agent.wait_for("\"Start serving\"", WAIT);
     server.wait_metric("edgetunnel_agents_connected", 1.0);
     println!(
-        "Go agent refused {attempts} times in {HOLD:?}, linked {:?} after the cap freed",
-        t0.elapsed() - HOLD
+        "Go agent refused {attempts} times in {took:?}, linked {:?} after the cap freed",
+        t0.elapsed() - took
     );
 }

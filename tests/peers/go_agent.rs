@@ -491,11 +491,14 @@ fn go_agent_killed_mid_transfer() {
     let killed = Instant::now();
     agent.signal(libc::SIGKILL);
     let _ = agent.child.wait();
+    // The clients ping for 20 s: one not told of the dead agent would
+    // report only then. Told, they report at once; 15 s is the margin for a
+    // loaded machine.
     for r in runs {
         let r = r.join().unwrap();
         assert!(!r.ok, "a client through a killed agent said OK: {}", r.line);
         assert!(
-            killed.elapsed() < Duration::from_secs(5),
+            killed.elapsed() < Duration::from_secs(15),
             "the client learned of the dead agent only after {:?}: {}\n{}",
             killed.elapsed(),
             r.describe(),

@@ -88,7 +88,7 @@ impl TlsStack {
 /// metrics list a worker only once that worker has set up, which on a busy
 /// machine can be after the agent's first link.
 fn workers_started(server: &Server) -> f64 {
-    let log = server.proc.log_text();
+    let log = server.proc.wait_log("workers=");
     log.split_whitespace()
         .find_map(|w| w.strip_prefix("workers=")?.parse().ok())
         .expect("the server's start line names its workers")

@@ -524,6 +524,39 @@ pub(crate) fn free_port() -> u16 {
     }
 }
 
+/// The text of the file at `path` once it holds `needle` (a log file
+/// written through a process's log thread, which may lag behind what the
+/// process already announced on stdout or in /metrics).
+pub(crate) fn wait_file_text(path: &Path, needle: &str) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.contains(needle) {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{needle:?} not in {} within {WAIT:?}:\n{text}",
+            path.display()
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A loopback address nothing listens on, for as long as the returned
+/// socket lives: the port is held by a bound socket that never listens,
+/// so a connect there is refused, and no listener (another test's, bound
+/// to port 0 in the meantime) can take it, as it could a port picked and
+/// released.
+pub(crate) fn refused_addr() -> (socket2::Socket, SocketAddr) {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+    s.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .expect("bind a port to refuse");
+    let addr = s.local_addr().unwrap().as_socket().unwrap();
+    (s, addr)
+}
+
 /// Where two byte strings part: both lengths, the offset of the first
 /// differing byte and 24 bytes of each from there, in hex.
 pub(crate) fn first_difference(got: &[u8], want: &[u8]) -> String {

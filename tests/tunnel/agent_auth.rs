@@ -483,6 +483,9 @@ fn certificate_less_tls_holders_do_not_keep_a_token_agent_out() {
         || format!("{}\n{}", server.proc.log_text(), agent.log_text()),
     );
     let took = started.elapsed();
+    // About 1 s here, on a loaded machine too (the grace is a second unless
+    // handshakes are slow); 12 s is the longest grace a slot can get (1.5
+    // times MAX_GRACE), still short of the 15 s timeout.
     assert!(
         took < Duration::from_secs(12),
         "the token agent got in only after {took:?}: the holders were not shed within the grace"
@@ -540,23 +543,36 @@ fn reviews_nobody_waits_for_are_not_sent() {
     );
     thread::sleep(Duration::from_secs(3).saturating_sub(t0.elapsed()));
     drop(agents);
+    // On a loaded machine starting 36 agents can take longer than 3 s:
+    // what the pacer may have sent is bounded by when they were killed.
+    let killed_at = t0.elapsed();
     let sent_at_kill = kube.token_reviews().len();
     // The reviews still queued are dropped at the next turn (a second).
+    wait_for(
+        "the queued reviews abandoned",
+        || reviews("abandoned") >= 8.0,
+        || server.metrics(),
+    );
+    // And none sent after: watched for five turns more.
     thread::sleep(Duration::from_secs(5));
     let sent = kube.token_reviews().len();
     let (shed, abandoned) = (reviews("shed"), reviews("abandoned"));
     println!(
-        "36 agents, killed after {:?}: {sent_at_kill} reviews sent by then, {sent} in all; \
-         {shed} shed, {abandoned} abandoned",
-        Duration::from_secs(3)
+        "36 agents, killed after {killed_at:?}: {sent_at_kill} reviews sent by then, {sent} in all; \
+         {shed} shed, {abandoned} abandoned"
     );
     assert!(
         sent <= sent_at_kill + 1,
         "{} reviews sent for agents that had gone",
         sent - sent_at_kill
     );
-    assert!(sent <= 6, "{sent} reviews in about 3 s at one a second");
-    assert!(abandoned >= 8.0, "{}", server.metrics());
+    // One a second with a burst of one: 1 + whole seconds by the kill, one
+    // more in flight at it (6 for a kill at 3 s).
+    let most = 2 + killed_at.as_secs_f64().ceil() as usize;
+    assert!(
+        sent <= most,
+        "{sent} reviews in {killed_at:?} at one a second (at most {most})"
+    );
 }
 
 /// Issue 39, token mode's goal: Connects with random tokens at the
@@ -671,6 +687,8 @@ fn a_random_token_flood_at_the_caps_does_not_keep_an_agent_out() {
         reviews("shed"),
         reviews("abandoned")
     );
+    // About 1 s here, on a loaded machine too; 8 s (the longest mean
+    // grace) leaves a margin of several seconds.
     assert!(
         took < Duration::from_secs(8),
         "the token agent got in only after {took:?}"

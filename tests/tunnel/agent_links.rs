@@ -196,7 +196,7 @@ fn a_link_dies_and_the_agent_carries_on() {
 
 /// The instance token the agent logged.
 fn instance_of(agent: &Agent) -> String {
-    let log = agent.proc.log_text();
+    let log = agent.proc.wait_log("instance=");
     let at = log.find("instance=").expect("instance logged") + "instance=".len();
     log[at..at + 16].to_string()
 }

@@ -180,7 +180,9 @@ fn syn_sent_to(pid: u32, port: u16) -> usize {
 #[test]
 fn a_dial_the_server_gave_up_on_is_aborted_at_the_agent() {
     let env = Env::new();
-    let server = Server::start(&env, &["--dial-timeout-secs", "1"]);
+    // The server gives up after 3 s: time enough, on a loaded machine,
+    // to see the dial pending at the agent before that.
+    let server = Server::start(&env, &["--dial-timeout-secs", "3"]);
     let (agent, admin) = agent(&env, &server, false, &["--dial-timeout-secs", "30"]);
     let pid = agent.child.id();
     let (target, _listener, _fillers) = never_accepting();
@@ -192,8 +194,9 @@ fn a_dial_the_server_gave_up_on_is_aborted_at_the_agent() {
         let (status, body, _) = connect_tcp(connect, &target.to_string());
         (status, body, Instant::now())
     });
-    // The dial is under way on the agent: pending, its socket in SYN-SENT.
-    let deadline = Instant::now() + Duration::from_millis(900);
+    // The dial is under way on the agent: pending, its socket in SYN-SENT
+    // (seen before the server's 3 s timeout ends it; it takes milliseconds).
+    let deadline = asked + Duration::from_millis(2700);
     while !(metric_at(admin, PENDING) == 1.0 && syn_sent_to(pid, target.port()) > before) {
         assert!(
             Instant::now() < deadline,
@@ -204,10 +207,13 @@ fn a_dial_the_server_gave_up_on_is_aborted_at_the_agent() {
     }
     let (status, body, answered) = caller.join().unwrap();
     assert_eq!(status, 504, "{body}");
-    assert!(answered - asked < Duration::from_secs(5));
+    // The server's 3 s timeout, with 5 s of margin.
+    assert!(answered - asked < Duration::from_secs(8));
 
-    // The server's DIAL_CLS aborts the connect at once.
-    let deadline = answered + Duration::from_millis(500);
+    // The server's DIAL_CLS aborts the connect at once (milliseconds); the
+    // agent's own timeout, 30 s, would end it otherwise: 5 s tells the two
+    // apart with margin to spare on a loaded machine.
+    let deadline = answered + Duration::from_secs(5);
     loop {
         let pending = metric_at(admin, PENDING);
         let sockets = syn_sent_to(pid, target.port());

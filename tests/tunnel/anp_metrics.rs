@@ -6,7 +6,7 @@
 use crate::support;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::Command;
 use std::thread;
@@ -77,10 +77,7 @@ fn venv_python() -> Option<PathBuf> {
 fn anp_metrics_on_server_and_agent() {
     let env = Env::new();
     // The agent starts first, towards a server that is not there yet.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let port: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let agent = Agent::spawn(
         &env,
         port,
@@ -137,10 +134,7 @@ fn anp_metrics_on_server_and_agent() {
     });
 
     // A refused dial.
-    let dead = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let (_held, dead) = refused_addr();
     let (status, _, _) = connect_tcp(server.connect, &dead.to_string());
     assert_ne!(status, 200);
     server.wait_metric(

@@ -122,8 +122,9 @@ fn half_close_delivers_the_whole_answer() {
 
 /// A target that reads until its peer finishes, then stays silent and
 /// open until asked (on the returned sender) whether its connection is
-/// gone: it writes for up to 3 s; the answer is whether a write failed (a
-/// closed peer answers a write with RST, and the next write fails).
+/// gone: it writes until a write fails or for up to [`WAIT`]; the answer
+/// is whether a write failed (a closed peer answers a write with RST, and
+/// the next write fails).
 fn silent_target() -> (
     std::net::SocketAddr,
     std::sync::mpsc::Sender<()>,
@@ -142,12 +143,19 @@ fn silent_target() -> (
             }
         }
         if ask_rx.recv().is_ok() {
-            // The agent may take a moment to hear of the close.
-            let failed = (0..30).any(|_| {
+            // The agent may take a moment to hear of the close (more on a
+            // loaded machine): ask until a write fails.
+            let deadline = Instant::now() + WAIT;
+            let failed = loop {
                 let r = s.write_all(b"x");
-                thread::sleep(Duration::from_millis(100));
-                r.is_err()
-            });
+                if r.is_err() {
+                    break true;
+                }
+                if Instant::now() > deadline {
+                    break false;
+                }
+                thread::sleep(Duration::from_millis(50));
+            };
             let _ = answer_tx.send(failed);
         }
     });
@@ -187,7 +195,7 @@ fn half_closed_tunnel_to_a_silent_target_is_released_by_the_linger() {
     ask.send(()).unwrap();
     assert!(
         closed_at_target
-            .recv_timeout(Duration::from_secs(5))
+            .recv_timeout(WAIT + Duration::from_secs(5))
             .unwrap(),
         "the target's connection is still open at the agent"
     );
@@ -225,11 +233,13 @@ fn half_closed_tunnel_to_a_silent_target_is_released_by_the_linger() {
     assert_eq!(status, 200);
     let mut hello = [0u8; 5];
     s.read_exact(&mut hello).unwrap();
-    // Keep sending for 2.5 s (past the 1 s linger): the tunnel stays.
+    // Keep sending for 2.5 s (past the 1 s linger): the tunnel stays. A
+    // tick every 50 ms: the test thread would have to stall for 20 ticks
+    // (the whole linger) on a loaded machine for the tunnel to look idle.
     let start = Instant::now();
     while start.elapsed() < Duration::from_millis(2500) {
         s.write_all(b"tick").unwrap();
-        thread::sleep(Duration::from_millis(200));
+        thread::sleep(Duration::from_millis(50));
     }
     let sent_until = Instant::now();
     // Then go silent: the tunnel closes about a linger later.
@@ -266,10 +276,8 @@ fn refused_target_and_missing_agent_get_anp_status_codes() {
     let _agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
     assert_eq!(http_get(server.admin, "/readyz").0, 200);
     // A closed port: the agent's error comes back as 502.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead = closed.local_addr().unwrap().to_string();
-    drop(closed);
-    let (status, body, _) = connect_tcp(server.connect, &dead);
+    let (_held, dead) = refused_addr();
+    let (status, body, _) = connect_tcp(server.connect, &dead.to_string());
     assert_eq!(status, 502);
     assert!(body.to_lowercase().contains("refused"), "{body}");
     assert_eq!(
@@ -536,7 +544,7 @@ fn legacy_epoll_driver_works_end_to_end() {
         "host=node1",
         &["--driver", "legacy"],
     );
-    assert!(server.proc.log_text().contains("driver=\"epoll\""));
+    server.proc.wait_log("driver=\"epoll\"");
     let echo = echo_server("127.0.0.1");
     let data = random_bytes(3 << 20, 1);
     let (status, _, s) = connect_tcp(server.connect, &echo.addr.to_string());
@@ -875,12 +883,7 @@ fn stalled_reader_does_not_hold_up_other_connections() {
 #[test]
 fn health_listener_reports_readiness_by_agents() {
     let env = Env::new();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let health: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let health: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let server = Server::start(&env, &["--health-bind", &health.to_string()]);
     assert_eq!(http_get(health, "/healthz").0, 200);
     for path in ["/readyz", "/ready"] {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::{random_bytes, Agent, Env, Server};
+use support::{random_bytes, refused_addr, Agent, Env, Server};
 
 /// A kubelet stand-in on 127.0.0.1: `/stream` sends one event, waits for
 /// the gate to drop, sends another; an Upgrade request gets 101 and an echo.
@@ -158,8 +158,9 @@ fn upgrades_streams_and_localhost_ports_through_the_interception_listener() {
         got.extend_from_slice(&buf[..n]);
     }
     assert!(String::from_utf8_lossy(&got).contains("last"));
-    // The tracing wrapper logged both exchanges with their status.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    // The tracing wrapper logged both exchanges with their status (through
+    // the log thread, which a loaded machine may run late).
+    let deadline = Instant::now() + support::WAIT;
     loop {
         let log = server.proc.log_text();
         let traced = |path: &str, status: &str| {
@@ -177,11 +178,8 @@ fn upgrades_streams_and_localhost_ports_through_the_interception_listener() {
 
     // Without the localhost rule the node's own address is dialed (and
     // refused): the caller gets an answer, not a hang.
-    let other = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let (_held, other) = refused_addr();
+    let other = other.port();
     let mut c = TcpStream::connect(at).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     write!(c, "GET / HTTP/1.1\r\nHost: edge-1:{other}\r\n\r\n").unwrap();

@@ -25,11 +25,14 @@ const RESTART_DOWN: Duration = Duration::from_millis(1500);
 /// restart (well under RESET_AFTER, so the backoff keeps climbing).
 const RESTART_UP: Duration = Duration::from_millis(300);
 const BLIP: Duration = Duration::from_millis(500);
-/// How long the agent may take to come back after the blip. Not tight: a
-/// server that restarts slowly on a loaded machine lets a few attempts fail,
-/// and full jitter then draws from up to 0.2 s x 2^attempts. The reset itself
-/// is checked on the first delay after the blip.
-const RECOVERY_LIMIT: Duration = Duration::from_secs(8);
+/// How long the agent may take to come back once the restarted server is
+/// ready: at most one reconnect delay (capped at BACKOFF_MAX, 10 s) plus a
+/// handshake and a dial, for which 5 s is the margin on a loaded machine.
+/// Measured from the server's readiness, not from its restart: how slowly
+/// a loaded machine starts a server is not the agent's doing. Not what
+/// shows the reset (the first delay after the blip does that): this is the
+/// promise that the agent is back within its cap of a server's return.
+const RECOVERY_LIMIT: Duration = Duration::from_secs(15);
 
 fn spawn_agent(env: &Env, server: SocketAddr) -> Proc {
     let mut cmd = Command::new(BIN);
@@ -162,10 +165,11 @@ fn backoff_resets_after_healthy_connection_so_blip_recovers_fast() {
          initial {initial:?}: the backoff was not reset\nagent log:\n{}",
         agent.log_text()
     );
+    let after_ready = took.saturating_sub(ready);
     assert!(
-        took < RECOVERY_LIMIT,
-        "agent took {took:?} (over {RECOVERY_LIMIT:?}) to come back after a {BLIP:?} blip\n\
-         agent log:\n{}",
+        after_ready < RECOVERY_LIMIT,
+        "agent took {after_ready:?} (over {RECOVERY_LIMIT:?}) to come back once the server was \
+         ready after a {BLIP:?} blip\nagent log:\n{}",
         agent.log_text()
     );
 }
