@@ -287,12 +287,14 @@ fn chrono_like_now() -> String {
         .unwrap_or_default()
 }
 
-/// Resident memory of a process, bytes (`VmRSS`).
-fn rss(pid: u32) -> f64 {
+/// A field of `/proc/PID/status` in bytes: `VmRSS` (resident memory),
+/// `RssAnon` (its anonymous part: what the process allocated, without the
+/// pages of its binary and libraries that running code made resident).
+fn status_bytes(pid: u32, field: &str) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map_or(f64::NAN, |kb| kb * 1024.0)
 }
@@ -337,6 +339,7 @@ fn cancelled_watches(addr: &str, n: usize) {
 struct Mem {
     served: u64,
     rss: f64,
+    anon: f64,
     heap: f64,
 }
 
@@ -384,7 +387,8 @@ fn soak(n: u64) {
     ];
     let sample = |p: &Proc, m: Option<&str>, served: u64| Mem {
         served,
-        rss: rss(p.child.id()),
+        rss: status_bytes(p.child.id(), "VmRSS"),
+        anon: status_bytes(p.child.id(), "RssAnon"),
         heap: m.map_or(f64::NAN, |m| scrape(m, "edgetunnel_heap_live_bytes")),
     };
     let mut series: Vec<Vec<Mem>> = systems
@@ -427,8 +431,8 @@ fn soak(n: u64) {
         .map(|(i, (_, p, m))| sample(p, *m, served[i]))
         .collect();
     let mut table = vec![
-        "| system | requests | watches cancelled | RSS idle start MB | RSS at 10k MB | RSS at end MB | RSS after 60 s idle MB | RSS bytes/request (10k to end) | live heap at 10k / end / idle MB |".to_string(),
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|".to_string(),
+        "| system | requests | watches cancelled | RSS idle start MB | RSS at 10k MB | RSS at end MB | RSS after 60 s idle MB | RSS bytes/request (10k to end) | anonymous RSS idle start / at 10k / end / idle MB | live heap at 10k / end / idle MB |".to_string(),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|".to_string(),
     ];
     let mut json = Vec::new();
     for (i, (name, _, _)) in systems.iter().enumerate() {
@@ -439,30 +443,36 @@ fn soak(n: u64) {
         let slope = (end.rss - at10k.rss) / (end.served - at10k.served).max(1) as f64;
         let mb = |x: f64| x / 1e6;
         table.push(format!(
-            "| {name} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {slope:.2} | {:.2} / {:.2} / {:.2} |",
+            "| {name} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {slope:.2} | {:.1} / {:.1} / {:.1} / {:.1} | {:.2} / {:.2} / {:.2} |",
             end.served,
             watches[i],
             mb(first.rss),
             mb(at10k.rss),
             mb(end.rss),
             mb(idle[i].rss),
+            mb(first.anon),
+            mb(at10k.anon),
+            mb(end.anon),
+            mb(idle[i].anon),
             mb(at10k.heap),
             mb(end.heap),
             mb(idle[i].heap)
         ));
         json.push(format!(
-            "{{\"system\":\"{name}\",\"watches_cancelled\":{},\"samples\":[{}],\"idle\":{{\"rss\":{},\"heap\":{}}}}}",
+            "{{\"system\":\"{name}\",\"watches_cancelled\":{},\"samples\":[{}],\"idle\":{{\"rss\":{},\"rss_anon\":{},\"heap\":{}}}}}",
             watches[i],
             v.iter()
                 .map(|s| format!(
-                    "{{\"served\":{},\"rss\":{},\"heap\":{}}}",
+                    "{{\"served\":{},\"rss\":{},\"rss_anon\":{},\"heap\":{}}}",
                     s.served,
                     s.rss,
+                    s.anon,
                     if s.heap.is_nan() { "null".into() } else { s.heap.to_string() }
                 ))
                 .collect::<Vec<_>>()
                 .join(","),
             idle[i].rss,
+            idle[i].anon,
             if idle[i].heap.is_nan() { "null".into() } else { idle[i].heap.to_string() }
         ));
     }
