@@ -265,18 +265,34 @@ fn agents_count_server_leases_behind_a_load_balancer() {
         || logs(&servers),
     );
     // ANP's lease GC families on the survivors (one of them culled srv-c's
-    // lease): the culled count, list and delete calls by status code.
-    let scrapes: Vec<_> = servers
-        .iter()
-        .map(|s| support::prom_text::scrape(s.admin))
-        .collect();
+    // lease): the culled count, list and delete calls by status code. The
+    // count follows the delete's answer, which the lease's absence may
+    // precede: scraped until it shows.
+    const P: &str = "konnectivity_network_proxy_server_";
+    let scrape_all = || -> Vec<_> {
+        servers
+            .iter()
+            .map(|s| support::prom_text::scrape(s.admin))
+            .collect()
+    };
+    let culled = |scrapes: &[_]| -> f64 {
+        scrapes
+            .iter()
+            .filter_map(|f| support::prom_text::value(f, &format!("{P}culled_leases_count"), &[]))
+            .sum()
+    };
+    wait_for(
+        "the culled lease counted",
+        || culled(&scrape_all()) >= 1.0,
+        || logs(&servers),
+    );
+    let scrapes = scrape_all();
     let sum = |name: &str, labels: &[(&str, &str)]| -> f64 {
         scrapes
             .iter()
             .filter_map(|f| support::prom_text::value(f, name, labels))
             .sum()
     };
-    const P: &str = "konnectivity_network_proxy_server_";
     assert!(sum(&format!("{P}culled_leases_count"), &[]) >= 1.0);
     assert!(
         sum(

@@ -31,13 +31,9 @@ struct Waiters {
 impl Waiters {
     /// Stores `waker` in `slot` (taking one if it has none); returns the
     /// waker it replaced, to be dropped once the lock is released.
-    fn register(&mut self, slot: &mut Option<usize>, waker: &Waker) -> Option<Waker> {
+    fn register(&mut self, slot: &mut u32, waker: &Waker) -> Option<Waker> {
         match *slot {
-            Some(i) => match &mut self.slots[i] {
-                Some(w) if w.will_wake(waker) => None,
-                w => w.replace(waker.clone()),
-            },
-            None => {
+            NO_SLOT => {
                 let i = match self.free.pop() {
                     Some(i) => i,
                     None => {
@@ -46,16 +42,21 @@ impl Waiters {
                     }
                 };
                 self.slots[i] = Some(waker.clone());
-                *slot = Some(i);
+                *slot = u32::try_from(i).expect("fewer than 2^32 - 1 waiters");
                 None
             }
+            i => match &mut self.slots[i as usize] {
+                Some(w) if w.will_wake(waker) => None,
+                w => w.replace(waker.clone()),
+            },
         }
     }
 
     /// Frees `slot`; returns its waker, to be dropped outside the lock
     /// (dropping a task's last waker drops the task, whose own waiters
     /// take this lock).
-    fn release(&mut self, slot: usize) -> Option<Waker> {
+    fn release(&mut self, slot: u32) -> Option<Waker> {
+        let slot = slot as usize;
         self.free.push(slot);
         let w = self.slots[slot].take();
         if self.free.len() == self.slots.len() {
@@ -99,7 +100,7 @@ impl Shutdown {
         WaitShutdown {
             latch: self.clone(),
             n,
-            slot: None,
+            slot: NO_SLOT,
         }
     }
 
@@ -109,11 +110,15 @@ impl Shutdown {
     }
 }
 
+/// A waiter's slot before its first poll.
+const NO_SLOT: u32 = u32::MAX;
+
+/// Sixteen bytes: every connection's task waits on one.
 pub struct WaitShutdown {
     latch: Arc<Shutdown>,
     n: u32,
-    /// Its slot in the latch's [`Waiters`], once polled.
-    slot: Option<usize>,
+    /// Its slot in the latch's [`Waiters`] once polled, else [`NO_SLOT`].
+    slot: u32,
 }
 
 impl Future for WaitShutdown {
@@ -140,7 +145,8 @@ impl Future for WaitShutdown {
 
 impl Drop for WaitShutdown {
     fn drop(&mut self) {
-        if let Some(slot) = self.slot.take() {
+        let slot = std::mem::replace(&mut self.slot, NO_SLOT);
+        if slot != NO_SLOT {
             let waker = self
                 .latch
                 .waiters
@@ -218,6 +224,11 @@ mod tests {
 
     fn poll(w: &mut WaitShutdown, waker: &Waker) -> Poll<()> {
         Pin::new(w).poll(&mut Context::from_waker(waker))
+    }
+
+    #[test]
+    fn a_waiter_is_sixteen_bytes() {
+        assert_eq!(std::mem::size_of::<WaitShutdown>(), 16);
     }
 
     /// A waiter polled at every wake of a long-lived task (an agent link
