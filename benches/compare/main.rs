@@ -20,6 +20,7 @@ mod fleet_scenario;
 mod fleet_table;
 mod model;
 mod plot;
+mod probe;
 mod profile;
 mod report;
 mod scenarios;

@@ -963,14 +963,7 @@ fn descendants(roots: &[u32]) -> Vec<Desc> {
 
 /// Pss of `pid` in bytes (0 when gone or a zombie).
 fn pss_of(pid: u32) -> u64 {
-    fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Pss:"))
-                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        })
-        .map_or(0, |kib| kib * 1024)
+    crate::probe::kib_field(&format!("/proc/{pid}/smaps_rollup"), "Pss:")
 }
 
 /// True when every port in `ports` has a TCP socket in LISTEN state (IPv4

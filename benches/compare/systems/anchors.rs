@@ -19,13 +19,12 @@
 //! (TLS_AES_128_GCM_SHA256, crates/engine/src/tls.rs); Go's crypto/tls picks the
 //! same on processors with AES instructions.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::{
     fd_fit, find_tool, free_ports, run_tool, tcp_entries, Limit, Running, StartOptions, POLL,
@@ -338,17 +337,11 @@ fn anp_verbosity() -> String {
     std::env::var("COMPARE_ANP_V").unwrap_or_else(|_| "0".to_string())
 }
 
-/// The value of the unlabelled gauge `name` at `127.0.0.1:port/metrics`
-/// (None while the admin server does not answer).
+/// The value of gauge `name` at `127.0.0.1:port/metrics` (None while the
+/// admin server does not answer).
 fn gauge(port: u16, name: &str) -> Option<f64> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    body.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    let text = crate::probe::metrics_text(SocketAddr::from(([127, 0, 0, 1], port)))?;
+    crate::probe::metric_sum(&text, name)
 }
 
 /// The client side of ANP's TCP frontend: the `certs init` CA as the only
