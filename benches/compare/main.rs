@@ -472,6 +472,7 @@ impl Harness {
             rep,
             higher_is_better: higher,
             cdf,
+            series: Vec::new(),
         });
     }
 

@@ -142,14 +142,8 @@ mod tests {
     #[allow(dead_code)] // only #[test]s use it, and bench builds drop those
     fn sample(scenario: &str, case: &str, system: &str, metric: &str, value: f64) -> Sample {
         Sample {
-            scenario: scenario.into(),
-            case: case.into(),
-            system: system.into(),
-            metric: metric.into(),
-            value,
-            rep: 0,
             higher_is_better: metric == "req/s",
-            cdf: Vec::new(),
+            ..Sample::of(scenario, case, system, metric, value)
         }
     }
 
