@@ -1,8 +1,8 @@
 //! What the harness reads of a running process from outside: its resident
-//! memory from /proc, and its Prometheus text from a /metrics endpoint
-//! (edgetunnel's admin listener, the Go ANP's admin and health ports).
-//! Reads only; a process that is gone or a port that does not answer
-//! gives None (or 0 where noted).
+//! memory and open descriptors from /proc, and its Prometheus text from
+//! a /metrics endpoint (edgetunnel's admin listener, the Go ANP's admin
+//! and health ports). Reads only; a process that is gone or a port that
+//! does not answer gives None (or 0 where noted).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -24,6 +24,13 @@ pub(crate) fn kib_field(path: &str, field: &str) -> u64 {
                 .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
         })
         .map_or(0, |kib| kib * 1024)
+}
+
+/// Descriptors `pid` holds open (entries of /proc/PID/fd), None when gone.
+pub(crate) fn open_fds(pid: u32) -> Option<usize> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()
+        .map(|rd| rd.count())
 }
 
 /// The whole answer (head and body) to `GET /metrics` at `addr`, None
@@ -60,6 +67,11 @@ pub(crate) fn metric_sum(text: &str, name: &str) -> Option<f64> {
     sum
 }
 
+/// The first of `names` that `text` has, summed over its series.
+pub(crate) fn first_metric(text: &str, names: &[&str]) -> Option<f64> {
+    names.iter().find_map(|n| metric_sum(text, n))
+}
+
 #[cfg(test)]
 mod tests {
     #[allow(unused_imports)] // bench builds drop the #[test]s that use it
@@ -73,12 +85,14 @@ mod tests {
         assert_eq!(metric_sum(text, "x_open"), Some(5.5));
         assert_eq!(metric_sum(text, "x_live"), Some(1.2e6));
         assert_eq!(metric_sum(text, "x_gone"), None);
-        assert_eq!(metric_sum(text, "x_opened"), Some(7.0));
+        assert_eq!(first_metric(text, &["x_gone", "x_opened"]), Some(7.0));
     }
 
     #[test]
-    fn this_process_has_memory() {
-        assert!(rss(std::process::id()) > 0);
+    fn this_process_has_memory_and_descriptors() {
+        let me = std::process::id();
+        assert!(rss(me) > 0);
+        assert!(open_fds(me).is_some_and(|n| n > 0));
         assert_eq!(rss(u32::MAX), 0);
     }
 }

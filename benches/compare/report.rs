@@ -75,6 +75,13 @@ pub(crate) fn markdown(samples: &[Sample], meta: &Meta) -> String {
     }
     md.push_str(&anchors::section(samples));
     for scenario in unique(samples.iter().map(|s| s.scenario.as_str())) {
+        // The soak's figures are points of one run, not cases to compare
+        // by ratio: its own tables only.
+        if scenario == crate::soak_table::SCENARIO {
+            md_plots(&mut md, scenario, &plots);
+            md.push_str(&crate::soak_table::table(samples));
+            continue;
+        }
         md_scenario(&mut md, scenario, &aggs, &order, &plots);
         if scenario == "fleet" {
             md.push_str(&crate::fleet_table::table(samples));
@@ -853,6 +860,7 @@ fn plot_title(scenario: &str, cdf: bool) -> String {
         "dial" => "connection setup",
         "scaling" => "scaling",
         "hol" => "head-of-line blocking",
+        "soak" => "memory against tunnels served",
         _ => "results per case",
     };
     format!("{scenario}: {what}")
@@ -1056,6 +1064,26 @@ mod tests {
         assert_eq!(points(&sample_json(&s[0])["series"]), s[0].series);
         let plain = sample("bulk", "a", "direct", 1.0, 0);
         assert!(sample_json(&plain).get("series").is_none());
+    }
+
+    #[test]
+    fn the_soak_has_its_own_tables_and_no_ratios() {
+        let mut anp = sample("soak", "server: peak", "anp-uds", 60.0, 0);
+        anp.metric = "RSS MB".into();
+        anp.higher_is_better = false;
+        anp.series = vec![(0.0, 59.0), (10_000.0, 60.0)];
+        let ours = Sample {
+            system: "edgetunnel-connect".into(),
+            value: 21.0,
+            ..anp.clone()
+        };
+        let md = markdown(&[anp, ours], &Meta::default());
+        assert!(
+            md.contains("![soak: memory against tunnels served](soak.svg)"),
+            "{md}"
+        );
+        assert!(md.contains("### soak: RSS, MB"), "{md}");
+        assert!(!md.contains("vs anp-uds"), "{md}");
     }
 
     #[test]
