@@ -1084,6 +1084,8 @@ mod tests {
         );
         assert!(md.contains("### soak: RSS, MB"), "{md}");
         assert!(!md.contains("vs anp-uds"), "{md}");
+        // No figure of the anchors' section: no empty section either.
+        assert!(!md.contains("Against the anchors"), "{md}");
     }
 
     #[test]
