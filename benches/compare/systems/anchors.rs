@@ -322,7 +322,7 @@ pub(super) fn start_anp(
 /// ANP's Go agent with the `certs init` agent certificate and agent ID
 /// `bench`, linking to the agent port `server_port` on 127.0.0.1 (ANP's
 /// server, or ours); its /metrics are served on its health port (its admin
-/// port redirects there).
+/// port redirects there). Returns once both listen.
 pub(super) fn start_go_agent(
     run: &mut Running,
     certs: &Path,
@@ -338,6 +338,9 @@ pub(super) fn start_go_agent(
         format!("--proxy-server-port={server_port}"),
         "--agent-id=bench".into(),
         format!("--admin-server-port={admin}"),
+        // Its default is every address (`[::]`), which a port free on
+        // 127.0.0.1 may not be.
+        "--health-server-host=127.0.0.1".into(),
         format!("--health-server-port={health}"),
         format!("--ca-cert={}", c("ca.crt")),
         format!("--agent-cert={}", c("agent.crt")),
@@ -347,7 +350,8 @@ pub(super) fn start_go_agent(
     .env_remove("PROXY_AGENT_ID");
     run.spawn("anp-agent", &mut cmd, false)?;
     run.set_metrics("anp-agent", SocketAddr::from(([127, 0, 0, 1], health)));
-    Ok(())
+    // A port taken meanwhile would leave it without /metrics, silently.
+    run.wait_listening(&[admin, health])
 }
 
 /// klog verbosity of the Go processes: 0 (errors only) unless
