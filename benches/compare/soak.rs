@@ -13,10 +13,11 @@
 //! tunnels one after another, and bursts of tunnels opened at once), then
 //! nothing for the idle period. Its server and agent processes are sampled
 //! before the load, every [`SoakPlan::every`] during it, when it stops and
-//! through the idle period: RSS (VmRSS) and descriptors from /proc, the
-//! live heap (edgetunnel's count from its global allocator; Go's
-//! `go_memstats_heap_inuse_bytes`), mimalloc's committed bytes, open
-//! tunnels, pending dials and (Go) goroutines from their /metrics.
+//! through the idle period: RSS (VmRSS, and its anonymous part) and
+//! descriptors from /proc; the live heap (edgetunnel's count from its
+//! global allocator; Go's `go_memstats_heap_inuse_bytes`), mimalloc's
+//! committed bytes, open tunnels, pending dials and (Go) goroutines from
+//! their /metrics.
 //!
 //! Recorded per system: tunnels served, their rate and the failures; per
 //! process the figures at four points (before the load; the baseline, the
@@ -126,6 +127,9 @@ enum Phase {
 #[derive(Clone, Copy, Debug, Default)]
 struct ProcSample {
     rss: u64,
+    /// The anonymous part of `rss` (the rest is mapped files: the binary's
+    /// pages that running code made resident, not memory the process holds).
+    anon: u64,
     fds: Option<usize>,
     live_heap: Option<f64>,
     committed: Option<f64>,
@@ -139,6 +143,7 @@ impl ProcSample {
         let text = p.metrics.and_then(probe::metrics_text).unwrap_or_default();
         ProcSample {
             rss: probe::rss(p.pid),
+            anon: probe::kib_field(&format!("/proc/{}/status", p.pid), "RssAnon:"),
             fds: probe::open_fds(p.pid),
             live_heap: probe::first_metric(&text, &LIVE_HEAP),
             committed: probe::first_metric(&text, &COMMITTED),
@@ -383,6 +388,7 @@ impl Harness {
                 let case = soak_table::case(role.role, point);
                 let x = p(i);
                 rec(self, &case, "RSS MB", x.rss as f64 / 1e6, false);
+                rec(self, &case, "anonymous RSS MB", x.anon as f64 / 1e6, false);
                 let optional = [
                     ("live heap MB", x.live_heap.map(|b| b / 1e6)),
                     ("committed heap MB", x.committed.map(|b| b / 1e6)),

@@ -28,7 +28,7 @@ pub(crate) fn case(role: &str, point: &str) -> String {
 /// A column: its header, the point (None: the role alone) and the metric.
 type Column<'a> = (&'a str, Option<&'a str>, &'a str);
 
-const RSS: [Column; 7] = [
+const RSS: [Column; 9] = [
     ("before load", Some(BEFORE), "RSS MB"),
     ("baseline", Some(BASELINE), "RSS MB"),
     ("end of load", Some(END), "RSS MB"),
@@ -36,6 +36,8 @@ const RSS: [Column; 7] = [
     ("after idle ÷ before load", None, IDLE_RATIO),
     ("peak", Some(PEAK), "RSS MB"),
     ("B/tunnel", None, "RSS B/tunnel"),
+    ("anonymous before load", Some(BEFORE), "anonymous RSS MB"),
+    ("anonymous after idle", Some(AFTER_IDLE), "anonymous RSS MB"),
 ];
 
 const HEAP: [Column; 6] = [
@@ -133,7 +135,8 @@ pub(crate) fn table(samples: &[Sample]) -> String {
         "Baseline: the first sample after 10,000 tunnels (quick mode: the first sample of \
          the load); after idle: the last sample of the idle period (60 s; quick: 10 s); \
          B/tunnel: the least-squares slope of the samples from the baseline to the end of the \
-         load over tunnels served; peak: the highest sample. Live heap: edgetunnel's count \
+         load over tunnels served; peak: the highest sample; anonymous: RSS less the pages of mapped \
+         files (the binary's pages that running code made resident). Live heap: edgetunnel's count \
          from its global allocator, the Go processes' `go_memstats_heap_inuse_bytes` (which \
          holds garbage until the next collection: a sawtooth between collections). Goal \
          (issue 40): memory flat over tunnels served (B/tunnel near 0), and RSS after a \
