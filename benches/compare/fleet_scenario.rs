@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 
 use crate::fleet::{self, Fleet, FleetConfig};
 use crate::fleet_kube::{self, FakeReviews};
+use crate::probe::{metric_sum, metrics_text, rss};
 use crate::Harness;
 
 const SYSTEM: &str = "edgetunnel";
@@ -141,18 +142,6 @@ impl Drop for ServerProc {
     }
 }
 
-/// VmRSS of `pid`, bytes.
-fn rss(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        })
-        .map_or(0, |kib| kib * 1024)
-}
-
 /// utime + stime of `pid`, seconds.
 fn cpu_secs(pid: u32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -165,12 +154,7 @@ fn cpu_secs(pid: u32) -> f64 {
 
 /// `edgetunnel_agents_connected` from the admin listener's /metrics.
 fn gauge_connected(admin: SocketAddr) -> Option<f64> {
-    metric_lines(admin, &["edgetunnel_agents_connected "])
-        .first()?
-        .rsplit(' ')
-        .next()?
-        .parse()
-        .ok()
+    metric_sum(&metrics_text(admin)?, "edgetunnel_agents_connected")
 }
 
 /// The lines of the admin listener's /metrics that start with one of
@@ -182,19 +166,6 @@ fn metric_lines(admin: SocketAddr, prefixes: &[&str]) -> Vec<String> {
         .filter(|l| prefixes.iter().any(|p| l.starts_with(p)))
         .map(str::to_string)
         .collect()
-}
-
-fn metrics_text(admin: SocketAddr) -> Option<String> {
-    let mut s = TcpStream::connect_timeout(&admin, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    Some(body)
 }
 
 /// One dial through agent `k`: CONNECT, 200, one byte echoed; its time.

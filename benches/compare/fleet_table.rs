@@ -127,16 +127,7 @@ mod tests {
 
     #[allow(dead_code)] // only #[test]s use it, and bench builds drop those
     fn s(system: &str, case: &str, metric: &str, value: f64) -> Sample {
-        Sample {
-            scenario: "fleet".into(),
-            case: case.into(),
-            system: system.into(),
-            metric: metric.into(),
-            value,
-            rep: 0,
-            higher_is_better: false,
-            cdf: Vec::new(),
-        }
+        Sample::of("fleet", case, system, metric, value)
     }
 
     #[test]

@@ -20,9 +20,12 @@ mod fleet_scenario;
 mod fleet_table;
 mod model;
 mod plot;
+mod probe;
 mod profile;
 mod report;
 mod scenarios;
+mod soak;
+mod soak_table;
 mod systems;
 mod target;
 
@@ -33,14 +36,14 @@ use model::{Sample, SystemKind};
 use systems::{Running, StartOptions};
 
 const USAGE: &str = "\
-usage: benches/run [--quick] [--reps N] [--systems a,b,..] [--scenarios a,b,..] [--out DIR] [--strict] [--base-bin PATH] [--memory-sizes N,..] [--bulk-mib N] [--fleet-sizes N,..]
+usage: benches/run [--quick] [--reps N] [--systems a,b,..] [--scenarios a,b,..] [--out DIR] [--strict] [--base-bin PATH] [--memory-sizes N,..] [--bulk-mib N] [--fleet-sizes N,..] [--soak-secs N]
   --quick       seconds-long pass proving every part works (CI); output in target/compare-quick/
   --reps N      repetitions per case (default 3; quick: 1)
   --systems     subset of: direct,socat,haproxy,rathole,ssh-R,haproxy-tls-pair,
                 stunnel-pair,anp-uds,anp-tcp,edgetunnel-connect,edgetunnel-grpc
                 (anp-*: the real Go ANP, when EDGETUNNEL_PEERS or ../shared/peers
                 has it; noted as not run otherwise)
-  --scenarios   subset of: bulk,latency,dial,hol,memory,scaling,fleet
+  --scenarios   subset of: bulk,latency,dial,hol,memory,scaling,fleet,soak
   --out DIR     where to write compare.json, compare.md and the SVG plots
                 (default benches/results/compare/; quick: target/compare-quick/)
   --strict      fail when a system is missing or a measurement fails (quick implies it)
@@ -51,7 +54,9 @@ usage: benches/run [--quick] [--reps N] [--systems a,b,..] [--scenarios a,b,..] 
   --bulk-mib N  bytes per bulk transfer, MiB (default 1024; quick: 8)
   --rereport DIR  write DIR/compare.md and the plots again from DIR/compare.json
                 (a newer report from an older run); measures nothing
-  --fleet-sizes   simulated agents per fleet case (default 10,100,1000,5000,10000; quick: 50)";
+  --fleet-sizes   simulated agents per fleet case (default 10,100,1000,5000,10000; quick: 50)
+  --soak-secs N   seconds of load in the soak (default 180; quick: 10); every
+                tunnel system at once, then 60 s idle (quick: 10 s)";
 
 /// Metric of the bulk rows: payload throughput.
 const GBPS: &str = "Gbit/s";
@@ -77,8 +82,8 @@ const CPU_PER_CONN: &str = "CPU µs/conn";
 /// The kernel-mode (system) part of [`CPU_PER_CONN`].
 const KERNEL_PER_CONN: &str = "kernel µs/conn";
 
-const SCENARIOS: [&str; 7] = [
-    "bulk", "latency", "dial", "hol", "memory", "scaling", "fleet",
+const SCENARIOS: [&str; 8] = [
+    "bulk", "latency", "dial", "hol", "memory", "scaling", "fleet", "soak",
 ];
 
 struct Args {
@@ -92,6 +97,7 @@ struct Args {
     memory_sizes: Option<Vec<usize>>,
     bulk_mib: Option<u64>,
     fleet_sizes: Option<Vec<usize>>,
+    soak_secs: Option<u64>,
 }
 
 /// Sizes and durations of one mode.
@@ -147,6 +153,7 @@ fn parse_args() -> Result<Option<Args>, String> {
     let mut memory_sizes = None;
     let mut bulk_mib = None;
     let mut fleet_sizes = None;
+    let mut soak_secs = None;
     while let Some(a) = argv.next() {
         let mut value = || argv.next().ok_or(format!("{a} needs a value"));
         match a.as_str() {
@@ -168,36 +175,10 @@ fn parse_args() -> Result<Option<Args>, String> {
             }
             "--out" => out = Some(PathBuf::from(value()?)),
             "--base-bin" => base_bin = Some(PathBuf::from(value()?)),
-            "--memory-sizes" => {
-                memory_sizes = Some(
-                    value()?
-                        .split(',')
-                        .map(|n| {
-                            n.parse::<usize>()
-                                .map_err(|e| format!("--memory-sizes {n}: {e}"))
-                        })
-                        .collect::<Result<_, _>>()?,
-                )
-            }
-            "--bulk-mib" => {
-                bulk_mib = Some(
-                    value()?
-                        .parse::<u64>()
-                        .map_err(|e| format!("--bulk-mib: {e}"))?
-                        .max(1),
-                )
-            }
-            "--fleet-sizes" => {
-                fleet_sizes = Some(
-                    value()?
-                        .split(',')
-                        .map(|n| {
-                            n.parse::<usize>()
-                                .map_err(|e| format!("--fleet-sizes {n}: {e}"))
-                        })
-                        .collect::<Result<_, _>>()?,
-                )
-            }
+            "--memory-sizes" => memory_sizes = Some(sizes(&a, &value()?)?),
+            "--bulk-mib" => bulk_mib = Some(at_least_one(&a, &value()?)?),
+            "--fleet-sizes" => fleet_sizes = Some(sizes(&a, &value()?)?),
+            "--soak-secs" => soak_secs = Some(at_least_one(&a, &value()?)?),
             "-h" | "--help" => return Err(USAGE.to_string()),
             // cargo passes filters and its own flags through; ignore them.
             _ => {}
@@ -224,7 +205,22 @@ fn parse_args() -> Result<Option<Args>, String> {
         memory_sizes,
         bulk_mib,
         fleet_sizes,
+        soak_secs,
     }))
+}
+
+/// The value of `flag`, a comma-separated list of counts.
+fn sizes(flag: &str, value: &str) -> Result<Vec<usize>, String> {
+    value
+        .split(',')
+        .map(|n| n.parse::<usize>().map_err(|e| format!("{flag} {n}: {e}")))
+        .collect()
+}
+
+/// The value of `flag`, a number (at least 1).
+fn at_least_one(flag: &str, value: &str) -> Result<u64, String> {
+    let n = value.parse::<u64>().map_err(|e| format!("{flag}: {e}"))?;
+    Ok(n.max(1))
 }
 
 fn main() {
@@ -292,6 +288,13 @@ fn main() {
     if has("fleet") {
         let fleet = fleet_scenario::FleetPlan::new(args.quick, args.fleet_sizes.clone());
         h.fleet(&rt, &fleet);
+    }
+    if has("soak") {
+        h.soak(
+            &rt,
+            &targets,
+            &soak::SoakPlan::new(args.quick, args.soak_secs),
+        );
     }
     h.note(format!("load average at the end: {}", loadavg()));
     if args.systems.contains(&SystemKind::AnpTcp) {
@@ -391,6 +394,8 @@ impl Harness {
             workers,
             one_link: false,
             max_conns,
+            connect_uds: false,
+            go_agent: false,
         }
     }
 
@@ -471,6 +476,7 @@ impl Harness {
             rep,
             higher_is_better: higher,
             cdf,
+            series: Vec::new(),
         });
     }
 

@@ -137,7 +137,7 @@ pub(crate) enum Entry {
 /// One measured value. Every repetition of every case is one sample.
 #[derive(Clone, Debug)]
 pub(crate) struct Sample {
-    /// "bulk", "latency", "dial", "memory", "scaling", "hol".
+    /// "bulk", "latency", "dial", "memory", "scaling", "hol", "fleet", "soak".
     pub scenario: String,
     /// What was measured within the scenario, e.g. "1 stream upload",
     /// "rate 1000/s", "10000 idle". Rows of the tables.
@@ -153,4 +153,26 @@ pub(crate) struct Sample {
     /// For latency samples: (percentile 0..=100, milliseconds) points of the
     /// distribution, enough to draw a CDF. Empty otherwise.
     pub cdf: Vec<(f64, f64)>,
+    /// For the soak's memory curves: (tunnels served, value) at each
+    /// sampling point, drawn as a line. Empty otherwise.
+    pub series: Vec<(f64, f64)>,
+}
+
+#[cfg(test)]
+impl Sample {
+    /// A sample of the first repetition, lower is better, no points: for
+    /// tests, which set what else they need.
+    pub(crate) fn of(scenario: &str, case: &str, system: &str, metric: &str, value: f64) -> Sample {
+        Sample {
+            scenario: scenario.into(),
+            case: case.into(),
+            system: system.into(),
+            metric: metric.into(),
+            value,
+            rep: 0,
+            higher_is_better: false,
+            cdf: Vec::new(),
+            series: Vec::new(),
+        }
+    }
 }

@@ -1,8 +1,9 @@
 //! The report's plots, drawn with `plotters` on its SVG backend (no font
 //! library: plotters' built-in estimate sizes text, the viewer's fonts set
-//! it). Two kinds: grouped horizontal bars (median bar, min–max whisker,
-//! median printed; one panel per metric, e.g. Gbit/s and CPU s/GB) and
-//! latency CDF small multiples with a stretched tail axis.
+//! it). Three kinds: grouped horizontal bars (median bar, min–max whisker,
+//! median printed; one panel per metric, e.g. Gbit/s and CPU s/GB),
+//! latency CDF small multiples with a stretched tail axis, and stacked
+//! line charts of series (the soak's memory against tunnels served).
 //!
 //! The colours are the same in every plot: edgetunnel systems strong and
 //! drawn on top, peers muted, direct (the limit) dashed grey. Output is
@@ -652,11 +653,12 @@ fn bar_panel(
     Ok(())
 }
 
-type BarChart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<Axis, Axis>>;
+/// A chart on two [`Axis`]es (bars, lines).
+type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<Axis, Axis>>;
 
 /// One bar at row centre `mid`: median bar, min–max whisker and the
 /// median value; "n/a" when no repetition had a finite value.
-fn bar(chart: &mut BarChart, a: &Agg, scale: &Scale, style: Style, mid: f64) -> DrawResult<()> {
+fn bar(chart: &mut Chart, a: &Agg, scale: &Scale, style: Style, mid: f64) -> DrawResult<()> {
     let x0 = scale.t(scale.base());
     let value_font = font(10.5).pos(Pos::new(HPos::Left, VPos::Center));
     if a.finite == 0 {
@@ -883,20 +885,12 @@ fn cdf_panel(
         .y_label_area_size(58)
         .build_cartesian_2d(x_axis, y_axis)
         .map_err(err)?;
-    chart
-        .configure_mesh()
-        .bold_line_style(GRID)
-        .light_line_style(TRANSPARENT)
-        .axis_style(AXIS)
-        .x_label_formatter(&|v| fmt3(xs.value(*v)))
-        .y_label_formatter(&|t| axis.label_at(*t))
-        .x_label_style(font(10.0).color(&GREY))
-        .y_label_style(font(10.0).color(&GREY))
-        .x_desc("latency (ms, log scale)")
-        .y_desc("percentile")
-        .axis_desc_style(font(11.0))
-        .draw()
-        .map_err(err)?;
+    line_mesh(
+        &mut chart,
+        &|v| fmt3(xs.value(*v)),
+        &|t| axis.label_at(*t),
+        ("latency (ms, log scale)", "percentile"),
+    )?;
     if panel.lines.is_empty() {
         let (x, y) = (xs.range(), axis.top() / 2.0);
         let style = font(11.0)
@@ -914,30 +908,193 @@ fn cdf_panel(
     let mut lines: Vec<&(&str, Vec<(f64, f64)>)> = panel.lines.iter().collect();
     lines.sort_by_key(|l| style_of(styles, l.0).strong);
     for (system, pts) in lines {
-        let style = style_of(styles, system);
-        let mapped: Vec<(f64, f64)> = pts
-            .iter()
-            .map(|&(p, ms)| (xs.t(ms), axis.value(p)))
-            .collect();
-        let width = if style.strong { 3 } else { 2 };
-        let shape = style.color.stroke_width(width);
-        if style.dashed {
-            chart
-                .draw_series([DashedPathElement::new(mapped.clone(), 6, 3, shape)])
-                .map_err(err)?;
-        } else {
-            chart
-                .draw_series([PathElement::new(mapped.clone(), shape)])
-                .map_err(err)?;
-        }
-        let r = if style.strong { 3 } else { 2 };
+        let mapped = pts.iter().map(|&(p, ms)| (xs.t(ms), axis.value(p)));
+        chart_line(&mut chart, mapped.collect(), style_of(styles, system))?;
+    }
+    Ok(())
+}
+
+/// The grid, the axes' tick labels and their descriptions (x, y) of a
+/// line chart.
+fn line_mesh(
+    chart: &mut Chart,
+    x_label: &dyn Fn(&f64) -> String,
+    y_label: &dyn Fn(&f64) -> String,
+    (x_desc, y_desc): (&str, &str),
+) -> DrawResult<()> {
+    chart
+        .configure_mesh()
+        .bold_line_style(GRID)
+        .light_line_style(TRANSPARENT)
+        .axis_style(AXIS)
+        .x_label_formatter(x_label)
+        .y_label_formatter(y_label)
+        .x_label_style(font(10.0).color(&GREY))
+        .y_label_style(font(10.0).color(&GREY))
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .axis_desc_style(font(11.0))
+        .draw()
+        .map_err(err)
+}
+
+/// A line through `pts` (drawn coordinates) in `style`, dashed when it
+/// says so, with a dot at each point.
+fn chart_line(chart: &mut Chart, pts: Vec<(f64, f64)>, style: Style) -> DrawResult<()> {
+    let width = if style.strong { 3 } else { 2 };
+    let shape = style.color.stroke_width(width);
+    if style.dashed {
         chart
-            .draw_series(
-                mapped
-                    .iter()
-                    .map(|&c| Circle::new(c, r, style.color.filled())),
-            )
+            .draw_series([DashedPathElement::new(pts.clone(), 6, 3, shape)])
             .map_err(err)?;
+    } else {
+        chart
+            .draw_series([PathElement::new(pts.clone(), shape)])
+            .map_err(err)?;
+    }
+    let r = if style.strong { 3 } else { 2 };
+    chart
+        .draw_series(pts.iter().map(|&c| Circle::new(c, r, style.color.filled())))
+        .map_err(err)?;
+    Ok(())
+}
+
+// -------------------------------------------------------------- series plot
+
+/// One panel of a series plot: a metric and its curves.
+pub(crate) struct SeriesPanel<'a> {
+    metric: &'a str,
+    lines: Vec<SeriesLine<'a>>,
+}
+
+/// A curve of one process of a system: (x, y) points.
+struct SeriesLine<'a> {
+    system: &'a str,
+    process: &'a str,
+    points: &'a [(f64, f64)],
+}
+
+/// The panels of `scenario`'s series plot, one per metric of `metrics`: a
+/// curve per sample with points (its process is the part of its case
+/// before ": "), systems in `order`.
+pub(crate) fn series_panels<'a>(
+    samples: &'a [Sample],
+    scenario: &str,
+    metrics: &'a [String],
+    order: &[&'a str],
+) -> Vec<SeriesPanel<'a>> {
+    metrics
+        .iter()
+        .map(|metric| {
+            let of = |sys: &'a str| {
+                samples.iter().filter(move |s| {
+                    s.scenario == scenario
+                        && s.metric == *metric
+                        && s.system == sys
+                        && !s.series.is_empty()
+                })
+            };
+            SeriesPanel {
+                metric,
+                lines: order
+                    .iter()
+                    .flat_map(|&sys| of(sys))
+                    .map(|s| SeriesLine {
+                        system: &s.system,
+                        process: s.case.split_once(": ").map_or("", |c| c.0),
+                        points: &s.series,
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+/// Height of one series panel.
+const SERIES_H: i32 = 300;
+
+/// Line charts stacked, one per panel (metric), x shared in meaning: a
+/// line per system and process, the system's colour, its first process
+/// solid and the others dashed.
+pub(crate) fn series_svg(
+    title: &str,
+    x_desc: &str,
+    panels: &[SeriesPanel],
+    styles: &HashMap<&str, Style>,
+) -> DrawResult<String> {
+    let lines = panels.iter().flat_map(|p| p.lines.iter());
+    let systems = unique(lines.clone().map(|l| l.system));
+    let processes = unique(lines.map(|l| l.process));
+    let mut items = legend_items(&systems, styles);
+    for (i, p) in processes.iter().enumerate() {
+        let grey = Style {
+            color: GREY,
+            strong: false,
+            dashed: i > 0,
+        };
+        items.push((p.to_string(), grey));
+    }
+    let top = 58 + legend_height(&items);
+    let height = top + panels.len() as i32 * SERIES_H + MARGIN;
+    let subtitle = format!("x: {x_desc} · a line per system and process, sampled at intervals");
+    svg_document(height as u32, title, |root| {
+        heading(root, title, &subtitle)?;
+        legend(root, &items, 58, true)?;
+        for (i, panel) in panels.iter().enumerate() {
+            let y = top + i as i32 * SERIES_H;
+            let area = root.clone().shrink(
+                (MARGIN, y),
+                ((WIDTH as i32 - 2 * MARGIN) as u32, SERIES_H as u32),
+            );
+            series_panel(&area, panel, x_desc, &processes, styles)?;
+        }
+        Ok(())
+    })
+}
+
+/// Draws one series panel: linear axes from 0, the curves on top.
+fn series_panel(
+    area: &Area,
+    panel: &SeriesPanel,
+    x_desc: &str,
+    processes: &[&str],
+    styles: &HashMap<&str, Style>,
+) -> DrawResult<()> {
+    let pts = panel.lines.iter().flat_map(|l| l.points.iter());
+    let finite = |v: f64| v.is_finite().then_some(v);
+    let x_hi = pts.clone().filter_map(|p| finite(p.0)).fold(0.0, f64::max);
+    let y_hi = pts.filter_map(|p| finite(p.1)).fold(0.0, f64::max);
+    let (xs, ys) = (Scale::linear(0.0, x_hi, 6), Scale::linear(0.0, y_hi, 5));
+    let plot_w = (WIDTH as i32 - 2 * MARGIN - 72) as f64;
+    let x_ticks = xs.ticks(plot_w, tick_label_width(xs.lo, xs.hi, 10.0));
+    let y_ticks = ys.ticks((SERIES_H - 80) as f64, 14.0);
+    let mut chart = ChartBuilder::on(area)
+        .caption(fit(panel.metric, 12.5, plot_w), bold(12.5))
+        .margin_right(14)
+        .x_label_area_size(36)
+        .y_label_area_size(58)
+        .build_cartesian_2d(
+            Axis::new(xs.range(), x_ticks),
+            Axis::new(ys.range(), y_ticks),
+        )
+        .map_err(err)?;
+    line_mesh(
+        &mut chart,
+        &|v| fmt3(*v),
+        &|v| fmt3(*v),
+        (x_desc, panel.metric),
+    )?;
+    let mut lines: Vec<&SeriesLine> = panel.lines.iter().collect();
+    lines.sort_by_key(|l| style_of(styles, l.system).strong);
+    for line in lines {
+        let mut style = style_of(styles, line.system);
+        style.dashed = processes.first() != Some(&line.process);
+        let drawn = line
+            .points
+            .iter()
+            .filter(|p| p.0.is_finite() && p.1.is_finite())
+            .map(|&(x, y)| (xs.t(x), ys.t(y)));
+        chart_line(&mut chart, drawn.collect(), style)?;
     }
     Ok(())
 }

@@ -75,6 +75,13 @@ pub(crate) fn markdown(samples: &[Sample], meta: &Meta) -> String {
     }
     md.push_str(&anchors::section(samples));
     for scenario in unique(samples.iter().map(|s| s.scenario.as_str())) {
+        // The soak's figures are points of one run, not cases to compare
+        // by ratio: its own tables only.
+        if scenario == crate::soak_table::SCENARIO {
+            md_plots(&mut md, scenario, &plots);
+            md.push_str(&crate::soak_table::table(samples));
+            continue;
+        }
         md_scenario(&mut md, scenario, &aggs, &order, &plots);
         if scenario == "fleet" {
             md.push_str(&crate::fleet_table::table(samples));
@@ -503,10 +510,7 @@ fn md_header(meta: &Meta) -> String {
 
 /// The section of one scenario: its plot, then value and ratio tables per metric.
 fn md_scenario(md: &mut String, scenario: &str, aggs: &[Agg], order: &[&str], plots: &[Plot]) {
-    md.push_str(&format!("## {}\n\n", md_text(scenario)));
-    for plot in plots.iter().filter(|p| p.scenario == scenario) {
-        md.push_str(&format!("![{}]({})\n\n", md_text(&plot.title), plot.file));
-    }
+    md_plots(md, scenario, plots);
     for table in tables(aggs, scenario, order) {
         let context = CONTEXT_METRICS.contains(&table.metric);
         md.push_str(&format!(
@@ -522,6 +526,14 @@ fn md_scenario(md: &mut String, scenario: &str, aggs: &[Agg], order: &[&str], pl
         if !context {
             md_ratios(md, &table);
         }
+    }
+}
+
+/// The heading of a scenario's section and its plots.
+fn md_plots(md: &mut String, scenario: &str, plots: &[Plot]) {
+    md.push_str(&format!("## {}\n\n", md_text(scenario)));
+    for plot in plots.iter().filter(|p| p.scenario == scenario) {
+        md.push_str(&format!("![{}]({})\n\n", md_text(&plot.title), plot.file));
     }
 }
 
@@ -664,15 +676,20 @@ pub(crate) fn read_json(path: &Path) -> io::Result<(Vec<Sample>, Meta)> {
             value: s["value"].as_f64().unwrap_or(f64::NAN),
             rep: s["rep"].as_u64().unwrap_or(0) as u32,
             higher_is_better: s["higher_is_better"].as_bool().unwrap_or(false),
-            cdf: s["cdf"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|p| Some((p[0].as_f64()?, p[1].as_f64()?)))
-                .collect(),
+            cdf: points(&s["cdf"]),
+            series: points(&s["series"]),
         })
         .collect();
     Ok((samples, meta))
+}
+
+/// [x, y] pairs of a JSON array (none when absent).
+fn points(v: &Value) -> Vec<(f64, f64)> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| Some((p[0].as_f64()?, p[1].as_f64()?)))
+        .collect()
 }
 
 /// The whole JSON document: meta, every sample (with cdf points) and the
@@ -692,9 +709,10 @@ fn report_json(samples: &[Sample], meta: &Meta) -> Value {
     })
 }
 
-/// One sample as JSON; non-finite numbers become null.
+/// One sample as JSON; non-finite numbers become null. `series` only
+/// when it has points (the soak's curves).
 fn sample_json(s: &Sample) -> Value {
-    json!({
+    let mut v = json!({
         "scenario": s.scenario,
         "case": s.case,
         "system": s.system,
@@ -703,7 +721,11 @@ fn sample_json(s: &Sample) -> Value {
         "rep": s.rep,
         "higher_is_better": s.higher_is_better,
         "cdf": s.cdf.iter().map(|&(p, ms)| json!([p, ms])).collect::<Vec<_>>(),
-    })
+    });
+    if !s.series.is_empty() {
+        v["series"] = s.series.iter().map(|&(x, y)| json!([x, y])).collect();
+    }
+    v
 }
 
 /// One aggregate as JSON.
@@ -740,6 +762,8 @@ enum PlotKind {
     Cdf,
     /// Grouped bars per case, one panel per metric listed.
     Bars(Vec<String>),
+    /// Line charts of the samples' series, one panel per metric listed.
+    Series(Vec<String>),
 }
 
 /// The plots of the report: one per scenario that has samples, latency as a
@@ -756,8 +780,15 @@ fn plan_plots(samples: &[Sample]) -> Vec<Plot> {
             file_stem(scenario)
         };
         let file = unused_name(&mut used, &stem);
+        let series = unique(
+            of.iter()
+                .filter(|s| !s.series.is_empty())
+                .map(|s| s.metric.as_str()),
+        );
         let kind = if cdf {
             PlotKind::Cdf
+        } else if !series.is_empty() {
+            PlotKind::Series(series.into_iter().map(str::to_string).collect())
         } else {
             PlotKind::Bars(bar_metrics(scenario, &of))
         };
@@ -829,6 +860,7 @@ fn plot_title(scenario: &str, cdf: bool) -> String {
         "dial" => "connection setup",
         "scaling" => "scaling",
         "hol" => "head-of-line blocking",
+        "soak" => "memory against tunnels served",
         _ => "results per case",
     };
     format!("{scenario}: {what}")
@@ -853,6 +885,10 @@ fn render_plots(samples: &[Sample]) -> io::Result<Vec<(String, String)>> {
                         .collect();
                     plot::bars_svg(&p.title, &panels, &styles)
                 }
+                PlotKind::Series(metrics) => {
+                    let panels = plot::series_panels(samples, &p.scenario, metrics, &order);
+                    plot::series_svg(&p.title, "tunnels served", &panels, &styles)
+                }
             };
             svg.map(|svg| (p.file, svg)).map_err(io::Error::other)
         })
@@ -869,14 +905,9 @@ mod tests {
     #[allow(dead_code)] // only #[test]s use it, and bench builds drop those
     fn sample(scenario: &str, case: &str, system: &str, value: f64, rep: u32) -> Sample {
         Sample {
-            scenario: scenario.into(),
-            case: case.into(),
-            system: system.into(),
-            metric: "Gbit/s".into(),
-            value,
             rep,
             higher_is_better: true,
-            cdf: Vec::new(),
+            ..Sample::of(scenario, case, system, "Gbit/s", value)
         }
     }
 
@@ -1001,6 +1032,60 @@ mod tests {
         // Gbit/s keeps its ratio table.
         let gbps = &md[md.find("### Gbit/s").unwrap()..md.find("### busiest").unwrap()];
         assert!(gbps.contains("vs edgetunnel-connect --workers 1"), "{gbps}");
+    }
+
+    #[test]
+    fn a_series_is_a_line_plot_and_kept_in_the_json() {
+        let mut s = Vec::new();
+        for (sys, role, peak) in [
+            ("edgetunnel-connect", "server", 21.0),
+            ("edgetunnel-connect", "agent", 19.0),
+            ("anp-uds", "server", 60.0),
+        ] {
+            let mut x = sample("run", &format!("{role}: peak"), sys, peak, 0);
+            x.metric = "RSS MB".into();
+            x.series = vec![(0.0, peak - 1.0), (10_000.0, peak), (20_000.0, peak)];
+            s.push(x);
+        }
+        let plots = render_plots(&s).unwrap();
+        assert_eq!(plots.len(), 1);
+        let (file, svg) = &plots[0];
+        assert_eq!(file, "run.svg");
+        for word in [
+            "RSS MB",
+            "tunnels served",
+            "anp-uds",
+            "edgetunnel-connect",
+            "agent",
+        ] {
+            assert!(svg.contains(word), "{word} missing");
+        }
+        // compare.json keeps the series, and only where there is one.
+        assert_eq!(points(&sample_json(&s[0])["series"]), s[0].series);
+        let plain = sample("bulk", "a", "direct", 1.0, 0);
+        assert!(sample_json(&plain).get("series").is_none());
+    }
+
+    #[test]
+    fn the_soak_has_its_own_tables_and_no_ratios() {
+        let mut anp = sample("soak", "server: peak", "anp-uds", 60.0, 0);
+        anp.metric = "RSS MB".into();
+        anp.higher_is_better = false;
+        anp.series = vec![(0.0, 59.0), (10_000.0, 60.0)];
+        let ours = Sample {
+            system: "edgetunnel-connect".into(),
+            value: 21.0,
+            ..anp.clone()
+        };
+        let md = markdown(&[anp, ours], &Meta::default());
+        assert!(
+            md.contains("![soak: memory against tunnels served](soak.svg)"),
+            "{md}"
+        );
+        assert!(md.contains("### soak: RSS, MB"), "{md}");
+        assert!(!md.contains("vs anp-uds"), "{md}");
+        // No figure of the anchors' section: no empty section either.
+        assert!(!md.contains("Against the anchors"), "{md}");
     }
 
     #[test]

@@ -240,7 +240,7 @@ pub(crate) async fn dial(
                 let mut i = w;
                 while Instant::now() < deadline {
                     let t0 = Instant::now();
-                    match cycle(entry(&entries, i)).await {
+                    match cycle(entry(&entries, i), Close::Reset).await {
                         Ok(()) => times.push(t0.elapsed().as_nanos() as u64),
                         Err(_) => {
                             errors.fetch_add(1, Ordering::Relaxed);
@@ -267,7 +267,21 @@ pub(crate) async fn dial(
     Ok((all.len() as f64 / secs, p99, errors.load(Ordering::Relaxed)))
 }
 
-async fn cycle(e: &Entry) -> Result<()> {
+/// How the client ends a tunnel of [`cycle`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Close {
+    /// Reset instead of FIN (SO_LINGER 0; a gRPC tunnel's connection is
+    /// dropped without a CLOSE_REQ): the client keeps no TIME_WAIT, so a
+    /// long run does not run out of ports, and the system sees an abrupt
+    /// end.
+    Reset,
+    /// Shut the client's side down (a gRPC tunnel sends CLOSE_REQ) and
+    /// read until the far end closes too: the orderly close, both ways.
+    Orderly,
+}
+
+/// One tunnel: open, one 1 KiB round trip, close as `close` says.
+async fn cycle(e: &Entry, close: Close) -> Result<()> {
     let mut c = client::open(e, None).await?;
     let mut msg = [0x42u8; MESSAGE + 1];
     msg[0] = b'E';
@@ -275,12 +289,107 @@ async fn cycle(e: &Entry) -> Result<()> {
     c.flush().await?;
     let mut resp = [0u8; MESSAGE];
     c.read_exact(&mut resp).await?;
-    if let Some(s) = c.tcp() {
-        // Reset instead of FIN: the client keeps no TIME_WAIT, so a long run
-        // does not run out of ports.
-        let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));
+    match close {
+        Close::Reset => {
+            if let Some(s) = c.tcp() {
+                let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));
+            }
+        }
+        Close::Orderly => {
+            c.shutdown().await?;
+            match c.read(&mut resp).await {
+                Ok(0) => {}
+                // A TLS peer that closed without close_notify (ANP's TCP
+                // frontend, now and then) has closed all the same.
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {}
+                Ok(_) => return Err(std::io::Error::other("bytes past the echo")),
+                Err(e) => return Err(e),
+            }
+        }
     }
     Ok(())
+}
+
+/// Tunnels the soak drove through one system, counted as they end.
+#[derive(Default)]
+pub(crate) struct SoakCount {
+    pub served: AtomicU64,
+    pub failed: AtomicU64,
+    /// What the first failure said.
+    pub first_error: std::sync::Mutex<Option<String>>,
+}
+
+impl SoakCount {
+    fn count(&self, result: Result<()>) -> bool {
+        match result {
+            Ok(()) => {
+                self.served.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(e) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                if let Ok(mut first) = self.first_error.lock() {
+                    first.get_or_insert_with(|| e.to_string());
+                }
+                false
+            }
+        }
+    }
+}
+
+/// The longest a soak tunnel may take, open to close; past it, it counts
+/// as failed.
+const SOAK_TUNNEL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The soak's load on one system until `stop` is set: `loops` clients that
+/// each open a tunnel, echo 1 KiB and close it in order, one after
+/// another; beside them bursts of `burst` tunnels opened at once, each
+/// echoing 1 KiB and ended by a reset, `pause` apart. Every tunnel ends in
+/// `count` (a failure after an error or [`SOAK_TUNNEL_TIMEOUT`]).
+pub(crate) async fn soak(
+    entries: Vec<Entry>,
+    loops: usize,
+    burst: usize,
+    pause: Duration,
+    stop: Arc<AtomicBool>,
+    count: Arc<SoakCount>,
+) {
+    let entries = Arc::new(entries);
+    let tunnel = move |i: usize, close: Close| {
+        let (entries, count) = (entries.clone(), count.clone());
+        async move {
+            let result =
+                tokio::time::timeout(SOAK_TUNNEL_TIMEOUT, cycle(entry(&entries, i), close))
+                    .await
+                    .unwrap_or_else(|_| Err(std::io::Error::other("tunnel timed out")));
+            count.count(result)
+        }
+    };
+    let mut tasks = Vec::new();
+    for w in 0..loops {
+        let (stop, tunnel) = (stop.clone(), tunnel.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut i = w;
+            while !stop.load(Ordering::Relaxed) {
+                if !tunnel(i, Close::Orderly).await {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                i += loops;
+            }
+        }));
+    }
+    tasks.push(tokio::spawn(async move {
+        let mut round = 0;
+        while !stop.load(Ordering::Relaxed) {
+            let wave: Vec<_> = (0..burst)
+                .map(|k| tokio::spawn(tunnel(round * burst + k, Close::Reset)))
+                .collect();
+            futures::future::join_all(wave).await;
+            tokio::time::sleep(pause).await;
+            round += 1;
+        }
+    }));
+    futures::future::join_all(tasks).await;
 }
 
 /// Opens `n` connections that stay idle (each confirmed end to end by the

@@ -60,6 +60,13 @@ pub(crate) struct StartOptions {
     pub one_link: bool,
     /// Most connections the scenario will hold open at once (configure haproxy maxconn, rathole, sshd etc. so they do not refuse below this). Up to 100_000.
     pub max_conns: usize,
+    /// edgetunnel-connect: callers reach the CONNECT frontend on a unix
+    /// socket (`--connect-uds`, as kube-apiserver's egress over UDS dials
+    /// it) instead of TCP; labelled ` uds`.
+    pub connect_uds: bool,
+    /// edgetunnel: ANP's Go agent instead of ours (needs the real peers);
+    /// labelled ` go-agent`.
+    pub go_agent: bool,
 }
 
 /// One process started for a system, with the file its output goes to.
@@ -67,6 +74,17 @@ struct Proc {
     name: String,
     child: Child,
     log: PathBuf,
+    /// Where it serves Prometheus text (`GET /metrics`), if it does.
+    metrics: Option<SocketAddr>,
+}
+
+/// The server or the agent process of a tunnel system.
+pub(crate) struct RoleProc {
+    /// "server" or "agent".
+    pub role: &'static str,
+    pub pid: u32,
+    /// Where it serves /metrics, if it does.
+    pub metrics: Option<SocketAddr>,
 }
 
 /// A started system. Owns its processes (killed with all their
@@ -119,6 +137,35 @@ impl Running {
         Some(crate::cpu::Snapshot::take(&self.pids()))
     }
 
+    /// The server and agent processes of a tunnel system (edgetunnel, the
+    /// Go ANP; none for the other systems), in the order started.
+    pub(crate) fn roles(&self) -> Vec<RoleProc> {
+        self.procs
+            .iter()
+            .filter_map(|p| {
+                let role = if p.name.ends_with("-server") {
+                    "server"
+                } else if p.name.ends_with("-agent") {
+                    "agent"
+                } else {
+                    return None;
+                };
+                Some(RoleProc {
+                    role,
+                    pid: p.child.id(),
+                    metrics: p.metrics,
+                })
+            })
+            .collect()
+    }
+
+    /// Records where the process started as `name` serves /metrics.
+    fn set_metrics(&mut self, name: &str, addr: SocketAddr) {
+        if let Some(p) = self.procs.iter_mut().find(|p| p.name == name) {
+            p.metrics = Some(addr);
+        }
+    }
+
     /// Pids whose memory counts (for perf profiling too): the processes
     /// `start` spawned and all their live descendants.
     pub(crate) fn pids(&self) -> Vec<u32> {
@@ -169,6 +216,7 @@ impl Running {
             name: name.to_string(),
             child,
             log,
+            metrics: None,
         });
         Ok(out)
     }
@@ -327,6 +375,9 @@ pub(crate) fn available(kind: SystemKind, opts: &StartOptions) -> Result<(), Str
             anchors::peers_dir().map(drop)
         }
         SystemKind::EdgetunnelConnect | SystemKind::EdgetunnelGrpc => {
+            if opts.go_agent {
+                anchors::peers_dir()?;
+            }
             if is_executable(&opts.edgetunnel_bin) {
                 Ok(())
             } else {
@@ -358,11 +409,17 @@ pub(crate) fn start(
             dir: None,
         });
     }
-    let label = match (kind.is_edgetunnel(), opts.workers) {
+    let mut label = match (kind.is_edgetunnel(), opts.workers) {
         (true, Some(n)) if opts.one_link => format!("{} --workers {n} one link", kind.name()),
         (true, Some(n)) => format!("{} --workers {n}", kind.name()),
         _ => kind.name().to_string(),
     };
+    if kind == SystemKind::EdgetunnelConnect && opts.connect_uds {
+        label.push_str(" uds");
+    }
+    if kind.is_edgetunnel() && opts.go_agent {
+        label.push_str(" go-agent");
+    }
     let mut run = Running::new(kind, label)?;
     // On any error below, dropping `run` stops what was started so far.
     match kind {
@@ -639,10 +696,13 @@ fn start_ssh(run: &mut Running, targets: &[SocketAddr], opts: &StartOptions) -> 
     Ok(())
 }
 
-/// `edgetunnel certs init`, then the server (CONNECT and gRPC frontends,
-/// `--workers` when given) and one agent, both logging at warn. Ready when
-/// the server printed `READY` and the agent `CONNECTED`; their stdout keeps
-/// being drained afterwards. The agent has no `--workers` flag.
+/// `edgetunnel certs init`, then the server (CONNECT frontend on TCP, or
+/// on a unix socket with `connect_uds`, and the gRPC frontend; `--workers`
+/// when given) and one agent, both logging at warn, each with its admin
+/// listener (/metrics). Ready when the server printed `READY` and the
+/// agent `CONNECTED`; their stdout keeps being drained afterwards. With
+/// `go_agent` the agent is ANP's Go agent, ready when the server counts it
+/// (`edgetunnel_agents_connected`).
 fn start_edgetunnel(
     run: &mut Running,
     targets: &[SocketAddr],
@@ -652,14 +712,8 @@ fn start_edgetunnel(
     // target connection; neither raises its fd limit.
     fd_fit("edgetunnel", opts.max_conns, 1, Limit::Soft)?;
     let bin = &opts.edgetunnel_bin;
-    let certs = run.dir().join("certs");
     // The agent certificate names the agent ID (the server binds it).
-    run_tool(
-        Command::new(bin)
-            .args(["certs", "init"])
-            .arg(&certs)
-            .args(["--agent-name", "bench"]),
-    )?;
+    let certs = anchors::certs(run, opts)?;
 
     let mut cmd = Command::new(bin);
     cmd.args(["server", "--certs-dir"]).arg(&certs).args([
@@ -674,6 +728,10 @@ fn start_edgetunnel(
         "--log",
         "warn",
     ]);
+    let uds = run.dir().join("connect.socket");
+    if opts.connect_uds {
+        cmd.arg("--connect-uds").arg(&uds);
+    }
     if let Some(n) = opts.workers {
         cmd.args(["--workers", &n.to_string()]);
     }
@@ -688,11 +746,55 @@ fn start_edgetunnel(
             .ok_or_else(|| format!("edgetunnel server printed no `{prefix}ADDR`: {seen:?}"))
     };
     let (agent_addr, connect, grpc) = (listen("agent")?, listen("connect")?, listen("grpc")?);
+    let admin = listen("admin")?;
+    run.set_metrics("edgetunnel-server", admin);
+    if opts.go_agent {
+        anchors::start_go_agent(run, &certs, agent_addr.port())?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while anchors::gauge(admin.port(), "edgetunnel_agents_connected") < Some(1.0) {
+            run.check_alive()?;
+            if Instant::now() > deadline {
+                return Err(run.timeout_error("the server never counted the Go agent"));
+            }
+            thread::sleep(POLL);
+        }
+    } else {
+        start_edgetunnel_agent(run, &certs, agent_addr, opts)?;
+    }
+    run.entries = targets
+        .iter()
+        .map(|&target| match run.kind {
+            SystemKind::EdgetunnelGrpc => Entry::Grpc {
+                server: grpc,
+                target,
+            },
+            _ if opts.connect_uds => Entry::ConnectUds {
+                path: uds.clone(),
+                target,
+            },
+            _ => Entry::Connect {
+                proxy: connect,
+                target,
+            },
+        })
+        .collect();
+    Ok(())
+}
 
+/// Our agent for `start_edgetunnel`, linked to the server's agent
+/// listener `server`: ready once it printed `CONNECTED` (and, with links,
+/// `LINKED` for every other server worker).
+fn start_edgetunnel_agent(
+    run: &mut Running,
+    certs: &Path,
+    server: SocketAddr,
+    opts: &StartOptions,
+) -> Result<(), String> {
+    let bin = &opts.edgetunnel_bin;
     let mut cmd = Command::new(bin);
-    cmd.args(["agent", "--certs-dir"]).arg(&certs).args([
+    cmd.args(["agent", "--certs-dir"]).arg(certs).args([
         "--server-addr",
-        &agent_addr.to_string(),
+        &server.to_string(),
         "--server-name",
         "localhost",
         "--agent-id",
@@ -712,29 +814,31 @@ fn start_edgetunnel(
     if opts.one_link {
         cmd.args(["--max-links-per-server", "1"]);
     }
+    // Its /metrics (a `--base-bin` from before the agent's admin listener
+    // has none).
+    let admin = agent_has_flag(bin, "--admin-bind");
+    if admin {
+        cmd.args(["--admin-bind", "127.0.0.1:0"]);
+    }
     let out = run.spawn("edgetunnel-agent", &mut cmd, true)?;
     let lines = drain_lines(out, "edgetunnel-agent")?;
-    run.wait_line(&lines, "CONNECTED")?;
+    let seen = run.wait_line(&lines, "CONNECTED")?;
+    if let Some(addr) = seen
+        .iter()
+        .find_map(|l| l.strip_prefix("LISTEN admin ")?.trim().parse().ok())
+    {
+        run.set_metrics("edgetunnel-agent", addr);
+    } else if admin {
+        return Err(format!(
+            "edgetunnel agent printed no `LISTEN admin ADDR`: {seen:?}"
+        ));
+    }
     // With links, measure once the agent has one on every server worker.
     if !opts.one_link {
         for _ in 1..opts.workers.unwrap_or(1) {
             run.wait_line(&lines, "LINKED")?;
         }
     }
-
-    run.entries = targets
-        .iter()
-        .map(|&target| match run.kind {
-            SystemKind::EdgetunnelGrpc => Entry::Grpc {
-                server: grpc,
-                target,
-            },
-            _ => Entry::Connect {
-                proxy: connect,
-                target,
-            },
-        })
-        .collect();
     Ok(())
 }
 
@@ -963,14 +1067,7 @@ fn descendants(roots: &[u32]) -> Vec<Desc> {
 
 /// Pss of `pid` in bytes (0 when gone or a zombie).
 fn pss_of(pid: u32) -> u64 {
-    fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Pss:"))
-                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        })
-        .map_or(0, |kib| kib * 1024)
+    crate::probe::kib_field(&format!("/proc/{pid}/smaps_rollup"), "Pss:")
 }
 
 /// True when every port in `ports` has a TCP socket in LISTEN state (IPv4

@@ -56,9 +56,15 @@ const FIGURES: [(&str, Option<&str>, &str); 12] = [
     ("memory", None, "bytes/conn"),
 ];
 
-/// The section, or nothing when no anchor and no edgetunnel system ran.
+/// The section, or nothing when no anchor and no edgetunnel system ran
+/// a scenario of [`FIGURES`].
 pub(super) fn section(samples: &[Sample]) -> String {
-    let aggs = aggregate(samples);
+    let figures: Vec<Sample> = samples
+        .iter()
+        .filter(|s| FIGURES.iter().any(|f| f.0 == s.scenario))
+        .cloned()
+        .collect();
+    let aggs = aggregate(&figures);
     let present = |name: &str| aggs.iter().any(|a| a.system == name);
     let anchors: Vec<SystemKind> = ANCHORS.into_iter().filter(|k| present(k.name())).collect();
     let ets = super::unique(
@@ -142,14 +148,8 @@ mod tests {
     #[allow(dead_code)] // only #[test]s use it, and bench builds drop those
     fn sample(scenario: &str, case: &str, system: &str, metric: &str, value: f64) -> Sample {
         Sample {
-            scenario: scenario.into(),
-            case: case.into(),
-            system: system.into(),
-            metric: metric.into(),
-            value,
-            rep: 0,
             higher_is_better: metric == "req/s",
-            cdf: Vec::new(),
+            ..Sample::of(scenario, case, system, metric, value)
         }
     }
 

@@ -19,13 +19,12 @@
 //! (TLS_AES_128_GCM_SHA256, crates/engine/src/tls.rs); Go's crypto/tls picks the
 //! same on processors with AES instructions.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::{
     fd_fit, find_tool, free_ports, run_tool, tcp_entries, Limit, Running, StartOptions, POLL,
@@ -41,7 +40,7 @@ const ANP_READY: &str = "konnectivity_network_proxy_server_ready_backend_connect
 
 /// `edgetunnel certs init` into `<scratch>/certs` (agent name `bench`):
 /// ca.crt, server.{crt,key}, agent.{crt,key}, proxy-client.{crt,key}.
-fn certs(run: &Running, opts: &StartOptions) -> Result<PathBuf, String> {
+pub(super) fn certs(run: &Running, opts: &StartOptions) -> Result<PathBuf, String> {
     let dir = run.dir().join("certs");
     run_tool(
         Command::new(&opts.edgetunnel_bin)
@@ -239,7 +238,7 @@ pub(super) fn start_anp(
     let c = |f: &str| certs.join(f).display().to_string();
     let tcp = run.kind == SystemKind::AnpTcp;
     let grpc = run.kind == SystemKind::AnpGrpc;
-    let ports = free_ports(6)?;
+    let ports = free_ports(4)?;
     let (agent, admin, health, frontend) = (ports[0], ports[1], ports[2], ports[3]);
     let uds = run.dir().join("konnectivity-server.socket");
     let mode = if grpc { "grpc" } else { "http-connect" };
@@ -273,26 +272,14 @@ pub(super) fn start_anp(
     let mut cmd = Command::new(bins.join("anp-server"));
     cmd.args(&args).env_remove("PROXY_SERVER_ID");
     run.spawn("anp-server", &mut cmd, false)?;
+    run.set_metrics("anp-server", SocketAddr::from(([127, 0, 0, 1], admin)));
     let mut listen = vec![agent, admin];
     if tcp {
         listen.push(frontend);
     }
     run.wait_listening(&listen)?;
 
-    let mut cmd = Command::new(bins.join("anp-agent"));
-    cmd.args([
-        "--proxy-server-host=127.0.0.1".to_string(),
-        format!("--proxy-server-port={agent}"),
-        "--agent-id=bench".into(),
-        format!("--admin-server-port={}", ports[4]),
-        format!("--health-server-port={}", ports[5]),
-        format!("--ca-cert={}", c("ca.crt")),
-        format!("--agent-cert={}", c("agent.crt")),
-        format!("--agent-key={}", c("agent.key")),
-        format!("-v={}", anp_verbosity()),
-    ])
-    .env_remove("PROXY_AGENT_ID");
-    run.spawn("anp-agent", &mut cmd, false)?;
+    start_go_agent(run, &certs, agent)?;
     let deadline = Instant::now() + READY_TIMEOUT;
     while gauge(admin, ANP_READY) < Some(1.0) || (!tcp && !uds.exists()) {
         run.check_alive()?;
@@ -332,23 +319,52 @@ pub(super) fn start_anp(
     Ok(())
 }
 
+/// ANP's Go agent with the `certs init` agent certificate and agent ID
+/// `bench`, linking to the agent port `server_port` on 127.0.0.1 (ANP's
+/// server, or ours); its /metrics are served on its health port (its admin
+/// port redirects there). Returns once both listen.
+pub(super) fn start_go_agent(
+    run: &mut Running,
+    certs: &Path,
+    server_port: u16,
+) -> Result<(), String> {
+    let bins = peers_dir()?;
+    let c = |f: &str| certs.join(f).display().to_string();
+    let ports = free_ports(2)?;
+    let (admin, health) = (ports[0], ports[1]);
+    let mut cmd = Command::new(bins.join("anp-agent"));
+    cmd.args([
+        "--proxy-server-host=127.0.0.1".to_string(),
+        format!("--proxy-server-port={server_port}"),
+        "--agent-id=bench".into(),
+        format!("--admin-server-port={admin}"),
+        // Its default is every address (`[::]`), which a port free on
+        // 127.0.0.1 may not be.
+        "--health-server-host=127.0.0.1".into(),
+        format!("--health-server-port={health}"),
+        format!("--ca-cert={}", c("ca.crt")),
+        format!("--agent-cert={}", c("agent.crt")),
+        format!("--agent-key={}", c("agent.key")),
+        format!("-v={}", anp_verbosity()),
+    ])
+    .env_remove("PROXY_AGENT_ID");
+    run.spawn("anp-agent", &mut cmd, false)?;
+    run.set_metrics("anp-agent", SocketAddr::from(([127, 0, 0, 1], health)));
+    // A port taken meanwhile would leave it without /metrics, silently.
+    run.wait_listening(&[admin, health])
+}
+
 /// klog verbosity of the Go processes: 0 (errors only) unless
 /// `COMPARE_ANP_V` says otherwise (for a post-mortem with COMPARE_KEEP).
 fn anp_verbosity() -> String {
     std::env::var("COMPARE_ANP_V").unwrap_or_else(|_| "0".to_string())
 }
 
-/// The value of the unlabelled gauge `name` at `127.0.0.1:port/metrics`
-/// (None while the admin server does not answer).
-fn gauge(port: u16, name: &str) -> Option<f64> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    body.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+/// The value of gauge `name` at `127.0.0.1:port/metrics` (None while the
+/// admin server does not answer).
+pub(super) fn gauge(port: u16, name: &str) -> Option<f64> {
+    let text = crate::probe::metrics_text(SocketAddr::from(([127, 0, 0, 1], port)))?;
+    crate::probe::metric_sum(&text, name)
 }
 
 /// The client side of ANP's TCP frontend: the `certs init` CA as the only
