@@ -157,17 +157,9 @@ fn kubeconfig(dir: &Path, server: &str) -> PathBuf {
     p
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    if let Some(i) = args.iter().position(|a| a == "--soak") {
-        let n = args
-            .get(i + 1)
-            .and_then(|v| v.parse().ok())
-            .expect("--soak N");
-        return soak(n);
-    }
-    let full = std::env::args().any(|a| a == "--bench");
-    let (reps, secs) = if full { (3, 5) } else { (1, 1) };
+/// The HTTPS fake API server both proxies front (in a directory of fresh
+/// certificates), a kubeconfig naming it, and the `kubectl` to run.
+fn upstream() -> (tempfile::TempDir, apiserver::FakeApiServer, PathBuf, String) {
     let dir = tempfile::tempdir().unwrap();
     let ok = Command::new(BIN)
         .args(["certs", "init"])
@@ -182,6 +174,21 @@ fn main() {
         &format!("https://127.0.0.1:{}", api.addr.port()),
     );
     let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    (dir, api, kc, kubectl)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--soak") {
+        let n = args
+            .get(i + 1)
+            .and_then(|v| v.parse().ok())
+            .expect("--soak N");
+        return soak(n);
+    }
+    let full = std::env::args().any(|a| a == "--bench");
+    let (reps, secs) = if full { (3, 5) } else { (1, 1) };
+    let (_dir, _api, kc, kubectl) = upstream();
     let go = start({
         let mut c = Command::new(&kubectl);
         c.arg(format!("--kubeconfig={}", kc.display()))
@@ -345,20 +352,7 @@ struct Mem {
 
 /// See the module documentation (`--soak N`).
 fn soak(n: u64) {
-    let dir = tempfile::tempdir().unwrap();
-    let ok = Command::new(BIN)
-        .args(["certs", "init"])
-        .arg(dir.path().join("certs"))
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(ok.success());
-    let api = apiserver::start(&dir.path().join("certs"));
-    let kc = kubeconfig(
-        dir.path(),
-        &format!("https://127.0.0.1:{}", api.addr.port()),
-    );
-    let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    let (_dir, _api, kc, kubectl) = upstream();
     let metrics = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().to_string()
