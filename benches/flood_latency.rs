@@ -22,7 +22,7 @@
 //!   each closed after its preface and SETTINGS (the control for the
 //!   floods that the server ends at a bound and that start again);
 //! - `ping-flood`: HTTP/2 PINGs to the gRPC frontend without reading the
-//!   answers (the server stops reading);
+//!   answers (the server ends the connection once 1,024 answers wait);
 //! - `settings-flood`: SETTINGS frames of 100 entries (the most allowed),
 //!   the ACKs read;
 //! - `rapid-reset`: HEADERS and RST_STREAM pairs (ended after 20);
@@ -340,7 +340,8 @@ fn h2_connections(t: &Target) {
 }
 
 fn ping_flood(t: &Target) {
-    // Nobody reads: the server stops reading once its answers pile up.
+    // Nobody reads: the server ends the connection once 1,024 answers
+    // wait unwritten (and this one connects again).
     let ping = frame(PING, 0, 0, b"12345678");
     let chunk: Vec<u8> = (0..1024).flat_map(|_| ping.clone()).collect();
     while !t.stop.load(Ordering::Relaxed) {

@@ -482,7 +482,7 @@ pub struct Metrics {
     keepalive_timeouts: [Counter; 2],
     /// gRPC frontend connections ended for an HTTP/2 flood, by kind
     /// ([`Flood`]: rapid reset, CONTINUATION).
-    frontend_h2_floods: [Counter; 3],
+    frontend_h2_floods: [Counter; 4],
     /// Per server worker: agent links held, dials sent, payload bytes.
     worker_links: Family<Label1, Gauge>,
     worker_dials: Family<Label1, Counter>,
@@ -730,11 +730,16 @@ impl Metrics {
             kt,
         );
         let fl = Family::<Label1, Counter>::default();
-        let frontend_h2_floods = [Flood::RapidReset, Flood::Continuation, Flood::ErrorResets]
-            .map(|k| fl.get_or_create_owned(&[("kind", k.label())]));
+        let frontend_h2_floods = [
+            Flood::RapidReset,
+            Flood::Continuation,
+            Flood::ErrorResets,
+            Flood::ControlFrames,
+        ]
+        .map(|k| fl.get_or_create_owned(&[("kind", k.label())]));
         x.add(
             "edgetunnel_frontend_h2_floods",
-            "gRPC frontend connections ended with GOAWAY ENHANCE_YOUR_CALM for an HTTP/2 flood, by kind (rapid_reset: streams reset faster than served, CVE-2023-44487; continuation: a header block in too many CONTINUATION frames; error_resets: more than 1,024 streams reset for the caller's own errors, CVE-2025-8671).",
+            "gRPC frontend connections ended with GOAWAY ENHANCE_YOUR_CALM for an HTTP/2 flood, by kind (rapid_reset: streams reset faster than served, CVE-2023-44487; continuation: a header block in too many CONTINUATION frames; error_resets: more than 1,024 streams reset for the caller's own errors, CVE-2025-8671; control_frames: more than 1,024 answers to its frames waiting for a caller that does not read).",
             fl,
         );
         let worker_links = Family::<Label1, Gauge>::default();

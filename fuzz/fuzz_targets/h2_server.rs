@@ -124,6 +124,15 @@ fuzz_target!(|data: &[u8]| {
     let cut = run(&stream, sizes);
     // Cutting changes when output is written, so only what the client
     // caused is compared (not the windows' timing).
+    // Answers waiting unwritten (a flood past 1,024) depend on how much
+    // was written when: a run that ended for them saw a prefix of the
+    // other's requests.
+    let unwritten = |e: &Option<(u32, &str)>| e.is_some_and(|(_, what)| what.starts_with("too many answers"));
+    if unwritten(&cut.error) || unwritten(&whole.error) {
+        let n = cut.requests.len().min(whole.requests.len());
+        assert_eq!(cut.requests[..n], whole.requests[..n]);
+        return;
+    }
     // A reset drops data not yet taken, and that depends on the cutting:
     // of two bodies of a stream, one is a prefix of the other.
     assert_eq!(cut.requests, whole.requests);

@@ -1,34 +1,65 @@
 //! Flow control both ways: window credit given back as the caller takes
-//! data (one WINDOW_UPDATE once half a window is owed), and queued stream
-//! DATA sent as the client's windows and the output queue allow.
+//! data (one WINDOW_UPDATE once half a window is owed, held while the
+//! output is past [`OUT_HIGH`]), and queued stream DATA sent as the
+//! client's windows and the output queue allow.
 
 use super::*;
 
 /// Flow control.
 impl<U: Default> ServerConn<U> {
     /// Gives `n` bytes of connection window back, in one WINDOW_UPDATE
-    /// once half the window is owed.
+    /// once half the window is owed (when the output has room).
     pub(super) fn conn_credit(&mut self, n: i64) {
         self.recv_unacked += n;
-        if self.recv_unacked >= i64::from(self.cfg.conn_window) / 2 && self.closed.is_none() {
-            let mut f = Vec::with_capacity(FRAME_HEADER_LEN + 4);
-            put_window_update(&mut f, 0, self.recv_unacked as u32);
-            self.push_out(f);
-            self.recv_window += self.recv_unacked;
-            self.recv_unacked = 0;
+        self.credit(None, self.out_len < OUT_HIGH);
+    }
+
+    /// Stream `i`'s credit, once half its window is owed (when the output
+    /// has room).
+    pub(super) fn stream_credit(&mut self, i: usize) {
+        self.credit(Some(i), self.out_len < OUT_HIGH);
+    }
+
+    /// Credit owed while the output was full goes out, all of it.
+    pub(super) fn pay_owed_credit(&mut self) {
+        self.credit_owed = false;
+        self.credit(None, true);
+        for i in 0..self.streams.len() {
+            self.credit(Some(i), true);
         }
     }
 
-    pub(super) fn stream_credit(&mut self, i: usize) {
-        let s = &mut self.streams[i];
-        if s.recv_unacked >= i64::from(self.cfg.stream_window) / 2 && s.recv_side == RecvSide::Open
-        {
-            let mut f = Vec::with_capacity(FRAME_HEADER_LEN + 4);
-            put_window_update(&mut f, s.id, s.recv_unacked as u32);
-            s.recv_window += s.recv_unacked;
-            s.recv_unacked = 0;
-            self.push_out(f);
+    /// A WINDOW_UPDATE for the connection (`None`) or stream `i` if half
+    /// its window is owed: queued when `room`, remembered otherwise.
+    fn credit(&mut self, stream: Option<usize>, room: bool) {
+        let (id, owed) = match stream {
+            None if self.closed.is_none() => (0, &mut self.recv_unacked),
+            Some(i) if self.streams[i].recv_side == RecvSide::Open => {
+                let s = &mut self.streams[i];
+                (s.id, &mut s.recv_unacked)
+            }
+            _ => return,
+        };
+        let window = if id == 0 {
+            self.cfg.conn_window
+        } else {
+            self.cfg.stream_window
+        };
+        if *owed < i64::from(window) / 2 {
+            return;
         }
+        if !room {
+            self.credit_owed = true;
+            return;
+        }
+        let n = std::mem::take(owed);
+        match stream {
+            None => self.recv_window += n,
+            Some(i) => self.streams[i].recv_window += n,
+        }
+        let mut f = Vec::with_capacity(FRAME_HEADER_LEN + 4);
+        put_window_update(&mut f, id, n as u32);
+        self.push_out(f);
     }
 
     pub(super) fn flush_all(&mut self) {
@@ -87,11 +118,11 @@ impl<U: Default> ServerConn<U> {
             if s.send_side == SendSide::Ending {
                 s.send_side = SendSide::Ended;
                 match s.trailers.take() {
-                    Some(block) => self.push_block(id, true, &block),
+                    Some(block) => self.push_block(id, true, &block, Out::End(id)),
                     None => {
                         let mut f = Vec::with_capacity(FRAME_HEADER_LEN);
                         put_frame_header(&mut f, 0, DATA, END_STREAM, id);
-                        self.push_out(f);
+                        self.push_frame(f, Out::End(id));
                     }
                 }
             }

@@ -159,24 +159,24 @@ impl<U: Default> ServerConn<U> {
         self.last_stream = id;
         if block.self_dependent {
             // RFC 9113 5.3.1: a stream error.
-            self.push_rst(id, reason::PROTOCOL_ERROR);
+            self.push_rst(id, reason::PROTOCOL_ERROR, Out::Answer);
             return Ok(());
         }
         if self.goaway_sent.is_some() {
             // Past our GOAWAY: not processed (the client retries elsewhere).
             // (The client's own GOAWAY concerns streams we would open.)
-            self.push_rst(id, reason::REFUSED_STREAM);
+            self.push_rst(id, reason::REFUSED_STREAM, Out::Answer);
             return Ok(());
         }
         if self.active_streams() >= self.cfg.max_streams as usize {
-            self.push_rst(id, reason::REFUSED_STREAM);
+            self.push_rst(id, reason::REFUSED_STREAM, Out::Answer);
             return Ok(());
         }
         let head = match decoded {
             // A body announced on a request that has none is malformed.
             Ok(h) if !(block.end_stream && h.content_length.is_some_and(|n| n > 0)) => h,
             _ => {
-                self.push_rst(id, reason::PROTOCOL_ERROR);
+                self.push_rst(id, reason::PROTOCOL_ERROR, Out::Answer);
                 return Ok(());
             }
         };
@@ -223,13 +223,16 @@ impl<U: Default> ServerConn<U> {
     /// the client counts them: grpc-go takes a stream off its count when it
     /// receives our END_STREAM or a RST_STREAM, or sends its own RST_STREAM
     /// (internal/transport/http2_client.go, closeStream and the stream
-    /// quota), so a stream whose response is out or that was reset does
-    /// not count, even while its caller still holds it.
+    /// quota), so a stream whose end is written, or that the client reset,
+    /// does not count, even while its caller still holds it. An end still
+    /// queued counts: the client cannot have seen it (and a client that
+    /// does not read cannot make us queue answers without end).
     pub(super) fn active_streams(&self) -> usize {
         self.streams
             .iter()
             .filter(|s| !matches!(s.send_side, SendSide::Ended | SendSide::Reset(_)))
             .count()
+            + self.ends_unwritten()
     }
 }
 

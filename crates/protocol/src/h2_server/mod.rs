@@ -30,15 +30,20 @@
 //! * flow control both ways: received DATA counts against the windows we
 //!   granted and the credit is given back once the caller has used the
 //!   data ([`ServerConn::consumed`], after [`ServerConn::take_data`]), so
-//!   that what a caller gathers counts against the windows too; sent DATA waits for the client's windows
-//!   and for the output queue to drain below [`OUT_HIGH`];
+//!   that what a caller gathers counts against the windows too; sent DATA
+//!   waits for the client's windows and for the output queue to drain
+//!   below [`OUT_HIGH`];
+//! * the output: the caller keeps reading while it waits for the client
+//!   (stopping could deadlock with a client that stops reading too, as
+//!   grpc-go does); what reading adds to it is bounded (see `output.rs`),
+//!   answers past [`MAX_UNWRITTEN_ANSWERS`] a flood;
 //! * response heads and trailers encoded without the dynamic table
 //!   (static indexes and literals), split into CONTINUATION frames when
 //!   needed;
 //! * limits: concurrent streams (REFUSED_STREAM past them), counted as
-//!   grpc-go counts them: a stream whose END_STREAM or RST_STREAM is out,
-//!   or that the client reset, no longer counts, even while the caller
-//!   still holds it; the header list size, the frame size we advertise; a
+//!   grpc-go counts them: a stream whose END_STREAM or RST_STREAM is
+//!   written, or that the client reset, no longer counts, even while the
+//!   caller still holds it; the header list size, the frame size we advertise; a
 //!   protocol violation is a connection error (GOAWAY, then the caller
 //!   closes) or, where RFC 9113 allows, a stream error (RST_STREAM);
 //! * floods ([`Flood`]), GOAWAY ENHANCE_YOUR_CALM as the h2 crate does:
@@ -47,7 +52,8 @@
 //!   block in more CONTINUATION frames than its largest size needs (empty
 //!   ones add no bytes to the size limit), and more than
 //!   [`MAX_ERROR_RESETS`] streams we had to reset for the client's errors
-//!   over the connection's life (CVE-2025-8671, as the h2 crate counts);
+//!   over the connection's life (CVE-2025-8671, as the h2 crate counts),
+//!   and more than [`MAX_UNWRITTEN_ANSWERS`] answers waiting unwritten;
 //! * stream states (RFC 9113 5.1): a new stream id not above the last is
 //!   a connection error; HEADERS or DATA on a half-closed (remote) or
 //!   closed stream is STREAM_CLOSED, except what was in flight when we
@@ -82,15 +88,24 @@ use frame::frame_type::*;
 use frame::*;
 pub use frame::{frame_type, reason};
 use headers::Block;
+use output::Out;
 use recv::In;
 use recv_buffer::RecvBuffer;
 use streams::{RecvSide, SendSide, Stream};
 use wire::{END_HEADERS, END_STREAM, PADDED, PRIORITY as PRIORITY_FLAG};
 
-/// Output queued past this many bytes: stream DATA waits (and the caller
-/// should stop reading input until the queue drains, so that a client
-/// that sends PINGs or SETTINGS without reading cannot grow it).
+/// Output queued past this many bytes: stream DATA and window credit wait
+/// for it to drain. The caller keeps reading meanwhile (see
+/// [`MAX_UNWRITTEN_ANSWERS`] for what bounds the rest).
 pub const OUT_HIGH: usize = 64 * 1024;
+
+/// Answers to the client's frames (PING and SETTINGS acknowledgements,
+/// RST_STREAMs of streams that never counted) that may wait unwritten at
+/// once; one more is a flood (a client that sends without reading):
+/// GOAWAY ENHANCE_YOUR_CALM. Go's server allows 10,000
+/// (`maxQueuedControlFrames`); grpc-go's client, whose answers to ours
+/// are the same kinds of frame, stops reading at 50.
+pub const MAX_UNWRITTEN_ANSWERS: u32 = 1024;
 
 /// What the connection advertises and enforces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -238,6 +253,8 @@ pub enum Flood {
     /// errors ("MadeYouReset", CVE-2025-8671: each reset frees a stream
     /// slot while the work it started goes on).
     ErrorResets = 2,
+    /// More than [`MAX_UNWRITTEN_ANSWERS`] answers waiting unwritten.
+    ControlFrames = 3,
 }
 
 impl Flood {
@@ -247,6 +264,7 @@ impl Flood {
             Flood::RapidReset => "rapid_reset",
             Flood::Continuation => "continuation",
             Flood::ErrorResets => "error_resets",
+            Flood::ControlFrames => "control_frames",
         }
     }
 }
@@ -292,6 +310,16 @@ pub struct ServerConn<U> {
     ping_out: bool,
     out: VecDeque<Bytes>,
     out_len: usize,
+    /// Output bytes written since the start: with `out_len`, where each
+    /// queued frame ends.
+    written: u64,
+    /// Where each queued frame a bound counts ends, and its stream (0: an
+    /// answer): see [`output::Out`].
+    unwritten: VecDeque<(u64, u32)>,
+    ends_unwritten: u32,
+    answers_unwritten: u32,
+    /// Window credit is owed and waits for the output to drain.
+    credit_owed: bool,
     events: VecDeque<Event>,
 }
 
@@ -333,6 +361,11 @@ impl<U: Default> ServerConn<U> {
             ping_out: false,
             out: VecDeque::new(),
             out_len: 0,
+            written: 0,
+            unwritten: VecDeque::new(),
+            ends_unwritten: 0,
+            answers_unwritten: 0,
+            credit_owed: false,
             events: VecDeque::new(),
         };
         let mut s = Vec::with_capacity(FRAME_HEADER_LEN + 24 + 13);
@@ -395,6 +428,7 @@ impl<U: Default> ServerConn<U> {
     pub fn buffered_capacity(&self) -> usize {
         self.out.capacity() * std::mem::size_of::<Bytes>()
             + self.events.capacity() * std::mem::size_of::<Event>()
+            + self.unwritten.capacity() * std::mem::size_of::<(u64, u32)>()
             + self.streams.capacity() * std::mem::size_of::<Stream<U>>()
             + self.ids.capacity() * std::mem::size_of::<u32>()
             + self.block.as_ref().map_or(0, |b| b.bytes.capacity())
@@ -441,6 +475,12 @@ impl<U: Default> ServerConn<U> {
                 return Err(flood_err(
                     Flood::ErrorResets,
                     "too many streams reset for the client's errors",
+                ));
+            }
+            if self.answers_unwritten > MAX_UNWRITTEN_ANSWERS {
+                return Err(flood_err(
+                    Flood::ControlFrames,
+                    "too many answers waiting for the client to read",
                 ));
             }
             Ok(())

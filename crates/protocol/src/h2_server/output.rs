@@ -1,7 +1,32 @@
 //! Frames out: keepalive PINGs, GOAWAY, and the output queue the caller
 //! writes from ([`ServerConn::take_output`], [`ServerConn::wrote`]).
+//!
+//! The caller keeps reading while the output waits for the client (a
+//! grpc-go client stops reading once 50 of its own answers wait to be
+//! written, `maxQueuedTransportResponseFrames` in grpc-go's
+//! internal/transport/controlbuf.go: if we stopped too, neither side would
+//! read again). What reading adds to the output is bounded instead:
+//! stream DATA waits past [`OUT_HIGH`], window credit waits while the
+//! output is past it, a stream counts against the concurrency limit until
+//! its end is written (the client sees it no sooner), and answers to the
+//! client's frames (PING and SETTINGS acknowledgements, RST_STREAMs of
+//! streams never counted) end the connection past
+//! [`MAX_UNWRITTEN_ANSWERS`], as Go's server does past 10,000
+//! (`maxQueuedControlFrames`, golang.org/x/net/http2/server.go).
 
 use super::*;
+
+/// What a queued frame is to the bounds on unwritten output.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Out {
+    /// Counted by neither bound (DATA, heads, credit, our own PING, GOAWAY).
+    Plain,
+    /// The end of stream `id` (END_STREAM or RST_STREAM): the stream
+    /// counts against the concurrency limit until it is written.
+    End(u32),
+    /// An answer to the client's frames (see [`MAX_UNWRITTEN_ANSWERS`]).
+    Answer,
+}
 
 /// The output queue and connection-level frames.
 impl<U: Default> ServerConn<U> {
@@ -48,6 +73,17 @@ impl<U: Default> ServerConn<U> {
     /// stream data waiting for room follows.
     pub fn wrote(&mut self, mut n: usize) {
         self.out_len -= n;
+        self.written += n as u64;
+        while let Some(&(at, id)) = self.unwritten.front() {
+            if at > self.written {
+                break;
+            }
+            self.unwritten.pop_front();
+            self.forget_mark(id);
+        }
+        if self.unwritten.is_empty() && self.unwritten.capacity() > 0 {
+            self.unwritten = VecDeque::new();
+        }
         while n > 0 {
             let Some(front) = self.out.front_mut() else {
                 break;
@@ -62,6 +98,11 @@ impl<U: Default> ServerConn<U> {
         }
         if self.out.is_empty() {
             self.out = VecDeque::new();
+        }
+        // Credit owed goes out before the data waiting for room: a client
+        // sending while it downloads is not held up behind our data.
+        if self.credit_owed && self.out_len < OUT_HIGH {
+            self.pay_owed_credit();
         }
         self.flush_all();
     }
@@ -78,8 +119,51 @@ impl<U: Default> ServerConn<U> {
     }
 
     pub(super) fn push_out(&mut self, frame: Vec<u8>) {
+        self.push_frame(frame, Out::Plain);
+    }
+
+    /// Queues `frame`, remembering where it ends when a bound counts it.
+    pub(super) fn push_frame(&mut self, frame: Vec<u8>, kind: Out) {
         self.out_len += frame.len();
         self.out.push_back(Bytes::from(frame));
+        let id = match kind {
+            Out::Plain => return,
+            Out::End(id) => {
+                self.ends_unwritten += 1;
+                id
+            }
+            Out::Answer => {
+                self.answers_unwritten += 1;
+                0
+            }
+        };
+        self.unwritten
+            .push_back((self.written + self.out_len as u64, id));
+    }
+
+    /// Stream `id`'s queued end no longer counts (the client reset it: it
+    /// stopped counting the stream then).
+    pub(super) fn forget_end(&mut self, id: u32) {
+        if self.ends_unwritten == 0 {
+            return;
+        }
+        if let Some(k) = self.unwritten.iter().position(|&(_, i)| i == id) {
+            self.unwritten.remove(k);
+            self.forget_mark(id);
+        }
+    }
+
+    fn forget_mark(&mut self, id: u32) {
+        if id == 0 {
+            self.answers_unwritten -= 1;
+        } else {
+            self.ends_unwritten -= 1;
+        }
+    }
+
+    /// Streams whose end is queued and not yet written.
+    pub(super) fn ends_unwritten(&self) -> usize {
+        self.ends_unwritten as usize
     }
 
     pub(super) fn wake(&mut self, id: u32) {

@@ -243,7 +243,7 @@ impl<U: Default> ServerConn<U> {
             // A reset the client made us send (counted as the h2 crate
             // counts library resets: see MAX_ERROR_RESETS).
             self.error_resets = self.error_resets.saturating_add(1);
-            self.push_rst(id, reason::STREAM_CLOSED);
+            self.push_rst(id, reason::STREAM_CLOSED, Out::Answer);
         }
     }
 
@@ -297,7 +297,7 @@ impl<U: Default> ServerConn<U> {
                     // A stream cannot depend on itself (RFC 9113 5.3.1).
                     match self.index(id) {
                         Some(i) => self.error_reset(i, reason::PROTOCOL_ERROR),
-                        None => self.push_rst(id, reason::PROTOCOL_ERROR),
+                        None => self.push_rst(id, reason::PROTOCOL_ERROR, Out::Answer),
                     }
                 }
                 Ok(())
@@ -316,6 +316,8 @@ impl<U: Default> ServerConn<U> {
                     ));
                 }
                 let code = u32::from_be_bytes([p[0], p[1], p[2], p[3]]);
+                // The client stops counting the stream as it resets it.
+                self.forget_end(id);
                 if let Some(i) = self.index(id) {
                     if !self.streams[i].taken
                         && !matches!(self.streams[i].recv_side, RecvSide::PeerReset(_))
@@ -365,7 +367,7 @@ impl<U: Default> ServerConn<U> {
                     let mut f = Vec::with_capacity(FRAME_HEADER_LEN + 8);
                     put_frame_header(&mut f, 8, PING, ACK, 0);
                     f.extend_from_slice(p);
-                    self.push_out(f);
+                    self.push_frame(f, Out::Answer);
                 }
                 Ok(())
             }
@@ -478,7 +480,7 @@ impl<U: Default> ServerConn<U> {
         }
         let mut f = Vec::with_capacity(FRAME_HEADER_LEN);
         put_frame_header(&mut f, 0, SETTINGS, ACK, 0);
-        self.push_out(f);
+        self.push_frame(f, Out::Answer);
         self.flush_all();
         Ok(())
     }

@@ -146,7 +146,8 @@ impl<U: Default> ServerConn<U> {
         for (n, v) in fields {
             encode_field(&mut block, n.as_bytes(), v.as_bytes());
         }
-        self.push_block(id, end, &block);
+        let kind = if end { Out::End(id) } else { Out::Plain };
+        self.push_block(id, end, &block, kind);
         self.streams[i].send_side = if end { SendSide::Ended } else { SendSide::Open };
         Ok(())
     }
@@ -228,7 +229,7 @@ impl<U: Default> ServerConn<U> {
                 }
                 return;
             }
-            _ => self.push_rst(id, reason::CANCEL),
+            _ => self.push_rst(id, reason::CANCEL, Out::End(id)),
         }
         self.remove(i);
     }
@@ -257,7 +258,7 @@ impl<U: Default> ServerConn<U> {
             .map(|(i, _)| i);
         if let Some(i) = oldest {
             let id = self.streams[i].id;
-            self.push_rst(id, reason::NO_ERROR);
+            self.push_rst(id, reason::NO_ERROR, Out::Answer);
             self.remove(i);
         }
     }
@@ -287,6 +288,13 @@ impl<U: Default> ServerConn<U> {
         if matches!(s.send_side, SendSide::Reset(_)) {
             return;
         }
+        // A stream still counted ends with this reset; one whose end is
+        // queued already was ended by that.
+        let kind = if s.send_side == SendSide::Ended {
+            Out::Answer
+        } else {
+            Out::End(s.id)
+        };
         s.send_side = SendSide::Reset(code);
         if s.recv_side == RecvSide::Open {
             s.recv_side = RecvSide::Reset(code);
@@ -295,7 +303,7 @@ impl<U: Default> ServerConn<U> {
         s.pending_len = 0;
         let id = s.id;
         self.drop_received(i);
-        self.push_rst(id, code);
+        self.push_rst(id, code, kind);
         if self.streams[i].released {
             self.remove(i);
         } else {
@@ -315,19 +323,19 @@ impl<U: Default> ServerConn<U> {
 
     /// Queues a RST_STREAM; the id is remembered for a while, so that the
     /// frames the client sent before it sees it are ignored.
-    pub(super) fn push_rst(&mut self, id: u32, code: u32) {
+    pub(super) fn push_rst(&mut self, id: u32, code: u32, kind: Out) {
         self.recent_resets[self.recent_next] = id;
         self.recent_next = (self.recent_next + 1) % RECENT_RESETS;
         let mut f = Vec::with_capacity(FRAME_HEADER_LEN + 4);
         put_frame_header(&mut f, 4, RST_STREAM, 0, id);
         f.extend_from_slice(&code.to_be_bytes());
-        self.push_out(f);
+        self.push_frame(f, kind);
     }
 
     /// A header block as HEADERS and CONTINUATION frames.
-    pub(super) fn push_block(&mut self, id: u32, end: bool, block: &[u8]) {
+    pub(super) fn push_block(&mut self, id: u32, end: bool, block: &[u8], kind: Out) {
         let mut f = Vec::new();
         write_block(&mut f, id, end, block, self.peer_max_frame);
-        self.push_out(f);
+        self.push_frame(f, kind);
     }
 }

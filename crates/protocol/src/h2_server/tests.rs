@@ -699,16 +699,16 @@ fn releasing_a_stream_ends_it_at_the_client() {
 #[test]
 fn answered_streams_kept_for_the_client_are_bounded() {
     let mut c = open();
+    let mut sent = Vec::new();
     for id in [1, 3, 5, 7, 9] {
         request(&mut c, id);
         c.send_head(id, &[("grpc-status", "0")], true).unwrap();
         c.release(id);
+        // The client reads each answer (an end unwritten still counts).
+        sent.extend(resets(&response_frames(&mut c)));
     }
     assert_eq!(c.stream_count(), 4);
-    assert_eq!(
-        resets(&response_frames(&mut c)),
-        vec![(1, reason::NO_ERROR)]
-    );
+    assert_eq!(sent, vec![(1, reason::NO_ERROR)]);
     // What was in flight on 1 is ignored.
     feed(&mut c, &frame(DATA, END_STREAM, 1, b"x")).unwrap();
     assert!(response_frames(&mut c).is_empty());
@@ -730,6 +730,8 @@ fn streams_past_the_limit_or_after_goaway_are_refused() {
     assert_eq!((f[0].ty, f[0].id), (RST_STREAM, 9));
     assert_eq!(f[0].payload, reason::REFUSED_STREAM.to_be_bytes());
     c.release(1);
+    // Its RST_STREAM is written: the client no longer counts it either.
+    assert_eq!(resets(&response_frames(&mut c)), vec![(1, reason::CANCEL)]);
     request(&mut c, 11);
     c.go_away();
     let f = response_frames(&mut c);
@@ -1382,4 +1384,176 @@ fn empty_continuation_frames_are_bounded() {
         [Event::Request { stream: 1, .. }]
     ));
     assert_eq!(c.flood(), None);
+}
+
+/// A stream's end counts against the concurrency limit until it is
+/// written: the client cannot have seen it before (grpc-go opens the next
+/// stream once it read an end), and a client that does not read cannot
+/// make us queue answers for stream after stream.
+#[test]
+fn a_streams_end_counts_until_it_is_written() {
+    let mut c = open();
+    for id in [1, 3, 5, 7] {
+        request(&mut c, id);
+    }
+    c.send_head(1, &[("grpc-status", "0")], true).unwrap();
+    c.send_head(3, &[], false).unwrap();
+    c.send_trailers(3, &[("grpc-status", "0")]).unwrap();
+    c.reset(5, reason::CANCEL);
+    // Three ends queued, none written: a fifth stream is refused.
+    feed(
+        &mut c,
+        &frame(HEADERS, END_HEADERS, 9, &request_fields(None)),
+    )
+    .unwrap();
+    assert!(!events(&mut c)
+        .iter()
+        .any(|e| matches!(e, Event::Request { .. })));
+    let f = response_frames(&mut c);
+    assert_eq!(
+        resets(&f),
+        vec![(5, reason::CANCEL), (9, reason::REFUSED_STREAM)]
+    );
+    // Written (taken above): three more fit.
+    for id in [11, 13, 15] {
+        request(&mut c, id);
+    }
+    feed(
+        &mut c,
+        &frame(HEADERS, END_HEADERS, 17, &request_fields(None)),
+    )
+    .unwrap();
+    assert_eq!(
+        resets(&response_frames(&mut c)),
+        vec![(17, reason::REFUSED_STREAM)]
+    );
+    // Written in part: the end stays counted until its last byte is out.
+    c.send_head(11, &[("grpc-status", "0")], true).unwrap();
+    let n = c.output_len();
+    c.wrote(n - 1);
+    feed(
+        &mut c,
+        &frame(HEADERS, END_HEADERS, 19, &request_fields(None)),
+    )
+    .unwrap();
+    assert!(!events(&mut c)
+        .iter()
+        .any(|e| matches!(e, Event::Request { .. })));
+    c.take_output();
+    request(&mut c, 21);
+}
+
+/// A client that resets a stream stops counting it at once, even when our
+/// end is queued and unwritten: so do we.
+#[test]
+fn a_client_reset_uncounts_a_queued_end() {
+    let mut c = open();
+    for id in [1, 3, 5, 7] {
+        request(&mut c, id);
+    }
+    c.send_head(1, &[("grpc-status", "0")], true).unwrap();
+    c.release(1);
+    feed(
+        &mut c,
+        &frame(RST_STREAM, 0, 1, &reason::CANCEL.to_be_bytes()),
+    )
+    .unwrap();
+    request(&mut c, 9);
+}
+
+/// Answers to the client's frames (PING ACKs here) may wait unwritten up
+/// to MAX_UNWRITTEN_ANSWERS; one more is a flood. Written ones do not
+/// count.
+#[test]
+fn answers_waiting_unwritten_are_bounded() {
+    let ping = frame(PING, 0, 0, b"12345678");
+    let mut c = open();
+    for _ in 0..3 * MAX_UNWRITTEN_ANSWERS {
+        feed(&mut c, &ping).unwrap();
+        c.take_output();
+    }
+    let flood: Vec<u8> = (0..MAX_UNWRITTEN_ANSWERS)
+        .flat_map(|_| ping.clone())
+        .collect();
+    feed(&mut c, &flood).unwrap();
+    let e = feed(&mut c, &ping).unwrap_err();
+    assert_eq!(e.code, reason::ENHANCE_YOUR_CALM);
+    assert_eq!(c.flood(), Some(Flood::ControlFrames));
+    let f = response_frames(&mut c);
+    assert_eq!(f.last().map(|f| f.ty), Some(GOAWAY));
+    // SETTINGS acknowledgements and refusals count the same way.
+    let mut c = open();
+    let settings: Vec<u8> = (0..MAX_UNWRITTEN_ANSWERS + 1)
+        .flat_map(|_| frame(SETTINGS, 0, 0, &[]))
+        .collect();
+    assert_eq!(
+        feed(&mut c, &settings).unwrap_err().code,
+        reason::ENHANCE_YOUR_CALM
+    );
+}
+
+/// Window credit owed while the output is past OUT_HIGH waits for it to
+/// drain (a client that does not read cannot pile WINDOW_UPDATEs up), and
+/// goes out as soon as a write takes it below, ahead of the data waiting
+/// for room.
+#[test]
+fn credit_waits_while_the_output_is_full() {
+    let mut c = open();
+    request(&mut c, 1);
+    request(&mut c, 3);
+    feed(
+        &mut c,
+        &frame(WINDOW_UPDATE, 0, 0, &1_000_000u32.to_be_bytes()),
+    )
+    .unwrap();
+    feed(
+        &mut c,
+        &frame(WINDOW_UPDATE, 0, 1, &1_000_000u32.to_be_bytes()),
+    )
+    .unwrap();
+    c.send_head(1, &[], false).unwrap();
+    c.send_data(1, Bytes::from(vec![1u8; 200_000])).unwrap();
+    assert!(c.output_len() >= OUT_HIGH);
+    let queued = c.output().len();
+    // Past half of each stream's window and of the connection's, used.
+    let chunk = vec![7u8; 16_384];
+    for id in [1, 3] {
+        for _ in 0..40 {
+            feed(&mut c, &frame(DATA, 0, id, &chunk)).unwrap();
+        }
+        assert_eq!(data_of(&mut c, id).len(), 40 * 16_384);
+    }
+    assert_eq!(
+        c.output().len(),
+        queued,
+        "credit queued behind a full output"
+    );
+    // The first write that takes the output below the mark sends it all.
+    let before: Vec<u8> = c.output().iter().flat_map(|b| b.to_vec()).collect();
+    let n = c.output_len() - OUT_HIGH + 1;
+    c.wrote(n);
+    assert!(c.send_pending(1).unwrap() > 0, "data still waits");
+    let mut all = before[..n].to_vec();
+    all.extend(c.take_output());
+    let f = parse(&all);
+    let k = parse(&before).len();
+    let next: Vec<(u8, u32, u32)> = f[k..k + 3]
+        .iter()
+        .map(|f| {
+            (
+                f.ty,
+                f.id,
+                u32::from_be_bytes(f.payload[..4].try_into().unwrap()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        next,
+        vec![
+            (WINDOW_UPDATE, 0, 80 * 16_384),
+            (WINDOW_UPDATE, 1, 40 * 16_384),
+            (WINDOW_UPDATE, 3, 40 * 16_384)
+        ],
+        "the credit goes out ahead of the data waiting"
+    );
 }
