@@ -17,13 +17,14 @@ use tokio_rustls::TlsConnector;
 
 use super::{BoxError, ServerSlots};
 use crate::engine::budget::{Budget, Credit};
+use crate::engine::fd_ref::FdRef;
 use crate::engine::grpc::{self, PacketReceiver, PacketSender, SendBuf};
 use crate::engine::h2_keepalive::{self, KeepaliveError};
 use crate::engine::listener;
 use crate::engine::relay::{self, ChunkReader};
 use crate::engine::tls_records;
 use crate::engine::tunnel_relay::{self, DownEnd, Incoming, UpEnd};
-use crate::engine::window::{self, ConnWindow};
+use crate::engine::window::{self, ConnWindow, LinkPath};
 use crate::metrics::agent::{metrics as agent_metrics, Direction, EndpointDialFailure};
 use crate::metrics::Segment;
 use crate::protocol::anp::agent_dest_policy::{self as dest_policy, Policy};
@@ -78,6 +79,12 @@ struct LinkState {
     /// How long a half-closed connection may stay idle.
     half_close_linger: Duration,
     window: bool,
+    /// The link's round trip and the budget its connections' windows grow
+    /// from.
+    path: Arc<LinkPath>,
+    /// The link's TCP socket (owned by the HTTP/2 connection, which
+    /// outlives every task that reads this).
+    link_fd: FdRef,
     dial_timeout: Duration,
     policy: Policy,
     /// Dials in progress by connectID: sending (or dropping) aborts one.
@@ -105,7 +112,7 @@ pub(crate) async fn run(
             .clone()
             .unwrap_or_else(|| crate::protocol::anp::routing::dest_host(&addr).to_string());
         let name = ServerName::try_from(host)?;
-        let (tls, link_tls) = link_tls(&addr, name, &slots.tls).await?;
+        let (tls, link_tls, link_fd) = link_tls(&addr, name, &slots.tls).await?;
         agent_metrics().link_tls(link_tls);
         let (client, conn) = grpc::h2_client(grpc::stream_window_for(
             cfg.max_message,
@@ -113,9 +120,9 @@ pub(crate) async fn run(
         ))
         .handshake::<_, SendBuf>(tls)
         .await?;
-        Ok::<_, BoxError>((client, conn, link_tls))
+        Ok::<_, BoxError>((client, conn, link_tls, link_fd))
     };
-    let (client, mut conn, link_tls) = monoio::time::timeout(CONNECT_TIMEOUT, setup)
+    let (client, mut conn, link_tls, link_fd) = monoio::time::timeout(CONNECT_TIMEOUT, setup)
         .await
         .map_err(|_| "connect/handshake timed out")??;
     let ping = conn.ping_pong();
@@ -126,6 +133,7 @@ pub(crate) async fn run(
     let offered: Vec<&str> = [
         (cfg.half_close, proto::FEATURE_HALF_CLOSE),
         (cfg.window, proto::FEATURE_WINDOW),
+        (cfg.window, proto::FEATURE_WINDOW_GROWTH),
     ]
     .into_iter()
     .filter_map(|(on, f)| on.then_some(f))
@@ -176,6 +184,12 @@ pub(crate) async fn run(
         return Err(e.into());
     }
     let answer = Answer::read(cfg, resp.headers());
+    if answer.window && answer.window_growth {
+        // The tunnels' windows grow with the path: the link's must not
+        // hold them first.
+        conn.set_target_window_size(grpc::GROWN_LINK_WINDOW);
+        conn.set_initial_window_size(grpc::GROWN_LINK_WINDOW)?;
+    }
     let role = match secondary_of {
         None => Role::Primary,
         Some(_) => Role::Secondary,
@@ -235,6 +249,7 @@ pub(crate) async fn run(
         ping,
         &answer,
         role,
+        link_fd,
     )
     .await
 }
@@ -247,6 +262,8 @@ struct Answer {
     half_close: bool,
     /// Both sides speak the per-connection window extension.
     window: bool,
+    /// Both ends grow per-connection windows with the path.
+    window_growth: bool,
     /// The server's worker count and the worker this link landed on.
     link: Option<(usize, usize)>,
 }
@@ -264,6 +281,9 @@ impl Answer {
                 .unwrap_or(1),
             half_close: cfg.half_close && proto::has_feature(features, proto::FEATURE_HALF_CLOSE),
             window: cfg.window && proto::has_feature(features, proto::FEATURE_WINDOW),
+            window_growth: cfg.window
+                && proto::has_feature(features, proto::FEATURE_WINDOW)
+                && proto::has_feature(features, proto::FEATURE_WINDOW_GROWTH),
             link: agent_links::parse_answer(
                 header(agent_links::WORKERS_HEADER),
                 header(agent_links::WORKER_HEADER),
@@ -288,10 +308,14 @@ async fn link_tls(
     addr: &str,
     name: ServerName<'static>,
     config: &Arc<rustls::ClientConfig>,
-) -> Result<(LinkIo, tls_records::LinkTls), BoxError> {
+) -> Result<(LinkIo, tls_records::LinkTls, FdRef), BoxError> {
+    // The TCP socket's number, kept to read its round trip from the
+    // kernel while the link (which owns the socket) lives.
+    let fd = std::cell::Cell::new(None);
     let tcp = || async {
         let tcp = monoio::net::TcpStream::connect(addr).await?;
         listener::nodelay(&tcp);
+        fd.set(Some(FdRef::of(&tcp)));
         tcp.into_poll_io()
     };
     if tls_records::Mode::from_env() == tls_records::Mode::Own && !tls_records::server_chose_tls12()
@@ -302,6 +326,7 @@ async fn link_tls(
                 return Ok((
                     tls_records::Link::Own(done.stream),
                     tls_records::LinkTls::Own,
+                    fd.get().expect("connected"),
                 ))
             }
             Err(e) if e.get_ref().is_some_and(|i| i.is::<tls_records::NotTls13>()) => {
@@ -321,7 +346,11 @@ async fn link_tls(
         )
         .await?;
     let link_tls = tls_records::LinkTls::rustls(tls.get_ref().1.protocol_version());
-    Ok((tls_records::Link::Rustls(tls), link_tls))
+    Ok((
+        tls_records::Link::Rustls(tls),
+        link_tls,
+        fd.get().expect("connected"),
+    ))
 }
 
 /// The link's TLS stream.
@@ -352,6 +381,7 @@ async fn serve(
     ping: Option<h2::PingPong>,
     answer: &Answer,
     role: Role,
+    link_fd: FdRef,
 ) -> Result<Ended, BoxError> {
     let cfg = &slots.cfg;
     let addr = slots.addr.clone();
@@ -368,6 +398,8 @@ async fn serve(
         half_close,
         half_close_linger: cfg.half_close_linger,
         window,
+        path: LinkPath::new(window && answer.window_growth),
+        link_fd,
         dial_timeout: cfg.dial_timeout,
         policy: cfg.policy.clone(),
         cancels: RefCell::new(HashMap::new()),
@@ -473,7 +505,12 @@ async fn write_loop(
 async fn read_loop(shared: Rc<LinkState>, mut rx: PacketReceiver) -> Result<(), BoxError> {
     loop {
         let frame = match rx.next().await {
-            Ok(Some(f)) => f,
+            Ok(Some(f)) => {
+                shared
+                    .path
+                    .sample(&shared.link_fd, window::RTT_SAMPLE_EVERY);
+                f
+            }
             Ok(None) => return Ok(()),
             Err(e) => {
                 agent_metrics().server_failure(Direction::FromServer, "Unknown", "Unknown");
@@ -702,7 +739,7 @@ async fn open(shared: &Rc<LinkState>, d: Dial) -> Option<Opened> {
     let (tx, rx) = mpsc::unbounded();
     let window = shared.window.then(|| {
         let w = ConnWindow::new(window::TUNNEL_WINDOW);
-        w.bind(connect_id, shared.ctl.clone());
+        w.bind(connect_id, shared.ctl.clone(), shared.path.clone());
         w
     });
     let handle = ConnHandle {

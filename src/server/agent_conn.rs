@@ -49,12 +49,13 @@ use super::ServerState;
 use crate::engine::accept;
 use crate::engine::admission::Permit;
 use crate::engine::budget::Budget;
+use crate::engine::fd_ref::FdRef;
 use crate::engine::grpc::{self, code, PacketReceiver, StreamSender};
 use crate::engine::h2_conn::{H2Conn, H2Error, Incoming, StreamRecv, StreamSend};
 use crate::engine::h2_keepalive::{KeepaliveError, PingSchedule};
 use crate::engine::read_ahead::SharedReadAhead;
 use crate::engine::tls_records;
-use crate::engine::window::ConnWindow;
+use crate::engine::window::{self, ConnWindow, LinkPath};
 use crate::metrics::{self, DialFailure, DialResult, KeepalivePeer, Segment};
 use crate::protocol::anp::agent_identifiers::Identifiers;
 use crate::protocol::anp::agent_identity::{self, CertNames, IdentityError};
@@ -145,6 +146,8 @@ struct AgentHello {
     ids: Identifiers,
     half_close: bool,
     window: bool,
+    /// Per-connection windows grow with the path (`window-growth`).
+    window_growth: bool,
     /// The agent's link metadata, when it speaks links.
     link: Option<LinkRequest>,
 }
@@ -239,6 +242,8 @@ fn validate(shared: &ServerState, head: &ConnectHead) -> Result<AgentHello, (u32
         ids,
         half_close: proto::has_feature(features, proto::FEATURE_HALF_CLOSE),
         window: proto::has_feature(features, proto::FEATURE_WINDOW),
+        window_growth: proto::has_feature(features, proto::FEATURE_WINDOW)
+            && proto::has_feature(features, proto::FEATURE_WINDOW_GROWTH),
         link,
     })
 }
@@ -521,6 +526,7 @@ async fn serve(
     permit: Option<Permit>,
 ) -> Result<(), BoxError> {
     let peer = stream.peer_addr()?;
+    let link_fd = FdRef::of(&stream);
     let io = stream.into_poll_io()?;
     // Boxed: the handshake's state (rustls' handshake, the timer) is gone
     // once the link is up; a task is allocated at its largest state.
@@ -621,6 +627,7 @@ async fn serve(
         ids,
         half_close,
         window,
+        window_growth,
         link,
     } = hello;
     let mut answer = vec![
@@ -668,6 +675,14 @@ async fn serve(
         }
     };
 
+    let mut body = body;
+    if window && window_growth {
+        // The tunnels' windows grow with the path: the link's must not
+        // hold them first.
+        let grow = |have: u32| grpc::GROWN_LINK_WINDOW.saturating_sub(have);
+        let cfg = agent_h2_config(shared.cfg.max_message);
+        body.grow_windows(grow(cfg.stream_window), grow(cfg.conn_window));
+    }
     let (ctl_tx, ctl_rx) = mpsc::unbounded();
     let driver = drive(&shared, &mut conn, ctl_tx.clone());
     let state = Rc::new(AgentState {
@@ -679,6 +694,8 @@ async fn serve(
         last_pending: std::cell::Cell::new(0),
         budget: Budget::new(FRONTEND_BUDGET),
         window,
+        path: LinkPath::new(window && window_growth),
+        link_fd,
         worker: worker_metrics.clone(),
         primary: first,
     });
@@ -821,6 +838,12 @@ struct AgentState {
     budget: Arc<Budget>,
     /// The agent negotiated per-connection windows.
     window: bool,
+    /// The link's round trip and the budget its connections' windows grow
+    /// from.
+    path: Arc<LinkPath>,
+    /// The link's TCP socket (owned by the HTTP/2 connection, which
+    /// outlives every task that reads this).
+    link_fd: FdRef,
     /// The agent's first link registered here (ANP's agents have only
     /// one).
     primary: bool,
@@ -856,7 +879,10 @@ async fn read_loop(
 ) -> Result<(), BoxError> {
     loop {
         let frame = match rx.next().await {
-            Ok(Some(f)) => f,
+            Ok(Some(f)) => {
+                state.path.sample(&state.link_fd, window::RTT_SAMPLE_EVERY);
+                f
+            }
             Ok(None) => return Ok(()),
             Err(e) => {
                 state.shared.metrics.agent_protocol_errors.inc();
@@ -890,7 +916,7 @@ async fn read_loop(
             } => {
                 state.dial_finished(random, DialResult::Success);
                 if let Some(w) = state.window_of(&frontend) {
-                    w.bind(connect_id, ctl.clone());
+                    w.bind(connect_id, ctl.clone(), state.path.clone());
                 }
                 if !frontend.deliver(FrontendEvent::DialOk { connect_id }) {
                     state.shared.metrics.dial_failure(DialFailure::SendResponse);

@@ -30,6 +30,14 @@ pub type SendBuf = Chain<Bytes, Bytes>;
 /// agent, so it gets a large window.
 pub const STREAM_WINDOW: u32 = 16 * 1024 * 1024;
 pub const H2_CONNECTION_WINDOW: u32 = 32 * 1024 * 1024;
+/// An agent link's HTTP/2 windows (stream and connection) once both ends
+/// grow per-connection windows with the path (`window-growth`): the
+/// tunnels' own windows then bound what is in flight (each up to
+/// [`crate::window::MAX_TUNNEL_WINDOW`], all of a link's growth within
+/// [`crate::window::LINK_GROWTH_BUDGET`]), and the link's must not bind
+/// first: fixed ones of 16 and 32 MiB, credit back at half, moved at most
+/// 8 MiB a round trip.
+pub const GROWN_LINK_WINDOW: u32 = 256 * 1024 * 1024;
 pub const MAX_FRAME: u32 = 256 * 1024;
 pub const MAX_SEND_BUFFER: usize = 1024 * 1024;
 

@@ -593,6 +593,16 @@ impl StreamRecv {
         }
     }
 
+    /// Grows this stream's receive window by `stream` bytes and the
+    /// connection's by `conn` (a long-lived stream on a long fat path).
+    pub fn grow_windows(&mut self, stream: u32, conn: u32) {
+        let mut s = self.shared.borrow_mut();
+        s.conn.grow_recv_windows(self.id, stream, conn);
+        if s.conn.output_len() > 0 {
+            s.wake_driver();
+        }
+    }
+
     /// The next piece of the body; `None` at its end. Its window comes back
     /// with [`Self::consumed`].
     pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, RecvError>>> {

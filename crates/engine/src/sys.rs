@@ -60,6 +60,29 @@ pub fn disconnect(sock: &impl AsRawFd) -> io::Result<()> {
     }
 }
 
+/// The kernel's smoothed round-trip time of a TCP connection (`TCP_INFO`'s
+/// `tcpi_rtt`); `None` for another kind of socket or before a sample.
+pub fn tcp_rtt(sock: &impl AsRawFd) -> Option<std::time::Duration> {
+    // SAFETY: tcp_info is plain integers: all zeroes is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `info`, which we
+    // own and which is that large; any descriptor number is a valid
+    // argument (EBADF or ENOTSOCK/EOPNOTSUPP otherwise).
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    // tcpi_rtt ends at byte 72 of the struct on every kernel since 2.6.
+    (rc == 0 && len >= 72 && info.tcpi_rtt > 0)
+        .then(|| std::time::Duration::from_micros(u64::from(info.tcpi_rtt)))
+}
+
 /// The destination a connection had before iptables DNAT/REDIRECT
 /// (`SO_ORIGINAL_DST`, IPv4 then IPv6), if it was redirected.
 pub fn original_dst(sock: &impl AsRawFd) -> Option<SocketAddr> {

@@ -34,11 +34,14 @@ pub const AGENT_IDENTIFIERS_HEADER: &str = "agentidentifiers";
 pub const SERVER_ID_HEADER: &str = "serverid";
 pub const SERVER_COUNT_HEADER: &str = "servercount";
 /// edgetunnel extension: features both ends support (`half-close`,
-/// `window`), comma-separated.
+/// `window`, `window-growth`), comma-separated.
 pub const FEATURES_HEADER: &str = "x-edgetunnel-features";
 pub const FEATURE_HALF_CLOSE: &str = "half-close";
 /// Per-connection flow control (see `engine::window`).
 pub const FEATURE_WINDOW: &str = "window";
+/// Per-connection windows that grow with the path (see `engine::window`):
+/// a window update may acknowledge more than was sent.
+pub const FEATURE_WINDOW_GROWTH: &str = "window-growth";
 
 /// Why a dial found no agent (as ANP words it; the CONNECT body and the
 /// gRPC DIAL_RSP error).
@@ -54,5 +57,5 @@ pub fn has_feature(header: Option<&str>, feature: &str) -> bool {
 
 /// Our features header value.
 pub fn our_features() -> String {
-    format!("{FEATURE_HALF_CLOSE},{FEATURE_WINDOW}")
+    format!("{FEATURE_HALF_CLOSE},{FEATURE_WINDOW},{FEATURE_WINDOW_GROWTH}")
 }

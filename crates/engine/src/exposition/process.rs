@@ -177,6 +177,21 @@ impl Collector for ProcessCollector {
         )?;
         gauge(
             &mut e,
+            "edgetunnel_tunnel_window_growth_bytes",
+            "Bytes by which open tunnels' windows have grown past their first 2 MiB (window-growth, as the agent link's round trip asks).",
+            Some(crate::window::window_growth_bytes() as f64),
+        )?;
+        {
+            let m = e.encode_descriptor(
+                "edgetunnel_agent_link_rtt_seconds",
+                "Round trips of agent links, read from the kernel (TCP_INFO) while tunnels carry data, at most every 250 ms a link.",
+                None,
+                MetricType::Histogram,
+            )?;
+            crate::window::link_rtt_histogram().encode(m)?;
+        }
+        gauge(
+            &mut e,
             "edgetunnel_deadlines",
             "Idle and keepalive deadlines held by connections, on every worker.",
             Some(crate::deadline::held() as f64),

@@ -19,6 +19,7 @@ pub mod proxy_service_stream;
 pub mod routing;
 pub mod server_tunnel;
 mod small_map;
+pub mod window_tuning;
 
 /// Protobuf types generated from `proto/` (see `tests/codegen.rs`).
 #[allow(clippy::all, missing_docs)]

@@ -1,5 +1,5 @@
 //! Flow control both ways: window credit given back as the caller takes
-//! data (one WINDOW_UPDATE once half a window is owed, held while the
+//! data (one WINDOW_UPDATE once a quarter window is owed, held while the
 //! output is past [`OUT_HIGH`]), and queued stream DATA sent as the
 //! client's windows and the output queue allow.
 
@@ -8,14 +8,14 @@ use super::*;
 /// Flow control.
 impl<U: Default> ServerConn<U> {
     /// Gives `n` bytes of connection window back, in one WINDOW_UPDATE
-    /// once half the window is owed (when the output has room).
+    /// once a quarter of the window is owed (when the output has room).
     pub(super) fn conn_credit(&mut self, n: i64) {
         self.recv_unacked += n;
         self.credit(None, self.out_len < OUT_HIGH);
     }
 
-    /// Stream `i`'s credit, once half its window is owed (when the output
-    /// has room).
+    /// Stream `i`'s credit, once a quarter of its window is owed (when the
+    /// output has room).
     pub(super) fn stream_credit(&mut self, i: usize) {
         self.credit(Some(i), self.out_len < OUT_HIGH);
     }
@@ -29,8 +29,9 @@ impl<U: Default> ServerConn<U> {
         }
     }
 
-    /// A WINDOW_UPDATE for the connection (`None`) or stream `i` if half
-    /// its window is owed: queued when `room`, remembered otherwise.
+    /// A WINDOW_UPDATE for the connection (`None`) or stream `i` if a
+    /// quarter of its window is owed: queued when `room`, remembered
+    /// otherwise.
     fn credit(&mut self, stream: Option<usize>, room: bool) {
         let (id, owed) = match stream {
             None if self.closed.is_none() => (0, &mut self.recv_unacked),
@@ -45,7 +46,10 @@ impl<U: Default> ServerConn<U> {
         } else {
             self.cfg.stream_window
         };
-        if *owed < i64::from(window) / 2 {
+        // A quarter owed: credit returned at half a window left a sender
+        // on a long path idle for part of each round trip (grpc-go's BDP
+        // estimation grows its own windows for the same reason).
+        if *owed < i64::from(window) / 4 {
             return;
         }
         if !room {
@@ -59,6 +63,32 @@ impl<U: Default> ServerConn<U> {
         }
         let mut f = Vec::with_capacity(FRAME_HEADER_LEN + 4);
         put_window_update(&mut f, id, n as u32);
+        self.push_out(f);
+    }
+
+    /// Grows the receive windows of stream `id` by `stream` bytes and of
+    /// the connection by `conn` (WINDOW_UPDATEs for them; credit then
+    /// keeps going back a quarter of the configured window at a time). For
+    /// a long-lived stream on a path whose bandwidth-delay product outgrows
+    /// the windows set at the start.
+    pub fn grow_recv_windows(&mut self, id: u32, stream: u32, conn: u32) {
+        if self.closed.is_some() {
+            return;
+        }
+        if conn > 0 {
+            self.recv_window += i64::from(conn);
+            let mut f = Vec::with_capacity(FRAME_HEADER_LEN + 4);
+            put_window_update(&mut f, 0, conn);
+            self.push_out(f);
+        }
+        let Some(i) = self.index(id) else { return };
+        let s = &mut self.streams[i];
+        if s.recv_side != RecvSide::Open || stream == 0 {
+            return;
+        }
+        s.recv_window += i64::from(stream);
+        let mut f = Vec::with_capacity(FRAME_HEADER_LEN + 4);
+        put_window_update(&mut f, id, stream);
         self.push_out(f);
     }
 

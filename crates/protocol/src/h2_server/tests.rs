@@ -433,13 +433,14 @@ fn padded_data_loses_its_padding_and_gives_it_back() {
 }
 
 #[test]
-fn taking_data_gives_window_back_once_half_is_owed() {
+fn taking_data_gives_window_back_once_a_quarter_is_owed() {
     let mut c = open();
     request(&mut c, 1);
     let chunk = vec![7u8; 16_384];
     let mut sent = 0;
-    // Half the stream window (512 KiB) arrives and is taken.
-    while sent < (1 << 20) / 2 {
+    // A quarter of the stream window (256 KiB) arrives and is taken (the
+    // connection's 2 MiB owes nothing yet).
+    while sent < (1 << 20) / 4 {
         feed(&mut c, &frame(DATA, 0, 1, &chunk)).unwrap();
         sent += chunk.len();
         assert_eq!(data_of(&mut c, 1).len(), chunk.len());
@@ -867,15 +868,16 @@ fn payload_is_copied_out_and_its_window_comes_back_once_used() {
     assert!(!parse(&c.take_output())
         .iter()
         .any(|f| f.ty == WINDOW_UPDATE));
-    // Used: half the stream window (cfg: 1 MiB) is not owed yet; the
-    // connection's 2 MiB neither. Use the rest of a half window's worth.
+    // Used: a quarter of the stream window (cfg: 1 MiB) is not owed yet;
+    // of the connection's 2 MiB neither. Use the rest of a quarter
+    // window's worth.
     c.consumed(1, 10_000);
     assert_eq!(c.received_held(), 0);
     // More than was taken is not given back.
     c.consumed(1, 1_000_000);
-    let half = (1 << 20) / 2;
+    let quarter = (1 << 20) / 4;
     let mut more = Vec::new();
-    for _ in 0..(half / 16_000) + 1 {
+    for _ in 0..(quarter / 16_000) + 1 {
         more.extend(frame(DATA, 0, 1, &[7; 16_000]));
     }
     feed(&mut c, &more).unwrap();
@@ -893,7 +895,11 @@ fn payload_is_copied_out_and_its_window_comes_back_once_used() {
         .filter(|f| f.ty == WINDOW_UPDATE)
         .map(|f| f.id)
         .collect();
-    assert_eq!(updates, [1], "the stream's window once half of it was used");
+    assert_eq!(
+        updates,
+        [1],
+        "the stream's window once a quarter of it was used"
+    );
 }
 
 #[test]
@@ -1556,4 +1562,38 @@ fn credit_waits_while_the_output_is_full() {
         ],
         "the credit goes out ahead of the data waiting"
     );
+}
+
+/// Windows grown for a long path: the client may send that much more,
+/// and credit still goes back a quarter of the configured window at a time.
+#[test]
+fn receive_windows_grow_on_request() {
+    let mut c = open();
+    request(&mut c, 1);
+    c.grow_recv_windows(1, 3 << 20, 2 << 20);
+    let f = response_frames(&mut c);
+    let updates: Vec<(u32, u32)> = f
+        .iter()
+        .filter(|f| f.ty == WINDOW_UPDATE)
+        .map(|f| (f.id, u32::from_be_bytes(f.payload[..4].try_into().unwrap())))
+        .collect();
+    assert_eq!(updates, vec![(0, 2 << 20), (1, 3 << 20)]);
+    // 4 MiB on the stream now (1 configured + 3): past the configured
+    // window and the connection's (2 + 2) without a flow-control error.
+    let chunk = vec![1u8; 16_384];
+    for _ in 0..(3 << 20) / 16_384 {
+        feed(&mut c, &frame(DATA, 0, 1, &chunk)).unwrap();
+    }
+    assert_eq!(data_of(&mut c, 1).len(), 3 << 20);
+    // A quarter of the configured windows at a time: 1 MiB / 4 and 2 MiB / 4.
+    let f = response_frames(&mut c);
+    let stream_updates = f
+        .iter()
+        .filter(|f| f.ty == WINDOW_UPDATE && f.id == 1)
+        .count();
+    let conn_updates = f
+        .iter()
+        .filter(|f| f.ty == WINDOW_UPDATE && f.id == 0)
+        .count();
+    assert_eq!((stream_updates, conn_updates), (12, 6));
 }
