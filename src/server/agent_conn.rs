@@ -935,7 +935,30 @@ async fn read_loop(
                 state.dial_finished(random, result);
                 frontend.deliver(FrontendEvent::DialErr(error));
             }
-            ServerAction::Data { frontend, payload } => {
+            ServerAction::Data {
+                frontend,
+                connect_id,
+                payload,
+            } => {
+                if let Some(w) = state.window_of(&frontend) {
+                    if !w.received(payload.len()) {
+                        // It ignores the window it negotiated: this
+                        // connection ends (buffering it would be without
+                        // bound); the link and its other connections live.
+                        tracing::warn!(
+                            connect_id,
+                            "agent sent past a connection's window: closing it"
+                        );
+                        if let Some(f) = state.tunnel.borrow_mut().close(connect_id) {
+                            let _ = ctl.unbounded_send(f);
+                        }
+                        state.sync_gauges();
+                        frontend.deliver(FrontendEvent::Closed(
+                            "agent sent past the connection's window".into(),
+                        ));
+                        continue;
+                    }
+                }
                 state
                     .shared
                     .metrics

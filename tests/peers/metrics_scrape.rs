@@ -77,7 +77,21 @@ fn go_scrape(p: &Peers, env: &Env, target: &GoTarget) -> Families {
     server.wait_for("\"Agent connected\"", WAIT);
     traffic(p, &uds, &target.target());
     target.wait_idle(WAIT);
-    let f = scrape(SocketAddr::from(([127, 0, 0, 1], admin)));
+    // The Go server counts a stream's error when the stream's goroutine
+    // ends, which may come after the client left and the target saw its
+    // connections close: scraped again until the three closes are counted
+    // (the test then checks them).
+    let canceled = [("segment", "from_client"), ("code", "Canceled")];
+    let errors = format!("{S}stream_errors_total");
+    let deadline = std::time::Instant::now() + WAIT;
+    let f = loop {
+        let f = scrape(SocketAddr::from(([127, 0, 0, 1], admin)));
+        let n = prom_text::value(&f, &errors, &canceled).unwrap_or(0.0);
+        if n >= 3.0 || std::time::Instant::now() > deadline {
+            break f;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
     drop(agent);
     f
 }

@@ -54,6 +54,12 @@ pub const MAX_TUNNEL_WINDOW: u64 = 64 * 1024 * 1024;
 /// beyond today's windows if all of them stalled after growing.
 pub const LINK_GROWTH_BUDGET: u64 = 256 * 1024 * 1024;
 
+/// What a peer may send past the window it was granted before it counts
+/// as ignoring it: a sender checks the window, then reads and sends one
+/// chunk (at most 256 KiB, a gRPC frontend's message), so a conforming
+/// peer stays within the window plus a chunk.
+pub const OVERRUN_SLACK: u64 = 1024 * 1024;
+
 /// How often a link's round trip is read from the kernel, at most.
 pub const RTT_SAMPLE_EVERY: Duration = Duration::from_millis(250);
 
@@ -189,6 +195,10 @@ pub struct ConnWindow {
     /// The window granted to the peer now (acknowledgements go out a
     /// quarter of it at a time).
     recv_window: AtomicU64,
+    /// Payload bytes received from the peer, and acknowledged to it (with
+    /// the growth granted): a peer past its window is told apart.
+    received: AtomicU64,
+    acknowledged: AtomicU64,
     tuner: Mutex<Tuner>,
     peer: OnceLock<Peer>,
 }
@@ -202,6 +212,8 @@ impl ConnWindow {
             waiter: AtomicWaker::new(),
             consumed: AtomicU64::new(0),
             recv_window: AtomicU64::new(limit),
+            received: AtomicU64::new(0),
+            acknowledged: AtomicU64::new(0),
             tuner: Mutex::new(Tuner::new(limit)),
             peer: OnceLock::new(),
         })
@@ -288,10 +300,21 @@ impl ConnWindow {
         let taken = self.consumed.swap(0, Ordering::AcqRel);
         if taken > 0 {
             let grant = taken + self.grow(taken, &peer.path);
+            self.acknowledged.fetch_add(grant, Ordering::AcqRel);
             let _ = peer
                 .ctl
                 .unbounded_send(packet::window_update(peer.connect_id, grant));
         }
+    }
+
+    /// `n` payload bytes arrived from the peer. `false` when the peer has
+    /// sent past the window it was granted (its sender reads one chunk past
+    /// the window at most: [`OVERRUN_SLACK`] allows for it): a peer that
+    /// ignores the window would make us buffer without bound.
+    pub fn received(&self, n: usize) -> bool {
+        let got = self.received.fetch_add(n as u64, Ordering::AcqRel) + n as u64;
+        let acked = self.acknowledged.load(Ordering::Acquire);
+        got.saturating_sub(acked) <= self.limit + OVERRUN_SLACK
     }
 
     /// How much the window grows with this acknowledgement (0: none).
@@ -448,5 +471,25 @@ mod tests {
         // Not a TCP socket: no sample.
         let (u, _) = std::os::unix::net::UnixStream::pair().unwrap();
         assert_eq!(LinkPath::new(true).sample(&u, Duration::ZERO), None);
+    }
+
+    /// A peer may have the window it was granted in flight (and a chunk
+    /// past it), no more: grants made, grown ones included, count.
+    #[test]
+    fn a_peer_past_its_window_is_told_apart() {
+        let mib = 1024 * 1024;
+        let w = ConnWindow::new(2 * mib);
+        let (tx, _rx) = futures::channel::mpsc::unbounded();
+        w.bind(4, tx, LinkPath::new(false));
+        assert!(w.received(2 * mib as usize + OVERRUN_SLACK as usize));
+        assert!(!w.received(1), "past the window and the slack");
+        // Acknowledged (written locally): room again.
+        let w = ConnWindow::new(2 * mib);
+        let (tx, _rx) = futures::channel::mpsc::unbounded();
+        w.bind(4, tx, LinkPath::new(false));
+        for _ in 0..100 {
+            assert!(w.received(mib as usize));
+            w.consumed(mib as usize);
+        }
     }
 }

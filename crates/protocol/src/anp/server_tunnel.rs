@@ -19,7 +19,11 @@ pub enum ServerAction<F> {
     /// Tell the frontend its dial failed with the agent's message.
     DialFailed { frontend: F, error: String },
     /// Hand payload to the frontend.
-    Data { frontend: F, payload: Bytes },
+    Data {
+        frontend: F,
+        connect_id: i64,
+        payload: Bytes,
+    },
     /// The agent will send no more data on this connection (half-close).
     PeerFinished { frontend: F },
     /// The agent acknowledged `bytes` of this connection's data (the
@@ -204,6 +208,7 @@ impl<F: Clone> ServerTunnel<F> {
                     },
                     Some(f) => ServerAction::Data {
                         frontend: f.clone(),
+                        connect_id: d.connect_id,
                         payload: d.data,
                     },
                     None if self.closing.contains_key(&d.connect_id) => ServerAction::Ignored(
@@ -266,6 +271,7 @@ mod tests {
             t.on_agent_frame(packet::data(100, Bytes::from_static(b"hi"))),
             ServerAction::Data {
                 frontend: 1,
+                connect_id: 100,
                 payload: Bytes::from_static(b"hi")
             }
         );
