@@ -30,7 +30,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, OnceLock};
 use std::thread;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use super::netns::{sh, Netns};
 
@@ -323,17 +323,13 @@ impl Wan {
     }
 
     fn next_line(&mut self, timeout: Duration) -> Option<String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => return Some(l),
-                Err(_) => {
-                    if let Ok(Some(st)) = self.link.try_wait() {
-                        panic!("wanlink exited: {st}");
-                    }
-                    return None;
+        match self.lines.recv_timeout(timeout) {
+            Ok(l) => Some(l),
+            Err(_) => {
+                if let Ok(Some(st)) = self.link.try_wait() {
+                    panic!("wanlink exited: {st}");
                 }
+                None
             }
         }
     }

@@ -120,6 +120,11 @@ struct Args {
     /// Random loss in percent of the packets.
     #[arg(long, default_value = "0")]
     loss_percent: PerDir<f64>,
+    /// While packets are in flight, read and deliver in batches at most
+    /// this many microseconds apart (a packet may be read and delivered up
+    /// to one tick late; 0: a wake-up per packet, much more CPU).
+    #[arg(long, default_value_t = 100)]
+    tick_us: u64,
     /// Seed of the loss and jitter RNG (b->a uses seed + 1).
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -275,6 +280,7 @@ fn pump(
     mut dir: Direction,
     stats: &Stats,
     mtu: usize,
+    tick: Duration,
 ) -> io::Result<()> {
     sys::set_timer_slack(1000);
     let mut line = std::collections::BinaryHeap::<Pending>::new();
@@ -331,11 +337,20 @@ fn pump(
             }
             pool.push(p.data);
         }
-        let wait = line
-            .peek()
-            .map(|p| p.at.saturating_duration_since(Instant::now()));
-        if wait != Some(Duration::ZERO) {
-            sys::wait_readable(input, wait)?;
+        match line.peek() {
+            // Idle: until a packet comes.
+            None => {
+                sys::wait_readable(input, None)?;
+            }
+            // Busy: a tick, without waking for each packet that comes
+            // meanwhile (they wait in the device's queue and are read in
+            // one batch) or each one due (delivered in one batch): a
+            // wake-up per packet cost more CPU than the packets themselves.
+            Some(p) => {
+                if p.at > Instant::now() {
+                    thread::sleep(tick);
+                }
+            }
         }
     }
 }
@@ -353,11 +368,12 @@ fn run(args: Args) -> Result<(), Error> {
     for (name, input, output, shape, seed, i) in dirs {
         let stats = stats.clone();
         let mtu = args.mtu;
+        let tick = Duration::from_micros(args.tick_us);
         thread::Builder::new()
             .name(format!("wanlink {name}"))
             .spawn(move || {
                 let dir = Direction::new(shape, seed);
-                if let Err(source) = pump(name, &input, &output, dir, &stats[i], mtu) {
+                if let Err(source) = pump(name, &input, &output, dir, &stats[i], mtu, tick) {
                     let e = Error::Forward {
                         dir: name.to_string(),
                         source,
