@@ -12,6 +12,7 @@ pub(crate) mod prom_text;
 pub(crate) mod proxy_proc;
 pub(crate) mod raw_h2;
 pub(crate) mod tls_client;
+pub(crate) mod wan;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
