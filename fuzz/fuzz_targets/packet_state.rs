@@ -104,10 +104,15 @@ impl Sim {
                 };
                 assert_eq!(self.sm.pending.remove(&random), Some(frontend));
             }
-            ServerAction::Data { frontend, payload } => {
+            ServerAction::Data {
+                frontend,
+                connect_id,
+                payload,
+            } => {
                 let Frame::Data(d) = &before else {
                     panic!("{before:?}")
                 };
+                assert_eq!(connect_id, d.connect_id);
                 assert_eq!(self.sm.open.get(&d.connect_id), Some(&frontend));
                 assert_eq!(payload, d.data);
             }
