@@ -804,17 +804,36 @@ mod fd_audit {
         args.split(',').next()?.trim().parse().ok()
     }
 
+    /// A trace line's thread, time and the rest. strace pads the thread
+    /// id to a column ("373   23:36:41.316199 close(7) = 0" when ids are
+    /// short: once the system's process ids wrapped, a plain split on one
+    /// space read no call at all).
+    fn fields(line: &str) -> Option<(u32, &str, &str)> {
+        let (pid, after) = line.split_once(' ')?;
+        let pid = pid.parse::<u32>().ok()?;
+        let (ts, rest) = after.trim_start().split_once(' ')?;
+        Some((pid, ts, rest))
+    }
+
+    #[test]
+    fn trace_lines_are_read_with_short_and_long_thread_ids() {
+        for line in [
+            "373   23:36:41.316199 close(7) = 0",
+            "123456 23:36:41.316199 close(7) = 0",
+        ] {
+            let (_, ts, rest) = fields(line).unwrap();
+            assert_eq!((ts, rest), ("23:36:41.316199", "close(7) = 0"));
+        }
+        assert_eq!(audit("373   23:36:41.316199 close(7) = 0\n").calls, 1);
+    }
+
     pub(crate) fn audit(text: &str) -> Report {
         let mut fds: HashMap<i32, State> = HashMap::new();
         let mut pending: HashMap<u32, String> = HashMap::new();
         let mut violations = Vec::new();
         let mut calls = 0;
         for line in text.lines() {
-            let mut it = line.splitn(3, ' ');
-            let (Some(pid), Some(ts), Some(rest)) = (it.next(), it.next(), it.next()) else {
-                continue;
-            };
-            let Ok(pid) = pid.parse::<u32>() else {
+            let Some((pid, ts, rest)) = fields(line) else {
                 continue;
             };
             let joined;
