@@ -40,7 +40,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use support::peer_bins::peer_dir;
-use support::wan::{in_netns, unavailable, Wan, WanConfig, CLOUD_IP, EDGE_IP};
+use support::wan::{unavailable, Wan, WanConfig, CLOUD_IP, EDGE_IP};
 use support::{repo, Agent, Binds, Env, Proc, Server};
 
 /// What one transfer measured at its receiver.
@@ -259,10 +259,10 @@ fn start_edgetunnel(env: &Env, wan: &Wan, tag: &str) -> (Proc, Proc, PathBuf) {
     };
     let certs = env.certs().display().to_string();
     let (cmd, n, cu, gu) = Server::command(env, &["--certs-dir", &certs], &binds, &[]);
-    let server = Server::spawn(env, in_netns(&wan.cloud, &cmd), n, cu, gu);
+    let server = Server::spawn(env, wan.cloud.exec(&cmd), n, cu, gu);
     let agent_cmd = Agent::command(env, server.agent, "node-1", "host=node-1", &[]);
     let agent = Proc::spawn(
-        in_netns(&wan.edge, &agent_cmd),
+        wan.edge.exec(&agent_cmd),
         env.path(&format!("et-agent-{tag}.log")),
     );
     agent.wait_line("CONNECTED");
@@ -295,7 +295,7 @@ fn start_anp(env: &Env, wan: &Wan, peers: &Path, tag: &str) -> (Proc, Proc, Path
         .arg("-v=1")
         .env_remove("PROXY_SERVER_ID");
     let server = Proc::spawn(
-        in_netns(&wan.cloud, &cmd),
+        wan.cloud.exec(&cmd),
         env.path(&format!("anp-server-{tag}.log")),
     );
     server.wait_log("Starting health server");
@@ -312,7 +312,7 @@ fn start_anp(env: &Env, wan: &Wan, peers: &Path, tag: &str) -> (Proc, Proc, Path
         .arg("-v=1")
         .env_remove("PROXY_AGENT_ID");
     let agent = Proc::spawn(
-        in_netns(&wan.edge, &cmd),
+        wan.edge.exec(&cmd),
         env.path(&format!("anp-agent-{tag}.log")),
     );
     (server, agent, uds)

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::wan::{in_netns, Wan, WanConfig, CLOUD_IP};
+use support::wan::{Wan, WanConfig, CLOUD_IP};
 use support::*;
 
 const MIB: u64 = 1024 * 1024;
@@ -46,9 +46,9 @@ fn a_tunnels_window_grows_on_a_long_path_and_its_bytes_arrive_whole() {
     };
     let certs = env.certs().display().to_string();
     let (cmd, n, cu, gu) = Server::command(&env, &["--certs-dir", &certs], &binds, &[]);
-    let server = Server::spawn(&env, in_netns(&wan.cloud, &cmd), n, cu, gu);
+    let server = Server::spawn(&env, wan.cloud.exec(&cmd), n, cu, gu);
     let agent_cmd = Agent::command(&env, server.agent, "node-1", "host=node-1", &[]);
-    let agent = Proc::spawn(in_netns(&wan.edge, &agent_cmd), env.path("wan-agent.log"));
+    let agent = Proc::spawn(wan.edge.exec(&agent_cmd), env.path("wan-agent.log"));
     agent.wait_line("CONNECTED");
 
     // The target, on the edge: SIZE bytes to whoever connects.

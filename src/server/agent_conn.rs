@@ -534,7 +534,7 @@ async fn serve(
     let Some(Setup {
         mut conn,
         head,
-        recv: body,
+        recv: mut body,
         send: mut respond,
         leaf,
         link_tls,
@@ -675,7 +675,6 @@ async fn serve(
         }
     };
 
-    let mut body = body;
     if window && window_growth {
         // The tunnels' windows grow with the path: the link's must not
         // hold them first.

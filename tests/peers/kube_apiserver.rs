@@ -18,7 +18,7 @@
 //! `skipped: kube-apiserver not in EDGETUNNEL_PEERS`.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -88,7 +88,7 @@ impl Tunnel {
                 &ca,
             ],
         );
-        let server = Server::spawn(env, in_ns(&net.cloud.0, &cmd), n, connect_uds, grpc_uds);
+        let server = Server::spawn(env, net.cloud.exec(&cmd), n, connect_uds, grpc_uds);
         let cmd = Agent::command(
             env,
             server.agent,
@@ -97,7 +97,7 @@ impl Tunnel {
             &[],
         );
         let agent = Agent {
-            proc: Proc::spawn(in_ns(&net.node.0, &cmd), env.path("agent-node-1.log")),
+            proc: Proc::spawn(net.node.exec(&cmd), env.path("agent-node-1.log")),
         };
         agent.proc.wait_line("CONNECTED");
         Tunnel {
@@ -163,22 +163,6 @@ impl Watch<'_> {
             thread::sleep(Duration::from_millis(50));
         }
     }
-}
-
-/// `cmd` run inside network namespace `ns` (`ip netns exec` execs it, so
-/// the child is the program itself).
-fn in_ns(ns: &str, cmd: &Command) -> Command {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", ns])
-        .arg(cmd.get_program())
-        .args(cmd.get_args());
-    for (k, v) in cmd.get_envs() {
-        match v {
-            Some(v) => c.env(k, v),
-            None => c.env_remove(k),
-        };
-    }
-    c
 }
 
 /// Node `node-1` (InternalIP = the kubelet's address, kubelet port),

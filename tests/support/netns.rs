@@ -27,6 +27,26 @@ impl Netns {
         c.args(["netns", "exec", &self.0, program]);
         c
     }
+
+    /// `cmd` run inside this namespace (`ip netns exec NAME PROGRAM ARGS`, with the
+    /// command's environment and working directory; `ip netns exec` execs it,
+    /// so the child is the program itself).
+    pub(crate) fn exec(&self, cmd: &Command) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.0])
+            .arg(cmd.get_program())
+            .args(cmd.get_args());
+        for (k, v) in cmd.get_envs() {
+            match v {
+                Some(v) => c.env(k, v),
+                None => c.env_remove(k),
+            };
+        }
+        if let Some(d) = cmd.get_current_dir() {
+            c.current_dir(d);
+        }
+        c
+    }
 }
 
 impl Drop for Netns {

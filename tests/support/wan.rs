@@ -10,7 +10,7 @@
 //! let Some(wan) = Wan::start_or_skip(&WanConfig::rtt_ms(20.0).rate_mbit(100.0)) else { return };
 //! let l = wan.edge.run(|| TcpListener::bind((EDGE_IP, 0))).unwrap();
 //! let s = wan.cloud.run(|| TcpStream::connect(l.local_addr().unwrap())).unwrap();
-//! let child = in_netns(&wan.cloud, Command::new(BIN).arg("server")); // a process inside
+//! let child = wan.cloud.exec(Command::new(BIN).arg("server")).spawn(); // a process inside
 //! ```
 //!
 //! Sockets stay in the namespace they were made in, whatever thread uses
@@ -424,23 +424,4 @@ impl Netns {
             .unwrap_or_else(|| panic!("no {proto} {key} in /proc/net/snmp"));
         values[i].parse().expect("a counter")
     }
-}
-
-/// `cmd` run inside `ns` (`ip netns exec NAME PROGRAM ARGS`, with the
-/// command's environment and working directory).
-pub(crate) fn in_netns(ns: &Netns, cmd: &Command) -> Command {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", &ns.0])
-        .arg(cmd.get_program())
-        .args(cmd.get_args());
-    for (k, v) in cmd.get_envs() {
-        match v {
-            Some(v) => c.env(k, v),
-            None => c.env_remove(k),
-        };
-    }
-    if let Some(d) = cmd.get_current_dir() {
-        c.current_dir(d);
-    }
-    c
 }

@@ -61,8 +61,12 @@ impl<U: Default> ServerConn<U> {
             None => self.recv_window += n,
             Some(i) => self.streams[i].recv_window += n,
         }
+        self.push_window_update(id, n as u32);
+    }
+
+    fn push_window_update(&mut self, id: u32, n: u32) {
         let mut f = Vec::with_capacity(FRAME_HEADER_LEN + 4);
-        put_window_update(&mut f, id, n as u32);
+        put_window_update(&mut f, id, n);
         self.push_out(f);
     }
 
@@ -77,9 +81,7 @@ impl<U: Default> ServerConn<U> {
         }
         if conn > 0 {
             self.recv_window += i64::from(conn);
-            let mut f = Vec::with_capacity(FRAME_HEADER_LEN + 4);
-            put_window_update(&mut f, 0, conn);
-            self.push_out(f);
+            self.push_window_update(0, conn);
         }
         let Some(i) = self.index(id) else { return };
         let s = &mut self.streams[i];
@@ -87,9 +89,7 @@ impl<U: Default> ServerConn<U> {
             return;
         }
         s.recv_window += i64::from(stream);
-        let mut f = Vec::with_capacity(FRAME_HEADER_LEN + 4);
-        put_window_update(&mut f, id, stream);
-        self.push_out(f);
+        self.push_window_update(id, stream);
     }
 
     pub(super) fn flush_all(&mut self) {

@@ -93,6 +93,15 @@ fn request(c: &mut Conn, id: u32) {
     }
 }
 
+/// Stream `id` answered (its head sent), the client's windows for it and
+/// the connection opened 1,000,000 bytes past the default.
+fn answer_with_room(c: &mut Conn, id: u32) {
+    for w in [0, id] {
+        feed(c, &frame(WINDOW_UPDATE, 0, w, &1_000_000u32.to_be_bytes())).unwrap();
+    }
+    c.send_head(id, &[], false).unwrap();
+}
+
 fn data_of(c: &mut Conn, id: u32) -> Vec<u8> {
     let mut v = Vec::new();
     while let Recv::Data(b) = c.take_data(id) {
@@ -611,17 +620,7 @@ fn a_larger_initial_window_from_the_client_lets_more_out() {
 fn output_stops_growing_past_the_high_mark_until_written() {
     let mut c = open();
     request(&mut c, 1);
-    feed(
-        &mut c,
-        &frame(WINDOW_UPDATE, 0, 0, &1_000_000u32.to_be_bytes()),
-    )
-    .unwrap();
-    feed(
-        &mut c,
-        &frame(WINDOW_UPDATE, 0, 1, &1_000_000u32.to_be_bytes()),
-    )
-    .unwrap();
-    c.send_head(1, &[], false).unwrap();
+    answer_with_room(&mut c, 1);
     c.send_data(1, Bytes::from(vec![1u8; 500_000])).unwrap();
     assert!(c.output_len() < OUT_HIGH + 16_384 + 64);
     assert!(c.send_pending(1).unwrap() > 0);
@@ -1507,17 +1506,7 @@ fn credit_waits_while_the_output_is_full() {
     let mut c = open();
     request(&mut c, 1);
     request(&mut c, 3);
-    feed(
-        &mut c,
-        &frame(WINDOW_UPDATE, 0, 0, &1_000_000u32.to_be_bytes()),
-    )
-    .unwrap();
-    feed(
-        &mut c,
-        &frame(WINDOW_UPDATE, 0, 1, &1_000_000u32.to_be_bytes()),
-    )
-    .unwrap();
-    c.send_head(1, &[], false).unwrap();
+    answer_with_room(&mut c, 1);
     c.send_data(1, Bytes::from(vec![1u8; 200_000])).unwrap();
     assert!(c.output_len() >= OUT_HIGH);
     let queued = c.output().len();
