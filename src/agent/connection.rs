@@ -31,6 +31,7 @@ use crate::protocol::anp::agent_dest_policy::{self as dest_policy, Policy};
 use crate::protocol::anp::agent_links;
 use crate::protocol::anp::agent_tunnel::{AgentAction, AgentTunnel, DialOutcome};
 use crate::protocol::anp::packet::{self, Encoded, Frame};
+use crate::protocol::spare::ReleaseSpare;
 use crate::protocol::{self as proto};
 use crate::readiness::Ready;
 
@@ -95,6 +96,17 @@ struct LinkState {
     server_draining: Cell<bool>,
     /// Wakes the connection's task when the server drains.
     drain_notice: mpsc::UnboundedSender<()>,
+}
+
+impl LinkState {
+    /// Takes a dial's abort handle out of the table (the dial ended or is
+    /// to be aborted), giving back the room a burst of dials grew.
+    fn forget_cancel(&self, connect_id: i64) -> Option<oneshot::Sender<()>> {
+        let mut cancels = self.cancels.borrow_mut();
+        let cancel = cancels.remove(&connect_id);
+        cancels.release_spare();
+        cancel
+    }
 }
 
 /// Runs one connection to `slots.addr`: a primary one (a slot), or with
@@ -568,7 +580,7 @@ async fn read_loop(shared: Rc<LinkState>, mut rx: PacketReceiver) -> Result<(), 
             }
             AgentAction::CancelDial { connect_id } => {
                 tracing::debug!(connect_id, "dial cancelled by server");
-                if let Some(cancel) = shared.cancels.borrow_mut().remove(&connect_id) {
+                if let Some(cancel) = shared.forget_cancel(connect_id) {
                     let _ = cancel.send(());
                 }
             }
@@ -674,7 +686,7 @@ async fn open(shared: &Rc<LinkState>, d: Dial) -> Option<Opened> {
         cancelled,
     } = d;
     if protocol != "tcp" {
-        shared.cancels.borrow_mut().remove(&connect_id);
+        shared.forget_cancel(connect_id);
         let msg = format!("protocol {protocol:?} not supported");
         if let Some(f) = shared.tunnel.borrow_mut().dial_failed(random, &msg) {
             let _ = shared.ctl.unbounded_send(f);
@@ -697,7 +709,7 @@ async fn open(shared: &Rc<LinkState>, d: Dial) -> Option<Opened> {
         };
         attempt.await
     };
-    shared.cancels.borrow_mut().remove(&connect_id);
+    shared.forget_cancel(connect_id);
     let fail = |msg: &str| {
         if let Some(f) = shared.tunnel.borrow_mut().dial_failed(random, msg) {
             let _ = shared.ctl.unbounded_send(f);

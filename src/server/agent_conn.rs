@@ -64,6 +64,7 @@ use crate::protocol::anp::packet::{self, Frame};
 use crate::protocol::anp::pb::PacketType;
 use crate::protocol::anp::server_tunnel::{ServerAction, ServerTunnel};
 use crate::protocol::h2_server::{self, RequestHead};
+use crate::protocol::spare::ReleaseSpare;
 use crate::protocol::{self as proto};
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
@@ -864,8 +865,17 @@ impl AgentState {
         m.pending_delta(pending as i64 - self.last_pending.replace(pending) as i64);
     }
 
+    /// When the dial `random` started, if it was pending; giving back the
+    /// room a burst of dials grew.
+    fn forget_dial_start(&self, random: i64) -> Option<Instant> {
+        let mut started = self.dial_started.borrow_mut();
+        let at = started.remove(&random);
+        started.release_spare();
+        at
+    }
+
     fn dial_finished(&self, random: Option<i64>, result: DialResult) {
-        let started = random.and_then(|r| self.dial_started.borrow_mut().remove(&r));
+        let started = random.and_then(|r| self.forget_dial_start(r));
         let elapsed = started.map(|s| s.elapsed()).unwrap_or_default();
         self.shared.metrics.dial_done(result, elapsed);
     }
@@ -1121,7 +1131,7 @@ async fn handle_cmd(state: &AgentState, cmd: AgentCmd) -> Option<packet::Encoded
         AgentCmd::Close { connect_id } => state.tunnel.borrow_mut().close(connect_id)?,
         AgentCmd::CancelDial { random } => {
             let (f, frontend) = state.tunnel.borrow_mut().cancel_dial(random)?;
-            state.dial_started.borrow_mut().remove(&random);
+            state.forget_dial_start(random);
             frontend.deliver(FrontendEvent::DialCancelled);
             f
         }

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::fd_ref::{FdRef, Identity};
+use edgetunnel_protocol::spare::ReleaseSpare;
 
 fn watched() -> &'static Mutex<HashMap<Identity, Arc<AtomicBool>>> {
     static W: OnceLock<Mutex<HashMap<Identity, Arc<AtomicBool>>>> = OnceLock::new();
@@ -89,6 +90,7 @@ impl Drop for Watch {
         let mut w = watched().lock().expect("abort watch lock");
         if w.get(&id).is_some_and(|f| Arc::ptr_eq(f, &self.flag)) {
             w.remove(&id);
+            w.release_spare();
         }
     }
 }
@@ -110,7 +112,11 @@ pub struct Tracked(RawFd);
 
 impl Drop for Tracked {
     fn drop(&mut self) {
-        OPEN.with(|o| o.borrow_mut().remove(&self.0));
+        OPEN.with(|o| {
+            let mut o = o.borrow_mut();
+            o.remove(&self.0);
+            o.release_spare();
+        });
     }
 }
 

@@ -85,6 +85,7 @@ use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use edgetunnel_protocol::spare::ReleaseSpare;
 use futures::task::AtomicWaker;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -340,11 +341,13 @@ impl Table {
         let Some(e) = self.entries.remove(&slot) else {
             return false;
         };
+        self.entries.release_spare();
         if let Some(ip) = e.ip {
             if let Some(n) = self.by_ip.get_mut(&ip) {
                 *n -= 1;
                 if *n == 0 {
                     self.by_ip.remove(&ip);
+                    self.by_ip.release_spare();
                 }
             }
         }
@@ -425,6 +428,7 @@ impl Admission {
                 g.signals.insert(a.slot, signal.clone());
                 if let Some((victim, cap)) = a.shed {
                     if let Some(s) = g.signals.remove(&victim) {
+                        g.signals.release_spare();
                         s.shed.store(true, Ordering::Release);
                         s.waker.wake();
                     }
@@ -501,6 +505,7 @@ impl Drop for Permit {
         let mut g = self.owner.inner.lock().expect("admission lock");
         if g.table.release(self.slot) {
             g.signals.remove(&self.slot);
+            g.signals.release_spare();
             drop(g);
             self.owner.metrics.in_progress.dec();
         }

@@ -21,6 +21,7 @@ pub mod go;
 pub mod h2_server;
 pub mod http1;
 pub mod kubectl;
+pub mod spare;
 pub mod tls_record;
 
 /// gRPC method of the agent connection.

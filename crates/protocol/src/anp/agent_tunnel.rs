@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use bytes::Bytes;
 
 use super::packet::{self, Frame};
+use crate::spare::ReleaseSpare;
 
 /// What the runtime must do after a server packet.
 #[derive(Debug, PartialEq)]
@@ -98,6 +99,19 @@ impl<C: Clone> AgentTunnel<C> {
 
     /// Handles one packet from the server.
     pub fn on_server_frame(&mut self, frame: Frame) -> AgentAction<C> {
+        let action = self.handle_server_frame(frame);
+        self.release_spare();
+        action
+    }
+
+    /// Gives back the room a burst of dials or tunnels grew (see
+    /// [`crate::spare`]).
+    fn release_spare(&mut self) {
+        self.dialing.release_spare();
+        self.open.release_spare();
+    }
+
+    fn handle_server_frame(&mut self, frame: Frame) -> AgentAction<C> {
         match frame {
             Frame::DialRequest(req) => {
                 if self.dialing.contains_key(&req.random) {
@@ -167,7 +181,9 @@ impl<C: Clone> AgentTunnel<C> {
 
     /// The dial for `random` connected.
     pub fn dial_succeeded(&mut self, random: i64, connect_id: i64, conn: C) -> DialOutcome {
-        if self.dialing.remove(&random).is_none() {
+        let dialing = self.dialing.remove(&random);
+        self.dialing.release_spare();
+        if dialing.is_none() {
             return DialOutcome::Cancelled;
         }
         self.open.insert(connect_id, conn);
@@ -176,14 +192,18 @@ impl<C: Clone> AgentTunnel<C> {
 
     /// The dial for `random` failed; `None` if it was cancelled meanwhile.
     pub fn dial_failed(&mut self, random: i64, error: &str) -> Option<Frame> {
-        self.dialing.remove(&random)?;
+        let dialing = self.dialing.remove(&random);
+        self.dialing.release_spare();
+        dialing?;
         Some(packet::dial_response(random, 0, error))
     }
 
     /// The local connection ended on its own: the CLOSE_RSP to send, if the
     /// server had not closed it already.
     pub fn local_closed(&mut self, connect_id: i64) -> Option<Frame> {
-        self.open.remove(&connect_id)?;
+        let open = self.open.remove(&connect_id);
+        self.open.release_spare();
+        open?;
         Some(packet::close_response(connect_id, ""))
     }
 
@@ -202,6 +222,36 @@ mod tests {
         match t.on_server_frame(packet::dial_request("tcp", "127.0.0.1:80", random)) {
             AgentAction::Dial { connect_id, .. } => connect_id,
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_burst_of_tunnels_gives_its_room_back_when_it_ends() {
+        let mut t = AgentTunnel::default();
+        for round in 0..3i64 {
+            let ids: Vec<i64> = (0..5_000)
+                .map(|i| dial(&mut t, round * 10_000 + i))
+                .collect();
+            let peak = t.dialing.capacity();
+            assert!(peak >= 5_000, "{peak}");
+            for (i, &id) in ids.iter().enumerate() {
+                t.dial_succeeded(round * 10_000 + i as i64, id, 1);
+            }
+            assert!(t.open.capacity() >= 5_000);
+            // Half closed by the server, half ended locally.
+            for (i, &id) in ids.iter().enumerate() {
+                if i % 2 == 0 {
+                    t.on_server_frame(packet::close_request(id));
+                } else {
+                    t.local_closed(id).unwrap();
+                }
+            }
+            assert_eq!(t.open_connections(), 0);
+            let room = t.dialing.capacity() + t.open.capacity();
+            assert!(
+                room <= 4 * crate::spare::KEEP,
+                "kept room for {room} of {peak}"
+            );
         }
     }
 

@@ -10,6 +10,7 @@ use std::collections::{HashMap, VecDeque};
 use bytes::Bytes;
 
 use super::packet::{self, Frame};
+use crate::spare::ReleaseSpare;
 
 /// What the runtime must do after an agent packet.
 #[derive(Debug, PartialEq)]
@@ -95,14 +96,15 @@ impl<F: Clone> ServerTunnel<F> {
     /// the DIAL_CLS to send and the frontend it was pending for, if the dial
     /// was still pending.
     pub fn cancel_dial(&mut self, random: i64) -> Option<(Frame, F)> {
-        self.pending
-            .remove(&random)
-            .map(|f| (packet::dial_close(random), f))
+        let cancelled = self.pending.remove(&random);
+        self.pending.release_spare();
+        cancelled.map(|f| (packet::dial_close(random), f))
     }
 
     /// The frontend closed an open connection: returns the CLOSE_REQ to send.
     pub fn close(&mut self, connect_id: i64) -> Option<Frame> {
         self.open.remove(&connect_id)?;
+        self.open.release_spare();
         self.remember_closing(connect_id);
         Some(packet::close_request(connect_id))
     }
@@ -154,6 +156,21 @@ impl<F: Clone> ServerTunnel<F> {
 
     /// Handles one packet from the agent.
     pub fn on_agent_frame(&mut self, frame: Frame) -> ServerAction<F> {
+        let action = self.handle_agent_frame(frame);
+        self.release_spare();
+        action
+    }
+
+    /// Gives back the room a burst of dials or tunnels grew (see
+    /// [`crate::spare`]).
+    fn release_spare(&mut self) {
+        self.pending.release_spare();
+        self.open.release_spare();
+        self.closing.release_spare();
+        self.closing_order.release_spare();
+    }
+
+    fn handle_agent_frame(&mut self, frame: Frame) -> ServerAction<F> {
         match frame {
             Frame::DialResponse(rsp) => {
                 let Some(frontend) = self.pending.remove(&rsp.random) else {
@@ -254,6 +271,43 @@ impl<F: Clone> ServerTunnel<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Entries the tables have room for.
+    fn room(t: &ServerTunnel<u32>) -> usize {
+        t.pending.capacity() + t.open.capacity() + t.closing.capacity() + t.closing_order.capacity()
+    }
+
+    #[test]
+    fn a_burst_of_tunnels_gives_its_room_back_when_it_ends() {
+        let mut t: ServerTunnel<u32> = ServerTunnel::default();
+        for round in 0..3i64 {
+            let base = round * 100_000;
+            for i in 0..5_000 {
+                t.begin_dial(base + i, "a:1", i as u32).unwrap();
+            }
+            for i in 0..5_000 {
+                let a = t.on_agent_frame(packet::dial_response(base + i, base + i + 1, ""));
+                assert!(matches!(a, ServerAction::DialSucceeded { .. }));
+            }
+            let peak = room(&t);
+            assert!(peak >= 5_000, "{peak}");
+            // Half end from the frontend (CLOSE_REQ, then the agent's
+            // CLOSE_RSP), half from the agent.
+            for i in 0..5_000 {
+                let id = base + i + 1;
+                if i % 2 == 0 {
+                    t.close(id).unwrap();
+                }
+                t.on_agent_frame(packet::close_response(id, ""));
+            }
+            assert_eq!((t.open_connections(), t.pending_dials()), (0, 0));
+            assert!(
+                room(&t) <= 4 * crate::spare::KEEP,
+                "kept room for {} of {peak}",
+                room(&t)
+            );
+        }
+    }
 
     #[test]
     fn dial_data_close_lifecycle() {
