@@ -53,6 +53,7 @@ use crate::engine::fd_ref::FdRef;
 use crate::engine::grpc::{self, code, PacketReceiver, StreamSender};
 use crate::engine::h2_conn::{H2Conn, H2Error, Incoming, StreamRecv, StreamSend};
 use crate::engine::h2_keepalive::{KeepaliveError, PingSchedule};
+use crate::engine::link_window::TunedRecv;
 use crate::engine::read_ahead::SharedReadAhead;
 use crate::engine::tls_records;
 use crate::engine::window::{self, ConnWindow, LinkPath};
@@ -699,6 +700,14 @@ async fn serve(
         worker: worker_metrics.clone(),
         primary: first,
     });
+    // Without tunnel windows that grow, the link's own windows are sized
+    // to the path (engine::link_window).
+    let body = if window && window_growth {
+        TunedRecv::fixed(body)
+    } else {
+        let stream_window = agent_h2_config(shared.cfg.max_message).stream_window;
+        TunedRecv::tuned(body, stream_window, state.path.clone())
+    };
     let reader = read_loop(
         state.clone(),
         PacketReceiver::new(body, shared.cfg.max_message),
@@ -883,7 +892,7 @@ impl AgentState {
 
 async fn read_loop(
     state: Rc<AgentState>,
-    mut rx: PacketReceiver<StreamRecv>,
+    mut rx: PacketReceiver<TunedRecv>,
     ctl: mpsc::UnboundedSender<Frame>,
 ) -> Result<(), BoxError> {
     loop {

@@ -33,6 +33,7 @@ pub mod h2_conn;
 pub mod h2_keepalive;
 pub mod head_reader;
 pub mod heap;
+pub mod link_window;
 pub mod listener;
 pub mod logging;
 pub mod memory;

@@ -181,6 +181,12 @@ impl Collector for ProcessCollector {
             "Bytes by which open tunnels' windows have grown past their first 2 MiB (window-growth, as the agent link's round trip asks).",
             Some(crate::window::window_growth_bytes() as f64),
         )?;
+        gauge(
+            &mut e,
+            "edgetunnel_agent_link_window_growth_bytes",
+            "Bytes by which agent links' own HTTP/2 receive windows have grown past 16 MiB (links whose tunnels have no growing windows, such as the Go agent's, as their round trip asks).",
+            Some(crate::link_window::link_window_growth_bytes() as f64),
+        )?;
         {
             let m = e.encode_descriptor(
                 "edgetunnel_agent_link_rtt_seconds",

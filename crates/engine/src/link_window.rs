@@ -1,0 +1,125 @@
+//! An agent link's own HTTP/2 receive windows, tuned to the path, for
+//! links whose tunnels have no windows that grow: the Go agent (ANP's
+//! agent has no per-connection flow control) and our agents that did not
+//! negotiate `window-growth`.
+//!
+//! On such a link the HTTP/2 stream window is all that paces the agent's
+//! payload toward this server: fixed at 16 MiB, a 100 ms path moves at
+//! most 160 MB/s and a 300 ms one 53 MB/s, whatever the link could carry.
+//! grpc-go sizes its windows from a bandwidth-delay product estimate
+//! (`internal/transport/bdp_estimator.go`); here the same rule that grows
+//! a tunnel's window ([`crate::protocol::anp::window_tuning`], quic-go's)
+//! grows the link's: while a window's worth is taken within a few round
+//! trips of the link (its RTT read from the kernel, [`LinkPath`]), the
+//! stream and connection windows double, up to [`GO_LINK_WINDOW_CAP`].
+//!
+//! The cap is what such a link may make this server hold: a frontend that
+//! stops reading stops the link's reader (the frontend budget), and what
+//! the agent already sent, at most a window, waits in the connection. A
+//! window only grows while the link's payload is taken quickly, so a
+//! stalled reader never grows one.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use crate::grpc::{Body, GrpcError};
+use crate::h2_conn::StreamRecv;
+use crate::protocol::anp::window_tuning::Tuner;
+use crate::window::LinkPath;
+
+/// The largest HTTP/2 stream window a link without tunnel windows grows
+/// to: 64 MiB a round trip is 213 MB/s (1.7 Gbit/s) at 300 ms.
+pub const GO_LINK_WINDOW_CAP: u64 = 64 * 1024 * 1024;
+
+/// Growth of every such link's windows now
+/// (`edgetunnel_agent_link_window_growth_bytes`).
+static GROWN: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes by which agent links' own HTTP/2 windows have grown.
+pub fn link_window_growth_bytes() -> u64 {
+    GROWN.load(Ordering::Relaxed)
+}
+
+/// An agent link's request body, its windows tuned when `tuner` is set.
+pub struct TunedRecv {
+    body: StreamRecv,
+    tuning: Option<Tuning>,
+}
+
+struct Tuning {
+    tuner: Tuner,
+    path: Arc<LinkPath>,
+    /// What this link added to [`GROWN`].
+    grown: u64,
+}
+
+impl TunedRecv {
+    /// `body` with windows as they are (its tunnels' windows grow).
+    pub fn fixed(body: StreamRecv) -> Self {
+        TunedRecv { body, tuning: None }
+    }
+
+    /// `body`, whose stream window starts at `window` bytes, tuned to
+    /// `path`.
+    pub fn tuned(body: StreamRecv, window: u32, path: Arc<LinkPath>) -> Self {
+        let mut tuner = Tuner::new(u64::from(window));
+        tuner.start(Instant::now());
+        TunedRecv {
+            body,
+            tuning: Some(Tuning {
+                tuner,
+                path,
+                grown: 0,
+            }),
+        }
+    }
+
+    /// The stream window granted now, when tuned.
+    pub fn window(&self) -> Option<u64> {
+        self.tuning.as_ref().map(|t| t.tuner.window())
+    }
+}
+
+impl Drop for TunedRecv {
+    fn drop(&mut self) {
+        if let Some(t) = &self.tuning {
+            GROWN.fetch_sub(t.grown, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Body for TunedRecv {
+    fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, GrpcError>>> {
+        self.body.poll_chunk(cx)
+    }
+
+    fn consumed(&mut self, n: usize) {
+        self.body.consumed(n);
+        let Some(t) = &mut self.tuning else { return };
+        let grow = t
+            .tuner
+            .on_ack(n as u64, Instant::now(), t.path.rtt(), GO_LINK_WINDOW_CAP);
+        if grow == 0 {
+            return;
+        }
+        // The tuner never asks past the cap, which fits a window's u32.
+        let by = grow.min(u64::from(u32::MAX)) as u32;
+        self.body.grow_windows(by, by);
+        t.tuner.grew(u64::from(by));
+        t.grown += u64::from(by);
+        GROWN.fetch_add(u64::from(by), Ordering::Relaxed);
+        tracing::debug!(
+            window = t.tuner.window(),
+            rtt_ms = t.path.rtt().map(|r| r.as_secs_f64() * 1e3),
+            "agent link's HTTP/2 windows grew"
+        );
+    }
+
+    fn poll_status(&mut self, cx: &mut Context<'_>) -> Poll<Option<GrpcError>> {
+        self.body.poll_status(cx)
+    }
+}
