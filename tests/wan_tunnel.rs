@@ -276,3 +276,130 @@ fn a_go_agents_link_window_grows_on_a_long_path_and_its_bytes_arrive_whole() {
     drop(agent);
     wait_zero(&wan, admin, LINK_GROWTH, || server.proc.log_text());
 }
+
+/// Our agent behind ANP's Go server (no tunnel windows): the agent's
+/// HTTP/2 windows alone pace what the server sends it, so an upload grows
+/// them as the server grows its own for the Go agent (`link_window`), and
+/// every byte arrives in order. 300 ms, 200 Mbit/s, as above.
+#[test]
+fn our_agents_link_window_grows_behind_a_go_server_and_an_upload_arrives_whole() {
+    let Some(peers) = peer_dir(&repo()) else {
+        println!("skipped: no real peers (set EDGETUNNEL_PEERS)");
+        return;
+    };
+    let Some(wan) = Wan::start_or_skip(&WanConfig::rtt_ms(300.0).rate_mbit(200.0)) else {
+        return;
+    };
+    let env = Env::new();
+    let c = env.certs();
+    let uds = env.path("wan-anp.sock");
+    let (cert, key) = env.issue(
+        "wan-anp-server",
+        "anp-server",
+        &[&CLOUD_IP.to_string(), "localhost"],
+        &[rcgen::ExtendedKeyUsagePurpose::ServerAuth],
+    );
+    let mut cmd = Command::new(peers.join("anp-server"));
+    cmd.arg("--mode=http-connect")
+        .arg(format!("--uds-name={}", uds.display()))
+        .arg("--server-port=0")
+        .arg(format!("--cluster-cert={cert}"))
+        .arg(format!("--cluster-key={key}"))
+        .arg(format!("--cluster-ca-cert={}", c.join("ca.crt").display()))
+        .arg(format!("--agent-bind-address={CLOUD_IP}"))
+        .arg("--agent-port=8091")
+        .arg("--admin-port=8095")
+        .arg("--health-bind-address=127.0.0.1")
+        .arg("--health-port=8092")
+        .arg("--keepalive-time=1h")
+        .arg("-v=1")
+        .env_remove("PROXY_SERVER_ID");
+    let server = Proc::spawn(wan.cloud.exec(&cmd), env.path("wan-anp-server.log"));
+    server.wait_log("Starting health server");
+    let agent_cmd = Agent::command(
+        &env,
+        SocketAddr::from((CLOUD_IP, 8091)),
+        "node-1",
+        "host=node-1",
+        &["--admin-bind", "127.0.0.1:0"],
+    );
+    let agent = Proc::spawn(
+        wan.edge.exec(&agent_cmd),
+        env.path("wan-agent-go-server.log"),
+    );
+    let admin = listen_addr(&agent, "admin");
+    agent.wait_line("CONNECTED");
+    let agent_metric = |what: &str| -> f64 {
+        let text = wan.edge.run(move || http_get(admin, "/metrics").1);
+        metric_in(&text, what).unwrap_or_else(|| panic!("no {what} in:\n{text}"))
+    };
+    assert_eq!(agent_metric(LINK_GROWTH), 0.0);
+
+    // The target, on the edge: checks every byte of `size`, then says ok.
+    let size = 64 * MIB;
+    let target = wan
+        .edge
+        .run(|| TcpListener::bind(("127.0.0.1", 0)))
+        .expect("bind the target");
+    let port = target.local_addr().unwrap().port();
+    thread::spawn(move || {
+        let Ok((mut s, _)) = target.accept() else {
+            return;
+        };
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut at = 0u64;
+        while at < size {
+            let k = s.read(&mut buf).expect("read the upload");
+            assert!(k > 0, "the upload ended at {at} of {size} bytes");
+            for (j, &b) in buf[..k].iter().enumerate() {
+                assert_eq!(b, byte_at(at + j as u64), "byte {}", at + j as u64);
+            }
+            at += k as u64;
+        }
+        let _ = s.write_all(b"ok");
+    });
+
+    let mut s = connect(&uds, port);
+    let most = AtomicU64::new(0);
+    let done = AtomicBool::new(false);
+    let secs = thread::scope(|scope| {
+        let edge = &wan.edge;
+        let (most, done) = (&most, &done);
+        scope.spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                let text = edge.run(move || http_get(admin, "/metrics").1);
+                if let Some(v) = metric_in(&text, LINK_GROWTH) {
+                    most.fetch_max(v as u64, Ordering::Relaxed);
+                }
+                thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let started = Instant::now();
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut at = 0u64;
+        while at < size {
+            let k = (size - at).min(buf.len() as u64) as usize;
+            for (j, b) in buf[..k].iter_mut().enumerate() {
+                *b = byte_at(at + j as u64);
+            }
+            s.write_all(&buf[..k]).expect("write the upload");
+            at += k as u64;
+        }
+        let mut ok = [0u8; 2];
+        s.read_exact(&mut ok).expect("the target's answer");
+        assert_eq!(&ok, b"ok");
+        done.store(true, Ordering::Relaxed);
+        started.elapsed().as_secs_f64()
+    });
+    let grown = most.load(Ordering::Relaxed);
+    println!(
+        "{size} bytes in {secs:.1} s ({:.1} MB/s) to our agent behind the Go server over a 300 ms round trip at 200 Mbit/s; the link's windows grew by up to {:.1} MiB",
+        size as f64 / secs / 1e6,
+        grown as f64 / MIB as f64
+    );
+    assert!(
+        grown >= 16 * MIB,
+        "the link's windows grew by {grown} bytes (not once):\n{}",
+        agent.log_text()
+    );
+}

@@ -15,11 +15,13 @@ use monoio::io::{IntoPollIo, Splitable};
 use rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
 
+use super::link_window::{Growing, GrowingBody, Wanted};
 use super::{BoxError, ServerSlots};
 use crate::engine::budget::{Budget, Credit};
 use crate::engine::fd_ref::FdRef;
 use crate::engine::grpc::{self, PacketReceiver, PacketSender, SendBuf};
 use crate::engine::h2_keepalive::{self, KeepaliveError};
+use crate::engine::link_window::TunedRecv;
 use crate::engine::listener;
 use crate::engine::relay::{self, ChunkReader};
 use crate::engine::tls_records;
@@ -419,7 +421,25 @@ async fn serve(
         server_draining: Cell::new(false),
         drain_notice: drain_tx,
     });
+    // Without tunnel windows that grow, the link's own windows are sized
+    // to the path (link_window).
+    let stream_window = grpc::stream_window_for(cfg.max_message, grpc::STREAM_WINDOW);
+    let wanted = Wanted::new(stream_window);
+    let body = GrowingBody {
+        body,
+        wanted: wanted.clone(),
+    };
+    let body = if window && answer.window_growth {
+        TunedRecv::fixed(body)
+    } else {
+        TunedRecv::tuned(body, stream_window, shared.path.clone())
+    };
     let reader = read_loop(shared.clone(), PacketReceiver::new(body, cfg.max_message));
+    let mut driven = Growing {
+        conn: &mut conn,
+        wanted,
+        applied: stream_window,
+    };
     let mut sender = PacketSender::new(send);
     let writer = write_loop(&mut sender, ctl_rx, out_rx);
     let keepalive = async {
@@ -467,7 +487,7 @@ async fn serve(
     };
     let outcome: Result<Ended, BoxError> = monoio::select! {
         _ = server_drains => unreachable!("pending forever"),
-        r = &mut conn => r.map(|_| Ended::Served).map_err(Into::into),
+        r = &mut driven => r.map(|_| Ended::Served).map_err(Into::into),
         r = reader => r.map(|_| Ended::Served),
         r = writer => r.map(|_| Ended::Served),
         r = keepalive => r.map(|_| Ended::Served),
@@ -476,7 +496,7 @@ async fn serve(
     if let Ok(Ended::Shutdown) = outcome {
         let _ = sender.finish();
         // Let h2 send the end of stream before the connection drops.
-        let _ = monoio::time::timeout(Duration::from_millis(200), &mut conn).await;
+        let _ = monoio::time::timeout(Duration::from_millis(200), &mut driven).await;
     }
     // Dropping the senders aborts the dials still in progress.
     shared.cancels.borrow_mut().clear();
@@ -514,7 +534,10 @@ async fn write_loop(
     }
 }
 
-async fn read_loop(shared: Rc<LinkState>, mut rx: PacketReceiver) -> Result<(), BoxError> {
+async fn read_loop(
+    shared: Rc<LinkState>,
+    mut rx: PacketReceiver<TunedRecv<GrowingBody>>,
+) -> Result<(), BoxError> {
     loop {
         let frame = match rx.next().await {
             Ok(Some(f)) => {

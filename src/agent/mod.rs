@@ -8,6 +8,7 @@
 pub mod args;
 pub mod backoff;
 mod connection;
+mod link_window;
 mod links;
 
 use std::cell::{Cell, RefCell};

@@ -892,7 +892,7 @@ impl AgentState {
 
 async fn read_loop(
     state: Rc<AgentState>,
-    mut rx: PacketReceiver<TunedRecv>,
+    mut rx: PacketReceiver<TunedRecv<StreamRecv>>,
     ctl: mpsc::UnboundedSender<Frame>,
 ) -> Result<(), BoxError> {
     loop {

@@ -1,11 +1,12 @@
 //! An agent link's own HTTP/2 receive windows, tuned to the path, for
-//! links whose tunnels have no windows that grow: the Go agent (ANP's
-//! agent has no per-connection flow control) and our agents that did not
-//! negotiate `window-growth`.
+//! links whose tunnels have no windows that grow: with ANP's Go agent or
+//! Go server (ANP has no per-connection flow control), and between our
+//! ends when they did not negotiate `window-growth`. The server tunes what
+//! its agents send it, the agent what its server sends.
 //!
-//! On such a link the HTTP/2 stream window is all that paces the agent's
-//! payload toward this server: fixed at 16 MiB, a 100 ms path moves at
-//! most 160 MB/s and a 300 ms one 53 MB/s, whatever the link could carry.
+//! On such a link the HTTP/2 stream window is all that paces the peer's
+//! payload: fixed at 16 MiB, a 100 ms path moves at most 160 MB/s and a
+//! 300 ms one 53 MB/s, whatever the link could carry.
 //! grpc-go sizes its windows from a bandwidth-delay product estimate
 //! (`internal/transport/bdp_estimator.go`); here the same rule that grows
 //! a tunnel's window ([`crate::protocol::anp::window_tuning`], quic-go's)
@@ -13,9 +14,9 @@
 //! trips of the link (its RTT read from the kernel, [`LinkPath`]), the
 //! stream and connection windows double, up to [`GO_LINK_WINDOW_CAP`].
 //!
-//! The cap is what such a link may make this server hold: a frontend that
-//! stops reading stops the link's reader (the frontend budget), and what
-//! the agent already sent, at most a window, waits in the connection. A
+//! The cap is what such a link may make its receiver hold: a reader that
+//! stops stops the link's reader (the payload budget), and what the peer
+//! already sent, at most a window, waits in the connection. A
 //! window only grows while the link's payload is taken quickly, so a
 //! stalled reader never grows one.
 
@@ -27,7 +28,6 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use crate::grpc::{Body, GrpcError};
-use crate::h2_conn::StreamRecv;
 use crate::protocol::anp::window_tuning::Tuner;
 use crate::window::LinkPath;
 
@@ -44,9 +44,22 @@ pub fn link_window_growth_bytes() -> u64 {
     GROWN.load(Ordering::Relaxed)
 }
 
-/// An agent link's request body, its windows tuned when `tuner` is set.
-pub struct TunedRecv {
-    body: StreamRecv,
+/// A body whose HTTP/2 windows (stream and connection) can grow.
+pub trait GrowWindows {
+    /// Grows both windows by `by` bytes.
+    fn grow_windows_by(&mut self, by: u32);
+}
+
+impl GrowWindows for crate::h2_conn::StreamRecv {
+    fn grow_windows_by(&mut self, by: u32) {
+        self.grow_windows(by, by);
+    }
+}
+
+/// An agent link's body, its windows tuned when set up with
+/// [`TunedRecv::tuned`].
+pub struct TunedRecv<B> {
+    body: B,
     tuning: Option<Tuning>,
 }
 
@@ -57,15 +70,15 @@ struct Tuning {
     grown: u64,
 }
 
-impl TunedRecv {
+impl<B> TunedRecv<B> {
     /// `body` with windows as they are (its tunnels' windows grow).
-    pub fn fixed(body: StreamRecv) -> Self {
+    pub fn fixed(body: B) -> Self {
         TunedRecv { body, tuning: None }
     }
 
     /// `body`, whose stream window starts at `window` bytes, tuned to
     /// `path`.
-    pub fn tuned(body: StreamRecv, window: u32, path: Arc<LinkPath>) -> Self {
+    pub fn tuned(body: B, window: u32, path: Arc<LinkPath>) -> Self {
         let mut tuner = Tuner::new(u64::from(window));
         tuner.start(Instant::now());
         TunedRecv {
@@ -84,7 +97,7 @@ impl TunedRecv {
     }
 }
 
-impl Drop for TunedRecv {
+impl<B> Drop for TunedRecv<B> {
     fn drop(&mut self) {
         if let Some(t) = &self.tuning {
             GROWN.fetch_sub(t.grown, Ordering::Relaxed);
@@ -92,7 +105,7 @@ impl Drop for TunedRecv {
     }
 }
 
-impl Body for TunedRecv {
+impl<B: Body + GrowWindows> Body for TunedRecv<B> {
     fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, GrpcError>>> {
         self.body.poll_chunk(cx)
     }
@@ -108,7 +121,7 @@ impl Body for TunedRecv {
         }
         // The tuner never asks past the cap, which fits a window's u32.
         let by = grow.min(u64::from(u32::MAX)) as u32;
-        self.body.grow_windows(by, by);
+        self.body.grow_windows_by(by);
         t.tuner.grew(u64::from(by));
         t.grown += u64::from(by);
         GROWN.fetch_add(u64::from(by), Ordering::Relaxed);
