@@ -93,17 +93,23 @@ impl<U: Default> ServerConn<U> {
     }
 
     pub(super) fn flush_all(&mut self) {
-        for i in 0..self.streams.len() {
+        let mut i = 0;
+        while i < self.streams.len() {
             if self.out_len >= OUT_HIGH || self.send_window <= 0 {
                 break;
             }
-            self.flush_stream(i);
+            if !self.flush_stream(i) {
+                i += 1;
+            }
         }
+        self.evict_lingering_past_the_limit();
     }
 
     /// Moves the stream's queued data into the output as far as the windows
     /// and the output's room allow; then its end, once the data is out.
-    pub(super) fn flush_stream(&mut self, i: usize) {
+    /// Whether the stream was forgotten then (released by its caller, its
+    /// request over: see [`ServerConn::release`]).
+    pub(super) fn flush_stream(&mut self, i: usize) -> bool {
         let max_frame = self.peer_max_frame;
         let had = self.streams[i].pending_len;
         loop {
@@ -159,6 +165,19 @@ impl<U: Default> ServerConn<U> {
             if had > 0 {
                 self.wake(id);
             }
+            let s = &mut self.streams[i];
+            if s.end_queued && s.send_side == SendSide::Ended {
+                // Released before its end was written: now an ended stream
+                // without its caller.
+                if s.recv_side == RecvSide::Open {
+                    s.end_queued = false;
+                    self.lingering += 1;
+                } else {
+                    self.remove(i);
+                    return true;
+                }
+            }
         }
+        false
     }
 }

@@ -159,7 +159,7 @@ impl<U: Default> ServerConn<U> {
         self.last_stream = id;
         if block.self_dependent {
             // RFC 9113 5.3.1: a stream error.
-            self.push_rst(id, reason::PROTOCOL_ERROR, Out::Answer);
+            self.error_reset_unknown(id, reason::PROTOCOL_ERROR);
             return Ok(());
         }
         if self.goaway_sent.is_some() {
@@ -169,14 +169,17 @@ impl<U: Default> ServerConn<U> {
             return Ok(());
         }
         if self.active_streams() >= self.cfg.max_streams as usize {
-            self.push_rst(id, reason::REFUSED_STREAM, Out::Answer);
+            // Past the limit we advertised (RFC 9113 5.1.2): a client that
+            // waits for our ends never gets here, one that keeps doing it
+            // is counted.
+            self.error_reset_unknown(id, reason::REFUSED_STREAM);
             return Ok(());
         }
         let head = match decoded {
             // A body announced on a request that has none is malformed.
             Ok(h) if !(block.end_stream && h.content_length.is_some_and(|n| n > 0)) => h,
             _ => {
-                self.push_rst(id, reason::PROTOCOL_ERROR, Out::Answer);
+                self.error_reset_unknown(id, reason::PROTOCOL_ERROR);
                 return Ok(());
             }
         };
@@ -209,6 +212,7 @@ impl<U: Default> ServerConn<U> {
             trailers: None,
             content_left: head.content_length,
             released: false,
+            end_queued: false,
             taken: false,
         });
         self.events.push_back(Event::Request {

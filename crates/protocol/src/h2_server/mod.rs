@@ -52,8 +52,10 @@
 //!   block in more CONTINUATION frames than its largest size needs (empty
 //!   ones add no bytes to the size limit), and more than
 //!   [`MAX_ERROR_RESETS`] streams we had to reset for the client's errors
-//!   over the connection's life (CVE-2025-8671, as the h2 crate counts),
-//!   and more than [`MAX_UNWRITTEN_ANSWERS`] answers waiting unwritten;
+//!   over the connection's life (CVE-2025-8671, as the h2 crate counts:
+//!   refusals past the concurrency limit and malformed requests too),
+//!   and more than [`MAX_UNWRITTEN_ANSWERS`] answers waiting unwritten,
+//!   each checked after every frame;
 //! * stream states (RFC 9113 5.1): a new stream id not above the last is
 //!   a connection error; HEADERS or DATA on a half-closed (remote) or
 //!   closed stream is STREAM_CLOSED, except what was in flight when we
@@ -62,7 +64,12 @@
 //!   end the request and carry no pseudo-header (8.1);
 //! * a response that ends before its request keeps the stream, without
 //!   its caller, until the client ends or resets its side, so what the
-//!   client still sends is checked ([`ServerConn::release`]).
+//!   client still sends is checked, and one whose end waits behind data
+//!   when its caller lets it go is still sent ([`ServerConn::release`]).
+//!
+//! `tests/h2_differential.rs` sends hostile client sequences to this
+//! server and to the h2 crate's and compares what each does; the
+//! differences it finds are deliberate, each with its reason there.
 //!
 //! Streams carry a caller value `U` (the runtime keeps its wakers there).
 //! [`Event::Wake`] names a stream whose state changed for its reader or
@@ -238,8 +245,11 @@ const RECENT_RESETS: usize = 8;
 pub const MAX_PENDING_RESETS: usize = 20;
 
 /// Streams a connection may make us reset with its errors (RST_STREAM
-/// for a bad frame on a stream), over its life: the h2 crate's default
-/// `max_local_error_reset_streams`.
+/// for a bad frame on a stream, a frame on a closed one, a malformed
+/// request, a stream past the concurrency limit), over its life: the h2
+/// crate's default `max_local_error_reset_streams`, which counts its
+/// refusals too (`count_pending_refusal`). Refusals after our GOAWAY are
+/// not counted (the client sent them before it saw it).
 pub const MAX_ERROR_RESETS: u32 = 1024;
 
 /// A flood the connection ended (GOAWAY ENHANCE_YOUR_CALM), for metrics.
@@ -470,21 +480,7 @@ impl<U: Default> ServerConn<U> {
             input.clear();
             return Err(e.clone());
         }
-        let r = self.recv_frames(input).and_then(|()| {
-            if self.error_resets > MAX_ERROR_RESETS {
-                return Err(flood_err(
-                    Flood::ErrorResets,
-                    "too many streams reset for the client's errors",
-                ));
-            }
-            if self.answers_unwritten > MAX_UNWRITTEN_ANSWERS {
-                return Err(flood_err(
-                    Flood::ControlFrames,
-                    "too many answers waiting for the client to read",
-                ));
-            }
-            Ok(())
-        });
+        let r = self.recv_frames(input).and_then(|()| self.check_floods());
         match r {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -493,6 +489,25 @@ impl<U: Default> ServerConn<U> {
                 Err(e)
             }
         }
+    }
+
+    /// The counted floods, checked after each frame (a read holds
+    /// thousands of small ones): the one past its bound ends the
+    /// connection before the next frame is taken.
+    fn check_floods(&self) -> Result<(), ConnError> {
+        if self.error_resets > MAX_ERROR_RESETS {
+            return Err(flood_err(
+                Flood::ErrorResets,
+                "too many streams reset for the client's errors",
+            ));
+        }
+        if self.answers_unwritten > MAX_UNWRITTEN_ANSWERS {
+            return Err(flood_err(
+                Flood::ControlFrames,
+                "too many answers waiting for the client to read",
+            ));
+        }
+        Ok(())
     }
 
     /// The flood that ended the connection, if one did.

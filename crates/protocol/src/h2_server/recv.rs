@@ -97,6 +97,7 @@ impl<U: Default> ServerConn<U> {
                     }
                 }
                 In::Head => {
+                    self.check_floods()?;
                     if input.len() < FRAME_HEADER_LEN || self.frames_left == 0 {
                         return Ok(());
                     }
@@ -240,10 +241,7 @@ impl<U: Default> ServerConn<U> {
     /// lately (then the frame was in flight: ignored).
     pub(super) fn closed_stream_frame(&mut self, id: u32) {
         if !self.recent_resets.contains(&id) {
-            // A reset the client made us send (counted as the h2 crate
-            // counts library resets: see MAX_ERROR_RESETS).
-            self.error_resets = self.error_resets.saturating_add(1);
-            self.push_rst(id, reason::STREAM_CLOSED, Out::Answer);
+            self.error_reset_unknown(id, reason::STREAM_CLOSED);
         }
     }
 
@@ -275,7 +273,9 @@ impl<U: Default> ServerConn<U> {
             return;
         }
         self.streams[i].recv_side = RecvSide::Ended;
-        if self.streams[i].released {
+        if self.streams[i].end_queued {
+            // Forgotten once its end is written.
+        } else if self.streams[i].released {
             self.remove(i);
         } else {
             self.wake(stream);
@@ -297,7 +297,7 @@ impl<U: Default> ServerConn<U> {
                     // A stream cannot depend on itself (RFC 9113 5.3.1).
                     match self.index(id) {
                         Some(i) => self.error_reset(i, reason::PROTOCOL_ERROR),
-                        None => self.push_rst(id, reason::PROTOCOL_ERROR, Out::Answer),
+                        None => self.error_reset_unknown(id, reason::PROTOCOL_ERROR),
                     }
                 }
                 Ok(())
@@ -523,6 +523,7 @@ impl<U: Default> ServerConn<U> {
             return Ok(());
         }
         self.flush_stream(i);
+        self.evict_lingering_past_the_limit();
         Ok(())
     }
 }

@@ -54,6 +54,10 @@ pub(super) struct Stream<U> {
     /// goes on: what the client still sends is checked and dropped until
     /// it ends its side (see [`ServerConn::release`]).
     pub(super) released: bool,
+    /// Released with its end queued behind data that waits for the
+    /// client's windows or the output's room: kept until the end is
+    /// written (not counted in `lingering` until then).
+    pub(super) end_queued: bool,
     /// The caller took its [`Event::Request`].
     pub(super) taken: bool,
 }
@@ -201,13 +205,17 @@ impl<U: Default> ServerConn<U> {
     }
 
     /// The caller is done with the stream. A response not ended is reset
-    /// (CANCEL). A response ended while the request goes on keeps the
-    /// stream, without its caller, until the client ends or resets its
-    /// side: what it still sends is checked (content-length, trailers) and
-    /// dropped, as RFC 9113 8.1 lets a server answer before the request
-    /// ends. At most `max_streams` such streams are kept; past that the
-    /// oldest is told to stop (RST_STREAM NO_ERROR) and forgotten.
-    /// Otherwise the stream is forgotten.
+    /// (CANCEL). A response whose end is queued behind data (trailers
+    /// after a message waiting for the client's window) goes out first,
+    /// as the h2 crate sends what a dropped stream queued: the stream is
+    /// kept without its caller, still counted against the concurrency
+    /// limit, until its end is written. A response ended while the request
+    /// goes on keeps the stream, without its caller, until the client ends
+    /// or resets its side: what it still sends is checked (content-length,
+    /// trailers) and dropped, as RFC 9113 8.1 lets a server answer before
+    /// the request ends. At most `max_streams` such streams are kept; past
+    /// that the oldest is told to stop (RST_STREAM NO_ERROR) and
+    /// forgotten. Otherwise the stream is forgotten.
     pub fn release(&mut self, id: u32) {
         let Some(i) = self.index(id) else { return };
         let s = &self.streams[i];
@@ -218,6 +226,14 @@ impl<U: Default> ServerConn<U> {
             // Over on both sides, or reset: nothing to tell the client.
             (SendSide::Reset(_), _) | (SendSide::Ended, _) if s.recv_side != RecvSide::Open => {}
             (SendSide::Reset(_), _) => {}
+            (SendSide::Ending, _) => {
+                self.drop_received(i);
+                let s = &mut self.streams[i];
+                s.released = true;
+                s.end_queued = true;
+                s.user = U::default();
+                return;
+            }
             (SendSide::Ended, RecvSide::Open) => {
                 self.drop_received(i);
                 let s = &mut self.streams[i];
@@ -237,7 +253,8 @@ impl<U: Default> ServerConn<U> {
     /// Forgets stream `i`.
     pub(super) fn remove(&mut self, i: usize) {
         self.drop_received(i);
-        if self.streams[i].released {
+        let s = &self.streams[i];
+        if s.released && !s.end_queued {
             self.lingering -= 1;
         }
         self.streams.remove(i);
@@ -248,12 +265,20 @@ impl<U: Default> ServerConn<U> {
         }
     }
 
+    /// Past `max_streams` streams kept after their response, the oldest
+    /// go (see [`Self::release`]).
+    pub(super) fn evict_lingering_past_the_limit(&mut self) {
+        while self.lingering > self.cfg.max_streams as usize {
+            self.evict_oldest_lingering();
+        }
+    }
+
     pub(super) fn evict_oldest_lingering(&mut self) {
         let oldest = self
             .streams
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.released)
+            .filter(|(_, s)| s.released && !s.end_queued)
             .min_by_key(|(_, s)| s.id)
             .map(|(i, _)| i);
         if let Some(i) = oldest {
@@ -279,8 +304,25 @@ impl<U: Default> ServerConn<U> {
     pub(super) fn error_reset(&mut self, i: usize, code: u32) {
         if !matches!(self.streams[i].send_side, SendSide::Reset(_)) {
             self.error_resets = self.error_resets.saturating_add(1);
+            if self.error_resets > MAX_ERROR_RESETS {
+                // The connection ends after this frame: no RST_STREAM
+                // past the bound (as the h2 crate sends none).
+                return;
+            }
         }
         self.reset_stream(i, code);
+    }
+
+    /// Resets stream `id`, of which we keep no state (refused past the
+    /// concurrency limit, a malformed request, one depending on itself, a
+    /// frame on a closed stream), for an error of the client's: counted
+    /// too (see [`MAX_ERROR_RESETS`]), as the h2 crate counts its
+    /// refusals (`count_pending_refusal`) and its own resets.
+    pub(super) fn error_reset_unknown(&mut self, id: u32, code: u32) {
+        self.error_resets = self.error_resets.saturating_add(1);
+        if self.error_resets <= MAX_ERROR_RESETS {
+            self.push_rst(id, code, Out::Answer);
+        }
     }
 
     pub(super) fn reset_stream(&mut self, i: usize, code: u32) {

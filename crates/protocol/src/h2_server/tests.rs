@@ -714,6 +714,85 @@ fn answered_streams_kept_for_the_client_are_bounded() {
     assert!(response_frames(&mut c).is_empty());
 }
 
+/// A caller that queues its last message and the trailers, then lets the
+/// stream go (the gRPC frontend's task ends after `finish_with_status`),
+/// has its answer delivered once the client's window lets it out, as the h2
+/// crate delivers what a dropped `SendStream` queued; it was reset
+/// (CANCEL) with the message and the status lost (found by
+/// tests/h2_differential.rs: answers to a client slow to read).
+#[test]
+fn an_answer_released_before_it_is_written_is_delivered() {
+    for request_ended_first in [false, true] {
+        let mut c = open();
+        if request_ended_first {
+            request_ended(&mut c, 1);
+        } else {
+            request(&mut c, 1);
+        }
+        c.send_head(1, &[], false).unwrap();
+        c.send_data(1, Bytes::from(vec![7u8; 100_000])).unwrap();
+        c.send_trailers(1, &[("grpc-status", "0")]).unwrap();
+        c.release(1);
+        let f = response_frames(&mut c);
+        assert!(resets(&f).is_empty(), "{:?}", resets(&f));
+        let sent: usize = f
+            .iter()
+            .filter(|f| f.ty == DATA)
+            .map(|f| f.payload.len())
+            .sum();
+        assert_eq!(sent, 65_535, "the default window");
+        // Still counted against the limit: its end is not out.
+        assert_eq!(c.stream_count(), 1);
+        for w in [0, 1] {
+            feed(
+                &mut c,
+                &frame(WINDOW_UPDATE, 0, w, &1_000_000u32.to_be_bytes()),
+            )
+            .unwrap();
+        }
+        let f = response_frames(&mut c);
+        let rest: usize = f
+            .iter()
+            .filter(|f| f.ty == DATA)
+            .map(|f| f.payload.len())
+            .sum();
+        assert_eq!(rest, 100_000 - 65_535);
+        let last = f.last().unwrap();
+        assert_eq!((last.ty, last.flags & END_STREAM), (HEADERS, END_STREAM));
+        assert!(resets(&f).is_empty());
+        if !request_ended_first {
+            // The request goes on: checked until it ends, as any answered
+            // stream released early.
+            assert_eq!(c.stream_count(), 1);
+            feed(&mut c, &frame(DATA, END_STREAM, 1, b"x")).unwrap();
+            assert!(response_frames(&mut c).is_empty());
+        }
+        assert_eq!(c.stream_count(), 0);
+        events(&mut c);
+        assert_eq!(c.buffered_capacity(), 0);
+    }
+    // A client reset meanwhile ends it, and its queued answer with it.
+    let mut c = open();
+    request(&mut c, 1);
+    c.send_head(1, &[], false).unwrap();
+    c.send_data(1, Bytes::from(vec![7u8; 100_000])).unwrap();
+    c.send_trailers(1, &[("grpc-status", "0")]).unwrap();
+    c.release(1);
+    response_frames(&mut c);
+    feed(
+        &mut c,
+        &frame(RST_STREAM, 0, 1, &reason::CANCEL.to_be_bytes()),
+    )
+    .unwrap();
+    feed(
+        &mut c,
+        &frame(WINDOW_UPDATE, 0, 0, &1_000_000u32.to_be_bytes()),
+    )
+    .unwrap();
+    assert!(response_frames(&mut c).is_empty());
+    assert_eq!(c.stream_count(), 0);
+}
+
 #[test]
 fn streams_past_the_limit_or_after_goaway_are_refused() {
     let mut c = open();
@@ -1337,6 +1416,101 @@ fn streams_reset_for_the_clients_errors_are_counted() {
         goaway_code(&response_frames(&mut c)),
         Some(reason::ENHANCE_YOUR_CALM)
     );
+}
+
+/// The resets a client makes us send for streams we keep no state of
+/// count as well: a stream refused past the concurrency limit, a new
+/// request reset as malformed, a stream that depends on itself. The h2
+/// crate counts its refusals (`count_pending_refusal`) and every reset of
+/// its own toward `max_local_error_reset_streams`; the differential test
+/// against it (tests/h2_differential.rs) found them uncounted here, so a
+/// client could have them sent without end. Refusals of streams past our
+/// GOAWAY are not counted: a client has them in flight before it sees it.
+#[test]
+fn refused_malformed_and_self_dependent_streams_count_as_error_resets() {
+    let malformed = fields(&[(":method", "POST"), (":path", PROXY)]);
+    type Bad<'a> = dyn Fn(u32) -> Vec<u8> + 'a;
+    let kinds: [(&str, &Bad<'_>); 4] = [
+        ("refused", &|id| {
+            frame(HEADERS, END_HEADERS, id, &request_fields(None))
+        }),
+        ("malformed", &|id| {
+            frame(HEADERS, END_HEADERS | END_STREAM, id, &malformed)
+        }),
+        ("HEADERS on itself", &|id| {
+            let mut p = id.to_be_bytes().to_vec();
+            p.push(15);
+            p.extend(request_fields(None));
+            frame(HEADERS, END_HEADERS | PRIORITY_FLAG, id, &p)
+        }),
+        ("PRIORITY on itself", &|id| {
+            let mut p = id.to_be_bytes().to_vec();
+            p.push(15);
+            frame(PRIORITY, 0, id, &p)
+        }),
+    ];
+    for (what, bad) in kinds {
+        let mut c = open();
+        // The concurrency limit (4) reached, the streams kept.
+        for id in [1, 3, 5, 7] {
+            request(&mut c, id);
+        }
+        let mut id = 9;
+        let mut ended = None;
+        for k in 0..2 * MAX_ERROR_RESETS {
+            if let Err(e) = feed(&mut c, &bad(id)) {
+                ended = Some((k, e));
+                break;
+            }
+            assert_eq!(events(&mut c), vec![], "{what}");
+            assert_eq!(resets(&parse(&c.take_output())).len(), 1, "{what}");
+            id += 2;
+        }
+        let (k, err) = ended.unwrap_or_else(|| panic!("{what}: the connection lives on"));
+        assert_eq!(k, MAX_ERROR_RESETS, "{what}: ended after {k} resets");
+        assert_eq!(err.code, reason::ENHANCE_YOUR_CALM, "{what}");
+        assert_eq!(c.flood(), Some(Flood::ErrorResets), "{what}");
+    }
+    // Past our GOAWAY, refusals are the client's streams in flight.
+    let mut c = open();
+    c.go_away();
+    c.take_output();
+    let mut id = 1;
+    for _ in 0..2 * MAX_ERROR_RESETS {
+        feed(
+            &mut c,
+            &frame(HEADERS, END_HEADERS, id, &request_fields(None)),
+        )
+        .unwrap();
+        assert_eq!(
+            resets(&parse(&c.take_output())),
+            vec![(id, reason::REFUSED_STREAM)]
+        );
+        id += 2;
+    }
+}
+
+/// The bounds are checked after each frame, not after each read: one read
+/// of 2,000 malformed requests gets 1,024 RST_STREAMs and the GOAWAY, not
+/// 2,000 (a 64 KiB read holds 3,000 of them), as the h2 crate sends.
+#[test]
+fn error_resets_stop_at_the_bound_within_one_read() {
+    let malformed = fields(&[(":method", "POST"), (":path", PROXY)]);
+    let mut c = open();
+    let mut b = Vec::new();
+    for k in 0..2 * MAX_ERROR_RESETS {
+        b.extend(frame(
+            HEADERS,
+            END_HEADERS | END_STREAM,
+            1 + 2 * k,
+            &malformed,
+        ));
+    }
+    let err = feed(&mut c, &b).unwrap_err();
+    assert_eq!(c.flood(), Some(Flood::ErrorResets), "{err:?}");
+    let out = parse(&c.take_output());
+    assert_eq!(resets(&out).len(), MAX_ERROR_RESETS as usize);
+    assert_eq!(goaway_code(&out), Some(reason::ENHANCE_YOUR_CALM));
 }
 
 /// The caller's read loop takes frames in budgets (a read of tiny frames
