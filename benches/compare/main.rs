@@ -12,6 +12,7 @@
 //! run it.
 #![allow(unsafe_code)] // system calls the test/bench harness makes directly
 
+#[path = "../shared/tunnel_client.rs"]
 mod client;
 mod cpu;
 mod fleet;
@@ -23,6 +24,8 @@ mod plot;
 mod probe;
 mod profile;
 mod report;
+#[path = "../shared/run_facts.rs"]
+mod run_facts;
 mod scenarios;
 mod soak;
 mod soak_table;
@@ -33,6 +36,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use model::{Sample, SystemKind};
+use run_facts::{loadavg, today};
 use systems::{Running, StartOptions};
 
 const USAGE: &str = "\
@@ -255,6 +259,10 @@ fn main() {
     let mut h = Harness::new(&args);
     // The machine is shared: what else ran is part of every figure.
     h.note(format!("load average at the start: {}", loadavg()));
+    h.note(format!(
+        "commit: {}",
+        run_facts::commit(std::path::Path::new(env!("CARGO_MANIFEST_DIR")))
+    ));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -1072,44 +1080,12 @@ impl Drop for PortRange {
     }
 }
 
-/// /proc/loadavg's 1, 5 and 15 minute figures, with the core count.
-fn loadavg() -> String {
-    let l = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let f: Vec<&str> = l.split_whitespace().take(3).collect();
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    format!("{} (1, 5, 15 min) on {cores} cores", f.join(", "))
-}
-
-fn today() -> String {
-    std::process::Command::new("date")
-        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
-}
-
+/// The machine, and how the run shares it.
 fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_default();
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let mem = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .next()
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|k| k.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb >> 20);
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    format!("{cores} cores ({cpu}), {mem} GiB RAM, Linux {}, loopback; load generator, targets and every system share the cores", kernel.trim())
+    format!(
+        "{}, loopback; load generator, targets and every system share the cores",
+        run_facts::machine()
+    )
 }
 
 /// Child mode: serves the targets, prints their addresses, runs until killed.

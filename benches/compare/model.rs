@@ -1,10 +1,6 @@
-//! Shared vocabulary of the comparison harness: the systems under test, how
-//! a client reaches a target through one of them, and the samples the
-//! scenarios produce.
-
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::Arc;
+//! Shared vocabulary of the comparison harness: the systems under test and
+//! the samples the scenarios produce (how a client reaches a target through
+//! one of them is `client::Entry`, benches/shared/tunnel_client.rs).
 
 /// A system a user could pick to carry cloud-to-edge TCP connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -101,37 +97,6 @@ impl SystemKind {
             SystemKind::AnpUds | SystemKind::AnpTcp | SystemKind::AnpGrpc
         )
     }
-}
-
-/// How a client opens a connection that ends at one target.
-#[derive(Clone, Debug)]
-pub(crate) enum Entry {
-    /// Connect here; the bytes reach the target (direct, relays, reverse tunnels).
-    Tcp(SocketAddr),
-    /// Connect to `proxy`, send `CONNECT target`, expect 200, then raw bytes.
-    Connect {
-        proxy: SocketAddr,
-        target: SocketAddr,
-    },
-    /// `Connect` over the unix socket `path` (ANP's frontend as
-    /// kube-apiserver dials it).
-    ConnectUds { path: PathBuf, target: SocketAddr },
-    /// `Connect` inside TLS with a client certificate (`tls`), to a
-    /// frontend that is mutual TLS only (ANP's TCP frontend).
-    ConnectTls {
-        proxy: SocketAddr,
-        target: SocketAddr,
-        tls: Arc<rustls::ClientConfig>,
-    },
-    /// Open an HTTP/2 connection to `server`, call `/ProxyService/Proxy`,
-    /// DIAL_REQ `target`, then DATA packets.
-    Grpc {
-        server: SocketAddr,
-        target: SocketAddr,
-    },
-    /// `Grpc` over the unix socket `path` (ANP's gRPC frontend as
-    /// kube-apiserver dials it).
-    GrpcUds { path: PathBuf, target: SocketAddr },
 }
 
 /// One measured value. Every repetition of every case is one sample.

@@ -10,9 +10,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::client::{self, Conn};
+use crate::client::{self, Conn, Entry};
 use crate::cpu::{Snapshot, Window};
-use crate::model::Entry;
 use crate::target::CHUNK;
 
 type Result<T> = std::io::Result<T>;

@@ -27,7 +27,8 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::model::{Entry, SystemKind};
+use crate::client::Entry;
+use crate::model::SystemKind;
 
 mod anchors;
 

@@ -30,10 +30,14 @@ use super::{
     fd_fit, find_tool, free_ports, run_tool, tcp_entries, Limit, Running, StartOptions, POLL,
     READY_TIMEOUT,
 };
-use crate::model::{Entry, SystemKind};
+use crate::client::Entry;
+use crate::model::SystemKind;
 
-/// The TLS 1.3 suite of edgetunnel's agent link, as OpenSSL names it.
-const SUITE: &str = "TLS_AES_128_GCM_SHA256";
+// The pair's configurations, shared with the WAN bench.
+#[path = "../../shared/haproxy_pair.rs"]
+mod haproxy_pair;
+use haproxy_pair::SUITE;
+
 /// The gauge of ANP's server that counts connected agents
 /// (pkg/server/metrics/metrics.go, `ready_backend_connections`).
 const ANP_READY: &str = "konnectivity_network_proxy_server_ready_backend_connections";
@@ -49,18 +53,6 @@ pub(super) fn certs(run: &Running, opts: &StartOptions) -> Result<PathBuf, Strin
             .args(["--agent-name", "bench"]),
     )?;
     Ok(dir)
-}
-
-/// A PEM file with `name`.crt then `name`.key (haproxy's `crt`).
-fn bundle(certs: &Path, name: &str) -> Result<PathBuf, String> {
-    let read = |ext: &str| {
-        std::fs::read_to_string(certs.join(format!("{name}.{ext}")))
-            .map_err(|e| format!("reading {name}.{ext}: {e}"))
-    };
-    let pem = format!("{}\n{}", read("crt")?, read("key")?);
-    let path = certs.join(format!("{name}.pem"));
-    std::fs::write(&path, pem).map_err(|e| format!("writing {}: {e}", path.display()))?;
-    Ok(path)
 }
 
 /// The haproxy pair: `haproxy-edge` listens with TLS on one port per
@@ -79,37 +71,20 @@ pub(super) fn start_haproxy_tls_pair(
     let haproxy = find_tool("haproxy")?;
     let fit = fd_fit("haproxy-tls-pair", opts.max_conns, 2, Limit::Hard)?;
     let maxconn = (opts.max_conns + super::CONN_MARGIN).min(fit);
-    let certs = certs(run, opts)?;
-    let (edge_pem, cloud_pem) = (bundle(&certs, "server")?, bundle(&certs, "agent")?);
-    let ca = certs.join("ca.crt");
+    let certs = haproxy_pair::PairCerts::bundle(&certs(run, opts)?)?;
     let ports = free_ports(2 * targets.len())?;
     let (cloud_ports, edge_ports) = ports.split_at(targets.len());
-    let head = format!(
-        "global\n    maxconn {maxconn}\n    ssl-default-bind-options ssl-min-ver TLSv1.3\n    \
-         ssl-default-server-options ssl-min-ver TLSv1.3\n\n\
-         defaults\n    mode tcp\n    maxconn {maxconn}\n    timeout connect 1h\n    \
-         timeout client 1h\n    timeout server 1h\n    timeout client-fin 1h\n    \
-         timeout server-fin 1h\n"
-    );
-    let (mut edge, mut cloud) = (head.clone(), head);
-    for (i, t) in targets.iter().enumerate() {
-        edge.push_str(&format!(
-            "\nlisten e{i}\n    bind 127.0.0.1:{} ssl crt {} ca-file {} verify required \
-             ciphersuites {SUITE}\n    maxconn {maxconn}\n    server t{i} {t}\n",
-            edge_ports[i],
-            edge_pem.display(),
-            ca.display()
-        ));
-        cloud.push_str(&format!(
-            "\nlisten c{i}\n    bind 127.0.0.1:{}\n    maxconn {maxconn}\n    \
-             server e{i} 127.0.0.1:{} ssl crt {} ca-file {} verify required \
-             verifyhost localhost sni str(localhost) ciphersuites {SUITE}\n",
-            cloud_ports[i],
-            edge_ports[i],
-            cloud_pem.display(),
-            ca.display()
-        ));
-    }
+    let routes: Vec<haproxy_pair::Route> = targets
+        .iter()
+        .enumerate()
+        .map(|(i, t)| haproxy_pair::Route {
+            cloud_bind: format!("127.0.0.1:{}", cloud_ports[i]),
+            edge_addr: format!("127.0.0.1:{}", edge_ports[i]),
+            edge_bind: format!("127.0.0.1:{}", edge_ports[i]),
+            target: t.to_string(),
+        })
+        .collect();
+    let (edge, cloud) = haproxy_pair::configs(maxconn, &routes, &certs);
     for (name, cfg, ports) in [
         ("haproxy-edge", edge, edge_ports),
         ("haproxy-cloud", cloud, cloud_ports),

@@ -1,11 +1,14 @@
-//! The client side of every scenario: opens a connection that ends at a
-//! target through an [`Entry`] (plain TCP, HTTP CONNECT over TCP, a unix
-//! socket or mutual TLS, or gRPC ProxyService as konnectivity-client does
-//! it) and gives back one byte stream type for all of them.
+//! The client side of the benches' tunnels (the comparison bench and the
+//! WAN bench include this file): opens a connection that ends at a target
+//! through an [`Entry`] (plain TCP, HTTP CONNECT over TCP, a unix socket or
+//! mutual TLS, or gRPC ProxyService as konnectivity-client does it) and
+//! gives back one byte stream type for all of them.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes};
@@ -16,7 +19,36 @@ use tokio::net::{TcpSocket, TcpStream, UnixStream};
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use crate::model::Entry;
+/// How a client opens a connection that ends at one target.
+#[derive(Clone, Debug)]
+pub(crate) enum Entry {
+    /// Connect here; the bytes reach the target (direct, relays, reverse tunnels).
+    Tcp(SocketAddr),
+    /// Connect to `proxy`, send `CONNECT target`, expect 200, then raw bytes.
+    Connect {
+        proxy: SocketAddr,
+        target: SocketAddr,
+    },
+    /// `Connect` over the unix socket `path` (ANP's frontend as
+    /// kube-apiserver dials it).
+    ConnectUds { path: PathBuf, target: SocketAddr },
+    /// `Connect` inside TLS with a client certificate (`tls`), to a
+    /// frontend that is mutual TLS only (ANP's TCP frontend).
+    ConnectTls {
+        proxy: SocketAddr,
+        target: SocketAddr,
+        tls: Arc<rustls::ClientConfig>,
+    },
+    /// Open an HTTP/2 connection to `server`, call `/ProxyService/Proxy`,
+    /// DIAL_REQ `target`, then DATA packets.
+    Grpc {
+        server: SocketAddr,
+        target: SocketAddr,
+    },
+    /// `Grpc` over the unix socket `path` (ANP's gRPC frontend as
+    /// kube-apiserver dials it).
+    GrpcUds { path: PathBuf, target: SocketAddr },
+}
 
 /// A tunneled (or direct) byte stream.
 pub(crate) enum Conn {
