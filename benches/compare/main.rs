@@ -86,6 +86,11 @@ const CPU_PER_CONN: &str = "CPU µs/conn";
 /// The kernel-mode (system) part of [`CPU_PER_CONN`].
 const KERNEL_PER_CONN: &str = "kernel µs/conn";
 
+/// Metric of the memory rows beside bytes/conn (resident memory): the
+/// live heap per idle connection (`edgetunnel_heap_live_bytes` of every
+/// process of the system, edgetunnel only).
+const HEAP_PER_CONN: &str = "live heap bytes/conn";
+
 const SCENARIOS: [&str; 8] = [
     "bulk", "latency", "dial", "hol", "memory", "scaling", "fleet", "soak",
 ];
@@ -888,6 +893,7 @@ impl Harness {
                     };
                     std::thread::sleep(Duration::from_millis(300));
                     let before = r.rss_bytes();
+                    let heap_before = r.heap_live_bytes();
                     let t0 = Instant::now();
                     let held = rt.block_on(scenarios::hold_idle(&r.entries, n, 64));
                     match held {
@@ -906,6 +912,20 @@ impl Harness {
                                 false,
                                 Vec::new(),
                             );
+                            // The allocator's view beside the system's:
+                            // bytes the program holds per connection.
+                            if let Some((b, a)) = heap_before.zip(r.heap_live_bytes()) {
+                                self.record(
+                                    "memory",
+                                    &case,
+                                    &r.label,
+                                    HEAP_PER_CONN,
+                                    (a as f64 - b as f64) / n as f64,
+                                    rep,
+                                    false,
+                                    Vec::new(),
+                                );
+                            }
                             self.record(
                                 "memory",
                                 &case,

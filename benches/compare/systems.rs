@@ -160,6 +160,19 @@ impl Running {
             .collect()
     }
 
+    /// Bytes the global allocator holds for the program in all the
+    /// system's processes (`edgetunnel_heap_live_bytes`, summed): what a
+    /// connection costs whatever the allocator keeps beside it. None when a
+    /// process has no /metrics or no such gauge (not edgetunnel).
+    pub(crate) fn heap_live_bytes(&self) -> Option<u64> {
+        let mut sum = 0.0;
+        for p in self.roles() {
+            let text = crate::probe::metrics_text(p.metrics?)?;
+            sum += crate::probe::metric_sum(&text, "edgetunnel_heap_live_bytes")?;
+        }
+        Some(sum as u64)
+    }
+
     /// Records where the process started as `name` serves /metrics.
     fn set_metrics(&mut self, name: &str, addr: SocketAddr) {
         if let Some(p) = self.procs.iter_mut().find(|p| p.name == name) {

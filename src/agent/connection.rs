@@ -407,12 +407,12 @@ async fn serve(
     let (drain_tx, mut drain_rx) = mpsc::unbounded();
     let shared = Rc::new(LinkState {
         tunnel: RefCell::new(AgentTunnel::default()),
-        ctl: ctl_tx,
+        ctl: ctl_tx.clone(),
         out: out_tx,
         half_close,
         half_close_linger: cfg.half_close_linger,
         window,
-        path: LinkPath::new(window && answer.window_growth),
+        path: LinkPath::new(ctl_tx, window && answer.window_growth),
         link_fd,
         dial_timeout: cfg.dial_timeout,
         policy: cfg.policy.clone(),
@@ -774,7 +774,7 @@ async fn open(shared: &Rc<LinkState>, d: Dial) -> Option<Opened> {
     let (tx, rx) = mpsc::unbounded();
     let window = shared.window.then(|| {
         let w = ConnWindow::new(window::TUNNEL_WINDOW);
-        w.bind(connect_id, shared.ctl.clone(), shared.path.clone());
+        w.bind(connect_id, shared.path.clone());
         w
     });
     let handle = ConnHandle {

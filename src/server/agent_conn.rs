@@ -695,7 +695,7 @@ async fn serve(
         last_pending: std::cell::Cell::new(0),
         budget: Budget::new(FRONTEND_BUDGET),
         window,
-        path: LinkPath::new(window && window_growth),
+        path: LinkPath::new(ctl_tx.clone(), window && window_growth),
         link_fd,
         worker: worker_metrics.clone(),
         primary: first,
@@ -934,7 +934,7 @@ async fn read_loop(
             } => {
                 state.dial_finished(random, DialResult::Success);
                 if let Some(w) = state.window_of(&frontend) {
-                    w.bind(connect_id, ctl.clone(), state.path.clone());
+                    w.bind(connect_id, state.path.clone());
                 }
                 if !frontend.deliver(FrontendEvent::DialOk { connect_id }) {
                     state.shared.metrics.dial_failure(DialFailure::SendResponse);

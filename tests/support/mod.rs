@@ -5,6 +5,7 @@
 pub(crate) mod apiserver;
 pub(crate) mod fake_kube;
 pub(crate) mod fwd_proxy;
+pub(crate) mod hol;
 pub(crate) mod http_raw;
 pub(crate) mod netns;
 pub(crate) mod peer_bins;

@@ -176,7 +176,7 @@ mod tests {
         let b = Budget::new(10);
         let w = ConnWindow::new(8);
         let (tx, mut rx) = futures::channel::mpsc::unbounded();
-        w.bind(3, tx, crate::window::LinkPath::new(false));
+        w.bind(3, crate::window::LinkPath::new(tx, false));
         let mut cx = Context::from_waker(Waker::noop());
         let first = match pin!(b.charge(Bytes::from_static(b"12345678"))).poll(&mut cx) {
             Poll::Ready(c) => c,

@@ -30,8 +30,8 @@
 //! at 100 ms, 7 MB/s at 300 ms.
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -39,7 +39,7 @@ use futures::channel::mpsc::UnboundedSender;
 use futures::task::AtomicWaker;
 
 use crate::protocol::anp::packet::{self, Frame};
-use crate::protocol::anp::window_tuning::Tuner;
+use crate::protocol::anp::window_tuning::Epoch;
 
 /// Unacknowledged bytes one connection may have in flight per direction
 /// at its start (and for good without `window-growth`).
@@ -85,10 +85,12 @@ pub fn window_growth_bytes() -> u64 {
     GROWN.load(Ordering::Relaxed)
 }
 
-/// What the connections of one agent link share: the link's round-trip
-/// time (sampled from the kernel) and the budget their windows grow from.
+/// What the connections of one agent link share: the queue their window
+/// updates take, the link's round-trip time (sampled from the kernel) and
+/// the budget their windows grow from.
 #[derive(Debug)]
 pub struct LinkPath {
+    ctl: UnboundedSender<Frame>,
     /// Both ends negotiated `window-growth`.
     grows: bool,
     rtt_us: AtomicU64,
@@ -105,13 +107,15 @@ fn clock_us(now: Instant) -> u64 {
 }
 
 impl LinkPath {
-    /// A link's path; `grows`: both ends negotiated `window-growth`.
-    pub fn new(grows: bool) -> Arc<Self> {
-        Self::with_budget(grows, LINK_GROWTH_BUDGET)
+    /// A link's path: `ctl`, the link's queue of control packets (window
+    /// updates go there); `grows`, both ends negotiated `window-growth`.
+    pub fn new(ctl: UnboundedSender<Frame>, grows: bool) -> Arc<Self> {
+        Self::with_budget(ctl, grows, LINK_GROWTH_BUDGET)
     }
 
-    pub fn with_budget(grows: bool, budget: u64) -> Arc<Self> {
+    pub fn with_budget(ctl: UnboundedSender<Frame>, grows: bool, budget: u64) -> Arc<Self> {
         Arc::new(LinkPath {
+            ctl,
             grows,
             rtt_us: AtomicU64::new(0),
             sampled_at_us: AtomicU64::new(0),
@@ -177,61 +181,70 @@ impl LinkPath {
 #[derive(Debug)]
 struct Peer {
     connect_id: i64,
-    ctl: UnboundedSender<Frame>,
     path: Arc<LinkPath>,
 }
 
 /// Both halves of one connection's window.
+///
+/// Every idle tunnel holds one at each end, so its size is memory per
+/// idle tunnel: 80 bytes, 96 with the `Arc`'s counts (an allocator size
+/// class), as before windows grew. Hence 32-bit counts where the window
+/// bounds them (no window passes [`MAX_TUNNEL_WINDOW`]), the tuning state
+/// in one word ([`Epoch`]) and the link's queue in the [`LinkPath`].
 #[derive(Debug)]
 pub struct ConnWindow {
-    limit: u64,
     /// Bytes sent to the peer and not yet acknowledged; below 0 when the
     /// peer granted more (its window grew), down to
     /// `limit - MAX_TUNNEL_WINDOW`.
     in_flight: AtomicI64,
     waiter: AtomicWaker,
-    /// Bytes received from the peer, written locally, not yet acknowledged.
-    consumed: AtomicU64,
+    peer: OnceLock<Peer>,
+    /// The first window, both ways.
+    limit: u32,
+    /// Bytes received from the peer, written locally, not yet acknowledged
+    /// (less than a quarter window once bound).
+    consumed: AtomicU32,
     /// The window granted to the peer now (acknowledgements go out a
     /// quarter of it at a time).
-    recv_window: AtomicU64,
-    /// Payload bytes received from the peer, and acknowledged to it (with
-    /// the growth granted): a peer past its window is told apart.
-    received: AtomicU64,
-    acknowledged: AtomicU64,
-    tuner: Mutex<Tuner>,
-    peer: OnceLock<Peer>,
+    recv_window: AtomicU32,
+    /// Payload bytes received from the peer less those acknowledged to it
+    /// (the growth granted included; saturating): a peer past its window
+    /// is told apart.
+    unacknowledged: AtomicI32,
+    /// The receive window's tuning epoch ([`Epoch::to_bits`]).
+    epoch: AtomicU64,
+}
+
+/// Microseconds of [`clock_us`] in the 32 bits an [`Epoch`] keeps.
+fn epoch_clock(now: Instant) -> u32 {
+    clock_us(now) as u32
 }
 
 impl ConnWindow {
+    /// A window of `limit` bytes each way (at most [`MAX_TUNNEL_WINDOW`]:
+    /// the counts are 32 bits).
     pub fn new(limit: u64) -> Arc<Self> {
-        let limit = limit.max(1);
+        let limit = limit.clamp(1, MAX_TUNNEL_WINDOW) as u32;
         Arc::new(Self {
-            limit,
             in_flight: AtomicI64::new(0),
             waiter: AtomicWaker::new(),
-            consumed: AtomicU64::new(0),
-            recv_window: AtomicU64::new(limit),
-            received: AtomicU64::new(0),
-            acknowledged: AtomicU64::new(0),
-            tuner: Mutex::new(Tuner::new(limit)),
             peer: OnceLock::new(),
+            limit,
+            consumed: AtomicU32::new(0),
+            recv_window: AtomicU32::new(limit),
+            unacknowledged: AtomicI32::new(0),
+            epoch: AtomicU64::new(0),
         })
     }
 
-    /// Names the connection, the queue its window updates take and the
-    /// link it crosses; the receive window's tuning starts.
-    pub fn bind(&self, connect_id: i64, ctl: UnboundedSender<Frame>, path: Arc<LinkPath>) {
+    /// Names the connection and the link it crosses (where its window
+    /// updates go); the receive window's tuning starts.
+    pub fn bind(&self, connect_id: i64, path: Arc<LinkPath>) {
         if path.grows {
-            if let Ok(mut t) = self.tuner.lock() {
-                t.start(Instant::now());
-            }
+            let start = Epoch::starting(epoch_clock(Instant::now()));
+            self.epoch.store(start.to_bits(), Ordering::Release);
         }
-        let _ = self.peer.set(Peer {
-            connect_id,
-            ctl,
-            path,
-        });
+        let _ = self.peer.set(Peer { connect_id, path });
     }
 
     /// Waits until the peer has room for more of this connection's data.
@@ -244,7 +257,7 @@ impl ConnWindow {
 
     /// [`Self::ready`] as a poll function.
     pub fn poll_ready(&self, cx: &mut std::task::Context<'_>) -> Poll<()> {
-        let limit = self.limit as i64;
+        let limit = i64::from(self.limit);
         if self.in_flight.load(Ordering::Acquire) < limit {
             return Poll::Ready(());
         }
@@ -265,7 +278,8 @@ impl ConnWindow {
     /// window grew). However much a peer grants, the unacknowledged bytes
     /// allowed stay within [`MAX_TUNNEL_WINDOW`].
     pub fn granted(&self, n: u64) {
-        let floor = self.limit as i64 - MAX_TUNNEL_WINDOW.max(self.limit) as i64;
+        let limit = u64::from(self.limit);
+        let floor = limit as i64 - MAX_TUNNEL_WINDOW.max(limit) as i64;
         let n = n.min(i64::MAX as u64) as i64;
         let _ = self
             .in_flight
@@ -283,28 +297,45 @@ impl ConnWindow {
 
     /// The window granted to the peer now.
     pub fn recv_window(&self) -> u64 {
-        self.recv_window.load(Ordering::Acquire)
+        u64::from(self.recv_window.load(Ordering::Acquire))
     }
 
     /// `n` received bytes were written to the local socket (or dropped):
     /// acknowledges them to the peer in batches of a quarter window, with
     /// the window's growth when the tuning decides on it.
     pub fn consumed(&self, n: usize) {
-        let total = self.consumed.fetch_add(n as u64, Ordering::AcqRel) + n as u64;
+        // Below a quarter window (a few MiB) plus one write once bound;
+        // nothing is received before.
+        let n = u32::try_from(n).unwrap_or(u32::MAX);
+        let total = u64::from(self.consumed.fetch_add(n, Ordering::AcqRel)) + u64::from(n);
         let Some(peer) = self.peer.get() else {
             return;
         };
         if total < (self.recv_window() / 4).max(1) {
             return;
         }
-        let taken = self.consumed.swap(0, Ordering::AcqRel);
+        let taken = u64::from(self.consumed.swap(0, Ordering::AcqRel));
         if taken > 0 {
             let grant = taken + self.grow(taken, &peer.path);
-            self.acknowledged.fetch_add(grant, Ordering::AcqRel);
+            self.count_unacknowledged(-(grant.min(i32::MAX as u64) as i64));
             let _ = peer
+                .path
                 .ctl
                 .unbounded_send(packet::window_update(peer.connect_id, grant));
         }
+    }
+
+    /// Adds `d` to the bytes received and not acknowledged (saturating);
+    /// the count after.
+    fn count_unacknowledged(&self, d: i64) -> i64 {
+        let mut now = 0;
+        let _ = self
+            .unacknowledged
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                now = (i64::from(v) + d).clamp(i64::from(i32::MIN), i64::from(i32::MAX));
+                Some(now as i32)
+            });
+        now
     }
 
     /// `n` payload bytes arrived from the peer. `false` when the peer has
@@ -312,9 +343,8 @@ impl ConnWindow {
     /// the window at most: [`OVERRUN_SLACK`] allows for it): a peer that
     /// ignores the window would make us buffer without bound.
     pub fn received(&self, n: usize) -> bool {
-        let got = self.received.fetch_add(n as u64, Ordering::AcqRel) + n as u64;
-        let acked = self.acknowledged.load(Ordering::Acquire);
-        got.saturating_sub(acked) <= self.limit + OVERRUN_SLACK
+        let outstanding = self.count_unacknowledged(n.min(i32::MAX as usize) as i64);
+        outstanding <= (u64::from(self.limit) + OVERRUN_SLACK) as i64
     }
 
     /// How much the window grows with this acknowledgement (0: none).
@@ -322,23 +352,29 @@ impl ConnWindow {
         if !path.grows {
             return 0;
         }
-        let Ok(mut t) = self.tuner.lock() else {
-            return 0;
-        };
-        let want = t.on_ack(taken, Instant::now(), path.rtt(), MAX_TUNNEL_WINDOW);
+        let (now, rtt, window) = (epoch_clock(Instant::now()), path.rtt(), self.recv_window());
+        let mut want = 0;
+        let _ = self
+            .epoch
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |bits| {
+                let (next, w) =
+                    Epoch::from_bits(bits).on_ack(taken, window, now, rtt, MAX_TUNNEL_WINDOW);
+                want = w;
+                Some(next.to_bits())
+            });
         if want == 0 {
             return 0;
         }
         let got = path.reserve(want);
-        t.grew(got);
-        self.recv_window.store(t.window(), Ordering::Release);
+        // Within MAX_TUNNEL_WINDOW (the tuning's cap): a u32.
+        self.recv_window.fetch_add(got as u32, Ordering::AcqRel);
         got
     }
 }
 
 impl Drop for ConnWindow {
     fn drop(&mut self) {
-        let grown = self.recv_window.load(Ordering::Acquire) - self.limit;
+        let grown = u64::from(self.recv_window.load(Ordering::Acquire) - self.limit);
         if let Some(peer) = self.peer.get() {
             if grown > 0 {
                 peer.path.release(grown);
@@ -383,7 +419,7 @@ mod tests {
         let (tx, mut rx) = futures::channel::mpsc::unbounded();
         // Not yet bound: counting is harmless, nothing is sent.
         w.consumed(10);
-        w.bind(7, tx, LinkPath::new(false));
+        w.bind(7, LinkPath::new(tx, false));
         w.consumed(10);
         assert!(rx.try_recv().is_err(), "below a quarter window");
         w.consumed(5);
@@ -398,11 +434,11 @@ mod tests {
     #[test]
     fn a_window_consumed_fast_grows_within_the_links_budget() {
         let mib = 1024 * 1024;
-        let path = LinkPath::with_budget(true, 5 * mib);
+        let (tx, mut rx) = futures::channel::mpsc::unbounded();
+        let path = LinkPath::with_budget(tx, true, 5 * mib);
         path.set_rtt(Duration::from_secs(10));
         let w = ConnWindow::new(2 * mib);
-        let (tx, mut rx) = futures::channel::mpsc::unbounded();
-        w.bind(9, tx, path.clone());
+        w.bind(9, path.clone());
         let mut granted = Vec::new();
         for _ in 0..12 {
             w.consumed(mib as usize / 2);
@@ -424,11 +460,11 @@ mod tests {
         assert_eq!(path.grown(), 0);
         assert!(window_growth_bytes() <= before - 5 * mib);
         // Without the feature nothing grows.
-        let path = LinkPath::new(false);
+        let (tx, mut rx) = futures::channel::mpsc::unbounded();
+        let path = LinkPath::new(tx, false);
         path.set_rtt(Duration::from_secs(10));
         let w = ConnWindow::new(2 * mib);
-        let (tx, mut rx) = futures::channel::mpsc::unbounded();
-        w.bind(9, tx, path.clone());
+        w.bind(9, path.clone());
         for _ in 0..12 {
             w.consumed(mib as usize / 2);
         }
@@ -445,11 +481,11 @@ mod tests {
     #[test]
     fn a_window_consumed_slowly_keeps_its_size() {
         let mib = 1024 * 1024;
-        let path = LinkPath::new(true);
+        let (tx, _rx) = futures::channel::mpsc::unbounded();
+        let path = LinkPath::new(tx, true);
         path.set_rtt(Duration::from_micros(1));
         let w = ConnWindow::new(2 * mib);
-        let (tx, _rx) = futures::channel::mpsc::unbounded();
-        w.bind(9, tx, path.clone());
+        w.bind(9, path.clone());
         for _ in 0..12 {
             std::thread::sleep(Duration::from_millis(1));
             w.consumed(mib as usize / 2);
@@ -462,7 +498,7 @@ mod tests {
     fn the_kernel_gives_a_tcp_connections_round_trip() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let path = LinkPath::new(true);
+        let path = LinkPath::new(futures::channel::mpsc::unbounded().0, true);
         let rtt = path.sample(&c, Duration::ZERO).expect("a sample");
         assert!(rtt < Duration::from_secs(1), "{rtt:?}");
         assert_eq!(path.rtt(), Some(rtt));
@@ -470,7 +506,7 @@ mod tests {
         assert_eq!(path.sample(&c, Duration::from_secs(60)), None);
         // Not a TCP socket: no sample.
         let (u, _) = std::os::unix::net::UnixStream::pair().unwrap();
-        assert_eq!(LinkPath::new(true).sample(&u, Duration::ZERO), None);
+        assert_eq!(path.sample(&u, Duration::ZERO), None);
     }
 
     /// A peer may have the window it was granted in flight (and a chunk
@@ -480,16 +516,42 @@ mod tests {
         let mib = 1024 * 1024;
         let w = ConnWindow::new(2 * mib);
         let (tx, _rx) = futures::channel::mpsc::unbounded();
-        w.bind(4, tx, LinkPath::new(false));
+        w.bind(4, LinkPath::new(tx, false));
         assert!(w.received(2 * mib as usize + OVERRUN_SLACK as usize));
         assert!(!w.received(1), "past the window and the slack");
         // Acknowledged (written locally): room again.
         let w = ConnWindow::new(2 * mib);
         let (tx, _rx) = futures::channel::mpsc::unbounded();
-        w.bind(4, tx, LinkPath::new(false));
+        w.bind(4, LinkPath::new(tx, false));
         for _ in 0..100 {
             assert!(w.received(mib as usize));
             w.consumed(mib as usize);
         }
+    }
+
+    /// Every idle tunnel holds a window at each end: it stays in the
+    /// allocator's size class of the window before windows grew (96 bytes
+    /// with the `Arc`'s two counts; 160 with the tuning's mutex and 64-bit
+    /// counts, which was 128 bytes more per idle tunnel).
+    #[test]
+    fn a_window_stays_small() {
+        let size = std::mem::size_of::<ConnWindow>();
+        assert!(size <= 80, "a window is {size} bytes");
+    }
+
+    /// A peer's grants and sends are counted saturating: a hostile one
+    /// wraps nothing.
+    #[test]
+    fn counts_saturate() {
+        let (tx, _rx) = futures::channel::mpsc::unbounded();
+        let w = ConnWindow::new(2 * 1024 * 1024);
+        w.bind(5, LinkPath::new(tx, false));
+        for _ in 0..3 {
+            assert!(!w.received(usize::MAX));
+        }
+        assert_eq!(w.count_unacknowledged(0), i64::from(i32::MAX));
+        w.granted(u64::MAX);
+        w.granted(u64::MAX);
+        assert_eq!(w.in_flight(), 2 * 1024 * 1024 - MAX_TUNNEL_WINDOW as i64);
     }
 }
