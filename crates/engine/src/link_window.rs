@@ -28,7 +28,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use crate::grpc::{Body, GrpcError};
-use crate::protocol::anp::window_tuning::Tuner;
+use crate::protocol::anp::window_tuning::Epoch;
 use crate::window::LinkPath;
 
 /// The largest HTTP/2 stream window a link without tunnel windows grows
@@ -64,7 +64,11 @@ pub struct TunedRecv<B> {
 }
 
 struct Tuning {
-    tuner: Tuner,
+    /// The stream window granted now.
+    window: u64,
+    epoch: Epoch,
+    /// The epochs' clock starts here.
+    base: Instant,
     path: Arc<LinkPath>,
     /// What this link added to [`GROWN`].
     grown: u64,
@@ -79,12 +83,12 @@ impl<B> TunedRecv<B> {
     /// `body`, whose stream window starts at `window` bytes, tuned to
     /// `path`.
     pub fn tuned(body: B, window: u32, path: Arc<LinkPath>) -> Self {
-        let mut tuner = Tuner::new(u64::from(window));
-        tuner.start(Instant::now());
         TunedRecv {
             body,
             tuning: Some(Tuning {
-                tuner,
+                window: u64::from(window),
+                epoch: Epoch::starting(0),
+                base: Instant::now(),
                 path,
                 grown: 0,
             }),
@@ -93,7 +97,7 @@ impl<B> TunedRecv<B> {
 
     /// The stream window granted now, when tuned.
     pub fn window(&self) -> Option<u64> {
-        self.tuning.as_ref().map(|t| t.tuner.window())
+        self.tuning.as_ref().map(|t| t.window)
     }
 }
 
@@ -113,20 +117,24 @@ impl<B: Body + GrowWindows> Body for TunedRecv<B> {
     fn consumed(&mut self, n: usize) {
         self.body.consumed(n);
         let Some(t) = &mut self.tuning else { return };
-        let grow = t
-            .tuner
-            .on_ack(n as u64, Instant::now(), t.path.rtt(), GO_LINK_WINDOW_CAP);
+        // Microseconds on a clock that wraps every 71.6 minutes: an epoch
+        // idle that long may look fast once (one step of growth at most).
+        let now_us = t.base.elapsed().as_micros() as u32;
+        let (epoch, grow) =
+            t.epoch
+                .on_ack(n as u64, t.window, now_us, t.path.rtt(), GO_LINK_WINDOW_CAP);
+        t.epoch = epoch;
         if grow == 0 {
             return;
         }
         // The tuner never asks past the cap, which fits a window's u32.
         let by = grow.min(u64::from(u32::MAX)) as u32;
         self.body.grow_windows_by(by);
-        t.tuner.grew(u64::from(by));
+        t.window += u64::from(by);
         t.grown += u64::from(by);
         GROWN.fetch_add(u64::from(by), Ordering::Relaxed);
         tracing::debug!(
-            window = t.tuner.window(),
+            window = t.window,
             rtt_ms = t.path.rtt().map(|r| r.as_secs_f64() * 1e3),
             "agent link's HTTP/2 windows grew"
         );
