@@ -60,7 +60,9 @@ impl GrowWindows for crate::h2_conn::StreamRecv {
 /// [`TunedRecv::tuned`].
 pub struct TunedRecv<B> {
     body: B,
-    tuning: Option<Tuning>,
+    /// Boxed: an agent link's task holds its reader, and most links (ours
+    /// with `window-growth`) tune nothing.
+    tuning: Option<Box<Tuning>>,
 }
 
 struct Tuning {
@@ -85,13 +87,13 @@ impl<B> TunedRecv<B> {
     pub fn tuned(body: B, window: u32, path: Arc<LinkPath>) -> Self {
         TunedRecv {
             body,
-            tuning: Some(Tuning {
+            tuning: Some(Box::new(Tuning {
                 window: u64::from(window),
                 epoch: Epoch::starting(0),
                 base: Instant::now(),
                 path,
                 grown: 0,
-            }),
+            })),
         }
     }
 
