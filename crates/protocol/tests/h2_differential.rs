@@ -18,13 +18,20 @@
 //! output queue must stay bounded in both.
 //!
 //! Both servers are driven without a runtime, deterministically: ours
-//! through its sans-I/O API as the engine's `h2_conn` drives it (the input
-//! handed to [`ServerConn::recv`], the events to the application, the
-//! output written as the socket takes it); h2 on an in-memory socket, its
-//! connection and its request tasks polled in turns until none moves.
+//! through its sans-I/O API as the engine's `h2_conn` drives it (reads of
+//! [`READ_SIZE`] handed to [`ServerConn::recv_at_most`] a turn of
+//! [`FRAMES_PER_TURN`] frames at a time, the events to the application,
+//! the output written as the socket takes it); h2 on an in-memory socket,
+//! its connection and its request tasks polled in turns until none moves.
+//! The application closes a connection the client sent GOAWAY on once no
+//! stream is open, as the gRPC frontend does (h2 does it itself).
 //!
 //! Where the verdicts differ on purpose, the case says how and why; any
-//! other difference fails the test.
+//! other difference fails the test. What h2 does was read in its source
+//! (hyperium/h2 v0.4.20: `src/proto/connection.rs`, `settings.rs`,
+//! `ping_pong.rs`, `streams/counts.rs`, `streams/streams.rs`,
+//! `codec/framed_read.rs`), Go's bounds in golang.org/x/net
+//! `http2/server.go`.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
