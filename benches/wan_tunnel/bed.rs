@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use crate::client::Entry;
 use crate::flows;
 use crate::haproxy_pair;
+use crate::support::netns::sh;
 use crate::support::wan::{Wan, WanConfig, CLOUD_IP, EDGE_IP};
 use crate::support::{Agent, Binds, Env, Proc, Server};
 use crate::target::Target;
@@ -106,15 +107,25 @@ pub(crate) struct Bed {
 
 impl Bed {
     /// A new link of `cfg` with `system` on it, once a stream through it
-    /// echoes. `peers`: the directory of ANP's binaries.
+    /// echoes. `peers`: the directory of ANP's binaries; `cc`: the TCP
+    /// congestion control of both namespaces (None: the host's).
     pub(crate) fn start(
         system: System,
         cfg: &WanConfig,
         env: &Env,
         peers: Option<&Path>,
+        cc: Option<&str>,
         tag: &str,
     ) -> Result<Bed, String> {
         let wan = Wan::start(cfg);
+        if let Some(cc) = cc {
+            for ns in [&wan.cloud, &wan.edge] {
+                sh(
+                    &ns.0,
+                    &format!("sysctl -qw net.ipv4.tcp_congestion_control={cc}"),
+                );
+            }
+        }
         let target = Target::start(&wan);
         let to = SocketAddr::from(([127, 0, 0, 1], target.port));
         let (procs, entry) = match system {

@@ -99,7 +99,9 @@ fn main() {
                     if slot.is_none() {
                         beds += 1;
                         let tag = format!("{}-{beds}", system.name());
-                        match guarded(|| Bed::start(system, &cfg, &env, peers.as_deref(), &tag)) {
+                        match guarded(|| {
+                            Bed::start(system, &cfg, &env, peers.as_deref(), o.cc.as_deref(), &tag)
+                        }) {
                             Ok(b) => *slot = Some(b),
                             Err(e) => grid.note(format!(
                                 "{} at RTT {rtt} ms, loss {loss} %: did not start: {e}",

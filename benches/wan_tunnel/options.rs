@@ -10,7 +10,7 @@ pub(crate) const USAGE: &str = "\
 usage: benches/run --scenarios wan [--rtts MS,..] [--losses PCT,..] [--tunnels N,..]
          [--directions download,upload] [--systems a,b,..] [--secs S]
          [--warmup-rtts K] [--warmup-min-secs S] [--dials N] [--rate-mbit R]
-         [--mtu M] [--out DIR]
+         [--mtu M] [--cc NAME] [--out DIR]
   The WAN grid (issue 41): every system over an emulated link between two
   network namespaces (crates/wanlink), one case per RTT x loss x tunnels x
   direction, each streaming for a fixed time; root, iproute2, /dev/net/tun.
@@ -29,6 +29,10 @@ usage: benches/run --scenarios wan [--rtts MS,..] [--losses PCT,..] [--tunnels N
   --dials N     dials timed per system at each RTT, at the first loss given
                 (default 10; 0: none)
   --rate-mbit R the link's rate (default 500), --mtu M its MTU (default 1500)
+  --cc NAME     TCP congestion control in both namespaces (e.g. cubic; by
+                default the host's, which new namespaces inherit; a
+                namespace may only pick one the host lists in
+                net.ipv4.tcp_allowed_congestion_control)
   --out DIR     where wan.md, wan.json and the plots go (default
                 benches/results/wan/grid-<date>-<time>/)
 Without --bench (cargo test) a smoke pass of seconds: RTT 10 ms, no loss,
@@ -47,6 +51,8 @@ pub(crate) struct Options {
     pub dials: usize,
     pub rate_mbit: f64,
     pub mtu: usize,
+    /// TCP congestion control of the namespaces; None: the host's.
+    pub cc: Option<String>,
     pub out: Option<PathBuf>,
 }
 
@@ -91,6 +97,7 @@ pub(crate) fn parse() -> Result<Options, String> {
             dials: 2,
             rate_mbit: 100.0,
             mtu: 1500,
+            cc: None,
             out: None,
         }
     } else {
@@ -107,6 +114,7 @@ pub(crate) fn parse() -> Result<Options, String> {
             dials: 10,
             rate_mbit: 500.0,
             mtu: 1500,
+            cc: None,
             out: None,
         }
     };
@@ -145,6 +153,7 @@ pub(crate) fn parse() -> Result<Options, String> {
                 o.rate_mbit = val()?.parse().map_err(|_| "--rate-mbit R".to_string())?
             }
             "--mtu" => o.mtu = val()?.parse().map_err(|_| "--mtu M".to_string())?,
+            "--cc" => o.cc = Some(val()?),
             "--out" => o.out = Some(PathBuf::from(val()?)),
             "-h" | "--help" => return Err(USAGE.to_string()),
             // cargo passes `--bench` and filters through.

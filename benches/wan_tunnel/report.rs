@@ -180,6 +180,8 @@ pub(crate) struct Grid {
     pub systems: Vec<System>,
     pub rate_mbit: f64,
     pub mtu: usize,
+    /// TCP congestion control on both sides of the link.
+    pub cc: String,
     pub window_secs: f64,
     pub warmup_rtts: f64,
     pub warmup_min_secs: f64,
@@ -205,6 +207,11 @@ impl Grid {
             systems: o.systems.clone(),
             rate_mbit: o.rate_mbit,
             mtu: o.mtu,
+            cc: o.cc.clone().unwrap_or_else(|| {
+                let host = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+                    .unwrap_or_default();
+                format!("{} (the host's default)", host.trim())
+            }),
             window_secs: o.window.as_secs_f64(),
             warmup_rtts: o.warmup_rtts,
             warmup_min_secs: o.warmup_min.as_secs_f64(),
@@ -324,6 +331,7 @@ impl Grid {
             "load_average_end": self.load_end,
             "rate_mbit": self.rate_mbit,
             "mtu": self.mtu,
+            "congestion_control": self.cc,
             "window_secs": self.window_secs,
             "warmup_rtts": self.warmup_rtts,
             "warmup_min_secs": self.warmup_min_secs,
@@ -365,11 +373,12 @@ fn markdown(g: &Grid, plots: &[(f64, String)]) -> String {
         "- **Link:** `wanlink` between two network namespaces: {} Mbit/s ({:.1} MB/s of IP \
          packets) each way, MTU {}, a queue of one bandwidth-delay product (at least 64 KiB) \
          with tail drop, random loss per direction as given, no jitter; socket buffers up to \
-         128 MiB. Only the system's own link crosses it: client and server (or the cloud \
+         128 MiB; TCP congestion control {} everywhere. Only the system's own link crosses it: client and server (or the cloud \
          haproxy) share the cloud side, agent (or the edge haproxy) and target the edge's.\n",
         g.rate_mbit,
         g.rate_mbit / 8.0,
-        g.mtu
+        g.mtu,
+        g.cc
     ));
     md.push_str(&format!(
         "- **Cases:** all tunnels of a case stream at once for a warm-up of {} round trips \
