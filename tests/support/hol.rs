@@ -543,6 +543,9 @@ impl Stalled {
 
 impl Drop for Stalled {
     fn drop(&mut self) {
+        // An upload's target reads again: the client's end is a
+        // half-close, after which the agent still delivers what it holds.
+        self.flow.pause(false);
         // Wakes an upload's writer blocked on the full socket.
         let _ = self.stream.shutdown(Shutdown::Both);
     }
