@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use support::netns::Netns;
 use support::peer_bins::peer_dir;
 use support::wan::{Wan, WanConfig, CLOUD_IP};
 use support::*;
@@ -101,9 +102,37 @@ fn connect(uds: &Path, port: u16) -> UnixStream {
     s
 }
 
+/// Runs `work` while the `metric` of the process whose admin address is
+/// `admin` (in `ns`) is scraped every 100 ms: what `work` gave and the
+/// metric's highest value seen.
+fn watching<T: Send>(
+    ns: &Netns,
+    admin: SocketAddr,
+    metric: &str,
+    work: impl FnOnce() -> T,
+) -> (T, u64) {
+    let most = AtomicU64::new(0);
+    let done = AtomicBool::new(false);
+    let out = thread::scope(|scope| {
+        let (most, done) = (&most, &done);
+        scope.spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                let text = ns.run(move || http_get(admin, "/metrics").1);
+                if let Some(v) = metric_in(&text, metric) {
+                    most.fetch_max(v as u64, Ordering::Relaxed);
+                }
+                thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let out = work();
+        done.store(true, Ordering::Relaxed);
+        out
+    });
+    (out, most.load(Ordering::Relaxed))
+}
+
 /// Reads `size` bytes from `s`, each checked, while the server's `metric`
-/// is scraped every 100 ms: the seconds taken and the metric's highest
-/// value seen.
+/// is scraped: the seconds taken and the metric's highest value seen.
 fn download_watching(
     wan: &Wan,
     admin: SocketAddr,
@@ -111,20 +140,7 @@ fn download_watching(
     size: u64,
     metric: &str,
 ) -> (f64, u64) {
-    let most = AtomicU64::new(0);
-    let done = AtomicBool::new(false);
-    let secs = thread::scope(|scope| {
-        let cloud = &wan.cloud;
-        let (most, done) = (&most, &done);
-        scope.spawn(move || {
-            while !done.load(Ordering::Relaxed) {
-                let text = cloud.run(move || http_get(admin, "/metrics").1);
-                if let Some(v) = metric_in(&text, metric) {
-                    most.fetch_max(v as u64, Ordering::Relaxed);
-                }
-                thread::sleep(Duration::from_millis(100));
-            }
-        });
+    watching(&wan.cloud, admin, metric, || {
         let started = Instant::now();
         let mut buf = vec![0u8; 256 * 1024];
         let mut at = 0u64;
@@ -136,11 +152,8 @@ fn download_watching(
             }
             at += k as u64;
         }
-        let secs = started.elapsed().as_secs_f64();
-        done.store(true, Ordering::Relaxed);
-        secs
-    });
-    (secs, most.load(Ordering::Relaxed))
+        started.elapsed().as_secs_f64()
+    })
 }
 
 /// Waits until the server's `metric` reads 0.
@@ -360,20 +373,7 @@ fn our_agents_link_window_grows_behind_a_go_server_and_an_upload_arrives_whole()
     });
 
     let mut s = connect(&uds, port);
-    let most = AtomicU64::new(0);
-    let done = AtomicBool::new(false);
-    let secs = thread::scope(|scope| {
-        let edge = &wan.edge;
-        let (most, done) = (&most, &done);
-        scope.spawn(move || {
-            while !done.load(Ordering::Relaxed) {
-                let text = edge.run(move || http_get(admin, "/metrics").1);
-                if let Some(v) = metric_in(&text, LINK_GROWTH) {
-                    most.fetch_max(v as u64, Ordering::Relaxed);
-                }
-                thread::sleep(Duration::from_millis(100));
-            }
-        });
+    let (secs, grown) = watching(&wan.edge, admin, LINK_GROWTH, || {
         let started = Instant::now();
         let mut buf = vec![0u8; 256 * 1024];
         let mut at = 0u64;
@@ -388,10 +388,8 @@ fn our_agents_link_window_grows_behind_a_go_server_and_an_upload_arrives_whole()
         let mut ok = [0u8; 2];
         s.read_exact(&mut ok).expect("the target's answer");
         assert_eq!(&ok, b"ok");
-        done.store(true, Ordering::Relaxed);
         started.elapsed().as_secs_f64()
     });
-    let grown = most.load(Ordering::Relaxed);
     println!(
         "{size} bytes in {secs:.1} s ({:.1} MB/s) to our agent behind the Go server over a 300 ms round trip at 200 Mbit/s; the link's windows grew by up to {:.1} MiB",
         size as f64 / secs / 1e6,
