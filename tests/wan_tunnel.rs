@@ -86,20 +86,8 @@ fn metric_in(text: &str, what: &str) -> Option<f64> {
 
 /// A CONNECT tunnel to the target's `port` through the server's socket.
 fn connect(uds: &Path, port: u16) -> UnixStream {
-    let mut s = UnixStream::connect(uds).expect("the CONNECT socket");
-    // Generous: the download takes seconds; a stalled one fails here.
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let t = format!("127.0.0.1:{port}");
-    write!(s, "CONNECT {t} HTTP/1.1\r\nHost: {t}\r\n\r\n").unwrap();
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        assert_eq!(s.read(&mut b).unwrap(), 1, "closed in the answer");
-        head.push(b[0]);
-    }
-    let head = String::from_utf8_lossy(&head);
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    s
+    // Generous: a transfer takes seconds; a stalled one fails here.
+    support::hol::connect_tunnel(uds, port, Duration::from_secs(60))
 }
 
 /// Runs `work` while the `metric` of the process whose admin address is

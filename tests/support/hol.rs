@@ -287,9 +287,17 @@ fn serve(s: std::net::TcpStream, table: &Mutex<HashMap<String, Arc<Flow>>>) {
 /// A CONNECT to the target's `port` on the edge's loopback through the
 /// server's unix socket, then `line`.
 pub(crate) fn connect_uds(uds: &Path, port: u16, line: &str) -> UnixStream {
+    let mut s = connect_tunnel(uds, port, PATIENCE);
+    writeln!(s, "{line}").unwrap();
+    s
+}
+
+/// A CONNECT to `port` on the edge's loopback through the server's unix
+/// socket `uds`, answered 200; reads and writes wait at most `patience`.
+pub(crate) fn connect_tunnel(uds: &Path, port: u16, patience: Duration) -> UnixStream {
     let mut s = UnixStream::connect(uds).expect("the CONNECT socket");
-    s.set_read_timeout(Some(PATIENCE)).unwrap();
-    s.set_write_timeout(Some(PATIENCE)).unwrap();
+    s.set_read_timeout(Some(patience)).unwrap();
+    s.set_write_timeout(Some(patience)).unwrap();
     let t = format!("127.0.0.1:{port}");
     write!(s, "CONNECT {t} HTTP/1.1\r\nHost: {t}\r\n\r\n").unwrap();
     let mut head = Vec::new();
@@ -300,7 +308,6 @@ pub(crate) fn connect_uds(uds: &Path, port: u16, line: &str) -> UnixStream {
     }
     let head = String::from_utf8_lossy(&head);
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    writeln!(s, "{line}").unwrap();
     s
 }
 
