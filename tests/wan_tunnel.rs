@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use support::netns::Netns;
 use support::peer_bins::peer_dir;
-use support::wan::{Wan, WanConfig, CLOUD_IP};
+use support::wan::{anp_server_command, Wan, WanConfig, CLOUD_IP};
 use support::*;
 
 const MIB: u64 = 1024 * 1024;
@@ -292,29 +292,8 @@ fn our_agents_link_window_grows_behind_a_go_server_and_an_upload_arrives_whole()
         return;
     };
     let env = Env::new();
-    let c = env.certs();
     let uds = env.path("wan-anp.sock");
-    let (cert, key) = env.issue(
-        "wan-anp-server",
-        "anp-server",
-        &[&CLOUD_IP.to_string(), "localhost"],
-        &[rcgen::ExtendedKeyUsagePurpose::ServerAuth],
-    );
-    let mut cmd = Command::new(peers.join("anp-server"));
-    cmd.arg("--mode=http-connect")
-        .arg(format!("--uds-name={}", uds.display()))
-        .arg("--server-port=0")
-        .arg(format!("--cluster-cert={cert}"))
-        .arg(format!("--cluster-key={key}"))
-        .arg(format!("--cluster-ca-cert={}", c.join("ca.crt").display()))
-        .arg(format!("--agent-bind-address={CLOUD_IP}"))
-        .arg("--agent-port=8091")
-        .arg("--admin-port=8095")
-        .arg("--health-bind-address=127.0.0.1")
-        .arg("--health-port=8092")
-        .arg("--keepalive-time=1h")
-        .arg("-v=1")
-        .env_remove("PROXY_SERVER_ID");
+    let cmd = anp_server_command(&env, &peers, "http-connect", &uds, 8091, "wan", 1);
     let server = Proc::spawn(wan.cloud.exec(&cmd), env.path("wan-anp-server.log"));
     server.wait_log("Starting health server");
     let agent_cmd = Agent::command(

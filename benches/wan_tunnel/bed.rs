@@ -15,7 +15,7 @@ use crate::client::Entry;
 use crate::flows;
 use crate::haproxy_pair;
 use crate::support::netns::sh;
-use crate::support::wan::{Wan, WanConfig, CLOUD_IP, EDGE_IP};
+use crate::support::wan::{anp_server_command, Wan, WanConfig, CLOUD_IP, EDGE_IP};
 use crate::support::{Agent, Binds, Env, Proc, Server};
 use crate::target::Target;
 
@@ -238,28 +238,8 @@ fn start_edgetunnel(env: &Env, wan: &Wan, tag: &str) -> (Vec<Proc>, PathBuf, Pat
 fn start_anp(env: &Env, wan: &Wan, peers: &Path, grpc: bool, tag: &str) -> (Vec<Proc>, PathBuf) {
     let c = env.certs();
     let uds = env.path(&format!("anp-{tag}.sock"));
-    let (cert, key) = env.issue(
-        &format!("anp-server-{tag}"),
-        "anp-server",
-        &[&CLOUD_IP.to_string(), "localhost"],
-        &[rcgen::ExtendedKeyUsagePurpose::ServerAuth],
-    );
     let mode = if grpc { "grpc" } else { "http-connect" };
-    let mut cmd = Command::new(peers.join("anp-server"));
-    cmd.arg(format!("--mode={mode}"))
-        .arg(format!("--uds-name={}", uds.display()))
-        .arg("--server-port=0")
-        .arg(format!("--cluster-cert={cert}"))
-        .arg(format!("--cluster-key={key}"))
-        .arg(format!("--cluster-ca-cert={}", c.join("ca.crt").display()))
-        .arg(format!("--agent-bind-address={CLOUD_IP}"))
-        .arg(format!("--agent-port={ANP_AGENT_PORT}"))
-        .arg("--admin-port=8095")
-        .arg("--health-bind-address=127.0.0.1")
-        .arg("--health-port=8092")
-        .arg("--keepalive-time=1h")
-        .arg("-v=0")
-        .env_remove("PROXY_SERVER_ID");
+    let cmd = anp_server_command(env, peers, mode, &uds, ANP_AGENT_PORT, tag, 0);
     let server = Proc::spawn(
         wan.cloud.exec(&cmd),
         env.path(&format!("anp-server-{tag}.log")),

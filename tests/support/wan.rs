@@ -425,3 +425,41 @@ impl Netns {
         values[i].parse().expect("a counter")
     }
 }
+
+/// ANP's Go `proxy-server` for the cloud namespace: `mode` (`http-connect`
+/// or `grpc`), its frontend on the unix socket `uds`, agents on
+/// `CLOUD_IP:agent_port` with a server certificate (named `tag`) that
+/// names that address, keepalive 1 h as tests/peers run it, `-v=<v>`.
+pub(crate) fn anp_server_command(
+    env: &super::Env,
+    peers: &Path,
+    mode: &str,
+    uds: &Path,
+    agent_port: u16,
+    tag: &str,
+    v: u8,
+) -> Command {
+    let (cert, key) = env.issue(
+        &format!("anp-server-{tag}"),
+        "anp-server",
+        &[&CLOUD_IP.to_string(), "localhost"],
+        &[rcgen::ExtendedKeyUsagePurpose::ServerAuth],
+    );
+    let ca = env.certs().join("ca.crt");
+    let mut cmd = Command::new(peers.join("anp-server"));
+    cmd.arg(format!("--mode={mode}"))
+        .arg(format!("--uds-name={}", uds.display()))
+        .arg("--server-port=0")
+        .arg(format!("--cluster-cert={cert}"))
+        .arg(format!("--cluster-key={key}"))
+        .arg(format!("--cluster-ca-cert={}", ca.display()))
+        .arg(format!("--agent-bind-address={CLOUD_IP}"))
+        .arg(format!("--agent-port={agent_port}"))
+        .arg("--admin-port=8095")
+        .arg("--health-bind-address=127.0.0.1")
+        .arg("--health-port=8092")
+        .arg("--keepalive-time=1h")
+        .arg(format!("-v={v}"))
+        .env_remove("PROXY_SERVER_ID");
+    cmd
+}
