@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use edgetunnel::protocol::anp::packet::{self, Frame};
-use support::raw_h2::{Event, RawH2, DATA, END_STREAM};
+use support::raw_h2::{Event, RawH2, DATA, END_STREAM, WINDOW_UPDATE};
 use support::*;
 
 /// One ARM target: its Rust triple and how qemu-user runs its binaries.
@@ -217,7 +217,12 @@ fn grpc_tunnel(arch: &Arch, server: &Server, echo: &Echo) {
     s.set_read_timeout(Some(WAIT)).unwrap();
     s.set_nodelay(true).unwrap();
     let mut c = RawH2::start(s);
+    // The client's receive windows, 64 KiB by default, opened to 2 GiB
+    // (it sends no WINDOW_UPDATE as it reads).
+    let more = (0x7fff_ffff_u32 - 65_535).to_be_bytes();
+    c.write_frame(WINDOW_UPDATE, 0, 0, &more);
     let id = c.dial(1, "localhost", echo.addr, 4400);
+    c.write_frame(WINDOW_UPDATE, 0, 1, &more);
     let data = random_bytes(1 << 20, 45);
     let mut back = Vec::with_capacity(data.len());
     for chunk in data.chunks(8 << 10) {
