@@ -53,7 +53,7 @@ fn the_image_builds_per_target_arch_and_runs_as_non_root() {
     let user = df
         .lines()
         .filter_map(|l| l.strip_prefix("USER "))
-        .last()
+        .next_back()
         .expect("a USER in the final stage");
     let uid = user.split(':').next().unwrap().trim();
     assert_ne!(uid, "0", "the image runs as root");
