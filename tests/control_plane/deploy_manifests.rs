@@ -6,7 +6,10 @@
 //! names speak the same protocol; several servers behind one address are
 //! counted; hostNetwork pods that can share a node bind different ports;
 //! no pod runs Unconfined; RBAC grants each identity exactly what its flags
-//! make it call; images are pinned; roles run as non-root where they can.
+//! make it call; images are pinned; roles run as non-root where they can,
+//! and those that need root say so (the image's own user is 65532).
+//! `image` (tests/control_plane/deploy_manifests/image.rs) checks that the
+//! Dockerfile builds each architecture's binary.
 //! `dry_run` (tests/control_plane/deploy_manifests/dry_run.rs) then
 //! applies every manifest with `kubectl apply --dry-run=server` against a
 //! real kube-apiserver when ../shared/peers has one.
@@ -21,6 +24,7 @@ use edgetunnel::compat::{self, Binary, Host};
 use serde_json::Value;
 
 mod dry_run;
+mod image;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
@@ -498,6 +502,14 @@ fn containers_have_resources_pinned_images_and_least_privilege() {
                     "{what}: runs as root without needing it"
                 );
             } else {
+                // The image runs as 65532 (Dockerfile `USER`): a role that
+                // needs root asks for uid 0.
+                let uid = sc["runAsUser"].as_i64().or(pod_sc["runAsUser"].as_i64());
+                assert_eq!(
+                    uid,
+                    Some(0),
+                    "{what}: needs root but would run as the image's user"
+                );
                 let allowed = ["NET_ADMIN", "NET_RAW", "CHOWN"];
                 assert!(
                     adds.iter().all(|a| allowed.contains(&a.as_str())),

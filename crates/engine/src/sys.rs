@@ -371,7 +371,18 @@ pub fn raise_nofile_limit() -> io::Result<(u64, u64)> {
         }
         r = raised;
     }
-    Ok((r.rlim_cur, r.rlim_max))
+    Ok((rlim_u64(r.rlim_cur), rlim_u64(r.rlim_max)))
+}
+
+/// A limit as `u64`: `rlim_t` is 32 bits on 32-bit targets (armv7), where
+/// `RLIM_INFINITY` is `u32::MAX`; infinite is `u64::MAX` everywhere.
+#[allow(clippy::useless_conversion)] // `rlim_t` is already u64 on 64-bit targets
+fn rlim_u64(v: libc::rlim_t) -> u64 {
+    if v == libc::RLIM_INFINITY {
+        u64::MAX
+    } else {
+        u64::from(v)
+    }
 }
 
 /// The soft RLIMIT_NOFILE in force (`u64::MAX` when infinite or unknown).
@@ -384,7 +395,7 @@ pub fn nofile_limit() -> u64 {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
         return u64::MAX;
     }
-    r.rlim_cur
+    rlim_u64(r.rlim_cur)
 }
 
 #[cfg(test)]
