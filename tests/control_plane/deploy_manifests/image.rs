@@ -63,8 +63,11 @@ fn the_image_builds_per_target_arch_and_runs_as_non_root() {
     assert_eq!(uid, "65532");
 }
 
+/// qemu-user's binary and the C library root it runs with.
+type Qemu = Option<(&'static str, &'static str)>;
+
 /// (TARGETARCH, its Rust triple, ELF e_machine, 64-bit, qemu-user).
-const ARCHES: [(&str, &str, u16, bool, Option<(&str, &str)>); 3] = [
+const ARCHES: [(&str, &str, u16, bool, Qemu); 3] = [
     ("amd64", "", 62, true, None),
     (
         "arm64",
