@@ -69,10 +69,12 @@ impl Arch {
     fn binary(&self) -> PathBuf {
         let profile =
             std::env::var("EDGETUNNEL_CROSS_PROFILE").unwrap_or_else(|_| "release".to_string());
+        // Cargo's dev profile builds into `debug`.
+        let dir = if profile == "dev" { "debug" } else { &profile };
         repo()
             .join("target")
             .join(self.triple)
-            .join(profile)
+            .join(dir)
             .join("edgetunnel")
     }
 

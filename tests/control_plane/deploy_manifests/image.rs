@@ -112,14 +112,21 @@ fn the_images_build_step_makes_each_architectures_binary() {
     let required = std::env::var_os("EDGETUNNEL_REQUIRE_CROSS").is_some_and(|v| v == "1");
     let cmd = build_command(&dockerfile());
     let out = tempfile::tempdir().unwrap();
+    // The image ships release binaries; scripts/test builds the cross ones
+    // with the dev profile (EDGETUNNEL_CROSS_PROFILE) to keep CI's time
+    // down, and the build step is run with the same profile.
+    let profile =
+        std::env::var("EDGETUNNEL_CROSS_PROFILE").unwrap_or_else(|_| "release".to_string());
+    let profile_dir = if profile == "dev" { "debug" } else { &profile };
     for (arch, triple, machine, is64, qemu) in ARCHES {
         let built = if triple.is_empty() {
-            root().join("target/release/edgetunnel")
+            root().join("target").join(profile_dir).join("edgetunnel")
         } else {
             root()
                 .join("target")
                 .join(triple)
-                .join("release/edgetunnel")
+                .join(profile_dir)
+                .join("edgetunnel")
         };
         if !required && !built.exists() {
             println!(
@@ -135,6 +142,7 @@ fn the_images_build_step_makes_each_architectures_binary() {
             .arg(&run)
             .current_dir(root())
             .env("TARGETARCH", arch)
+            .env("EDGETUNNEL_IMAGE_PROFILE", &profile)
             .status()
             .unwrap();
         assert!(status.success(), "{arch}: {run}: {status}");
