@@ -96,10 +96,16 @@ impl System {
 const ANP_AGENT_PORT: u16 = 8091;
 const PAIR_CLOUD_PORT: u16 = 15000;
 const PAIR_EDGE_PORT: u16 = 15001;
+const AGENT_ADMIN_PORT: u16 = 8095;
 
 pub(crate) struct Bed {
     // Dropped in this order: the processes, the target, the link.
     procs: Vec<Proc>,
+    /// edgetunnel's admin listeners (server in the cloud, agent at the
+    /// edge), for `WAN_DIAG`.
+    pub admins: Option<(SocketAddr, SocketAddr)>,
+    /// edgetunnel's server and agent processes, for `WAN_DIAG`.
+    pub pids: Option<(u32, u32)>,
     pub entry: Entry,
     pub target: Target,
     pub wan: Wan,
@@ -108,16 +114,30 @@ pub(crate) struct Bed {
 impl Bed {
     /// A new link of `cfg` with `system` on it, once a stream through it
     /// echoes. `peers`: the directory of ANP's binaries; `cc`: the TCP
-    /// congestion control of both namespaces (None: the host's).
+    /// congestion control of both namespaces (None: the host's);
+    /// `rmem_default`: their initial TCP receive buffer (None: the
+    /// kernel's).
     pub(crate) fn start(
         system: System,
         cfg: &WanConfig,
         env: &Env,
         peers: Option<&Path>,
         cc: Option<&str>,
+        rmem_default: Option<u64>,
         tag: &str,
     ) -> Result<Bed, String> {
         let wan = Wan::start(cfg);
+        if let Some(d) = rmem_default {
+            for ns in [&wan.cloud, &wan.edge] {
+                sh(
+                    &ns.0,
+                    &format!(
+                        "sysctl -qw net.ipv4.tcp_rmem='4096 {d} {}'",
+                        crate::support::wan::TCP_BUFFER_MAX
+                    ),
+                );
+            }
+        }
         if let Some(cc) = cc {
             for ns in [&wan.cloud, &wan.edge] {
                 sh(
@@ -128,13 +148,17 @@ impl Bed {
         }
         let target = Target::start(&wan);
         let to = SocketAddr::from(([127, 0, 0, 1], target.port));
+        let mut admins = None;
+        let mut pids = None;
         let (procs, entry) = match system {
             System::Plain => (
                 Vec::new(),
                 Entry::Tcp(SocketAddr::from((EDGE_IP, target.port))),
             ),
             System::EtConnect | System::EtGrpc => {
-                let (procs, connect, grpc) = start_edgetunnel(env, &wan, tag);
+                let (procs, connect, grpc, a) = start_edgetunnel(env, &wan, tag);
+                admins = Some(a);
+                pids = Some((procs[0].child.id(), procs[1].child.id()));
                 let entry = if system == System::EtConnect {
                     Entry::ConnectUds {
                         path: connect,
@@ -173,6 +197,8 @@ impl Bed {
         };
         let bed = Bed {
             procs,
+            admins,
+            pids,
             entry,
             target,
             wan,
@@ -202,11 +228,15 @@ impl Bed {
     }
 }
 
+/// The admin listeners of an edgetunnel bed: server's, agent's.
+type Admins = (SocketAddr, SocketAddr);
+
 /// Our server in the cloud namespace (agent listener on the link, both
 /// frontends on unix sockets) and our agent in the edge's, default flags
 /// but for logging (warnings only); returns once the agent has a link to
-/// every server worker. (processes, CONNECT socket, gRPC socket)
-fn start_edgetunnel(env: &Env, wan: &Wan, tag: &str) -> (Vec<Proc>, PathBuf, PathBuf) {
+/// every server worker. (processes, CONNECT socket, gRPC socket, admin
+/// listeners of server and agent)
+fn start_edgetunnel(env: &Env, wan: &Wan, tag: &str) -> (Vec<Proc>, PathBuf, PathBuf, Admins) {
     let connect = env.path(&format!("et-connect-{tag}.sock"));
     let grpc = env.path(&format!("et-grpc-{tag}.sock"));
     let binds = Binds {
@@ -216,10 +246,16 @@ fn start_edgetunnel(env: &Env, wan: &Wan, tag: &str) -> (Vec<Proc>, PathBuf, Pat
         ..Binds::default()
     };
     let certs = env.certs().display().to_string();
-    let quiet = ["--log", "warn"];
+    // WAN_ET_LOG: edgetunnel's log filter for diagnosing a cell (the logs
+    // stay in the bench's temporary directory).
+    let level = std::env::var("WAN_ET_LOG").unwrap_or_else(|_| "warn".into());
+    let quiet = ["--log", level.as_str()];
     let (cmd, n, cu, gu) = Server::command(env, &["--certs-dir", &certs], &binds, &quiet);
     let server = Server::spawn(env, wan.cloud.exec(&cmd), n, cu, gu);
-    let agent_cmd = Agent::command(env, server.agent, "node-1", "host=node-1", &quiet);
+    let agent_admin = SocketAddr::from(([127, 0, 0, 1], AGENT_ADMIN_PORT));
+    let admin_bind = agent_admin.to_string();
+    let agent_args = ["--log", level.as_str(), "--admin-bind", &admin_bind];
+    let agent_cmd = Agent::command(env, server.agent, "node-1", "host=node-1", &agent_args);
     let agent = Proc::spawn(
         wan.edge.exec(&agent_cmd),
         env.path(&format!("et-agent-{tag}.log")),
@@ -229,7 +265,8 @@ fn start_edgetunnel(env: &Env, wan: &Wan, tag: &str) -> (Vec<Proc>, PathBuf, Pat
     for _ in 1..workers {
         agent.wait_line("LINKED");
     }
-    (vec![server.proc, agent], connect, grpc)
+    let admins = (server.admin, agent_admin);
+    (vec![server.proc, agent], connect, grpc, admins)
 }
 
 /// ANP's Go server in the cloud namespace (http-connect or grpc mode,

@@ -34,6 +34,7 @@ mod haproxy_pair;
 mod run_facts;
 
 mod bed;
+mod diag;
 mod flows;
 mod options;
 mod plot;
@@ -100,7 +101,15 @@ fn main() {
                         beds += 1;
                         let tag = format!("{}-{beds}", system.name());
                         match guarded(|| {
-                            Bed::start(system, &cfg, &env, peers.as_deref(), o.cc.as_deref(), &tag)
+                            Bed::start(
+                                system,
+                                &cfg,
+                                &env,
+                                peers.as_deref(),
+                                o.cc.as_deref(),
+                                o.rmem_default,
+                                &tag,
+                            )
                         }) {
                             Ok(b) => *slot = Some(b),
                             Err(e) => grid.note(format!(
@@ -131,6 +140,14 @@ fn main() {
                             None => Err("the system did not start".to_string()),
                             Some(b) => {
                                 let (a0, b0) = b.wan.stats();
+                                let diag = diag::Sampler::start(
+                                    b,
+                                    &format!(
+                                        "{} rtt={rtt} loss={loss} tunnels={tunnels} {}",
+                                        system.name(),
+                                        dir.name()
+                                    ),
+                                );
                                 let r = guarded(|| {
                                     flows::transfer(
                                         &b.wan,
@@ -142,6 +159,7 @@ fn main() {
                                         timing,
                                     )
                                 });
+                                drop(diag);
                                 let (a1, b1) = b.wan.stats();
                                 let lost = a1.lost + b1.lost - a0.lost - b0.lost;
                                 let drops = a1.queue_drops + b1.queue_drops

@@ -10,7 +10,7 @@ pub(crate) const USAGE: &str = "\
 usage: benches/run --scenarios wan [--rtts MS,..] [--losses PCT,..] [--tunnels N,..]
          [--directions download,upload] [--systems a,b,..] [--secs S]
          [--warmup-rtts K] [--warmup-min-secs S] [--dials N] [--rate-mbit R]
-         [--mtu M] [--cc NAME] [--out DIR]
+         [--mtu M] [--cc NAME] [--rmem-default B] [--out DIR]
   The WAN grid (issue 41): every system over an emulated link between two
   network namespaces (crates/wanlink), one case per RTT x loss x tunnels x
   direction, each streaming for a fixed time; root, iproute2, /dev/net/tun.
@@ -33,6 +33,10 @@ usage: benches/run --scenarios wan [--rtts MS,..] [--losses PCT,..] [--tunnels N
                 default the host's, which new namespaces inherit; a
                 namespace may only pick one the host lists in
                 net.ipv4.tcp_allowed_congestion_control)
+  --rmem-default B
+                the initial TCP receive buffer in both namespaces (the
+                middle of net.ipv4.tcp_rmem, default the kernel's 131072):
+                where a receiver's window starts before autotuning
   --out DIR     where wan.md, wan.json and the plots go (default
                 benches/results/wan/grid-<date>-<time>/)
 Without --bench (cargo test) a smoke pass of seconds: RTT 10 ms, no loss,
@@ -53,6 +57,8 @@ pub(crate) struct Options {
     pub mtu: usize,
     /// TCP congestion control of the namespaces; None: the host's.
     pub cc: Option<String>,
+    /// The middle of `net.ipv4.tcp_rmem` in the namespaces; None: 131072.
+    pub rmem_default: Option<u64>,
     pub out: Option<PathBuf>,
 }
 
@@ -98,6 +104,7 @@ pub(crate) fn parse() -> Result<Options, String> {
             rate_mbit: 100.0,
             mtu: 1500,
             cc: None,
+            rmem_default: None,
             out: None,
         }
     } else {
@@ -115,6 +122,7 @@ pub(crate) fn parse() -> Result<Options, String> {
             rate_mbit: 500.0,
             mtu: 1500,
             cc: None,
+            rmem_default: None,
             out: None,
         }
     };
@@ -154,6 +162,13 @@ pub(crate) fn parse() -> Result<Options, String> {
             }
             "--mtu" => o.mtu = val()?.parse().map_err(|_| "--mtu M".to_string())?,
             "--cc" => o.cc = Some(val()?),
+            "--rmem-default" => {
+                o.rmem_default = Some(
+                    val()?
+                        .parse()
+                        .map_err(|_| "--rmem-default BYTES".to_string())?,
+                )
+            }
             "--out" => o.out = Some(PathBuf::from(val()?)),
             "-h" | "--help" => return Err(USAGE.to_string()),
             // cargo passes `--bench` and filters through.

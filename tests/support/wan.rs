@@ -376,6 +376,11 @@ impl Drop for Wan {
 /// CPU seconds (user + system) process `pid` used so far.
 pub(crate) fn cpu_secs(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    cpu_secs_of(&stat)
+}
+
+/// CPU seconds (user + system) in the text of a `/proc/.../stat` file.
+pub(crate) fn cpu_secs_of(stat: &str) -> f64 {
     // The fields after the command's closing parenthesis: state is the
     // first, utime the 12th and stime the 13th.
     let rest = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
