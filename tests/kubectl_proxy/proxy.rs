@@ -181,6 +181,88 @@ fn keepalive_reuses_upstream_connections() {
     assert_eq!(metric(&maddr, "edgetunnel_proxy_forwarded_total"), 102.0);
 }
 
+/// An upstream that answers each connection's first request after a
+/// pause (so that concurrent requests take one connection each) and keeps
+/// it open, kept-alive; a second request on it finds the connection closed
+/// without an answer, as when a server times out an idle connection just as
+/// a request arrives (Go's `errServerClosedIdle`).
+fn upstream_closing_idle_connections() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            count.fetch_add(1, Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let mut b = [0u8; 4096];
+                for answered in [false, true] {
+                    let mut head = Vec::new();
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match c.read(&mut b) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&b[..n]),
+                        }
+                    }
+                    if answered {
+                        // The second request: closed unanswered.
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(300));
+                    let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+                }
+            });
+        }
+    });
+    (port, accepted)
+}
+
+/// Pooled connections the upstream closes as a request arrives are retried
+/// one after another, as Go's transport does for a replayable request
+/// (`shouldRetryRequest` on a reused connection, in a loop): three such
+/// connections in the pool, and the next GET still gets its answer from a
+/// fresh one.
+#[test]
+fn stale_pooled_connections_are_each_retried() {
+    let s = setup();
+    let (port, accepted) = upstream_closing_idle_connections();
+    let kc = s.env.path("kc-closing");
+    apiserver::kubeconfig(
+        &kc,
+        &format!("http://127.0.0.1:{port}"),
+        &s.env.certs(),
+        Some("tok"),
+        false,
+    );
+    let p = start(
+        ours_cmd(&kc, &[p0(), vec!["--workers=1".into()]].concat()),
+        s.env.path("ours-closing.log"),
+    );
+    // Three requests at once: three upstream connections, all pooled.
+    let ep = &p.ep;
+    std::thread::scope(|sc| {
+        for i in 0..3 {
+            sc.spawn(move || {
+                let r = exchange(ep, &get(&format!("/api/v1/a{i}"), ep.port()), "GET").unwrap();
+                assert_eq!(r.status, 200);
+            });
+        }
+    });
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        3,
+        "three upstream connections"
+    );
+    let r = exchange(ep, &get("/api/v1/after", ep.port()), "GET").unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        4,
+        "one fresh dial after the stale ones"
+    );
+}
+
 #[test]
 fn bad_input_is_answered_and_isolated() {
     let s = setup();

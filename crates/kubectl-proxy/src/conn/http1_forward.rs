@@ -154,8 +154,12 @@ pub(super) async fn forward_request(
         if reused {
             shared.metrics.upstream_reused.inc_by(1);
         }
+        // Go's transport goes again for as long as the connection that
+        // failed was a pooled one (a fresh dial failing ends it): several
+        // pooled connections the upstream closed while idle are each
+        // tried and dropped. Bounded by the pool, which only shrinks here.
         let may_retry = |failure| {
-            attempt == 1
+            attempt <= shared.idle_per_core + 1
                 && retry::may_retry(
                     reused,
                     failure,
