@@ -116,18 +116,25 @@ impl Arch {
         cmd.arg("-L").arg(self.sysroot).arg(bin);
         cmd
     }
+
+    /// `edgetunnel agent` of this architecture with the test certificates,
+    /// linking to `server` as `agent_id`.
+    fn agent(&self, bin: &Path, env: &Env, server: &Server, agent_id: &str) -> Command {
+        let mut cmd = self.command(bin);
+        cmd.arg("agent")
+            .arg("--certs-dir")
+            .arg(env.certs())
+            .args(["--server-addr", &server.agent.to_string()])
+            .args(["--server-name", "localhost"])
+            .args(["--agent-id", agent_id]);
+        cmd
+    }
 }
 
 /// An emulated agent with the test certificates, on the auto driver.
 fn start_agent(arch: &Arch, bin: &Path, env: &Env, server: &Server) -> Proc {
-    let mut cmd = arch.command(bin);
-    cmd.arg("agent")
-        .arg("--certs-dir")
-        .arg(env.certs())
-        .args(["--server-addr", &server.agent.to_string()])
-        .args(["--server-name", "localhost"])
-        .args(["--agent-id", &format!("node-{}", arch.name)])
-        .args(["--agent-identifiers", &format!("host=node-{}", arch.name)])
+    let mut cmd = arch.agent(bin, env, server, &format!("node-{}", arch.name));
+    cmd.args(["--agent-identifiers", &format!("host=node-{}", arch.name)])
         .args(["--backoff-initial-secs", "0.1", "--backoff-max-secs", "1"])
         .env_remove("EDGETUNNEL_DRIVER")
         .env_remove("MONOIO_FORCE_LEGACY_DRIVER");
@@ -161,14 +168,8 @@ fn host_auto_driver(env: &Env) -> String {
 /// `--driver uring` under emulation: must not run (it exits with an error
 /// instead of connecting). Returns the error line it printed.
 fn forced_uring_refused(arch: &Arch, bin: &Path, env: &Env, server: &Server) -> String {
-    let mut cmd = arch.command(bin);
-    cmd.arg("agent")
-        .arg("--certs-dir")
-        .arg(env.certs())
-        .args(["--server-addr", &server.agent.to_string()])
-        .args(["--server-name", "localhost"])
-        .args(["--agent-id", "forced-uring"])
-        .args(["--driver", "uring"]);
+    let mut cmd = arch.agent(bin, env, server, "forced-uring");
+    cmd.args(["--driver", "uring"]);
     let mut p = Proc::spawn(cmd, env.path(&format!("agent-{}-uring.log", arch.name)));
     let status = p
         .wait_exit(Duration::from_secs(60))
