@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use support::raw_h2::*;
 use support::*;
 
-const NOFILE: u64 = 256;
+const NOFILE: libc::rlim_t = 256;
 const CAP: usize = 32;
 const PER_IP: usize = 24;
 
@@ -40,7 +40,7 @@ fn limited_server(env: &Env, extra: &[&str]) -> Server {
 }
 
 /// A server started under RLIMIT_NOFILE `soft`:`hard`.
-fn server_with_nofile(env: &Env, extra: &[&str], soft: u64, hard: u64) -> Server {
+fn server_with_nofile(env: &Env, extra: &[&str], soft: libc::rlim_t, hard: libc::rlim_t) -> Server {
     let certs = env.certs().display().to_string();
     let (mut cmd, n, connect_uds, grpc_uds) =
         Server::command(env, &["--certs-dir", &certs], &Binds::default(), extra);

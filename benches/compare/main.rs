@@ -1165,5 +1165,7 @@ fn nofile_limit() -> u64 {
     };
     // SAFETY: getrlimit on a local struct.
     unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
-    lim.rlim_cur
+    // `rlim_t` is 32 bits on armv7.
+    #[allow(clippy::useless_conversion)]
+    u64::from(lim.rlim_cur)
 }

@@ -52,7 +52,8 @@ pub(crate) fn tun_attach(tun: &File, name: &str) -> io::Result<String> {
         .unwrap_or(req.ifr_name.len());
     Ok(req.ifr_name[..len]
         .iter()
-        .map(|&c| c as u8 as char)
+        // `c_char` is i8 on x86-64 and u8 on ARM.
+        .map(|&c| u8::from_ne_bytes(c.to_ne_bytes()) as char)
         .collect())
 }
 
