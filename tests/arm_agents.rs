@@ -54,10 +54,6 @@ const ARMV7: Arch = Arch {
     sysroot: "/usr/arm-linux-gnueabihf",
 };
 
-fn required() -> bool {
-    std::env::var_os("EDGETUNNEL_REQUIRE_CROSS").is_some_and(|v| v == "1")
-}
-
 fn on_path(prog: &str) -> bool {
     Command::new(prog)
         .arg("--version")
@@ -66,21 +62,9 @@ fn on_path(prog: &str) -> bool {
 }
 
 impl Arch {
-    fn binary(&self) -> PathBuf {
-        let profile =
-            std::env::var("EDGETUNNEL_CROSS_PROFILE").unwrap_or_else(|_| "release".to_string());
-        // Cargo's dev profile builds into `debug`.
-        let dir = if profile == "dev" { "debug" } else { &profile };
-        repo()
-            .join("target")
-            .join(self.triple)
-            .join(dir)
-            .join("edgetunnel")
-    }
-
     /// The cross-built binary, or None after saying why the test skips.
     fn ready(&self) -> Option<PathBuf> {
-        let bin = self.binary();
+        let bin = cross_binary(Some(self.triple));
         let missing = if !on_path(self.qemu) {
             Some(format!(
                 "{} is not installed (scripts/ensure-tools installs qemu-user-static)",
@@ -101,7 +85,9 @@ impl Arch {
             None
         };
         match missing {
-            Some(why) if required() => panic!("{}: {why} (EDGETUNNEL_REQUIRE_CROSS=1)", self.name),
+            Some(why) if cross_required() => {
+                panic!("{}: {why} (EDGETUNNEL_REQUIRE_CROSS=1)", self.name)
+            }
             Some(why) => {
                 println!("skipped: {}: {why}", self.name);
                 None

@@ -875,6 +875,33 @@ pub(crate) fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The cargo profile of the cross builds (`EDGETUNNEL_CROSS_PROFILE`):
+/// release by default, what the image ships; scripts/test builds dev to
+/// keep CI's time down.
+pub(crate) fn cross_profile() -> String {
+    std::env::var("EDGETUNNEL_CROSS_PROFILE").unwrap_or_else(|_| "release".to_string())
+}
+
+/// Where [`cross_profile`] puts the `edgetunnel` binary for `triple`
+/// (`None`: this machine's own target). Cargo's dev profile builds into
+/// `debug`.
+pub(crate) fn cross_binary(triple: Option<&str>) -> PathBuf {
+    let profile = cross_profile();
+    let dir = if profile == "dev" { "debug" } else { &profile };
+    let mut path = repo().join("target");
+    if let Some(t) = triple {
+        path.push(t);
+    }
+    path.join(dir).join("edgetunnel")
+}
+
+/// Whether a missing cross-built binary or qemu-user fails a test instead
+/// of skipping it (`EDGETUNNEL_REQUIRE_CROSS=1`, set by scripts/test after
+/// the cross builds).
+pub(crate) fn cross_required() -> bool {
+    std::env::var_os("EDGETUNNEL_REQUIRE_CROSS").is_some_and(|v| v == "1")
+}
+
 /// The interop venv's python (Python grpcio from PyPI), set up once per
 /// test binary by `tests/interop/setup.sh`; `EDGETUNNEL_INTEROP_VENV`
 /// names a venv to reuse.

@@ -109,25 +109,15 @@ fn elf(path: &Path) -> (u16, bool, bool) {
 
 #[test]
 fn the_images_build_step_makes_each_architectures_binary() {
-    let required = std::env::var_os("EDGETUNNEL_REQUIRE_CROSS").is_some_and(|v| v == "1");
+    let required = crate::support::cross_required();
     let cmd = build_command(&dockerfile());
     let out = tempfile::tempdir().unwrap();
     // The image ships release binaries; scripts/test builds the cross ones
-    // with the dev profile (EDGETUNNEL_CROSS_PROFILE) to keep CI's time
-    // down, and the build step is run with the same profile.
-    let profile =
-        std::env::var("EDGETUNNEL_CROSS_PROFILE").unwrap_or_else(|_| "release".to_string());
-    let profile_dir = if profile == "dev" { "debug" } else { &profile };
+    // with the dev profile to keep CI's time down, and the build step is
+    // run with the same profile.
+    let profile = crate::support::cross_profile();
     for (arch, triple, machine, is64, qemu) in ARCHES {
-        let built = if triple.is_empty() {
-            root().join("target").join(profile_dir).join("edgetunnel")
-        } else {
-            root()
-                .join("target")
-                .join(triple)
-                .join(profile_dir)
-                .join("edgetunnel")
-        };
+        let built = crate::support::cross_binary((!triple.is_empty()).then_some(triple));
         if !required && !built.exists() {
             println!(
                 "skipped: {arch}: {} not built (scripts/cross-build, cargo build --release)",
