@@ -231,7 +231,6 @@ fn a_go_agents_link_window_grows_on_a_long_path_and_its_bytes_arrive_whole() {
     let flags = ["--certs-dir", &certs, "--cert", &cert, "--key", &key];
     let (cmd, n, cu, gu) = Server::command(&env, &flags, &binds, &[]);
     let server = Server::spawn(&env, wan.cloud.exec(&cmd), n, cu, gu);
-    let c = env.certs();
     let mut cmd = Command::new(peers.join("anp-agent"));
     cmd.arg(format!("--proxy-server-host={CLOUD_IP}"))
         .arg(format!("--proxy-server-port={}", server.agent.port()))
@@ -239,9 +238,7 @@ fn a_go_agents_link_window_grows_on_a_long_path_and_its_bytes_arrive_whole() {
         .arg("--agent-identifiers=host=go-1")
         .arg(format!("--admin-server-port={}", free_port()))
         .arg(format!("--health-server-port={}", free_port()))
-        .arg(format!("--ca-cert={}", c.join("ca.crt").display()))
-        .arg(format!("--agent-cert={}", c.join("agent.crt").display()))
-        .arg(format!("--agent-key={}", c.join("agent.key").display()))
+        .args(agent_mtls(&env))
         .arg("-v=1")
         .env_remove("PROXY_AGENT_ID");
     let agent = Proc::spawn(wan.edge.exec(&cmd), env.path("wan-go-agent.log"));

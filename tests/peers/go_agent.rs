@@ -59,16 +59,7 @@ pub(crate) fn go_agent_args(
     a
 }
 
-/// The mutual-TLS flags of an agent with the `certs init` agent
-/// certificate.
-pub(crate) fn agent_mtls(env: &Env) -> Vec<String> {
-    let c = env.certs();
-    vec![
-        format!("--ca-cert={}", c.join("ca.crt").display()),
-        format!("--agent-cert={}", c.join("agent.crt").display()),
-        format!("--agent-key={}", c.join("agent.key").display()),
-    ]
-}
+pub(crate) use crate::support::agent_mtls;
 
 /// Starts ANP's Go agent with `args`, logging to `<name>.log`.
 pub(crate) fn spawn_go_agent(peers: &Peers, env: &Env, name: &str, args: &[String]) -> Logged {

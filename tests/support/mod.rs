@@ -875,6 +875,17 @@ pub(crate) fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The mutual-TLS flags of ANP's Go agent with the `certs init` agent
+/// certificate.
+pub(crate) fn agent_mtls(env: &Env) -> Vec<String> {
+    let c = env.certs();
+    vec![
+        format!("--ca-cert={}", c.join("ca.crt").display()),
+        format!("--agent-cert={}", c.join("agent.crt").display()),
+        format!("--agent-key={}", c.join("agent.key").display()),
+    ]
+}
+
 /// The cargo profile of the cross builds (`EDGETUNNEL_CROSS_PROFILE`):
 /// release by default, what the image ships; scripts/test builds dev to
 /// keep CI's time down.
