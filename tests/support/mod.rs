@@ -886,18 +886,24 @@ pub(crate) fn agent_mtls(env: &Env) -> Vec<String> {
     ]
 }
 
-/// The cargo profile of the cross builds (`EDGETUNNEL_CROSS_PROFILE`):
-/// release by default, what the image ships; scripts/test builds dev to
-/// keep CI's time down.
-pub(crate) fn cross_profile() -> String {
-    std::env::var("EDGETUNNEL_CROSS_PROFILE").unwrap_or_else(|_| "release".to_string())
+/// The cargo profile of the cross builds (`EDGETUNNEL_CROSS_PROFILE`) for
+/// `triple` (`None`: this machine's own target): release by default, what
+/// the image ships. scripts/test builds the ARM binaries with `cross-ci`
+/// (unoptimized, no debug info) to keep CI's time down; this machine's own
+/// architecture then reuses the test build's binary (dev).
+pub(crate) fn cross_profile(triple: Option<&str>) -> String {
+    let profile =
+        std::env::var("EDGETUNNEL_CROSS_PROFILE").unwrap_or_else(|_| "release".to_string());
+    match triple {
+        None if profile != "release" => "dev".to_string(),
+        _ => profile,
+    }
 }
 
-/// Where [`cross_profile`] puts the `edgetunnel` binary for `triple`
-/// (`None`: this machine's own target). Cargo's dev profile builds into
-/// `debug`.
+/// Where [`cross_profile`] puts the `edgetunnel` binary for `triple`.
+/// Cargo's dev profile builds into `debug`.
 pub(crate) fn cross_binary(triple: Option<&str>) -> PathBuf {
-    let profile = cross_profile();
+    let profile = cross_profile(triple);
     let dir = if profile == "dev" { "debug" } else { &profile };
     let mut path = repo().join("target");
     if let Some(t) = triple {
