@@ -1,40 +1,33 @@
-//! The README's "From zero to a cluster", followed as written against the
-//! peers' kube-apiserver. The shell block under that heading is parsed
-//! (so the README cannot drift from this test) and every command in it
-//! runs through `sh -c` on a "control-plane node" (the cloud network
-//! namespace of `kube_cluster`, with its own `/etc/kubernetes` and
-//! `/var/lib/kubelet` bind-mounted in a private mount namespace) or, for
-//! the per-node step, on the edge node too. Only documented placeholders
-//! are replaced (`<server address>`, `<edge node>`, `<ns>`, `<pod on an
-//! edge node>`, the agent manifest's `--server-addr` that step 4 says to
-//! set), `sudo` is dropped (root here), and `edgetunnel` on PATH is the
-//! built binary (the image's ENTRYPOINT). Step 1 (`docker build`) is
-//! skipped: there is no container runtime (the README says so).
+//! The README's "From zero to a cluster", followed as written on real
+//! nodes. The shell block under that heading is parsed (so the README
+//! cannot drift from this test) and every command in it runs through `sh
+//! -c` on a node: the control-plane node (the cloud network namespace of
+//! `kube_cluster`) or, for the per-node step, the edge node too, each with
+//! its own `/etc/kubernetes` and `/var/lib/kubelet` bind-mounted in a
+//! private mount namespace. Only documented placeholders are replaced
+//! (`<server address>`, `<edge node>`, `<ns>`, `<pod on an edge node>`, the
+//! agent manifest's `--server-addr` that step 4 says to set), `sudo` is
+//! dropped (root here), and `edgetunnel` on PATH is the built binary.
 //!
-//! No kubelet either, so this test plays the kubelet for the two pods the
-//! DaemonSets would start: it reads the DaemonSets back from the API
-//! server, checks their node selectors against the nodes, and runs each
-//! pod's init containers and container with exactly their command and
-//! args (`$(VAR)` from the env and fieldRefs, as the kubelet expands it),
-//! as their `runAsUser`/`runAsGroup`/`fsGroup` (setpriv), under their
-//! Localhost seccomp profile from the node's `/var/lib/kubelet/seccomp`
-//! (tests/seccomp/run_under_profile.py, when python3-seccomp is there),
-//! with their volumes bind-mounted at their mount paths: Secrets as files
-//! read back from the API server (mode and group as the kubelet writes
-//! them), hostPaths from the node's directories, and the ServiceAccount's
-//! token (TokenRequest), `ca.crt` and `namespace`. `KUBERNETES_SERVICE_HOST`
-//! is kube-apiserver's address (no kube-proxy for the `kubernetes`
-//! Service's ClusterIP). Nor is there a kube-controller-manager: after the
-//! README's approval the test signs the agent's CSR with the cluster CA,
-//! as its `kubernetes.io/kube-apiserver-client` signer would.
+//! The nodes are real ([`crate::real_node`]): the peers' kubelet with
+//! Debian's containerd and runc on each, kube-controller-manager (the
+//! DaemonSet controller, the CSR signer) and kube-scheduler beside
+//! kube-apiserver, which runs as its static pod would, seeing the
+//! control-plane node's `/etc/kubernetes`. Step 1's `docker build` is
+//! replaced by packing the image its Dockerfile's final stage declares
+//! ([`crate::node_image`]) and importing it into both nodes' containerd.
 //!
 //! Checked on the way: the Secrets hold the keys the pods mount; each
 //! Service selects its DaemonSet's pods in the same namespace; each
 //! ServiceAccount can do what its role needs and not more (`kubectl auth
-//! can-i --as`); both liveness probes answer 200; and at the end step 7's
-//! `kubectl logs` reaches the fake kubelet on the edge node through the
-//! egress selector file step 6 installed, the server's unix socket, and
-//! the agent, the only way from the cloud to that node.
+//! can-i --as`); each DaemonSet's pod is placed on its node only; the
+//! server and agent run under the shipped seccomp profile and
+//! securityContext and keep io_uring; the agent's CSR, approved by step 5,
+//! is signed by the controller manager; the kubelet's probes never restart
+//! a pod; and at the end step 7's `kubectl logs`, then `kubectl exec` and
+//! `kubectl port-forward`, reach a pod on the edge node through the egress
+//! selector file step 6 installed, the server's unix socket and the agent,
+//! the only way from the cloud to that node.
 //!
 //! The mount points are made on the host where missing (empty
 //! directories, removed again at the end).
@@ -49,11 +42,14 @@ use serde_json::{json, Value};
 
 use crate::common::{peers, serial, tail};
 use crate::kube_cluster::{
-    run_bounded, start_etcd, Egress, KubeApiserver, KubeCerts, Net, CLOUD_IP, KUBELET_CLIENT_CN,
-    KUBELET_IP, KUBELET_PORT,
+    run_bounded, start_etcd, Egress, KubeApiserver, KubeCerts, Net, CLOUD_IP, KUBELET_IP,
+    KUBELET_PORT,
 };
-use crate::kubelet::{small_log, FakeKubelet};
-use crate::support::{repo, Env, Proc, ALLOW_ENV, BIN};
+use crate::node_image;
+use crate::real_node::{
+    pod_json, runtime_missing, wait_running, ControlPlane, HostDirs, RealNode, PAUSE_IMAGE,
+};
+use crate::support::{repo, Env, BIN};
 
 /// The control-plane node and the edge node.
 const CP_NODE: &str = "cp-1";
@@ -290,330 +286,6 @@ fn can_i(kas: &KubeApiserver, sa: &str, verb: &str, what: &str, ns: &str) -> boo
     }
 }
 
-/// Plays the kubelet for DaemonSet `ds` (as read from the API server) on
-/// `node`: init containers to their end, then the one container, as a
-/// [`Proc`].
-struct PodRun<'a> {
-    kas: &'a KubeApiserver,
-    env: &'a Env,
-    node: &'a Node,
-    node_name: &'a str,
-    node_ip: &'a str,
-    ds: Value,
-}
-
-impl PodRun<'_> {
-    fn ns(&self) -> &str {
-        self.ds["metadata"]["namespace"].as_str().unwrap()
-    }
-
-    fn spec(&self) -> &Value {
-        &self.ds["spec"]["template"]["spec"]
-    }
-
-    fn dir(&self, what: &str) -> PathBuf {
-        let name = self.ds["metadata"]["name"].as_str().unwrap();
-        let d = self.env.path(&format!("pods/{name}/{what}"));
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
-
-    /// Each volume's directory on the host: Secret files as the kubelet
-    /// writes them (`defaultMode`, group `fsGroup`), hostPaths created.
-    fn volumes(&self) -> Vec<(String, PathBuf)> {
-        let fs_group = self.spec()["securityContext"]["fsGroup"].as_u64();
-        let mut out = Vec::new();
-        for v in self.spec()["volumes"].as_array().unwrap() {
-            let name = v["name"].as_str().unwrap().to_string();
-            if let Some(s) = v["secret"].as_object() {
-                use base64::Engine as _;
-                use std::os::unix::fs::PermissionsExt;
-                let secret = s["secretName"].as_str().unwrap();
-                let obj = get_json(self.kas, &["secret", secret, "-n", self.ns()]);
-                let dir = self.dir(&format!("volumes/{name}"));
-                let mode = s
-                    .get("defaultMode")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(0o644);
-                let data = obj["data"].as_object().cloned().unwrap_or_default();
-                for (k, b64) in data {
-                    let bytes = base64::engine::general_purpose::STANDARD
-                        .decode(b64.as_str().unwrap())
-                        .unwrap();
-                    let f = dir.join(&k);
-                    std::fs::write(&f, bytes).unwrap();
-                    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode as u32))
-                        .unwrap();
-                    if let Some(g) = fs_group {
-                        std::os::unix::fs::chown(&f, Some(0), Some(g as u32)).unwrap();
-                    }
-                }
-                out.push((name, dir));
-            } else if let Some(h) = v["hostPath"]["path"].as_str() {
-                let dir = self.node.host(h);
-                std::fs::create_dir_all(&dir).unwrap();
-                out.push((name, dir));
-            } else {
-                panic!("a volume kind this test does not play: {v}");
-            }
-        }
-        out
-    }
-
-    /// The ServiceAccount volume: a fresh token, the cluster CA, the
-    /// namespace.
-    fn service_account(&self, certs: &KubeCerts) -> PathBuf {
-        let sa = self.spec()["serviceAccountName"].as_str().unwrap();
-        let dir = self.dir("serviceaccount");
-        let token = self
-            .kas
-            .kubectl_ok(&["create", "token", sa, "-n", self.ns()]);
-        std::fs::write(dir.join("token"), String::from_utf8_lossy(&token).trim()).unwrap();
-        std::fs::copy(&certs.ca, dir.join("ca.crt")).unwrap();
-        std::fs::write(dir.join("namespace"), self.ns()).unwrap();
-        dir
-    }
-
-    /// A container's environment with `$(VAR)` values resolved.
-    fn env_of(&self, c: &Value) -> Vec<(String, String)> {
-        let mut out = Vec::new();
-        for e in c["env"].as_array().into_iter().flatten() {
-            let name = e["name"].as_str().unwrap().to_string();
-            let value = match (
-                e["value"].as_str(),
-                e["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
-            ) {
-                (Some(v), _) => v.to_string(),
-                (None, Some("spec.nodeName")) => self.node_name.to_string(),
-                (None, Some("status.hostIP")) => self.node_ip.to_string(),
-                other => panic!("an env source this test does not play: {other:?}"),
-            };
-            out.push((name, value));
-        }
-        out
-    }
-
-    /// Runs container `c`: its argv (the image's ENTRYPOINT, /usr/local/bin/edgetunnel, is
-    /// `BIN`), mounts, user and seccomp profile.
-    fn command(&self, c: &Value, mounts: &[(PathBuf, String)]) -> Command {
-        let env = self.env_of(c);
-        let expand = |s: &str| {
-            let mut s = s.to_string();
-            for (k, v) in &env {
-                s = s.replace(&format!("$({k})"), v);
-            }
-            s
-        };
-        let mut argv: Vec<OsString> = match c["command"].as_array() {
-            Some(cmd) => cmd
-                .iter()
-                .map(|x| expand(x.as_str().unwrap()).into())
-                .collect(),
-            None => vec![BIN.into()],
-        };
-        argv.extend(
-            c["args"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|x| OsString::from(expand(x.as_str().unwrap()))),
-        );
-        let pod_sc = &self.spec()["securityContext"];
-        let sc = &c["securityContext"];
-        let uid = sc["runAsUser"]
-            .as_u64()
-            .or(pod_sc["runAsUser"].as_u64())
-            .unwrap_or(0);
-        let gid = sc["runAsGroup"]
-            .as_u64()
-            .or(pod_sc["runAsGroup"].as_u64())
-            .unwrap_or(0);
-        let mut full: Vec<OsString> = Vec::new();
-        if uid != 0 {
-            let groups = pod_sc["fsGroup"].as_u64().unwrap_or(gid);
-            full.extend(
-                [
-                    "setpriv".to_string(),
-                    format!("--reuid={uid}"),
-                    format!("--regid={gid}"),
-                    format!("--groups={groups}"),
-                ]
-                .map(OsString::from),
-            );
-        }
-        let seccomp = sc["seccompProfile"]
-            .as_object()
-            .or(pod_sc["seccompProfile"].as_object());
-        if let Some(p) = seccomp {
-            assert_eq!(p["type"], "Localhost", "{p:?}");
-            let file = self
-                .node
-                .host("/var/lib/kubelet/seccomp")
-                .join(p["localhostProfile"].as_str().unwrap());
-            assert!(
-                file.is_file(),
-                "{} not installed on the node: the pod would not start",
-                file.display()
-            );
-            if have_seccomp() {
-                full.extend([
-                    "/usr/bin/python3".into(),
-                    repo().join("tests/seccomp/run_under_profile.py").into(),
-                    file.into(),
-                ]);
-            }
-        }
-        full.extend(argv);
-        let mut cmd = in_mounts(&self.node.netns, mounts, &full);
-        cmd.env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("KUBERNETES_SERVICE_HOST", CLOUD_IP)
-            .env("KUBERNETES_SERVICE_PORT", "6443")
-            .env_remove(ALLOW_ENV);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        cmd
-    }
-
-    /// Init containers to their end, then the container.
-    fn start(&self, certs: &KubeCerts) -> Proc {
-        let volumes = self.volumes();
-        let sa = self.service_account(certs);
-        let mounts_of = |c: &Value| -> Vec<(PathBuf, String)> {
-            let mut m: Vec<(PathBuf, String)> = c["volumeMounts"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|vm| {
-                    let name = vm["name"].as_str().unwrap();
-                    let dir = &volumes.iter().find(|(n, _)| n == name).unwrap().1;
-                    (dir.clone(), vm["mountPath"].as_str().unwrap().to_string())
-                })
-                .collect();
-            m.push((
-                sa.clone(),
-                "/var/run/secrets/kubernetes.io/serviceaccount".into(),
-            ));
-            m
-        };
-        for c in self.spec()["initContainers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            let out = run_bounded(
-                self.command(c, &mounts_of(c)),
-                None,
-                Duration::from_secs(20),
-            );
-            assert!(
-                out.status.success(),
-                "init container {}: {}",
-                c["name"],
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        let cs = self.spec()["containers"].as_array().unwrap();
-        assert_eq!(cs.len(), 1);
-        let name = self.ds["metadata"]["name"].as_str().unwrap();
-        Proc::spawn(
-            self.command(&cs[0], &mounts_of(&cs[0])),
-            self.env.path(&format!("{name}.log")),
-        )
-    }
-
-    /// The container's liveness probe, run from the node: its status.
-    fn liveness(&self) -> u16 {
-        let p = &self.spec()["containers"][0]["livenessProbe"]["httpGet"];
-        let addr: std::net::SocketAddr = format!(
-            "{}:{}",
-            p["host"].as_str().unwrap(),
-            p["port"].as_u64().unwrap()
-        )
-        .parse()
-        .unwrap();
-        let path = p["path"].as_str().unwrap().to_string();
-        crate::kube_cluster::in_netns(&self.node.netns, move || {
-            crate::support::http_get(addr, &path).0
-        })
-    }
-}
-
-fn have_seccomp() -> bool {
-    Command::new("/usr/bin/python3")
-        .args(["-c", "import seccomp"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-/// Signs every approved, unsigned `kubernetes.io/kube-apiserver-client`
-/// CSR with the cluster CA (kube-controller-manager's job); how many.
-fn sign_approved(kas: &KubeApiserver, env: &Env) -> usize {
-    use base64::Engine as _;
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let certs = env.certs();
-    let ca_key =
-        rcgen::KeyPair::from_pem(&std::fs::read_to_string(crate::support::ca_key(&certs)).unwrap())
-            .unwrap();
-    let ca = rcgen::CertificateParams::from_ca_cert_pem(
-        &std::fs::read_to_string(certs.join("ca.crt")).unwrap(),
-    )
-    .unwrap()
-    .self_signed(&ca_key)
-    .unwrap();
-    let list = get_json(kas, &["csr"]);
-    let mut n = 0;
-    for mut csr in list["items"].as_array().cloned().unwrap_or_default() {
-        let approved = csr["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Approved");
-        if !approved
-            || csr["status"]["certificate"].is_string()
-            || csr["spec"]["signerName"] != "kubernetes.io/kube-apiserver-client"
-        {
-            continue;
-        }
-        let pem = String::from_utf8(
-            b64.decode(csr["spec"]["request"].as_str().unwrap())
-                .unwrap(),
-        )
-        .unwrap();
-        let mut req = rcgen::CertificateSigningRequestParams::from_pem(&pem).unwrap();
-        let now = std::time::SystemTime::now();
-        req.params.not_before = (now - Duration::from_secs(60)).into();
-        req.params.not_after = (now + Duration::from_secs(3600)).into();
-        // The signer takes the usages from the request's spec, not its PEM
-        // (kube-controller-manager's `pkg/controller/certificates/authority`).
-        for u in csr["spec"]["usages"].as_array().into_iter().flatten() {
-            use rcgen::{ExtendedKeyUsagePurpose as E, KeyUsagePurpose as K};
-            match u.as_str().unwrap() {
-                "client auth" => req.params.extended_key_usages.push(E::ClientAuth),
-                "server auth" => req.params.extended_key_usages.push(E::ServerAuth),
-                "digital signature" => req.params.key_usages.push(K::DigitalSignature),
-                "key encipherment" => req.params.key_usages.push(K::KeyEncipherment),
-                other => panic!("usage {other:?} in {}", csr["metadata"]["name"]),
-            }
-        }
-        let cert = req.signed_by(&ca, &ca_key).unwrap();
-        csr["status"]["certificate"] = json!(b64.encode(cert.pem()));
-        let name = csr["metadata"]["name"].as_str().unwrap().to_string();
-        let f = env.path(&format!("{name}.signed.json"));
-        std::fs::write(&f, csr.to_string()).unwrap();
-        kas.kubectl_ok(&[
-            "replace",
-            "--raw",
-            &format!("/apis/certificates.k8s.io/v1/certificatesigningrequests/{name}/status"),
-            "-f",
-            &f.display().to_string(),
-        ]);
-        n += 1;
-    }
-    n
-}
-
 /// Waits for `f` to be true, for up to `within`.
 fn wait_until(what: &str, within: Duration, mut f: impl FnMut() -> bool, log: impl Fn() -> String) {
     let deadline = Instant::now() + within;
@@ -628,10 +300,20 @@ fn wait_until(what: &str, within: Duration, mut f: impl FnMut() -> bool, log: im
 }
 
 #[test]
-fn the_readmes_deploy_path_as_written_reaches_an_edge_kubelet() {
+fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
     let Some(p) = peers() else { return };
-    if !p.has("kube-apiserver") {
+    let bins = [
+        "kube-apiserver",
+        "kubelet",
+        "kube-controller-manager",
+        "kube-scheduler",
+    ];
+    if let Some(b) = bins.iter().find(|b| !p.has(b)) {
+        println!("skipped: no {b} among the peers");
         return;
+    }
+    if let Some(why) = runtime_missing() {
+        panic!("the peers are here but the runtime is not: {why}");
     }
     let _g = serial();
     let t0 = Instant::now();
@@ -644,18 +326,11 @@ fn the_readmes_deploy_path_as_written_reaches_an_edge_kubelet() {
     );
     let step = |n: u32| &steps[n as usize - 1];
     let _mount_points = MountPoints::note();
+    let _host_dirs = HostDirs::note();
     let net = Net::new();
     let env = Env::new();
     let certs = KubeCerts::new(&env);
     let _etcd = start_etcd(&net, &env);
-    let cp = Node {
-        root: env.path("node-cp"),
-        netns: net.cloud.0.clone(),
-    };
-    let edge = Node {
-        root: env.path("node-edge"),
-        netns: net.node.0.clone(),
-    };
     // The working copy the operator runs from: the repository's deploy/
     // and Dockerfile.
     let work = env.path("work");
@@ -670,12 +345,40 @@ fn the_readmes_deploy_path_as_written_reaches_an_edge_kubelet() {
     let bin_dir = env.path("bin");
     std::fs::create_dir_all(&bin_dir).unwrap();
     std::os::unix::fs::symlink(BIN, bin_dir.join("edgetunnel")).unwrap();
-    // kube-apiserver as a static pod: /etc/kubernetes is the node's.
+    let mut said = Vec::new();
+
+    // 1. The image. No Docker engine here: the image is packed as the
+    // Dockerfile's final stage declares it (from the test build's binary)
+    // and imported into each node's containerd, as `docker build` and a
+    // registry would put it there.
+    let s1 = step(1);
+    assert_eq!(
+        s1.commands,
+        ["docker build -t edgetunnel:0.1.0 ."],
+        "{s1:?}"
+    );
+    let images = env.path("images");
+    std::fs::create_dir_all(&images).unwrap();
+    let (image, stage) = node_image::edgetunnel(&images, Path::new(BIN), "edgetunnel:0.1.0");
+    let pause = node_image::pause(&images, PAUSE_IMAGE);
+    let workload = node_image::busybox(&images, "localhost/busybox:test");
+    said.push(format!(
+        "1: packed as the Dockerfile's final stage ({} packages, user {:?})",
+        stage.packages.len(),
+        stage.user
+    ));
+
+    // kube-apiserver runs as a static pod would: it sees the control-plane
+    // node's /etc/kubernetes.
+    let cp_fs = env.path(&format!("node-{CP_NODE}/fs"));
     let kas_real = p.bin("kube-apiserver");
     let kas_bin = env.path("kube-apiserver-on-cp");
     {
         let mut wrapper = String::from("#!/bin/sh\nexec unshare -m --propagation private sh -c '");
-        for (s, d) in cp.binds() {
+        for d in ["/etc/kubernetes", "/var/lib/kubelet"] {
+            let s = cp_fs.join(d.trim_start_matches('/'));
+            std::fs::create_dir_all(&s).unwrap();
+            std::fs::create_dir_all(d).unwrap();
             wrapper.push_str(&format!("mount --bind {} {d} && ", s.display()));
         }
         wrapper.push_str(&format!(
@@ -685,67 +388,73 @@ fn the_readmes_deploy_path_as_written_reaches_an_edge_kubelet() {
         std::fs::write(&kas_bin, wrapper).unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&kas_bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-        for (_, d) in cp.binds() {
-            std::fs::create_dir_all(d).unwrap();
-        }
     }
     // Before step 6, kube-apiserver has no egress to the tunnel: a socket
     // nobody serves (replaced by the README's file in step 6).
     let before = Egress::GrpcUds(env.path("no-egress-yet.socket"));
-    let kas = KubeApiserver::start(&kas_bin, &net, &env, &certs, &before, 0);
+    let admission = "--enable-admission-plugins=ServiceAccount".to_string();
+    let kas = KubeApiserver::start_with(
+        &kas_bin,
+        &net,
+        &env,
+        &certs,
+        &before,
+        0,
+        std::slice::from_ref(&admission),
+    );
+    let control_plane = ControlPlane::start(&env, &net.cloud.0, &kas, &certs);
     let kubeconfig = kas.kubeconfig.clone();
     let run = |node: &Node, cmd: &str| run_step(node, &work, &kubeconfig, &bin_dir, cmd);
-    // The nodes as their kubelets register them.
-    for (name, labels, ip) in [
-        (
-            CP_NODE,
-            json!({"node-role.kubernetes.io/control-plane": ""}),
-            CLOUD_IP,
-        ),
-        (EDGE_NODE, json!({}), KUBELET_IP),
-    ] {
-        kas.create(
-            &env,
-            &format!("node-{name}"),
-            &json!({"apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": name, "labels": labels},
-                "spec": if name == CP_NODE {
-                    json!({"taints": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]})
-                } else { json!({}) }}),
-        );
-        kas.patch_status(
-            &["node", name],
-            &json!({"status": {
-                "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name}],
-                "daemonEndpoints": {"kubeletEndpoint": {"Port": KUBELET_PORT}},
-                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "fake"}]
-            }}),
-        );
-        // kube-controller-manager's node lifecycle controller lifts this
-        // once the node is Ready.
-        kas.kubectl_ok(&[
-            "taint",
-            "node",
-            name,
-            "node.kubernetes.io/not-ready:NoSchedule-",
-        ]);
-    }
-    let mut said = Vec::new();
-
-    // 1. The image: no container runtime here.
-    let s1 = step(1);
-    assert_eq!(
-        s1.commands,
-        ["docker build -t edgetunnel:0.1.0 ."],
-        "{s1:?}"
+    // The two nodes: their own /etc/kubernetes, /etc/edgetunnel and
+    // /var/lib/edgetunnel (the manifests' hostPaths) and /var/lib/kubelet.
+    let paths = ["/etc/kubernetes", "/etc/edgetunnel", "/var/lib/edgetunnel"];
+    let imgs = [&pause, &workload, &image];
+    let cp_node = RealNode::start(
+        &env,
+        &kas,
+        &certs,
+        CP_NODE,
+        CLOUD_IP,
+        &net.cloud.0,
+        &paths,
+        &imgs,
     );
-    assert!(
-        s1.comments
-            .iter()
-            .any(|c| c.contains("without a container runtime")),
-        "step 1 should say what to do without a container runtime: {s1:?}"
+    let edge_node = RealNode::start(
+        &env,
+        &kas,
+        &certs,
+        EDGE_NODE,
+        KUBELET_IP,
+        &net.node.0,
+        &paths,
+        &imgs,
     );
-    said.push("1: skipped (no container runtime)".to_string());
+    assert_eq!(cp_node.fs, cp_fs);
+    let cp = Node {
+        root: cp_node.fs.clone(),
+        netns: net.cloud.0.clone(),
+    };
+    let edge = Node {
+        root: edge_node.fs.clone(),
+        netns: net.node.0.clone(),
+    };
+    // What kubeadm does to a control-plane node.
+    kas.kubectl_ok(&[
+        "label",
+        "node",
+        CP_NODE,
+        "node-role.kubernetes.io/control-plane=",
+    ]);
+    kas.kubectl_ok(&[
+        "taint",
+        "node",
+        CP_NODE,
+        "node-role.kubernetes.io/control-plane:NoSchedule",
+    ]);
+    said.push(format!(
+        "two real nodes Ready after {:.1} s",
+        t0.elapsed().as_secs_f64()
+    ));
 
     // 2. Certificates and Secrets.
     for c in &step(2).commands {
@@ -803,49 +512,11 @@ fn the_readmes_deploy_path_as_written_reaches_an_edge_kubelet() {
             "the image step 1 builds"
         );
     }
-    // Each DaemonSet's pod lands on its node, and only there.
-    let nodes = get_json(&kas, &["nodes"]);
-    let fits = |ds: &Value, node: &Value| {
-        let spec = &ds["spec"]["template"]["spec"];
-        let sel = spec["nodeSelector"]
-            .as_object()
-            .cloned()
-            .unwrap_or_default();
-        let labels = &node["metadata"]["labels"];
-        let tolerated = node["spec"]["taints"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .all(|t| {
-                spec["tolerations"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|tol| tol["key"] == t["key"])
-            });
-        sel.iter().all(|(k, v)| labels[k] == *v) && tolerated
-    };
-    let placed = |ds: &Value| -> Vec<String> {
-        nodes["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|n| fits(ds, n))
-            .map(|n| n["metadata"]["name"].as_str().unwrap().to_string())
-            .collect()
-    };
-    assert_eq!(
-        placed(&ds_server),
-        [CP_NODE],
-        "the server DaemonSet's nodes: {}\n{}",
-        ds_server["spec"]["template"]["spec"],
-        nodes["items"]
-    );
-    assert_eq!(
-        placed(&ds_agent),
-        [EDGE_NODE],
-        "the agent DaemonSet's nodes (label the edge node)"
-    );
+    // Each DaemonSet's pod lands on its node, and only there (the
+    // DaemonSet controller and the kubelets decide).
+    let nodes = [&cp_node, &edge_node];
+    let server_pod = ds_pod(&kas, &ds_server, CP_NODE, &nodes, &control_plane);
+    let agent_pod = ds_pod(&kas, &ds_agent, EDGE_NODE, &nodes, &control_plane);
     // The Secrets hold what the pods mount.
     for (secret, keys) in [
         ("edgetunnel-server-certs", &["server.crt", "server.key"][..]),
@@ -913,52 +584,44 @@ fn the_readmes_deploy_path_as_written_reaches_an_edge_kubelet() {
     assert!(!can_i(&kas, agent_sa, "get", "secrets", "kube-system"));
     said.push("4: applied; selectors, node placement, Secrets and RBAC checked".to_string());
 
-    // The kubelets start the pods.
-    let server_pod = PodRun {
-        kas: &kas,
-        env: &env,
-        node: &cp,
-        node_name: CP_NODE,
-        node_ip: CLOUD_IP,
-        ds: ds_server.clone(),
-    };
-    let server = server_pod.start(&certs);
-    server.wait_line("READY");
-    let agent_pod = PodRun {
-        kas: &kas,
-        env: &env,
-        node: &edge,
-        node_name: EDGE_NODE,
-        node_ip: KUBELET_IP,
-        ds: ds_agent.clone(),
-    };
-    // An operator quick off the mark runs step 5 before any agent has
-    // asked: it must do no harm.
+    // The kubelets run the pods: the server is Ready; the agent runs and
+    // asks for its certificate. An operator quick off the mark runs step 5
+    // before any agent has asked: it must do no harm.
+    wait_ready(
+        &kas,
+        &server_pod,
+        Duration::from_secs(90),
+        &[&cp_node, &edge_node],
+    );
     for c in &step(5).commands {
         run(&cp, &substitute(c));
     }
-    let agent = agent_pod.start(&certs);
 
-    // 5. Approve the agent's request once it is there.
+    // 5. Approve the agent's request once it is there; the controller
+    // manager's signer issues it.
     wait_until(
         "the agent's CSR",
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         || text(&kas.kubectl(&["get", "csr", "-o", "name"])).contains("edgetunnel-agent"),
-        || agent.log_text(),
+        || pod_log(&edge_node, &agent_pod),
     );
     for c in &step(5).commands {
         let out = run(&cp, &substitute(c));
         assert!(out.contains("approved"), "{out}");
     }
-    assert_eq!(
-        sign_approved(&kas, &env),
-        1,
-        "one approved agent CSR to sign"
+    wait_until(
+        "the agent's link (CONNECTED)",
+        Duration::from_secs(60),
+        || pod_log(&edge_node, &agent_pod).contains("CONNECTED"),
+        || pod_log(&edge_node, &agent_pod),
     );
-    agent.wait_line("CONNECTED");
-    said.push("5: run; the test signed the approved CSR".to_string());
-    assert_eq!(server_pod.liveness(), 200, "the server's liveness probe");
-    assert_eq!(agent_pod.liveness(), 200, "the agent's liveness probe");
+    wait_ready(
+        &kas,
+        &agent_pod,
+        Duration::from_secs(60),
+        &[&cp_node, &edge_node],
+    );
+    said.push("5: run; kube-controller-manager signed the agent's certificate".to_string());
 
     // 6. The egress selector file, and kube-apiserver restarted with the
     // flag the step names.
@@ -973,60 +636,233 @@ fn the_readmes_deploy_path_as_written_reaches_an_edge_kubelet() {
         .expect("step 6 names the flag")
         .clone();
     kas.stop();
-    let kas = KubeApiserver::start_with(&kas_bin, &net, &env, &certs, &before, 1, &[flag]);
+    let kas =
+        KubeApiserver::start_with(&kas_bin, &net, &env, &certs, &before, 1, &[flag, admission]);
 
-    // 7. Logs of a pod on the edge node.
-    kas.create(
-        &env,
-        "pod-p1",
-        &json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "p1", "namespace": "default"},
-            "spec": {"nodeName": EDGE_NODE, "containers": [{"name": "c", "image": "none"}]}}),
+    // 7. Logs of a pod on the edge node, which the scheduler places there.
+    let lines: String = (1..=300).map(|i| format!("edge line {i}\n")).collect();
+    let mut p1 = pod_json(
+        "p1",
+        EDGE_NODE,
+        &workload.name,
+        "for i in $(seq 1 300); do echo \"edge line $i\"; done; exec nc -ll -p 18080 -e cat",
     );
-    kas.patch_status(
-        &["pod", "p1"],
-        &json!({"status": {"phase": "Running", "hostIP": KUBELET_IP}}),
+    p1["spec"].as_object_mut().unwrap().remove("nodeName");
+    p1["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": EDGE_NODE});
+    kas.create(&env, "pod-p1", &p1);
+    let p1 = wait_running(
+        &kas,
+        "default",
+        "p1",
+        Duration::from_secs(60),
+        &[&cp_node, &edge_node],
     );
-    let kubelet = FakeKubelet::start(
-        &net.node.0,
-        &format!("{KUBELET_IP}:{KUBELET_PORT}"),
-        &certs.kubelet.0,
-        &certs.kubelet.1,
-        &certs.ca,
-    );
-    if let Err(e) = net.cloud_cannot_reach(kubelet.addr) {
+    assert_eq!(p1["spec"]["nodeName"], EDGE_NODE, "{}", p1["spec"]);
+    let kubelet_addr: std::net::SocketAddr =
+        format!("{KUBELET_IP}:{KUBELET_PORT}").parse().unwrap();
+    if let Err(e) = net.cloud_cannot_reach(kubelet_addr) {
         panic!("{e}");
     }
     let s7 = step(7);
     assert_eq!(s7.commands.len(), 1, "{s7:?}");
     let got = run(&cp, &substitute(&s7.commands[0]));
-    assert_eq!(got, small_log("default", "p1", "c", None), "step 7's logs");
-    let seen = kubelet.requests();
-    assert!(
-        seen.iter()
-            .any(|r| r.starts_with("GET /containerLogs/default/p1/c")
-                && r.ends_with(&format!("cn={KUBELET_CLIENT_CN}"))),
-        "{seen:?}\n--- server:\n{}",
-        tail(&server.log_text(), 20)
-    );
+    assert_eq!(got, lines, "step 7's logs");
     said.push("6, 7: run; kubectl logs came through the tunnel".to_string());
-    if have_seccomp() {
-        // Under the Localhost profile both pods kept io_uring (the `auto`
-        // driver would have fallen back to epoll had it been refused).
-        for (what, p) in [("server", &server), ("agent", &agent)] {
-            assert!(
-                p.log_text().contains("driver=\"io_uring\""),
-                "the {what} pod is not on io_uring under edgetunnel.json:\n{}",
-                tail(&p.log_text(), 10)
-            );
-        }
+
+    // exec and port-forward reach the same pod the same way.
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let out = kas.kubectl_stdin(
+        &["exec", "-i", "-n", "default", "p1", "--", "cat"],
+        data.clone(),
+    );
+    assert!(
+        out.status.success() && out.stdout == data,
+        "kubectl exec -i p1 -- cat: {} of {} bytes back, {}",
+        out.stdout.len(),
+        data.len(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let echoed = port_forward_echo(&kas, "p1", 18080, &data);
+    assert!(
+        echoed == data,
+        "port-forward: {} of {} bytes back",
+        echoed.len(),
+        data.len()
+    );
+    said.push("exec and port-forward: 200,000 bytes each way".to_string());
+
+    // The probes as the kubelet ran them all along: nothing restarted.
+    for pod in [&server_pod, &agent_pod] {
+        let v = get_json(&kas, &["pod", "-n", "kube-system", pod]);
+        let st = &v["status"]["containerStatuses"][0];
+        assert_eq!(st["restartCount"], 0, "{pod}: {st}");
+        assert_eq!(st["ready"], true, "{pod}: {st}");
+    }
+    // Under the shipped seccomp profile both kept io_uring (the `auto`
+    // driver would have fallen back to epoll had it been refused).
+    for (node, pod) in [(&cp_node, &server_pod), (&edge_node, &agent_pod)] {
+        let log = pod_log(node, pod);
+        assert!(
+            log.contains("driver=\"io_uring\""),
+            "{pod} is not on io_uring under edgetunnel.json:\n{}",
+            tail(&log, 10)
+        );
     }
     eprintln!(
-        "README deploy path ({}seccomp) in {:.1} s: {}",
-        if have_seccomp() { "" } else { "no " },
+        "README deploy path on real nodes in {:.1} s: {}",
         t0.elapsed().as_secs_f64(),
         said.join("; ")
     );
+}
+
+/// The one pod of DaemonSet `ds` (as the API server holds it), once it is
+/// placed and the only one: on `node`.
+fn ds_pod(
+    kas: &KubeApiserver,
+    ds: &Value,
+    node: &str,
+    nodes: &[&RealNode],
+    control_plane: &ControlPlane,
+) -> String {
+    let selector: Vec<String> = ds["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .expect("matchLabels")
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+        .collect();
+    let selector = selector.join(",");
+    let ns = ds["metadata"]["namespace"].as_str().unwrap();
+    let mut last = Value::Null;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        last = get_json(kas, &["pods", "-n", ns, "-l", &selector]);
+        let items = last["items"].as_array().cloned().unwrap_or_default();
+        let placed: Vec<&str> = items
+            .iter()
+            .filter_map(|p| p["spec"]["nodeName"].as_str())
+            .collect();
+        if !items.is_empty() && placed.len() == items.len() {
+            assert_eq!(placed, [node], "{selector}: pods on {placed:?}");
+            return items[0]["metadata"]["name"].as_str().unwrap().to_string();
+        }
+        thread::sleep(Duration::from_millis(250));
+    }
+    let logs: String = nodes
+        .iter()
+        .map(|n| format!("--- kubelet {}:\n{}\n", n.name, tail(&n.kubelet_log(), 15)))
+        .collect();
+    panic!(
+        "no pod of {selector} placed within 60 s: {}\n{logs}\n{}",
+        last["items"],
+        control_plane.logs()
+    );
+}
+
+/// Waits until pod `kube-system/name`'s container is ready.
+fn wait_ready(kas: &KubeApiserver, name: &str, within: Duration, nodes: &[&RealNode]) {
+    wait_until(
+        &format!("pod {name} ready"),
+        within,
+        || {
+            let v = get_json(kas, &["pod", "-n", "kube-system", name]);
+            v["status"]["containerStatuses"][0]["ready"] == true
+        },
+        || {
+            let v = get_json(kas, &["pod", "-n", "kube-system", name]);
+            let logs: String = nodes
+                .iter()
+                .map(|n| format!("--- {}:\n{}\n", n.name, pod_log(n, name)))
+                .collect();
+            format!("{}\n{logs}", v["status"])
+        },
+    );
+}
+
+/// What pod `name`'s containers wrote, from `node`'s pod log directory
+/// (CRI log lines, the message after the timestamp, stream and tag).
+fn pod_log(node: &RealNode, name: &str) -> String {
+    let mut out = String::new();
+    let Ok(dirs) = std::fs::read_dir(node.dir.join("logs")) else {
+        return out;
+    };
+    for d in dirs.flatten() {
+        if !d
+            .file_name()
+            .to_string_lossy()
+            .contains(&format!("_{name}_"))
+        {
+            continue;
+        }
+        for c in std::fs::read_dir(d.path()).into_iter().flatten().flatten() {
+            for f in std::fs::read_dir(c.path()).into_iter().flatten().flatten() {
+                for line in std::fs::read_to_string(f.path())
+                    .unwrap_or_default()
+                    .lines()
+                {
+                    let msg = line.splitn(4, ' ').nth(3).unwrap_or("");
+                    out.push_str(msg);
+                    out.push('\n');
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `kubectl port-forward pod/POD :PORT` in the cloud namespace, `data`
+/// sent through it to the pod's echo; what came back.
+fn port_forward_echo(kas: &KubeApiserver, pod: &str, port: u16, data: &[u8]) -> Vec<u8> {
+    use std::io::{BufRead, Read, Write};
+    let mut cmd = kas.kubectl_cmd(&[
+        "port-forward",
+        "-n",
+        "default",
+        "--address",
+        "127.0.0.1",
+        &format!("pod/{pod}"),
+        &format!(":{port}"),
+    ]);
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("kubectl port-forward");
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let local: std::net::SocketAddr = lines
+        .next()
+        .and_then(|l| l.ok())
+        .and_then(|l| {
+            l.strip_prefix("Forwarding from ")
+                .and_then(|r| r.split(" -> ").next())
+                .and_then(|a| a.parse().ok())
+        })
+        .unwrap_or_else(|| {
+            let _ = child.kill();
+            let mut e = String::new();
+            let _ = child.stderr.take().unwrap().read_to_string(&mut e);
+            panic!("kubectl port-forward printed no address: {e}")
+        });
+    let ns = kas.netns().to_string();
+    let data = data.to_vec();
+    let got = crate::kube_cluster::in_netns(&ns, move || {
+        let mut s = std::net::TcpStream::connect(local).expect("connect to port-forward");
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut w = s.try_clone().unwrap();
+        let n = data.len();
+        let writer = thread::spawn(move || w.write_all(&data));
+        let mut got = vec![0u8; n];
+        let mut read = 0;
+        while read < n {
+            match s.read(&mut got[read..]) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => read += k,
+            }
+        }
+        got.truncate(read);
+        let _ = writer.join();
+        got
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    got
 }
 
 #[cfg(test)]

@@ -459,9 +459,13 @@ impl KubeApiserver {
             format!("--kubelet-certificate-authority={}", p(&certs.ca)),
             "--kubelet-preferred-address-types=InternalIP".to_string(),
             format!("--egress-selector-config-file={}", p(&egress_file)),
-            "--disable-admission-plugins=ServiceAccount".to_string(),
         ])
         .args(extra);
+        // With no kube-controller-manager to make ServiceAccounts, their
+        // admission plugin is off unless `extra` says otherwise.
+        if !extra.iter().any(|a| a.contains("-admission-plugins")) {
+            cmd.arg("--disable-admission-plugins=ServiceAccount");
+        }
         let proc = Logged::spawn(cmd, env.path(&format!("kube-apiserver-{run}.log")));
         let kubeconfig = env.path("admin.kubeconfig");
         let user = format!(
@@ -500,6 +504,11 @@ impl KubeApiserver {
             );
             thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// The network namespace it runs in (the cloud's).
+    pub(crate) fn netns(&self) -> &str {
+        &self.ns
     }
 
     /// A kubectl command (admin) in the cloud namespace.

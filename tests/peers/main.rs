@@ -24,6 +24,8 @@ mod kube_apiserver;
 mod kube_cluster;
 mod kubelet;
 mod metrics_scrape;
+mod node_image;
+mod real_node;
 mod spdy;
 mod tls_frontends;
 mod yurt_dnat;
