@@ -40,20 +40,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::common::{peers, serial, tail};
-use crate::kube_cluster::{
-    run_bounded, start_etcd, Egress, KubeApiserver, KubeCerts, Net, CLOUD_IP, KUBELET_IP,
-    KUBELET_PORT,
-};
+use crate::common::{serial, tail};
+use crate::kube_cluster::{run_bounded, KubeApiserver, CLOUD_IP, KUBELET_IP, KUBELET_PORT};
 use crate::node_image;
 use crate::real_node::{
-    pod_json, runtime_missing, wait_running, ControlPlane, HostDirs, RealNode, PAUSE_IMAGE,
+    pod_json, wait_running, Cluster, ControlPlane, RealNode, CP_NODE, EDGE_NODE,
 };
-use crate::support::{repo, Env, BIN};
+use crate::support::{repo, BIN};
 
-/// The control-plane node and the edge node.
-const CP_NODE: &str = "cp-1";
-const EDGE_NODE: &str = "edge-1";
 /// The heading whose shell block is the deploy path.
 const HEADING: &str = "### From zero to a cluster";
 
@@ -301,20 +295,6 @@ fn wait_until(what: &str, within: Duration, mut f: impl FnMut() -> bool, log: im
 
 #[test]
 fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
-    let Some(p) = peers() else { return };
-    let bins = [
-        "kube-apiserver",
-        "kubelet",
-        "kube-controller-manager",
-        "kube-scheduler",
-    ];
-    if let Some(b) = bins.iter().find(|b| !p.has(b)) {
-        println!("skipped: no {b} among the peers");
-        return;
-    }
-    if let Some(why) = runtime_missing() {
-        panic!("the peers are here but the runtime is not: {why}");
-    }
     let _g = serial();
     let t0 = Instant::now();
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
@@ -326,11 +306,31 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
     );
     let step = |n: u32| &steps[n as usize - 1];
     let _mount_points = MountPoints::note();
-    let _host_dirs = HostDirs::note();
-    let net = Net::new();
-    let env = Env::new();
-    let certs = KubeCerts::new(&env);
-    let _etcd = start_etcd(&net, &env);
+    // 1. The image. No Docker engine here: the cluster packs the image as
+    // the Dockerfile's final stage declares it (from the test build's
+    // binary) and imports it into each node's containerd, as `docker
+    // build` and a registry would put it there.
+    let s1 = step(1);
+    assert_eq!(
+        s1.commands,
+        ["docker build -t edgetunnel:0.1.0 ."],
+        "{s1:?}"
+    );
+    let Some(mut cluster) = Cluster::start(&[]) else {
+        return;
+    };
+    cluster.mark_control_plane();
+    let kas = cluster.kas();
+    let (env, net) = (&cluster.env, &cluster.net);
+    let (cp_node, edge_node) = (&cluster.cp, &cluster.edge);
+    let _workload = &cluster.images.workload;
+    let stage = &cluster.images.stage;
+    let mut said = vec![format!(
+        "1: packed as the Dockerfile's final stage ({} packages, user {:?}); two real nodes Ready after {:.1} s",
+        stage.packages.len(),
+        stage.user,
+        t0.elapsed().as_secs_f64()
+    )];
     // The working copy the operator runs from: the repository's deploy/
     // and Dockerfile.
     let work = env.path("work");
@@ -345,91 +345,9 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
     let bin_dir = env.path("bin");
     std::fs::create_dir_all(&bin_dir).unwrap();
     std::os::unix::fs::symlink(BIN, bin_dir.join("edgetunnel")).unwrap();
-    let mut said = Vec::new();
-
-    // 1. The image. No Docker engine here: the image is packed as the
-    // Dockerfile's final stage declares it (from the test build's binary)
-    // and imported into each node's containerd, as `docker build` and a
-    // registry would put it there.
-    let s1 = step(1);
-    assert_eq!(
-        s1.commands,
-        ["docker build -t edgetunnel:0.1.0 ."],
-        "{s1:?}"
-    );
-    let images = env.path("images");
-    std::fs::create_dir_all(&images).unwrap();
-    let (image, stage) = node_image::edgetunnel(&images, Path::new(BIN), "edgetunnel:0.1.0");
-    let pause = node_image::pause(&images, PAUSE_IMAGE);
-    let workload = node_image::busybox(&images, "localhost/busybox:test");
-    said.push(format!(
-        "1: packed as the Dockerfile's final stage ({} packages, user {:?})",
-        stage.packages.len(),
-        stage.user
-    ));
-
-    // kube-apiserver runs as a static pod would: it sees the control-plane
-    // node's /etc/kubernetes.
-    let cp_fs = env.path(&format!("node-{CP_NODE}/fs"));
-    let kas_real = p.bin("kube-apiserver");
-    let kas_bin = env.path("kube-apiserver-on-cp");
-    {
-        let mut wrapper = String::from("#!/bin/sh\nexec unshare -m --propagation private sh -c '");
-        for d in ["/etc/kubernetes", "/var/lib/kubelet"] {
-            let s = cp_fs.join(d.trim_start_matches('/'));
-            std::fs::create_dir_all(&s).unwrap();
-            std::fs::create_dir_all(d).unwrap();
-            wrapper.push_str(&format!("mount --bind {} {d} && ", s.display()));
-        }
-        wrapper.push_str(&format!(
-            "exec \"$0\" \"$@\"' {} \"$@\"\n",
-            kas_real.display()
-        ));
-        std::fs::write(&kas_bin, wrapper).unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&kas_bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    // Before step 6, kube-apiserver has no egress to the tunnel: a socket
-    // nobody serves (replaced by the README's file in step 6).
-    let before = Egress::GrpcUds(env.path("no-egress-yet.socket"));
-    let admission = "--enable-admission-plugins=ServiceAccount".to_string();
-    let kas = KubeApiserver::start_with(
-        &kas_bin,
-        &net,
-        &env,
-        &certs,
-        &before,
-        0,
-        std::slice::from_ref(&admission),
-    );
-    let control_plane = ControlPlane::start(&env, &net.cloud.0, &kas, &certs);
     let kubeconfig = kas.kubeconfig.clone();
     let run = |node: &Node, cmd: &str| run_step(node, &work, &kubeconfig, &bin_dir, cmd);
-    // The two nodes: their own /etc/kubernetes, /etc/edgetunnel and
-    // /var/lib/edgetunnel (the manifests' hostPaths) and /var/lib/kubelet.
-    let paths = ["/etc/kubernetes", "/etc/edgetunnel", "/var/lib/edgetunnel"];
-    let imgs = [&pause, &workload, &image];
-    let cp_node = RealNode::start(
-        &env,
-        &kas,
-        &certs,
-        CP_NODE,
-        CLOUD_IP,
-        &net.cloud.0,
-        &paths,
-        &imgs,
-    );
-    let edge_node = RealNode::start(
-        &env,
-        &kas,
-        &certs,
-        EDGE_NODE,
-        KUBELET_IP,
-        &net.node.0,
-        &paths,
-        &imgs,
-    );
-    assert_eq!(cp_node.fs, cp_fs);
+    // The operator's shell on each node: its files, its network.
     let cp = Node {
         root: cp_node.fs.clone(),
         netns: net.cloud.0.clone(),
@@ -438,23 +356,6 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
         root: edge_node.fs.clone(),
         netns: net.node.0.clone(),
     };
-    // What kubeadm does to a control-plane node.
-    kas.kubectl_ok(&[
-        "label",
-        "node",
-        CP_NODE,
-        "node-role.kubernetes.io/control-plane=",
-    ]);
-    kas.kubectl_ok(&[
-        "taint",
-        "node",
-        CP_NODE,
-        "node-role.kubernetes.io/control-plane:NoSchedule",
-    ]);
-    said.push(format!(
-        "two real nodes Ready after {:.1} s",
-        t0.elapsed().as_secs_f64()
-    ));
 
     // 2. Certificates and Secrets.
     for c in &step(2).commands {
@@ -490,14 +391,11 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
 
     // What the API server holds now.
     let ds_server = get_json(
-        &kas,
+        kas,
         &["daemonset", "edgetunnel-server", "-n", "kube-system"],
     );
-    let ds_agent = get_json(
-        &kas,
-        &["daemonset", "edgetunnel-agent", "-n", "kube-system"],
-    );
-    let svc = get_json(&kas, &["service", "edgetunnel-server", "-n", "kube-system"]);
+    let ds_agent = get_json(kas, &["daemonset", "edgetunnel-agent", "-n", "kube-system"]);
+    let svc = get_json(kas, &["service", "edgetunnel-server", "-n", "kube-system"]);
     assert!(
         selects(
             &svc["spec"]["selector"],
@@ -514,15 +412,15 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
     }
     // Each DaemonSet's pod lands on its node, and only there (the
     // DaemonSet controller and the kubelets decide).
-    let nodes = [&cp_node, &edge_node];
-    let server_pod = ds_pod(&kas, &ds_server, CP_NODE, &nodes, &control_plane);
-    let agent_pod = ds_pod(&kas, &ds_agent, EDGE_NODE, &nodes, &control_plane);
+    let nodes = cluster.nodes();
+    let server_pod = ds_pod(kas, &ds_server, CP_NODE, &nodes, &cluster.control_plane);
+    let agent_pod = ds_pod(kas, &ds_agent, EDGE_NODE, &nodes, &cluster.control_plane);
     // The Secrets hold what the pods mount.
     for (secret, keys) in [
         ("edgetunnel-server-certs", &["server.crt", "server.key"][..]),
         ("edgetunnel-agent-certs", &["ca.crt"][..]),
     ] {
-        let s = get_json(&kas, &["secret", secret, "-n", "kube-system"]);
+        let s = get_json(kas, &["secret", secret, "-n", "kube-system"]);
         for k in keys {
             assert!(
                 s["data"][k].is_string(),
@@ -537,7 +435,7 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
     for verb in ["get", "create", "update", "list", "delete"] {
         assert!(
             can_i(
-                &kas,
+                kas,
                 server_sa,
                 verb,
                 "leases.coordination.k8s.io",
@@ -546,10 +444,10 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
             "server {verb} leases"
         );
     }
-    assert!(!can_i(&kas, server_sa, "watch", "nodes", "kube-system"));
-    assert!(!can_i(&kas, server_sa, "get", "secrets", "kube-system"));
+    assert!(!can_i(kas, server_sa, "watch", "nodes", "kube-system"));
+    assert!(!can_i(kas, server_sa, "get", "secrets", "kube-system"));
     assert!(!can_i(
-        &kas,
+        kas,
         server_sa,
         "create",
         "leases.coordination.k8s.io",
@@ -558,7 +456,7 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
     for verb in ["create", "get"] {
         assert!(
             can_i(
-                &kas,
+                kas,
                 agent_sa,
                 verb,
                 "certificatesigningrequests.certificates.k8s.io",
@@ -568,30 +466,30 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
         );
     }
     assert!(can_i(
-        &kas,
+        kas,
         agent_sa,
         "list",
         "leases.coordination.k8s.io",
         "kube-system"
     ));
     assert!(!can_i(
-        &kas,
+        kas,
         agent_sa,
         "create",
         "leases.coordination.k8s.io",
         "kube-system"
     ));
-    assert!(!can_i(&kas, agent_sa, "get", "secrets", "kube-system"));
+    assert!(!can_i(kas, agent_sa, "get", "secrets", "kube-system"));
     said.push("4: applied; selectors, node placement, Secrets and RBAC checked".to_string());
 
     // The kubelets run the pods: the server is Ready; the agent runs and
     // asks for its certificate. An operator quick off the mark runs step 5
     // before any agent has asked: it must do no harm.
     wait_ready(
-        &kas,
+        kas,
         &server_pod,
         Duration::from_secs(90),
-        &[&cp_node, &edge_node],
+        &[cp_node, edge_node],
     );
     for c in &step(5).commands {
         run(&cp, &substitute(c));
@@ -603,7 +501,7 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
         "the agent's CSR",
         Duration::from_secs(60),
         || text(&kas.kubectl(&["get", "csr", "-o", "name"])).contains("edgetunnel-agent"),
-        || pod_log(&edge_node, &agent_pod),
+        || pod_log(edge_node, &agent_pod),
     );
     for c in &step(5).commands {
         let out = run(&cp, &substitute(c));
@@ -612,14 +510,14 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
     wait_until(
         "the agent's link (CONNECTED)",
         Duration::from_secs(60),
-        || pod_log(&edge_node, &agent_pod).contains("CONNECTED"),
-        || pod_log(&edge_node, &agent_pod),
+        || pod_log(edge_node, &agent_pod).contains("CONNECTED"),
+        || pod_log(edge_node, &agent_pod),
     );
     wait_ready(
-        &kas,
+        kas,
         &agent_pod,
         Duration::from_secs(60),
-        &[&cp_node, &edge_node],
+        &[cp_node, edge_node],
     );
     said.push("5: run; kube-controller-manager signed the agent's certificate".to_string());
 
@@ -635,9 +533,12 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
         .find(|c| c.starts_with("--egress-selector-config-file="))
         .expect("step 6 names the flag")
         .clone();
-    kas.stop();
-    let kas =
-        KubeApiserver::start_with(&kas_bin, &net, &env, &certs, &before, 1, &[flag, admission]);
+    cluster.restart_apiserver(&[flag]);
+    let kas = cluster.kas();
+    let (env, net) = (&cluster.env, &cluster.net);
+    let (cp_node, edge_node) = (&cluster.cp, &cluster.edge);
+    let nodes = cluster.nodes();
+    let workload = &cluster.images.workload;
 
     // 7. Logs of a pod on the edge node, which the scheduler places there.
     let lines: String = (1..=300).map(|i| format!("edge line {i}\n")).collect();
@@ -649,13 +550,13 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
     );
     p1["spec"].as_object_mut().unwrap().remove("nodeName");
     p1["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": EDGE_NODE});
-    kas.create(&env, "pod-p1", &p1);
+    kas.create(env, "pod-p1", &p1);
     let p1 = wait_running(
-        &kas,
+        kas,
         "default",
         "p1",
         Duration::from_secs(60),
-        &[&cp_node, &edge_node],
+        &[cp_node, edge_node],
     );
     assert_eq!(p1["spec"]["nodeName"], EDGE_NODE, "{}", p1["spec"]);
     let kubelet_addr: std::net::SocketAddr =
@@ -682,7 +583,7 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
         data.len(),
         String::from_utf8_lossy(&out.stderr)
     );
-    let echoed = port_forward_echo(&kas, "p1", 18080, &data);
+    let echoed = port_forward_echo(kas, "p1", 18080, &data);
     assert!(
         echoed == data,
         "port-forward: {} of {} bytes back",
@@ -693,7 +594,7 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
 
     // The probes as the kubelet ran them all along: nothing restarted.
     for pod in [&server_pod, &agent_pod] {
-        let v = get_json(&kas, &["pod", "-n", "kube-system", pod]);
+        let v = get_json(kas, &["pod", "-n", "kube-system", pod]);
         let st = &v["status"]["containerStatuses"][0];
         assert_eq!(st["restartCount"], 0, "{pod}: {st}");
         assert_eq!(st["ready"], true, "{pod}: {st}");
@@ -708,6 +609,183 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
             tail(&log, 10)
         );
     }
+    let logs_again = |what: &str| {
+        let t = Instant::now();
+        wait_until(
+            &format!("kubectl logs through the tunnel {what}"),
+            Duration::from_secs(90),
+            || {
+                let o = kas.kubectl(&["logs", "-n", "default", "p1", "--request-timeout=10s"]);
+                o.status.success() && o.stdout == lines.as_bytes()
+            },
+            || {
+                format!(
+                    "--- server:\n{}\n--- agent:\n{}",
+                    tail(
+                        &pod_log(cp_node, &current_pod(kas, "edgetunnel-server")),
+                        15
+                    ),
+                    tail(
+                        &pod_log(edge_node, &current_pod(kas, "edgetunnel-agent")),
+                        15
+                    )
+                )
+            },
+        );
+        t.elapsed()
+    };
+
+    // What a real cluster does to the tunnel. The runtime kills the agent
+    // (SIGKILL, as the OOM killer would): the kubelet restarts it, and it
+    // links again with the certificate it kept.
+    let id = container_id(kas, &agent_pod);
+    let killed = Command::new("ctr")
+        .arg("--address")
+        .arg(&edge_node.sock)
+        .args(["-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", &id])
+        .output()
+        .unwrap();
+    assert!(killed.status.success(), "{killed:?}");
+    wait_until(
+        "the kubelet's restart of the killed agent",
+        Duration::from_secs(60),
+        || {
+            let v = get_json(kas, &["pod", "-n", "kube-system", &agent_pod]);
+            let st = &v["status"]["containerStatuses"][0];
+            st["restartCount"] == 1 && st["ready"] == true
+        },
+        || edge_node.kubelet_log(),
+    );
+    let after = logs_again("after the agent was killed");
+    said.push(format!(
+        "agent killed by the runtime: restarted, logs again after {:.1} s",
+        after.as_secs_f64()
+    ));
+
+    // The agent evicted (the Eviction API, as a drain or the kubelet's
+    // pressure eviction does): the DaemonSet controller makes a new pod.
+    let eviction = env.path("eviction.json");
+    std::fs::write(
+        &eviction,
+        json!({"apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": agent_pod, "namespace": "kube-system"}})
+        .to_string(),
+    )
+    .unwrap();
+    kas.kubectl_ok(&[
+        "create",
+        "--raw",
+        &format!("/api/v1/namespaces/kube-system/pods/{agent_pod}/eviction"),
+        "-f",
+        &eviction.display().to_string(),
+    ]);
+    wait_until(
+        "a new agent pod",
+        Duration::from_secs(90),
+        || {
+            let p = current_pod(kas, "edgetunnel-agent");
+            !p.is_empty() && p != agent_pod && {
+                let v = get_json(kas, &["pod", "-n", "kube-system", &p]);
+                v["status"]["containerStatuses"][0]["ready"] == true
+            }
+        },
+        || edge_node.kubelet_log(),
+    );
+    let after = logs_again("after the agent was evicted");
+    said.push(format!(
+        "agent evicted: a new pod, logs again after {:.1} s",
+        after.as_secs_f64()
+    ));
+
+    // The server DaemonSet rolled to a new image under a `kubectl logs -f`.
+    let (rolled, _) = node_image::edgetunnel(
+        &cluster.images.dir,
+        Path::new(BIN),
+        "edgetunnel:0.1.0-rollout",
+    );
+    cp_node.import(&rolled);
+    let ticker = pod_json(
+        "p2",
+        EDGE_NODE,
+        &workload.name,
+        "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done",
+    );
+    kas.create(env, "pod-p2", &ticker);
+    wait_running(kas, "default", "p2", Duration::from_secs(60), &nodes);
+    let follow_log = env.path("follow.log");
+    let mut follow = kas.kubectl_cmd(&["logs", "-f", "-n", "default", "p2"]);
+    follow
+        .stdout(std::fs::File::create(&follow_log).unwrap())
+        .stderr(std::process::Stdio::piped());
+    let mut follow = follow.spawn().unwrap();
+    wait_until(
+        "kubectl logs -f streaming",
+        Duration::from_secs(30),
+        || {
+            std::fs::read_to_string(&follow_log)
+                .unwrap_or_default()
+                .lines()
+                .count()
+                > 5
+        },
+        String::new,
+    );
+    let old_server = current_pod(kas, "edgetunnel-server");
+    let t_roll = Instant::now();
+    kas.kubectl_ok(&[
+        "-n",
+        "kube-system",
+        "set",
+        "image",
+        "daemonset/edgetunnel-server",
+        &format!("server={}", rolled.name),
+    ]);
+    let status = run_bounded(
+        kas.kubectl_cmd(&[
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            "daemonset/edgetunnel-server",
+            "--timeout=120s",
+        ]),
+        None,
+        Duration::from_secs(130),
+    );
+    assert!(
+        status.status.success(),
+        "rollout: {}\n{}",
+        text(&status),
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let new_server = current_pod(kas, "edgetunnel-server");
+    assert_ne!(new_server, old_server);
+    let v = get_json(kas, &["pod", "-n", "kube-system", &new_server]);
+    assert_eq!(
+        v["spec"]["containers"][0]["image"],
+        rolled.name.as_str(),
+        "{}",
+        v["spec"]
+    );
+    let rolled_in = t_roll.elapsed();
+    let after = logs_again("after the server rolled");
+    // The held `logs -f`: what it saw while the old server drained.
+    let ticks_before = std::fs::read_to_string(&follow_log)
+        .unwrap_or_default()
+        .lines()
+        .count();
+    let cut = follow.try_wait().unwrap();
+    let _ = follow.kill();
+    let _ = follow.wait();
+    said.push(format!(
+        "server rolled to a new image in {:.1} s (logs again {:.1} s later); the held logs -f {} after {ticks_before} lines",
+        rolled_in.as_secs_f64(),
+        after.as_secs_f64(),
+        match cut {
+            Some(st) => format!("was cut ({st})"),
+            None => "was still open".to_string(),
+        }
+    ));
     eprintln!(
         "README deploy path on real nodes in {:.1} s: {}",
         t0.elapsed().as_secs_f64(),
@@ -756,6 +834,33 @@ fn ds_pod(
         last["items"],
         control_plane.logs()
     );
+}
+
+/// The name of the pod of DaemonSet `ds` (label `app=ds`) in kube-system
+/// that is not being deleted, or "".
+fn current_pod(kas: &KubeApiserver, ds: &str) -> String {
+    let v = get_json(
+        kas,
+        &["pods", "-n", "kube-system", "-l", &format!("app={ds}")],
+    );
+    v["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .and_then(|p| p["metadata"]["name"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The runtime's ID of pod `kube-system/name`'s container.
+fn container_id(kas: &KubeApiserver, name: &str) -> String {
+    let v = get_json(kas, &["pod", "-n", "kube-system", name]);
+    v["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .unwrap_or_default()
+        .trim_start_matches("containerd://")
+        .to_string()
 }
 
 /// Waits until pod `kube-system/name`'s container is ready.

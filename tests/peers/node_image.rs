@@ -310,7 +310,8 @@ pub(crate) fn edgetunnel(dir: &Path, binary: &Path, name: &str) -> (Archive, Fin
         stage.base, "debian:bookworm-slim",
         "the image is packed from this machine's Debian files"
     );
-    let rootfs = dir.join("edgetunnel-rootfs");
+    let file = name.replace([':', '/'], "-");
+    let rootfs = dir.join(format!("{file}-rootfs"));
     base(&rootfs);
     // What the base image has that the manifests use (sh, chown), then the
     // stage's packages.
@@ -344,7 +345,7 @@ pub(crate) fn edgetunnel(dir: &Path, binary: &Path, name: &str) -> (Archive, Fin
         entrypoint: stage.entrypoint.clone(),
         cmd: Vec::new(),
     };
-    let archive = pack(&dir.join("edgetunnel.tar"), name, &rootfs, &cfg);
+    let archive = pack(&dir.join(format!("{file}.tar")), name, &rootfs, &cfg);
     (archive, stage)
 }
 

@@ -24,6 +24,7 @@
 //! kube-apiserver) is installed in each node's namespace, so that pods
 //! find the API as in-cluster clients do.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::thread;
@@ -324,7 +325,7 @@ state = "{d}/containerd/state"
                  cgroupDriver: cgroupfs\ncgroupRoot: /{cgroup}\nfailSwapOn: false\nfailCgroupV1: false\n\
                  containerRuntimeEndpoint: unix://{sock}\n\
                  podLogsDir: {logs}\n\
-                 staticPodPath: {statics}\n\
+                 staticPodPath: /etc/kubernetes/manifests\n\
                  imageGCHighThresholdPercent: 100\n\
                  evictionHard: {{memory.available: 1Mi, nodefs.available: 1%, imagefs.available: 1%}}\n\
                  serializeImagePulls: false\n\
@@ -333,11 +334,10 @@ state = "{d}/containerd/state"
                 cgroup = node.cgroup,
                 sock = sock.display(),
                 logs = dir.join("logs").display(),
-                statics = dir.join("manifests").display(),
             ),
         )
         .unwrap();
-        std::fs::create_dir_all(dir.join("manifests")).unwrap();
+        std::fs::create_dir_all(node.fs.join("etc/kubernetes/manifests")).unwrap();
         let kubelet_bin = crate::common::peers().expect("peers").bin("kubelet");
         // The kubelet in containerd's mount namespace: the hostPaths it
         // hands the runtime mean the same files to both.
@@ -409,18 +409,6 @@ state = "{d}/containerd/state"
 
     pub(crate) fn kubelet_log(&self) -> String {
         self.kubelet.as_ref().map(|k| k.text()).unwrap_or_default()
-    }
-
-    /// `crictl`-like view through `ctr`: the task list of the CRI
-    /// namespace (for failure messages).
-    pub(crate) fn tasks(&self) -> String {
-        let out = Command::new("ctr")
-            .arg("--address")
-            .arg(&self.sock)
-            .args(["-n", "k8s.io", "tasks", "ls"])
-            .output();
-        out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default()
     }
 }
 
@@ -569,11 +557,6 @@ pub(crate) fn pod_json(name: &str, node: &str, image: &str, script: &str) -> ser
     })
 }
 
-/// Pod `ns/name` as JSON.
-pub(crate) fn get_pod(kas: &KubeApiserver, ns: &str, name: &str) -> serde_json::Value {
-    serde_json::from_slice(&kas.kubectl_ok(&["get", "pod", "-n", ns, name, "-o", "json"])).unwrap()
-}
-
 /// Waits until pod `ns/name` is Running; its JSON.
 pub(crate) fn wait_running(
     kas: &KubeApiserver,
@@ -606,101 +589,200 @@ pub(crate) fn wait_running(
     }
 }
 
-#[test]
-fn a_cloud_node_and_an_edge_node_run_pods_under_the_real_runtime() {
-    use crate::kube_cluster::{start_etcd, Egress, Net, KUBELET_IP};
-    let Some(p) = crate::common::peers() else {
-        return;
-    };
-    let bins = [
-        "kube-apiserver",
-        "kubelet",
-        "kube-controller-manager",
-        "kube-scheduler",
-    ];
-    if let Some(b) = bins.iter().find(|b| !p.has(b)) {
-        println!("skipped: no {b} among the peers");
-        return;
-    }
-    if let Some(why) = runtime_missing() {
-        panic!("the peers are here but the runtime is not: {why}");
-    }
-    let _g = crate::common::serial();
-    let t0 = Instant::now();
-    let _dirs = HostDirs::note();
-    let net = Net::new();
-    let env = Env::new();
-    let certs = KubeCerts::new(&env);
-    let _etcd = start_etcd(&net, &env);
-    let kas = KubeApiserver::start_with(
-        &p.bin("kube-apiserver"),
-        &net,
-        &env,
-        &certs,
-        &Egress::GrpcUds(env.path("no-egress.socket")),
-        0,
-        &["--enable-admission-plugins=ServiceAccount".to_string()],
-    );
-    let _cp = ControlPlane::start(&env, &net.cloud.0, &kas, &certs);
-    let images = env.path("images");
-    std::fs::create_dir_all(&images).unwrap();
-    let pause = crate::node_image::pause(&images, PAUSE_IMAGE);
-    let bb = crate::node_image::busybox(&images, "localhost/busybox:test");
-    let cloud = RealNode::start(
-        &env,
-        &kas,
-        &certs,
-        "cloud-1",
-        CLOUD_IP,
-        &net.cloud.0,
-        &["/etc/kubernetes"],
-        &[&pause, &bb],
-    );
-    let edge = RealNode::start(
-        &env,
-        &kas,
-        &certs,
-        "edge-1",
-        KUBELET_IP,
-        &net.node.0,
-        &[],
-        &[&pause, &bb],
-    );
-    println!("two nodes Ready after {:?}", t0.elapsed());
-    for (pod, node) in [("on-cloud", &cloud), ("on-edge", &edge)] {
-        kas.create(
+/// The control-plane node and the edge node.
+pub(crate) const CP_NODE: &str = "cp-1";
+pub(crate) const EDGE_NODE: &str = "edge-1";
+
+/// The images every node holds.
+pub(crate) struct Images {
+    pub pause: Archive,
+    /// Debian's static busybox (pods to reach on the edge node).
+    pub workload: Archive,
+    /// The Dockerfile's image, named as the manifests pin it.
+    pub edgetunnel: Archive,
+    pub stage: crate::node_image::FinalStage,
+    pub dir: PathBuf,
+}
+
+/// A cluster of two real nodes: kube-apiserver (run as its static pod
+/// would be, seeing the control-plane node's `/etc/kubernetes` and
+/// `/var/lib/kubelet`), etcd, kube-controller-manager and kube-scheduler
+/// in the cloud namespace; the control-plane node `cp-1` there
+/// (labelled and tainted as kubeadm does) and the edge node `edge-1` in
+/// the node namespace, reachable from the cloud only through a tunnel.
+/// Each node has its own `/etc/kubernetes`, `/etc/edgetunnel`,
+/// `/var/lib/edgetunnel` and `/var/lib/kubelet`.
+pub(crate) struct Cluster {
+    // Dropped in this order: the nodes (their pods), then the control
+    // plane, etcd, the namespaces and directories.
+    pub edge: RealNode,
+    pub cp: RealNode,
+    pub control_plane: ControlPlane,
+    kas: Option<KubeApiserver>,
+    kas_bin: PathBuf,
+    /// kube-apiserver's flags besides [`KubeApiserver::start_with`]'s.
+    kas_flags: Vec<String>,
+    restarts: usize,
+    pub images: Images,
+    _etcd: Logged,
+    pub certs: KubeCerts,
+    pub env: Env,
+    pub net: crate::kube_cluster::Net,
+    _dirs: HostDirs,
+}
+
+/// What each node bind-mounts over the host's paths (besides
+/// `/var/lib/kubelet`).
+pub(crate) const NODE_PATHS: [&str; 3] =
+    ["/etc/kubernetes", "/etc/edgetunnel", "/var/lib/edgetunnel"];
+
+impl Cluster {
+    /// Starts it all; `kas_flags` are added to kube-apiserver's (for
+    /// example `--egress-selector-config-file`), whose egress until then
+    /// is a socket nobody serves. `None` when the peers are absent (after
+    /// the skip line); fails when they are here but the runtime is not.
+    pub(crate) fn start(kas_flags: &[String]) -> Option<Cluster> {
+        use crate::kube_cluster::{start_etcd, Net, KUBELET_IP};
+        let p = crate::common::peers()?;
+        let bins = [
+            "kube-apiserver",
+            "kubelet",
+            "kube-controller-manager",
+            "kube-scheduler",
+        ];
+        if let Some(b) = bins.iter().find(|b| !p.has(b)) {
+            println!("skipped: no {b} among the peers");
+            return None;
+        }
+        if let Some(why) = runtime_missing() {
+            panic!("the peers are here but the runtime is not: {why}");
+        }
+        let dirs = HostDirs::note();
+        let net = Net::new();
+        let env = Env::new();
+        let certs = KubeCerts::new(&env);
+        let etcd = start_etcd(&net, &env);
+        let dir = env.path("images");
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = Path::new(crate::support::BIN);
+        let (edgetunnel, stage) = crate::node_image::edgetunnel(&dir, bin, "edgetunnel:0.1.0");
+        let images = Images {
+            pause: crate::node_image::pause(&dir, PAUSE_IMAGE),
+            workload: crate::node_image::busybox(&dir, "localhost/busybox:test"),
+            edgetunnel,
+            stage,
+            dir,
+        };
+        // kube-apiserver as a static pod: the control-plane node's files.
+        let cp_fs = env.path(&format!("node-{CP_NODE}/fs"));
+        let kas_bin = env.path("kube-apiserver-on-cp");
+        let mut wrapper = String::from("#!/bin/sh\nexec unshare -m --propagation private sh -c '");
+        for d in ["/etc/kubernetes", "/var/lib/kubelet"] {
+            let s = cp_fs.join(d.trim_start_matches('/'));
+            std::fs::create_dir_all(&s).unwrap();
+            std::fs::create_dir_all(d).unwrap();
+            wrapper.push_str(&format!("mount --bind {} {d} && ", s.display()));
+        }
+        wrapper.push_str(&format!(
+            "exec \"$0\" \"$@\"' {} \"$@\"\n",
+            p.bin("kube-apiserver").display()
+        ));
+        std::fs::write(&kas_bin, wrapper).unwrap();
+        std::fs::set_permissions(&kas_bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut kas_flags = kas_flags.to_vec();
+        kas_flags.push("--enable-admission-plugins=ServiceAccount".to_string());
+        let kas = KubeApiserver::start_with(
+            &kas_bin,
+            &net,
             &env,
-            pod,
-            &pod_json(pod, &node.name, &bb.name, "echo up; exec sleep 3600"),
+            &certs,
+            &Self::no_egress(&env),
+            0,
+            &kas_flags,
         );
-    }
-    for pod in ["on-cloud", "on-edge"] {
-        wait_running(
+        let control_plane = ControlPlane::start(&env, &net.cloud.0, &kas, &certs);
+        let imgs = [&images.pause, &images.workload, &images.edgetunnel];
+        let cp = RealNode::start(
+            &env,
             &kas,
-            "default",
-            pod,
-            Duration::from_secs(90),
-            &[&cloud, &edge],
+            &certs,
+            CP_NODE,
+            CLOUD_IP,
+            &net.cloud.0,
+            &NODE_PATHS,
+            &imgs,
         );
-    }
-    println!("both pods Running after {:?}", t0.elapsed());
-    // Each pod's container runs under containerd: the kubelet reports it
-    // started, and the runtime lists a task for it on that node.
-    for (pod, node) in [("on-cloud", &cloud), ("on-edge", &edge)] {
-        let v = get_pod(&kas, "default", pod);
-        assert_eq!(v["spec"]["nodeName"], node.name.as_str(), "{v}");
-        assert_eq!(v["status"]["containerStatuses"][0]["started"], true, "{v}");
-        let id = v["status"]["containerStatuses"][0]["containerID"]
-            .as_str()
-            .unwrap_or_default()
-            .trim_start_matches("containerd://")
-            .to_string();
-        assert!(
-            !id.is_empty() && node.tasks().contains(&id),
-            "{pod}: {id} not in\n{}",
-            node.tasks()
+        let edge = RealNode::start(
+            &env,
+            &kas,
+            &certs,
+            EDGE_NODE,
+            KUBELET_IP,
+            &net.node.0,
+            &NODE_PATHS,
+            &imgs,
         );
+        assert_eq!(cp.fs, cp_fs);
+        Some(Cluster {
+            edge,
+            cp,
+            control_plane,
+            kas: Some(kas),
+            kas_bin,
+            kas_flags,
+            restarts: 0,
+            images,
+            _etcd: etcd,
+            certs,
+            env,
+            net,
+            _dirs: dirs,
+        })
     }
-    drop((cloud, edge));
-    println!("nodes stopped after {:?}", t0.elapsed());
+
+    fn no_egress(env: &Env) -> crate::kube_cluster::Egress {
+        crate::kube_cluster::Egress::GrpcUds(env.path("no-egress-yet.socket"))
+    }
+
+    pub(crate) fn kas(&self) -> &KubeApiserver {
+        self.kas.as_ref().expect("kube-apiserver")
+    }
+
+    /// Restarts kube-apiserver with `more` flags added (as an operator
+    /// edits its static pod).
+    pub(crate) fn restart_apiserver(&mut self, more: &[String]) {
+        self.kas.take().expect("kube-apiserver").stop();
+        self.kas_flags.extend(more.iter().cloned());
+        self.restarts += 1;
+        self.kas = Some(KubeApiserver::start_with(
+            &self.kas_bin,
+            &self.net,
+            &self.env,
+            &self.certs,
+            &Self::no_egress(&self.env),
+            self.restarts,
+            &self.kas_flags,
+        ));
+    }
+
+    /// Labels and taints the control-plane node as kubeadm does.
+    pub(crate) fn mark_control_plane(&self) {
+        let kas = self.kas();
+        kas.kubectl_ok(&[
+            "label",
+            "node",
+            CP_NODE,
+            "node-role.kubernetes.io/control-plane=",
+        ]);
+        kas.kubectl_ok(&[
+            "taint",
+            "node",
+            CP_NODE,
+            "node-role.kubernetes.io/control-plane:NoSchedule",
+        ]);
+    }
+
+    pub(crate) fn nodes(&self) -> [&RealNode; 2] {
+        [&self.cp, &self.edge]
+    }
 }
