@@ -316,7 +316,7 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
         ["docker build -t edgetunnel:0.1.0 ."],
         "{s1:?}"
     );
-    let Some(mut cluster) = Cluster::start(&[]) else {
+    let Some(mut cluster) = Cluster::start(&[], true) else {
         return;
     };
     cluster.mark_control_plane();
@@ -916,7 +916,7 @@ fn pod_log(node: &RealNode, name: &str) -> String {
 
 /// `kubectl port-forward pod/POD :PORT` in the cloud namespace, `data`
 /// sent through it to the pod's echo; what came back.
-fn port_forward_echo(kas: &KubeApiserver, pod: &str, port: u16, data: &[u8]) -> Vec<u8> {
+pub(crate) fn port_forward_echo(kas: &KubeApiserver, pod: &str, port: u16, data: &[u8]) -> Vec<u8> {
     use std::io::{BufRead, Read, Write};
     let mut cmd = kas.kubectl_cmd(&[
         "port-forward",

@@ -283,6 +283,9 @@ pub(crate) fn start_etcd(net: &Net, env: &Env) -> Logged {
 /// egress selection `cluster`).
 #[derive(Clone, Debug)]
 pub(crate) enum Egress {
+    /// No egress selector: kube-apiserver dials kubelets itself (as
+    /// yurt-tunnel's layout wants, its DNAT rules catching the dials).
+    Direct,
     /// `proxyProtocol: GRPC` over a unix socket.
     GrpcUds(PathBuf),
     /// `proxyProtocol: HTTPConnect` over a unix socket.
@@ -300,6 +303,7 @@ pub(crate) enum Egress {
 impl Egress {
     pub(crate) fn name(&self) -> &'static str {
         match self {
+            Egress::Direct => "none (direct dials)",
             Egress::GrpcUds(_) => "GRPC over a unix socket",
             Egress::ConnectUds(_) => "HTTPConnect over a unix socket",
             Egress::ConnectTls { .. } => "HTTPConnect over TCP with mutual TLS",
@@ -309,6 +313,7 @@ impl Egress {
     /// The EgressSelectorConfiguration file's text.
     pub(crate) fn config(&self) -> String {
         let connection = match self {
+            Egress::Direct => String::new(),
             Egress::GrpcUds(p) => format!(
                 "    proxyProtocol: GRPC\n    transport:\n      uds:\n        udsName: {}\n",
                 p.display()
@@ -434,9 +439,16 @@ impl KubeApiserver {
     ) -> KubeApiserver {
         let egress_file = env.path(&format!("egress-{run}.yaml"));
         std::fs::write(&egress_file, egress.config()).unwrap();
+        let egress_flag = match egress {
+            Egress::Direct => None,
+            _ => Some(format!(
+                "--egress-selector-config-file={}",
+                egress_file.display()
+            )),
+        };
         let p = |x: &Path| x.display().to_string();
         let mut cmd = net.cloud_cmd(bin);
-        cmd.args([
+        let defaults = [
             "--etcd-servers=http://127.0.0.1:2379".to_string(),
             format!("--advertise-address={CLOUD_IP}"),
             // All addresses: agents counting leases reach it over the veth.
@@ -458,9 +470,14 @@ impl KubeApiserver {
             format!("--kubelet-client-key={}", p(&certs.kubelet_client.1)),
             format!("--kubelet-certificate-authority={}", p(&certs.ca)),
             "--kubelet-preferred-address-types=InternalIP".to_string(),
-            format!("--egress-selector-config-file={}", p(&egress_file)),
-        ])
-        .args(extra);
+        ];
+        // A flag of `extra` replaces the default of the same name (an empty
+        // value unsets it).
+        let named = |f: &str| f.split('=').next().unwrap_or(f).to_string();
+        let replaced: Vec<String> = extra.iter().map(|f| named(f)).collect();
+        cmd.args(defaults.iter().filter(|d| !replaced.contains(&named(d))))
+            .args(egress_flag)
+            .args(extra);
         // With no kube-controller-manager to make ServiceAccounts, their
         // admission plugin is off unless `extra` says otherwise.
         if !extra.iter().any(|a| a.contains("-admission-plugins")) {

@@ -15,6 +15,7 @@ mod support;
 
 mod busy_server;
 mod common;
+mod deploy_layouts;
 mod deploy_path;
 mod go_agent;
 mod go_server;

@@ -128,6 +128,11 @@ fn copy_host_path(rootfs: &Path, path: &Path, elves: &mut BTreeSet<PathBuf>) {
             copy_host_path(rootfs, parent, elves);
         }
     }
+    // The parent may have been a symlink (`/sbin -> usr/sbin`) through
+    // which the path now names something already copied.
+    if dest.symlink_metadata().is_ok() {
+        return;
+    }
     if md.file_type().is_symlink() {
         let target = std::fs::read_link(path).unwrap();
         std::os::unix::fs::symlink(&target, &dest).unwrap();
@@ -184,6 +189,25 @@ fn copy_packages(rootfs: &Path, packages: &[&str], extra: &[PathBuf]) {
     }
     for e in extra {
         copy_host_path(rootfs, e, &mut elves);
+    }
+    // What the packages' install scripts add: update-alternatives links
+    // (`/usr/sbin/iptables-save -> /etc/alternatives/iptables-save ->
+    // xtables-nft-multi`) to programs now in the image.
+    for dir in ["/usr/sbin", "/usr/bin", "/sbin", "/bin"] {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let link = e.path();
+            let via_alternatives =
+                std::fs::read_link(&link).is_ok_and(|t| t.starts_with("/etc/alternatives/"));
+            let present = std::fs::canonicalize(&link).is_ok_and(|t| {
+                rootfs
+                    .join(t.strip_prefix("/").unwrap_or(&t))
+                    .symlink_metadata()
+                    .is_ok()
+            });
+            if via_alternatives && present {
+                copy_host_path(rootfs, &link, &mut elves);
+            }
+        }
     }
     let mut done = BTreeSet::new();
     while let Some(elf) = elves.iter().find(|e| !done.contains(*e)).cloned() {

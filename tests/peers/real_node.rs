@@ -8,8 +8,9 @@
 //! netns exec`, which remounts /sys); a cgroup v1 host wants
 //! `failCgroupV1: false` and the cgroupfs driver; containerd's CRI must
 //! not raise `oom_score_adj` (`restrict_oom_score_adj`); images are
-//! docker-archives imported with `ctr` ([`crate::node_image`]); a
-//! loopback-only CNI config is enough for hostNetwork pods.
+//! docker-archives imported with `ctr` ([`crate::node_image`]); other
+//! pods than hostNetwork ones get a bridge and an address from the node's
+//! range (Debian's CNI plugins), the node forwarding and masquerading.
 //!
 //! Each node has its own containerd (root, state, socket) and kubelet
 //! root under the test's directory, and its own cgroup root
@@ -59,25 +60,51 @@ const HOST_DIRS: &[&str] = &[
     "/var/lib/kubelet",
 ];
 
-/// Notes which of [`HOST_DIRS`] are missing, and removes those again on
-/// drop (after the nodes stopped).
-pub(crate) struct HostDirs(Vec<&'static str>);
+/// Notes which of [`HOST_DIRS`] are missing and which pod network
+/// namespaces (`/run/netns/cni-*`, made by containerd for pods that are not
+/// hostNetwork) exist, and removes what is new again on drop (after the
+/// nodes stopped).
+pub(crate) struct HostDirs {
+    missing: Vec<&'static str>,
+    netns: Vec<PathBuf>,
+}
+
+fn cni_netns() -> Vec<PathBuf> {
+    std::fs::read_dir("/run/netns")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("cni-"))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
 
 impl HostDirs {
     pub(crate) fn note() -> HostDirs {
-        HostDirs(
-            HOST_DIRS
+        HostDirs {
+            missing: HOST_DIRS
                 .iter()
                 .copied()
                 .filter(|d| !Path::new(d).exists())
                 .collect(),
-        )
+            netns: cni_netns(),
+        }
     }
 }
 
 impl Drop for HostDirs {
     fn drop(&mut self) {
-        for d in &self.0 {
+        for ns in cni_netns() {
+            if !self.netns.contains(&ns) {
+                let _ = Command::new("umount").arg(&ns).output();
+                let _ = std::fs::remove_file(&ns);
+            }
+        }
+        for d in &self.missing {
             let _ = Command::new("umount").arg("-R").arg(d).output();
             let _ = std::fs::remove_dir_all(d);
         }
@@ -158,6 +185,7 @@ impl RealNode {
         certs: &KubeCerts,
         name: &str,
         ip: &str,
+        pod_cidr: &str,
         ns: &str,
         paths: &[&str],
         images: &[&Archive],
@@ -171,9 +199,25 @@ impl RealNode {
             std::fs::create_dir_all(d).unwrap();
         }
         let sock = dir.join("containerd.sock");
+        // Pods that are not hostNetwork get an address from the node's
+        // range on a bridge, the node routing and masquerading for them
+        // (Debian's bridge and host-local plugins).
         std::fs::write(
-            cni.join("10-loopback.conflist"),
-            r#"{"cniVersion": "1.0.0", "name": "lo", "plugins": [{"type": "loopback"}]}"#,
+            cni.join("10-pods.conflist"),
+            serde_json::json!({
+                "cniVersion": "1.0.0",
+                "name": "pods",
+                "plugins": [{
+                    "type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": pod_cidr}]],
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                        "dataDir": dir.join("cni-ipam"),
+                    },
+                }],
+            })
+            .to_string(),
         )
         .unwrap();
         let config = dir.join("containerd.toml");
@@ -277,15 +321,25 @@ state = "{d}/containerd/state"
                 .unwrap(),
             "the Service range's route",
         );
+        // From the node itself (hostNetwork pods) and from its pods.
+        for chain in ["OUTPUT", "PREROUTING"] {
+            check(
+                in_ns(ns, "iptables")
+                    .args(["-t", "nat", "-A", chain, "-p", "tcp", "-d"])
+                    .arg(KUBERNETES_SERVICE_IP)
+                    .args(["--dport", "443", "-j", "DNAT", "--to-destination"])
+                    .arg(format!("{CLOUD_IP}:{api_port}"))
+                    .output()
+                    .unwrap(),
+                "the kubernetes Service's rule",
+            );
+        }
         check(
-            in_ns(ns, "iptables")
-                .args(["-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d"])
-                .arg(KUBERNETES_SERVICE_IP)
-                .args(["--dport", "443", "-j", "DNAT", "--to-destination"])
-                .arg(format!("{CLOUD_IP}:{api_port}"))
+            in_ns(ns, "sysctl")
+                .args(["-qw", "net.ipv4.ip_forward=1"])
                 .output()
                 .unwrap(),
-            "the kubernetes Service's rule",
+            "forwarding for the node's pods",
         );
         // The node's own cgroup root in every v1 hierarchy.
         for h in v1_hierarchies() {
@@ -622,6 +676,7 @@ pub(crate) struct Cluster {
     kas_bin: PathBuf,
     /// kube-apiserver's flags besides [`KubeApiserver::start_with`]'s.
     kas_flags: Vec<String>,
+    egress: crate::kube_cluster::Egress,
     restarts: usize,
     pub images: Images,
     _etcd: Logged,
@@ -637,11 +692,12 @@ pub(crate) const NODE_PATHS: [&str; 3] =
     ["/etc/kubernetes", "/etc/edgetunnel", "/var/lib/edgetunnel"];
 
 impl Cluster {
-    /// Starts it all; `kas_flags` are added to kube-apiserver's (for
-    /// example `--egress-selector-config-file`), whose egress until then
-    /// is a socket nobody serves. `None` when the peers are absent (after
-    /// the skip line); fails when they are here but the runtime is not.
-    pub(crate) fn start(kas_flags: &[String]) -> Option<Cluster> {
+    /// Starts it all; `kas_flags` are added to kube-apiserver's. With
+    /// `egress_selector`, its egress until an `--egress-selector-config-file`
+    /// is added is a socket nobody serves; without, it dials kubelets
+    /// itself. `None` when the peers are absent (after the skip line);
+    /// fails when they are here but the runtime is not.
+    pub(crate) fn start(kas_flags: &[String], egress_selector: bool) -> Option<Cluster> {
         use crate::kube_cluster::{start_etcd, Net, KUBELET_IP};
         let p = crate::common::peers()?;
         let bins = [
@@ -691,15 +747,11 @@ impl Cluster {
         std::fs::set_permissions(&kas_bin, std::fs::Permissions::from_mode(0o755)).unwrap();
         let mut kas_flags = kas_flags.to_vec();
         kas_flags.push("--enable-admission-plugins=ServiceAccount".to_string());
-        let kas = KubeApiserver::start_with(
-            &kas_bin,
-            &net,
-            &env,
-            &certs,
-            &Self::no_egress(&env),
-            0,
-            &kas_flags,
-        );
+        let egress = match egress_selector {
+            true => crate::kube_cluster::Egress::GrpcUds(env.path("no-egress-yet.socket")),
+            false => crate::kube_cluster::Egress::Direct,
+        };
+        let kas = KubeApiserver::start_with(&kas_bin, &net, &env, &certs, &egress, 0, &kas_flags);
         let control_plane = ControlPlane::start(&env, &net.cloud.0, &kas, &certs);
         let imgs = [&images.pause, &images.workload, &images.edgetunnel];
         let cp = RealNode::start(
@@ -708,6 +760,7 @@ impl Cluster {
             &certs,
             CP_NODE,
             CLOUD_IP,
+            "10.244.0.0/24",
             &net.cloud.0,
             &NODE_PATHS,
             &imgs,
@@ -718,6 +771,7 @@ impl Cluster {
             &certs,
             EDGE_NODE,
             KUBELET_IP,
+            "10.244.1.0/24",
             &net.node.0,
             &NODE_PATHS,
             &imgs,
@@ -730,6 +784,7 @@ impl Cluster {
             kas: Some(kas),
             kas_bin,
             kas_flags,
+            egress,
             restarts: 0,
             images,
             _etcd: etcd,
@@ -738,10 +793,6 @@ impl Cluster {
             net,
             _dirs: dirs,
         })
-    }
-
-    fn no_egress(env: &Env) -> crate::kube_cluster::Egress {
-        crate::kube_cluster::Egress::GrpcUds(env.path("no-egress-yet.socket"))
     }
 
     pub(crate) fn kas(&self) -> &KubeApiserver {
@@ -759,7 +810,7 @@ impl Cluster {
             &self.net,
             &self.env,
             &self.certs,
-            &Self::no_egress(&self.env),
+            &self.egress,
             self.restarts,
             &self.kas_flags,
         ));
