@@ -468,28 +468,23 @@ state = "{d}/containerd/state"
 
 impl Drop for RealNode {
     fn drop(&mut self) {
-        // The kubelet first (it would restart what containerd stops), then
-        // every task containerd runs, then containerd itself.
+        // The kubelet first (it would restart what dies), then every
+        // process of the node's pods (its cgroup tree), the runtime's shims
+        // and containerd itself: SIGKILL, as a node losing power. The pods'
+        // mounts live in containerd's private mount namespace and go with it.
         drop(self.kubelet.take());
-        let ctr = |args: &[&str]| {
-            Command::new("ctr")
-                .arg("--address")
-                .arg(&self.sock)
-                .args(["-n", "k8s.io"])
-                .args(args)
-                .output()
-        };
-        if let Ok(o) = ctr(&["tasks", "ls", "-q"]) {
-            for id in String::from_utf8_lossy(&o.stdout).lines() {
-                let _ = ctr(&["tasks", "kill", "-s", "SIGKILL", id]);
+        for h in v1_hierarchies() {
+            for pid in cgroup_pids(&h.join(&self.cgroup)) {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).output();
             }
-            let deadline = Instant::now() + Duration::from_secs(10);
-            for id in String::from_utf8_lossy(&o.stdout).lines() {
-                while Instant::now() < deadline
-                    && ctr(&["tasks", "delete", id]).is_ok_and(|o| !o.status.success())
-                {
-                    thread::sleep(Duration::from_millis(100));
-                }
+        }
+        let sock = self.sock.display().to_string();
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if cmdline.contains("containerd-shim") && cmdline.contains(&sock) {
+                let pid = e.file_name().to_string_lossy().into_owned();
+                let _ = Command::new("kill").args(["-9", &pid]).output();
             }
         }
         drop(self.containerd.take());
@@ -506,10 +501,32 @@ impl Drop for RealNode {
                 let _ = Command::new("umount").arg("-l").arg(p).output();
             }
         }
+        // Killed processes leave their cgroups a moment later.
+        let deadline = Instant::now() + Duration::from_secs(10);
         for h in v1_hierarchies() {
-            remove_cgroup_tree(&h.join(&self.cgroup));
+            let root = h.join(&self.cgroup);
+            remove_cgroup_tree(&root);
+            while root.exists() && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(50));
+                remove_cgroup_tree(&root);
+            }
         }
     }
+}
+
+/// Every process in cgroup `dir` and below (a v1 hierarchy's `cgroup.procs`).
+fn cgroup_pids(dir: &Path) -> Vec<u32> {
+    let mut out: Vec<u32> = std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(cgroup_pids(&e.path()));
+        }
+    }
+    out
 }
 
 /// kube-controller-manager and kube-scheduler in the cloud namespace
