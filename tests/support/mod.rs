@@ -886,30 +886,43 @@ pub(crate) fn agent_mtls(env: &Env) -> Vec<String> {
     ]
 }
 
-/// The cargo profile of the cross builds (`EDGETUNNEL_CROSS_PROFILE`) for
-/// `triple` (`None`: this machine's own target): release by default, what
-/// the image ships. scripts/test builds the ARM binaries with `cross-ci`
-/// (unoptimized, no debug info) to keep CI's time down; this machine's own
-/// architecture then reuses the test build's binary (dev).
-pub(crate) fn cross_profile(triple: Option<&str>) -> String {
-    let profile =
-        std::env::var("EDGETUNNEL_CROSS_PROFILE").unwrap_or_else(|_| "release".to_string());
-    match triple {
-        None if profile != "release" => "dev".to_string(),
-        _ => profile,
-    }
+/// The cargo profile of the cross builds (`EDGETUNNEL_CROSS_PROFILE`):
+/// release by default, what the image ships. scripts/test builds the ARM
+/// binaries, and this machine's own for the image test, with `cross-ci`
+/// (unoptimized, no debug info) to keep CI's time down.
+pub(crate) fn cross_profile() -> String {
+    std::env::var("EDGETUNNEL_CROSS_PROFILE").unwrap_or_else(|_| "release".to_string())
 }
 
-/// Where [`cross_profile`] puts the `edgetunnel` binary for `triple`.
-/// Cargo's dev profile builds into `debug`.
+/// Where [`cross_profile`] puts the `edgetunnel` binary for `triple`
+/// (`None`: this machine's own target). Cargo's dev profile builds into
+/// `debug`.
 pub(crate) fn cross_binary(triple: Option<&str>) -> PathBuf {
-    let profile = cross_profile(triple);
+    let profile = cross_profile();
     let dir = if profile == "dev" { "debug" } else { &profile };
     let mut path = repo().join("target");
     if let Some(t) = triple {
         path.push(t);
     }
     path.join(dir).join("edgetunnel")
+}
+
+/// Removes from `cmd`'s environment the variables `cargo test` gives a
+/// test (`CARGO_MANIFEST_DIR`, `CARGO_PKG_*`, ...) before it runs cargo
+/// itself: a build script that reads one (ring's reads
+/// `CARGO_MANIFEST_DIR`) would otherwise see it change and rebuild what
+/// `scripts/test` built from a shell, minutes of CI. Cargo's own settings
+/// (`CARGO_HOME`, `CARGO_TARGET_DIR`, `CARGO_TERM_*`) stay.
+pub(crate) fn without_test_env(cmd: &mut Command) -> &mut Command {
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().into_owned();
+        let keep =
+            matches!(k.as_str(), "CARGO_HOME" | "CARGO_TARGET_DIR") || k.starts_with("CARGO_TERM_");
+        if (k.starts_with("CARGO_") && !keep) || k == "OUT_DIR" {
+            cmd.env_remove(&k);
+        }
+    }
+    cmd
 }
 
 /// Whether a missing cross-built binary or qemu-user fails a test instead

@@ -154,6 +154,7 @@ pub(crate) fn wanlink_bin() -> PathBuf {
         if !bin.is_file() || newest_mtime(&crate_dir) > mtime(&bin) {
             let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
             let mut cmd = Command::new(cargo);
+            super::without_test_env(&mut cmd);
             cmd.current_dir(super::repo()).args([
                 "build",
                 "-p",
