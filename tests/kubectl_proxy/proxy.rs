@@ -263,6 +263,87 @@ fn stale_pooled_connections_are_each_retried() {
     );
 }
 
+/// An upstream that answers a HEAD with a head saying `Content-Length: 5`
+/// and then, 200 ms later, sends the five bytes anyway (a body a HEAD
+/// answer must not have); every other request gets `200` and `ok`. Counts
+/// the connections it accepted.
+fn upstream_with_late_bytes_after_head() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            count.fetch_add(1, Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let mut b = [0u8; 4096];
+                loop {
+                    let mut head = Vec::new();
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match c.read(&mut b) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&b[..n]),
+                        }
+                    }
+                    if head.starts_with(b"HEAD ") {
+                        let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n");
+                        std::thread::sleep(Duration::from_millis(200));
+                        let _ = c.write_all(b"stale");
+                    } else {
+                        let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+                    }
+                }
+            });
+        }
+    });
+    (port, accepted)
+}
+
+/// Bytes an upstream sends on a connection after its answer ended (here a
+/// body after a HEAD answer, arriving while the connection is idle in the
+/// pool) make it unusable, as in Go's transport ("Unsolicited response
+/// received on idle HTTP channel"): the next request goes on a fresh
+/// connection and gets its own answer, not those bytes.
+#[test]
+fn bytes_arriving_on_an_idle_pooled_connection_retire_it() {
+    let s = setup();
+    let (port, accepted) = upstream_with_late_bytes_after_head();
+    let kc = s.env.path("kc-late-bytes");
+    apiserver::kubeconfig(
+        &kc,
+        &format!("http://127.0.0.1:{port}"),
+        &s.env.certs(),
+        Some("tok"),
+        false,
+    );
+    let p = start(
+        ours_cmd(&kc, &[p0(), vec!["--workers=1".into()]].concat()),
+        s.env.path("ours-late-bytes.log"),
+    );
+    let ep = &p.ep;
+    let head = format!(
+        "HEAD /api/v1/x HTTP/1.1\r\nHost: localhost:{}\r\nUser-Agent: t\r\n\r\n",
+        ep.port()
+    );
+    let r = exchange(ep, head.as_bytes(), "HEAD").unwrap();
+    assert_eq!(r.status, 200);
+    // The stray bytes arrive while the connection sits in the pool.
+    std::thread::sleep(Duration::from_millis(600));
+    let r = exchange(ep, &get("/api/v1/y", ep.port()), "GET").unwrap();
+    assert_eq!(
+        (r.status, r.body.as_slice()),
+        (200, &b"ok"[..]),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        2,
+        "the polluted connection was not used again"
+    );
+}
+
 #[test]
 fn bad_input_is_answered_and_isolated() {
     let s = setup();

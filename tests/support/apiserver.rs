@@ -420,6 +420,11 @@ fn serve_conn<S: Conn>(conn: S, requests: &AtomicUsize, gate: &AtomicBool, event
         let upgrade = header(&req.headers, "connection")
             .is_some_and(|v| v.to_ascii_lowercase().contains("upgrade"));
         let path = req.target.split('?').next().unwrap_or("").to_string();
+        // A HEAD answer has no body (RFC 9110 9.3.2): an upstream that sent
+        // one anyway left bytes that raced the next request on the same
+        // connection (proxy_diff's `HEAD /status/418` under load; the proxy's
+        // side of that is `proxy::bytes_arriving_on_an_idle_pooled_connection_retire_it`).
+        let head_only = req.method == "HEAD";
         let query = req
             .target
             .split_once('?')
@@ -527,7 +532,7 @@ fn serve_conn<S: Conn>(conn: S, requests: &AtomicUsize, gate: &AtomicBool, event
             let n: usize = n.parse().unwrap_or(0);
             let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {n}\r\n\r\n");
             let chunk = vec![b'x'; 65536];
-            let mut left = n;
+            let mut left = if head_only { 0 } else { n };
             while left > 0 {
                 let k = left.min(chunk.len());
                 if w.write_all(&chunk[..k]).is_err() {
@@ -541,7 +546,8 @@ fn serve_conn<S: Conn>(conn: S, requests: &AtomicUsize, gate: &AtomicBool, event
         if let Some(code) = path.strip_prefix("/status/") {
             let code: u16 = code.parse().unwrap_or(500);
             let b = format!("{{\"status\":{code}}}");
-            let _ = write!(w, "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}", b.len());
+            let shown = if head_only { "" } else { b.as_str() };
+            let _ = write!(w, "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{shown}", b.len());
             let _ = w.flush();
             continue;
         }
@@ -560,7 +566,11 @@ fn serve_conn<S: Conn>(conn: S, requests: &AtomicUsize, gate: &AtomicBool, event
             };
             if path == "/gzip" {
                 let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n{enc}Content-Length: {}\r\n\r\n", body.len());
-                let _ = w.write_all(&body);
+                if !head_only {
+                    let _ = w.write_all(&body);
+                }
+            } else if head_only {
+                let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n{enc}Transfer-Encoding: chunked\r\n\r\n");
             } else {
                 let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n{enc}Transfer-Encoding: chunked\r\n\r\n");
                 for part in body.chunks(1000) {
