@@ -187,30 +187,46 @@ fn keepalive_reuses_upstream_connections() {
 /// without an answer, as when a server times out an idle connection just as
 /// a request arrives (Go's `errServerClosedIdle`).
 fn upstream_closing_idle_connections() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    raw_upstream(|c, n, _head| {
+        if n > 0 {
+            // The second request: closed unanswered.
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+        true
+    })
+}
+
+/// A plain-HTTP upstream on a port of its own: for each connection (counted
+/// in the returned counter), `answer(conn, n, head)` is called with the head
+/// of its `n`th request (from 0) and says whether to read another.
+fn raw_upstream(
+    answer: impl Fn(&mut std::net::TcpStream, usize, &[u8]) -> bool + Send + Sync + 'static,
+) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let count = accepted.clone();
+    let answer = std::sync::Arc::new(answer);
     std::thread::spawn(move || {
         for c in l.incoming() {
             let Ok(mut c) = c else { return };
             count.fetch_add(1, Ordering::SeqCst);
+            let answer = answer.clone();
             std::thread::spawn(move || {
                 let mut b = [0u8; 4096];
-                for answered in [false, true] {
+                for n in 0.. {
                     let mut head = Vec::new();
                     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
                         match c.read(&mut b) {
                             Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&b[..n]),
+                            Ok(k) => head.extend_from_slice(&b[..k]),
                         }
                     }
-                    if answered {
-                        // The second request: closed unanswered.
+                    if !answer(&mut c, n, &head) {
                         return;
                     }
-                    std::thread::sleep(Duration::from_millis(300));
-                    let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
                 }
             });
         }
@@ -268,36 +284,16 @@ fn stale_pooled_connections_are_each_retried() {
 /// answer must not have); every other request gets `200` and `ok`. Counts
 /// the connections it accepted.
 fn upstream_with_late_bytes_after_head() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let count = accepted.clone();
-    std::thread::spawn(move || {
-        for c in l.incoming() {
-            let Ok(mut c) = c else { return };
-            count.fetch_add(1, Ordering::SeqCst);
-            std::thread::spawn(move || {
-                let mut b = [0u8; 4096];
-                loop {
-                    let mut head = Vec::new();
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match c.read(&mut b) {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&b[..n]),
-                        }
-                    }
-                    if head.starts_with(b"HEAD ") {
-                        let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n");
-                        std::thread::sleep(Duration::from_millis(200));
-                        let _ = c.write_all(b"stale");
-                    } else {
-                        let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
-                    }
-                }
-            });
+    raw_upstream(|c, _n, head| {
+        if head.starts_with(b"HEAD ") {
+            let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n");
+            std::thread::sleep(Duration::from_millis(200));
+            let _ = c.write_all(b"stale");
+        } else {
+            let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
         }
-    });
-    (port, accepted)
+        true
+    })
 }
 
 /// Bytes an upstream sends on a connection after its answer ended (here a
