@@ -58,7 +58,6 @@ fn check_streaming(ep: &Endpoint, api: &FakeApiServer) {
         .unwrap();
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
-    let start = Instant::now();
     while !String::from_utf8_lossy(&got).contains("\"n\":0") {
         let n = s.read(&mut buf).expect("read watch");
         assert!(
@@ -67,7 +66,6 @@ fn check_streaming(ep: &Endpoint, api: &FakeApiServer) {
             String::from_utf8_lossy(&got)
         );
         got.extend_from_slice(&buf[..n]);
-        assert!(start.elapsed() < Duration::from_secs(9), "no first event");
     }
     assert!(
         api.watch_gate.load(Ordering::SeqCst),

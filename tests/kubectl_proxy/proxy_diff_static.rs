@@ -410,14 +410,15 @@ fn a_blocking_file_does_not_stall_the_core() {
     )
     .unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    let started = std::time::Instant::now();
+    // The fifo's open never returns while no writer opens it: a request
+    // queued behind it would get no answer at all (exchange's read times
+    // out and the test fails), so no clock is needed to tell them apart.
     for target in ["/s/a.txt", "/api/v1/pods"] {
         let raw = format!("GET {target} HTTP/1.1\r\nHost: localhost\r\n\r\n");
         let r = exchange(&ours.ep, raw.as_bytes(), "GET")
             .unwrap_or_else(|e| panic!("{target}: no answer while a file open blocks: {e}"));
         assert_eq!(r.status, 200, "{target}");
     }
-    assert!(started.elapsed() < Duration::from_secs(10));
     // Let the blocked open finish so the pool thread is released.
     let _writer = std::fs::File::options().write(true).open(&fifo).unwrap();
     drop(stuck);
