@@ -45,6 +45,24 @@ fn ours(s: &Setup, flags: &[String]) -> Running {
     start(ours_cmd(&s.kubeconfig, flags), s.env.path("ours.log"))
 }
 
+/// A kubeconfig `kc-NAME` for another upstream at `url`, with the same
+/// credentials.
+fn kubeconfig_for(s: &Setup, name: &str, url: &str) -> std::path::PathBuf {
+    let kc = s.env.path(&format!("kc-{name}"));
+    apiserver::kubeconfig(&kc, url, &s.env.certs(), Some("tok"), false);
+    kc
+}
+
+/// Ours, one worker, toward the plain upstream on `port` (a
+/// [`raw_upstream`]), logging to `ours-NAME.log`.
+fn ours_toward_raw(s: &Setup, name: &str, port: u16) -> Running {
+    let kc = kubeconfig_for(s, name, &format!("http://127.0.0.1:{port}"));
+    start(
+        ours_cmd(&kc, &[p0(), vec!["--workers=1".into()]].concat()),
+        s.env.path(&format!("ours-{name}.log")),
+    )
+}
+
 fn get(path: &str, port: u16) -> Vec<u8> {
     format!("GET {path} HTTP/1.1\r\nHost: localhost:{port}\r\nUser-Agent: t\r\n\r\n").into_bytes()
 }
@@ -112,13 +130,10 @@ fn upgrades_relay_both_ways() {
     check_upgrade(&ours_tls.ep, 4 << 20);
     // A plain upstream: the two sockets are spliced.
     let plain = apiserver::start_plain();
-    let kc = s.env.path("kc-plain");
-    apiserver::kubeconfig(
-        &kc,
+    let kc = kubeconfig_for(
+        &s,
+        "plain",
         &format!("http://127.0.0.1:{}", plain.addr.port()),
-        &s.env.certs(),
-        Some("tok"),
-        false,
     );
     let spliced = start(ours_cmd(&kc, &p0()), s.env.path("ours-plain.log"));
     check_upgrade(&spliced.ep, 4 << 20);
@@ -241,18 +256,7 @@ fn raw_upstream(
 fn stale_pooled_connections_are_each_retried() {
     let s = setup();
     let (port, accepted) = upstream_closing_idle_connections();
-    let kc = s.env.path("kc-closing");
-    apiserver::kubeconfig(
-        &kc,
-        &format!("http://127.0.0.1:{port}"),
-        &s.env.certs(),
-        Some("tok"),
-        false,
-    );
-    let p = start(
-        ours_cmd(&kc, &[p0(), vec!["--workers=1".into()]].concat()),
-        s.env.path("ours-closing.log"),
-    );
+    let p = ours_toward_raw(&s, "closing", port);
     // Three requests at once: three upstream connections, all pooled.
     let ep = &p.ep;
     std::thread::scope(|sc| {
@@ -303,18 +307,7 @@ fn upstream_with_late_bytes_after_head() -> (u16, std::sync::Arc<std::sync::atom
 fn bytes_arriving_on_an_idle_pooled_connection_retire_it() {
     let s = setup();
     let (port, accepted) = upstream_with_late_bytes_after_head();
-    let kc = s.env.path("kc-late-bytes");
-    apiserver::kubeconfig(
-        &kc,
-        &format!("http://127.0.0.1:{port}"),
-        &s.env.certs(),
-        Some("tok"),
-        false,
-    );
-    let p = start(
-        ours_cmd(&kc, &[p0(), vec!["--workers=1".into()]].concat()),
-        s.env.path("ours-late-bytes.log"),
-    );
+    let p = ours_toward_raw(&s, "late-bytes", port);
     let ep = &p.ep;
     let head = format!(
         "HEAD /api/v1/x HTTP/1.1\r\nHost: localhost:{}\r\nUser-Agent: t\r\n\r\n",
@@ -466,14 +459,7 @@ fn flag_errors_match_kubectl() {
 fn http2_upstream_multiplexes_one_connection_per_core() {
     let s = setup();
     let api2 = apiserver::start_h2(&s.env.certs());
-    let kc = s.env.path("kc-h2");
-    apiserver::kubeconfig(
-        &kc,
-        &format!("https://127.0.0.1:{}", api2.addr.port()),
-        &s.env.certs(),
-        Some("tok"),
-        false,
-    );
+    let kc = kubeconfig_for(&s, "h2", &format!("https://127.0.0.1:{}", api2.addr.port()));
     let maddr = format!("127.0.0.1:{}", free_port());
     let p = start(
         ours_cmd(

@@ -135,24 +135,7 @@ fn reach_the_edge(cluster: &Cluster, what: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
-    let out = kas.kubectl_stdin(
-        &["exec", "-i", "-n", "default", "p1", "--", "cat"],
-        data.clone(),
-    );
-    assert!(
-        out.status.success() && out.stdout == data,
-        "{what}: kubectl exec: {} of {} bytes, {}",
-        out.stdout.len(),
-        data.len(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let echoed = crate::deploy_path::port_forward_echo(kas, "p1", 18080, &data);
-    assert!(
-        echoed == data,
-        "{what}: port-forward: {} of {} bytes",
-        echoed.len(),
-        data.len()
-    );
+    crate::deploy_path::exec_and_port_forward_echo(kas, "p1", &data, what);
     "logs, exec and port-forward through the tunnel".to_string()
 }
 
@@ -305,27 +288,26 @@ fn the_yurt_tunnel_layout_runs_on_real_nodes() {
         cluster.certs.kubelet_client.0.display().to_string(),
         cluster.certs.kubelet_client.1.display().to_string(),
     );
-    kas.kubectl_ok(&[
-        "-n",
-        "kube-system",
-        "create",
-        "secret",
-        "generic",
+    let secret = |name: &str, files: &[(&str, &str)]| {
+        let mut args = vec!["-n", "kube-system", "create", "secret", "generic", name];
+        let files: Vec<String> = files
+            .iter()
+            .map(|(key, path)| format!("--from-file={key}={path}"))
+            .collect();
+        args.extend(files.iter().map(String::as_str));
+        kas.kubectl_ok(&args);
+    };
+    secret(
         "edgetunnel-server-certs",
-        &format!("--from-file=server.crt={sc}"),
-        &format!("--from-file=server.key={sk}"),
-        &format!("--from-file=proxy-client.crt={pc}"),
-        &format!("--from-file=proxy-client.key={pk}"),
-    ]);
-    kas.kubectl_ok(&[
-        "-n",
-        "kube-system",
-        "create",
-        "secret",
-        "generic",
-        "edgetunnel-agent-certs",
-        &format!("--from-file=ca.crt={}", cluster.certs.ca.display()),
-    ]);
+        &[
+            ("server.crt", &sc),
+            ("server.key", &sk),
+            ("proxy-client.crt", &pc),
+            ("proxy-client.key", &pk),
+        ],
+    );
+    let ca = cluster.certs.ca.display().to_string();
+    secret("edgetunnel-agent-certs", &[("ca.crt", &ca)]);
     let cloud = std::fs::read_to_string(repo().join("deploy/edgetunnel-yurt-cloud.yaml")).unwrap();
     apply(kas, &cloud);
     let agent = std::fs::read_to_string(repo().join("deploy/edgetunnel-agent.yaml")).unwrap();

@@ -572,24 +572,7 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
 
     // exec and port-forward reach the same pod the same way.
     let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
-    let out = kas.kubectl_stdin(
-        &["exec", "-i", "-n", "default", "p1", "--", "cat"],
-        data.clone(),
-    );
-    assert!(
-        out.status.success() && out.stdout == data,
-        "kubectl exec -i p1 -- cat: {} of {} bytes back, {}",
-        out.stdout.len(),
-        data.len(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let echoed = port_forward_echo(kas, "p1", 18080, &data);
-    assert!(
-        echoed == data,
-        "port-forward: {} of {} bytes back",
-        echoed.len(),
-        data.len()
-    );
+    exec_and_port_forward_echo(kas, "p1", &data, "deploy path");
     said.push("exec and port-forward: 200,000 bytes each way".to_string());
 
     // The probes as the kubelet ran them all along: nothing restarted.
@@ -914,9 +897,33 @@ fn pod_log(node: &RealNode, name: &str) -> String {
     out
 }
 
+/// `data` through `kubectl exec -i POD -- cat` and through a port-forward
+/// to the pod's echo on 18080: both must bring it back whole (`what` names
+/// the case in the message).
+pub(crate) fn exec_and_port_forward_echo(kas: &KubeApiserver, pod: &str, data: &[u8], what: &str) {
+    let out = kas.kubectl_stdin(
+        &["exec", "-i", "-n", "default", pod, "--", "cat"],
+        data.to_vec(),
+    );
+    assert!(
+        out.status.success() && out.stdout == data,
+        "{what}: kubectl exec -i {pod} -- cat: {} of {} bytes back, {}",
+        out.stdout.len(),
+        data.len(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let echoed = port_forward_echo(kas, pod, 18080, data);
+    assert!(
+        echoed == data,
+        "{what}: port-forward: {} of {} bytes back",
+        echoed.len(),
+        data.len()
+    );
+}
+
 /// `kubectl port-forward pod/POD :PORT` in the cloud namespace, `data`
 /// sent through it to the pod's echo; what came back.
-pub(crate) fn port_forward_echo(kas: &KubeApiserver, pod: &str, port: u16, data: &[u8]) -> Vec<u8> {
+fn port_forward_echo(kas: &KubeApiserver, pod: &str, port: u16, data: &[u8]) -> Vec<u8> {
     use std::io::{BufRead, Read, Write};
     let mut cmd = kas.kubectl_cmd(&[
         "port-forward",

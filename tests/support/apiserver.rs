@@ -569,16 +569,16 @@ fn serve_conn<S: Conn>(conn: S, requests: &AtomicUsize, gate: &AtomicBool, event
                 if !head_only {
                     let _ = w.write_all(&body);
                 }
-            } else if head_only {
-                let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n{enc}Transfer-Encoding: chunked\r\n\r\n");
             } else {
                 let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n{enc}Transfer-Encoding: chunked\r\n\r\n");
-                for part in body.chunks(1000) {
-                    let _ = write!(w, "{:x}\r\n", part.len());
-                    let _ = w.write_all(part);
-                    let _ = w.write_all(b"\r\n");
+                if !head_only {
+                    for part in body.chunks(1000) {
+                        let _ = write!(w, "{:x}\r\n", part.len());
+                        let _ = w.write_all(part);
+                        let _ = w.write_all(b"\r\n");
+                    }
+                    let _ = w.write_all(b"0\r\n\r\n");
                 }
-                let _ = w.write_all(b"0\r\n\r\n");
             }
             let _ = w.flush();
             continue;
