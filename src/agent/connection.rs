@@ -218,7 +218,7 @@ pub(crate) async fn run(
             tracing::debug!(server = %addr, %server_id, "already connected to this server; closing duplicate");
             return Ok(Ended::Duplicate);
         }
-        Role::Primary => Some(Registered(&slots, server_id.clone())),
+        Role::Primary => Some(Registered(&slots, server_id.clone(), Cell::new(true))),
         Role::Secondary => None,
     };
     match role {
@@ -264,6 +264,7 @@ pub(crate) async fn run(
         &answer,
         role,
         link_fd,
+        _registered.as_ref(),
     )
     .await
 }
@@ -307,11 +308,22 @@ impl Answer {
 }
 
 /// The server ID a primary connection holds in [`ServerSlots::connected`].
-struct Registered<'a>(&'a ServerSlots, String);
+struct Registered<'a>(&'a ServerSlots, String, Cell<bool>);
+
+impl Registered<'_> {
+    /// Gives the server ID up before the link ends: the server drains,
+    /// and its successor (the same ID after a listener handover) must not
+    /// be closed as a duplicate.
+    fn release(&self) {
+        if self.2.replace(false) {
+            self.0.connected.borrow_mut().remove(&self.1);
+        }
+    }
+}
 
 impl Drop for Registered<'_> {
     fn drop(&mut self) {
-        self.0.connected.borrow_mut().remove(&self.1);
+        self.release();
     }
 }
 
@@ -396,6 +408,7 @@ async fn serve(
     answer: &Answer,
     role: Role,
     link_fd: FdRef,
+    registered: Option<&Registered<'_>>,
 ) -> Result<Ended, BoxError> {
     let cfg = &slots.cfg;
     let addr = slots.addr.clone();
@@ -476,6 +489,9 @@ async fn serve(
             agent_metrics().server_drain();
             if role == Role::Primary {
                 tracing::info!(server = %addr, %server_id, "server is draining: connecting again for new dials");
+                if let Some(r) = registered {
+                    r.release();
+                }
                 slots.replace(slot);
             } else {
                 // Not reconnected: the primary link's replacement asks

@@ -195,7 +195,12 @@ impl Primary {
             };
             match monoio::net::TcpListener::from_std(socket) {
                 Ok(socket) => {
-                    monoio::spawn(crate::admin::serve(socket, l.name, Rc::new(AgentAdmin)));
+                    monoio::spawn(crate::admin::serve(
+                        socket,
+                        l.name,
+                        Rc::new(AgentAdmin),
+                        None,
+                    ));
                 }
                 Err(e) => tracing::error!(listener = l.name, error = %e, "agent admin listener"),
             }

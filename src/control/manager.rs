@@ -219,6 +219,10 @@ pub struct Sources {
     pub hosts: Arc<dyn Fn() -> BTreeSet<String> + Send + Sync>,
     /// Where the server lease GC counts its calls (ANP's lease families).
     pub lease_metrics: crate::metrics::LeaseMetrics,
+    /// Raised when a successor took the server's listeners over: the
+    /// iptables rules and the server lease are the successor's then, and
+    /// stay when this thread ends.
+    pub handed_over: Arc<Shutdown>,
 }
 
 impl Sources {
@@ -228,6 +232,7 @@ impl Sources {
             addresses: Arc::new(BTreeSet::new),
             hosts: Arc::new(BTreeSet::new),
             lease_metrics: Default::default(),
+            handed_over: Shutdown::new(),
         }
     }
 }
@@ -417,6 +422,10 @@ async fn run(spec: ControlSpec, sources: Sources, shutdown: Arc<Shutdown>) {
     }
     for t in &kube_tasks {
         t.abort();
+    }
+    if sources.handed_over.requested() > 0 {
+        tracing::info!("a successor took over: leaving iptables rules and the server lease to it");
+        return;
     }
     if let (Some(k), Some(sl)) = (&kube, &spec.server_lease) {
         super::server_lease::release(k.client(), sl).await;

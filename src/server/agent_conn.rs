@@ -121,10 +121,8 @@ pub(super) async fn accept_loop(
             .then(|| tls_records::server_config(&tls)),
         rustls: TlsAcceptor::from(tls),
     };
-    let opts = accept::Options {
-        name: "agent",
-        admission: Some(shared.handshakes.clone()),
-    };
+    let mut opts = shared.accept_options("agent");
+    opts.admission = Some(shared.handshakes.clone());
     accept::serve(l, opts, move |c| {
         // Built out here, not in an async block around it: the block would
         // keep the socket and the permit beside the connection's future.

@@ -50,6 +50,22 @@ pub struct ServerArgs {
     /// signal ends the wait.
     #[arg(long, help_heading = "Limits and shutdown", default_value_t = 0.0)]
     pub graceful_shutdown_timeout_secs: f64,
+    /// Listener handover for upgrades without a failed dial: a unix socket
+    /// path that a running server listens on. A server started with the
+    /// same path takes over the running one's listening sockets there (no
+    /// moment without a listener, no socket path unlinked); the old one
+    /// then stops accepting, tells its agents to connect again, and drains
+    /// as on SIGTERM (--graceful-shutdown-timeout-secs). Nobody at the
+    /// path: the server binds its listeners itself and listens there for
+    /// its own successor.
+    #[arg(long, help_heading = "Limits and shutdown")]
+    pub handover_socket: Option<PathBuf>,
+    /// After taking over from a running server, seconds a dial for which
+    /// no agent is connected yet may wait for one (agents move over from
+    /// the old server in about a round trip and a handshake); counted from
+    /// the takeover. Past it, the caller gets the usual no-agent answer.
+    #[arg(long, help_heading = "Limits and shutdown", default_value_t = 10.0)]
+    pub takeover_dial_wait_secs: f64,
     /// HTTP/2 PING interval toward gRPC frontend callers, seconds (ANP's
     /// --frontend-keepalive-time, 1h by default); an unanswered PING
     /// (twice this long) closes the caller's connection.
@@ -433,6 +449,8 @@ impl ServerArgs {
             keepalive: Duration::from_secs(self.engine.keepalive_secs.max(1)),
             frontend_keepalive: secs(self.frontend_keepalive_secs).max(Duration::from_millis(100)),
             graceful_shutdown: secs(self.graceful_shutdown_timeout_secs),
+            handover_socket: self.handover_socket.clone(),
+            takeover_dial_wait: secs(self.takeover_dial_wait_secs),
             handshake_limits,
             frontend_idle: secs(self.frontend_idle_secs).max(Duration::from_millis(100)),
             half_close_linger: secs(self.engine.half_close_linger_secs),

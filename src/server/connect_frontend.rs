@@ -61,7 +61,7 @@ pub(super) async fn accept_tcp(
     l: monoio::net::TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
-    accept::serve(l, accept::Options::named("connect"), move |c| {
+    accept::serve(l, shared.accept_options("connect"), move |c| {
         let shared = shared.clone();
         let tls = tls.clone();
         async move {
@@ -184,7 +184,7 @@ pub(super) async fn accept_unix(
     shared: Arc<ServerState>,
     l: monoio::net::UnixListener,
 ) {
-    accept::serve(l, accept::Options::named("connect-uds"), move |c| {
+    accept::serve(l, shared.accept_options("connect-uds"), move |c| {
         front(core, shared.clone(), c.stream, MovedSocket::from_unix)
     })
     .await
@@ -226,7 +226,7 @@ where
             return;
         }
     };
-    let Some(agent) = shared.pick(&address) else {
+    let Some(agent) = shared.pick_or_wait(&address).await else {
         Box::pin(no_agent(&shared, &mut sock, Mode::Connect, &address)).await;
         return;
     };

@@ -50,7 +50,7 @@ pub(super) async fn accept_tcp(
     l: monoio::net::TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
-    accept::serve(l, accept::Options::named("grpc"), move |c| {
+    accept::serve(l, shared.accept_options("grpc"), move |c| {
         // The connection's future is built out here, not in an async block
         // around it: the block would keep the accepted socket, the peer
         // and the TLS config (about 130 bytes) for the connection's life.
@@ -94,7 +94,7 @@ async fn serve_tls(
 }
 
 pub(super) async fn accept_unix(shared: Arc<ServerState>, l: monoio::net::UnixListener) {
-    accept::serve(l, accept::Options::named("grpc-uds"), move |c| {
+    accept::serve(l, shared.accept_options("grpc-uds"), move |c| {
         match c.stream.into_poll_io() {
             Ok(io) => Either::Left(serve_conn(shared.clone(), io, "unix".to_string())),
             Err(e) => {
@@ -598,7 +598,7 @@ async fn dial_agent(
     for _ in 0..ROUTE_ATTEMPTS {
         let agent = match gone {
             Some(key) => shared.repick(address, key).await?,
-            None => shared.pick(address)?,
+            None => shared.pick_or_wait(address).await?,
         };
         let cmd = AgentCmd::Dial {
             random,

@@ -29,7 +29,7 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub(super) async fn accept_tcp(core: usize, shared: Arc<ServerState>, l: monoio::net::TcpListener) {
     let local = l.local_addr().ok();
-    accept::serve(l, accept::Options::named("interception"), move |c| {
+    accept::serve(l, shared.accept_options("interception"), move |c| {
         front(core, shared.clone(), c.stream, c.peer, local)
     })
     .await
@@ -107,7 +107,7 @@ async fn front(
             Err(_) => return,
         },
     };
-    let Some(agent) = shared.pick(&route) else {
+    let Some(agent) = shared.pick_or_wait(&route).await else {
         shared
             .metrics
             .dial_done(DialResult::NoAgent, started.elapsed());
@@ -220,7 +220,7 @@ pub(super) async fn accept_tls(
     tls: InterceptTls,
 ) {
     let local = l.local_addr().ok();
-    accept::serve(l, accept::Options::named("interception-tls"), move |c| {
+    accept::serve(l, shared.accept_options("interception-tls"), move |c| {
         tls_front(core, shared.clone(), c.stream, c.peer, local, tls.clone())
     })
     .await
@@ -262,7 +262,7 @@ async fn tls_front(
     };
     let (route, dial) = targets(&shared, &host, port);
     let mut down = down;
-    let Some(agent) = shared.pick(&route) else {
+    let Some(agent) = shared.pick_or_wait(&route).await else {
         shared
             .metrics
             .dial_done(DialResult::NoAgent, started.elapsed());

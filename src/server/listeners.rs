@@ -9,7 +9,7 @@
 //! | `Grpc`            | TCP, unix     | every   | `grpc_frontend::accept_tcp/unix`     | frontend `h2`, if set       | closed      |
 //! | `Interception`    | TCP           | every   | `intercept_frontend::accept_tcp`     | none                        | closed      |
 //! | `InterceptionTls` | TCP           | every   | `intercept_frontend::accept_tls`     | interception + kubelet      | closed      |
-//! | `Admin`, `Health` | TCP           | first   | `admin::serve`                       | none                        | kept open   |
+//! | `Admin`, `Health` | TCP           | first   | `admin::serve`                       | none                        | kept open (closed after a handover) |
 //!
 //! TLS applies to TCP sockets only: a unix socket's callers are local.
 
@@ -99,46 +99,44 @@ pub(super) fn serve(
     match (l.kind, l.socket) {
         (Kind::Agent, Socket::Tcp(l)) => {
             let l = TcpListener::from_std(l)?;
-            drained(
-                shared,
-                agent_conn::accept_loop(core, s, l, tls.agent.clone()),
-            )
+            spawn_loop(agent_conn::accept_loop(core, s, l, tls.agent.clone()))
         }
         (Kind::Connect, Socket::Tcp(l)) => {
             let l = TcpListener::from_std(l)?;
             let tls = frontend.map(|t| t.connect.clone());
-            drained(shared, connect_frontend::accept_tcp(core, s, l, tls))
+            spawn_loop(connect_frontend::accept_tcp(core, s, l, tls))
         }
         (Kind::Connect, Socket::Unix(l)) => {
             let l = UnixListener::from_std(l)?;
-            drained(shared, connect_frontend::accept_unix(core, s, l))
+            spawn_loop(connect_frontend::accept_unix(core, s, l))
         }
         (Kind::Grpc, Socket::Tcp(l)) => {
             let l = TcpListener::from_std(l)?;
             let tls = frontend.map(|t| t.grpc.clone());
-            drained(shared, grpc_frontend::accept_tcp(s, l, tls))
+            spawn_loop(grpc_frontend::accept_tcp(s, l, tls))
         }
         (Kind::Grpc, Socket::Unix(l)) => {
             let l = UnixListener::from_std(l)?;
-            drained(shared, grpc_frontend::accept_unix(s, l))
+            spawn_loop(grpc_frontend::accept_unix(s, l))
         }
         (Kind::Interception, Socket::Tcp(l)) => {
             let l = TcpListener::from_std(l)?;
-            drained(shared, intercept_frontend::accept_tcp(core, s, l))
+            spawn_loop(intercept_frontend::accept_tcp(core, s, l))
         }
         (Kind::InterceptionTls, Socket::Tcp(l)) => {
             let t = tls.intercept.clone().ok_or_else(|| {
                 std::io::Error::other("interception-tls listener without its TLS settings")
             })?;
             let l = TcpListener::from_std(l)?;
-            drained(shared, intercept_frontend::accept_tls(core, s, l, t))
+            spawn_loop(intercept_frontend::accept_tls(core, s, l, t))
         }
         // Health and admin keep answering while the server drains (/readyz
-        // then fails).
+        // then fails), unless a successor took their sockets over.
         (Kind::Admin | Kind::Health, Socket::Tcp(l)) => {
             let l = TcpListener::from_std(l)?;
+            let stop = Some(s.handed_over.clone());
             let view: Rc<dyn crate::admin::AdminState> = Rc::new(super::AdminView(s));
-            monoio::spawn(crate::admin::serve(l, name, view));
+            monoio::spawn(crate::admin::serve(l, name, view, stop));
         }
         (kind, Socket::Unix(_)) => {
             return Err(std::io::Error::other(format!(
@@ -149,7 +147,8 @@ pub(super) fn serve(
     Ok(())
 }
 
-/// Spawns `task`, an accept loop, until the server drains.
-fn drained(shared: &Arc<ServerState>, task: impl std::future::Future<Output = ()> + 'static) {
-    monoio::spawn(super::until_drain(shared.clone(), task));
+/// Spawns `task`, an accept loop that ends by itself when the server
+/// drains ([`ServerState::accept_options`]), losing no connection.
+fn spawn_loop(task: impl std::future::Future<Output = ()> + 'static) {
+    monoio::spawn(task);
 }

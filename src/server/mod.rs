@@ -12,6 +12,7 @@ mod agent_conn;
 pub mod args;
 mod connect_frontend;
 mod grpc_frontend;
+mod handover;
 mod intercept_frontend;
 mod listeners;
 mod session;
@@ -71,6 +72,11 @@ pub struct ServerConfig {
     /// closed, agents and gRPC callers told) before the server exits;
     /// zero: exit at once.
     pub graceful_shutdown: Duration,
+    /// The handover socket (see [`crate::engine::handover`]); `None`: no
+    /// handover.
+    pub handover_socket: Option<PathBuf>,
+    /// After a takeover, how long dials wait for an agent to connect.
+    pub takeover_dial_wait: Duration,
     /// Agent connections in their handshake at once, in total and per
     /// source address (see [`crate::engine::admission`]).
     pub handshake_limits: crate::engine::admission::Limits,
@@ -150,6 +156,11 @@ pub(crate) struct ServerState {
     holders: Mutex<crate::protocol::anp::agent_identity::Holders>,
     /// Agent connections not yet authenticated, capped.
     handshakes: Arc<crate::engine::admission::Admission>,
+    /// Raised when a successor took the listeners over (the admin and
+    /// health listeners stop accepting too).
+    handed_over: Arc<signals::Shutdown>,
+    /// After a takeover: until when dials may wait for an agent.
+    await_agents_until: Option<std::time::Instant>,
 }
 
 thread_local! {
@@ -166,6 +177,36 @@ impl ServerState {
             .lock()
             .expect("registry lock")
             .pick_near(address, &self.cfg.strategies, near)
+    }
+
+    /// An agent for `address`; right after a takeover, when none is
+    /// connected yet, waits for one until
+    /// [`ServerConfig::takeover_dial_wait`] after the takeover (agents move
+    /// over from the old server).
+    async fn pick_or_wait(&self, address: &str) -> Option<AgentHandle> {
+        if let Some(a) = self.pick(address) {
+            return Some(a);
+        }
+        let until = self.await_agents_until?;
+        let mut waited = false;
+        while std::time::Instant::now() < until && self.shutdown.requested() == 0 {
+            waited = true;
+            monoio::time::sleep(AGENT_POLL).await;
+            if let Some(a) = self.pick(address) {
+                tracing::debug!(%address, "dial waited for an agent after the takeover");
+                return Some(a);
+            }
+        }
+        if waited {
+            tracing::info!(%address, "no agent connected within the takeover's dial wait");
+        }
+        None
+    }
+
+    /// Accept loop options for listener `name`: the loop ends when the
+    /// server drains, losing no connection.
+    pub(crate) fn accept_options(&self, name: &'static str) -> crate::engine::accept::Options {
+        crate::engine::accept::Options::named(name).until(self.shutdown.clone())
     }
 
     /// Another agent for `address` than `gone`, whose connection just ended
@@ -192,14 +233,8 @@ impl ServerState {
     }
 }
 
-/// Runs `task` (an accept loop) until the server drains; dropping it closes
-/// its listener, so new callers are refused and go elsewhere.
-async fn until_drain(shared: Arc<ServerState>, task: impl std::future::Future<Output = ()>) {
-    monoio::select! {
-        _ = task => {}
-        _ = shared.draining() => {}
-    }
-}
+/// How often a dial waiting for an agent after a takeover looks again.
+const AGENT_POLL: Duration = Duration::from_millis(10);
 
 struct AdminView(Arc<ServerState>);
 
@@ -262,7 +297,10 @@ pub fn run(cfg: ServerConfig) -> Result<(), crate::BoxError> {
     let mut watched = vec![server_cert];
     let frontend_tls = frontend_acceptors(&cfg, &mut watched)?;
     let n = cfg.workers.max(1);
-    let bound = listener::bind_all(&listeners::specs(&cfg), n, cfg.uds)?;
+    let specs = listeners::specs(&cfg);
+    let mut takeover = handover::Takeover::try_from_predecessor(&cfg, &specs);
+    let bound = listener::bind_all_with(&specs, n, cfg.uds, takeover.listener_sockets())?;
+    let offer = handover::offering(&specs, &bound)?;
     let intercept_tls = interception_tls(&cfg, &mut watched)?;
     for (what, addr) in &bound.addresses {
         cfg.announce.send(Ready::Listen {
@@ -277,12 +315,14 @@ pub fn run(cfg: ServerConfig) -> Result<(), crate::BoxError> {
         files: socket_files,
         ..
     } = bound;
+    let socket_files = Arc::new(Mutex::new(socket_files));
     let per_worker: Vec<_> = per_worker
         .into_iter()
         .map(|l| Mutex::new(Some(l)))
         .collect();
 
     let shutdown = signals::Shutdown::new();
+    let handed_over = signals::Shutdown::new();
     // SIGHUP reloads every certificate the control thread watches.
     let mut hup_certs = cfg.control.certs.clone();
     hup_certs.extend(watched.iter().cloned());
@@ -300,6 +340,10 @@ pub fn run(cfg: ServerConfig) -> Result<(), crate::BoxError> {
         reviewer,
         shutdown: shutdown.clone(),
         holders: Mutex::new(Default::default()),
+        handed_over: handed_over.clone(),
+        await_agents_until: takeover
+            .taken()
+            .then(|| std::time::Instant::now() + cfg.takeover_dial_wait),
     });
     let mut inbox_rx = Vec::with_capacity(n);
     let mut inbox_tx = Vec::with_capacity(n);
@@ -319,6 +363,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), crate::BoxError> {
             addresses: Arc::new(move || a.registry.lock().expect("registry lock").addresses()),
             hosts: Arc::new(move || h.registry.lock().expect("registry lock").hosts()),
             lease_metrics: shared.metrics.leases.clone(),
+            handed_over: shared.handed_over.clone(),
         };
         let mut spec = cfg.control.clone();
         spec.certs.extend(watched);
@@ -335,6 +380,10 @@ pub fn run(cfg: ServerConfig) -> Result<(), crate::BoxError> {
         "edgetunnel server starting"
     );
     cfg.announce.send(Ready::Ready);
+    // The sockets are ours now (connections queue until the workers
+    // accept): the predecessor may stop accepting and drain.
+    let successor_watch =
+        takeover.confirm_and_listen(offer, socket_files.clone(), shutdown.clone(), handed_over);
 
     let per_worker = Arc::new(per_worker);
     let inbox_rx = Arc::new(inbox_rx);
@@ -355,6 +404,10 @@ pub fn run(cfg: ServerConfig) -> Result<(), crate::BoxError> {
     })?;
     // The control thread removes its rules before it returns.
     let _ = control.join();
+    if let Some(t) = successor_watch {
+        let _ = t.join();
+    }
+    // Removes the socket files, except those a successor took over.
     drop(socket_files);
     Ok(())
 }

@@ -20,6 +20,7 @@ mod e2e;
 mod frontend_tls;
 mod graceful_shutdown;
 mod grpc_authority;
+mod handover;
 mod interception;
 mod listener_safety;
 mod reconnect;

@@ -18,8 +18,17 @@
 //! twelve). Other accept errors, and refusals by the cap, are logged per
 //! listener and core.
 //!
-//! Dropping the future returned by [`serve`] stops accepting and closes the
-//! listener (the server's drain relies on that); spawned connections go on.
+//! Stopping: with [`Options::stop`], the loop ends once the latch is
+//! raised, and loses no connection doing so. An accept under way is
+//! cancelled and then awaited: on io_uring a cancelled accept can still
+//! complete with a connection (it raced the cancel), and that connection is
+//! served like any other. Dropping the future instead would drop such a
+//! connection unserved (monoio discards a dropped operation's result, so
+//! the descriptor stayed open, unanswered, until the process exited): a
+//! failed dial at every drain or listener handover. Dropping the future
+//! still stops accepting; spawned connections go on either way. The
+//! listener closes when the loop ends, unless another process holds the
+//! same socket (a successor after a handover).
 //!
 //! Fair to what is already open: on the epoll driver an accept with a
 //! connection waiting completes without ever returning to the scheduler,
@@ -36,9 +45,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use monoio::io::CancelHandle;
 use tracing::Instrument;
 
 use super::admission::{Admission, Permit};
+use super::signals::Shutdown;
 
 /// At most one log line per listener and kind this often.
 pub const LOG_EVERY: Duration = Duration::from_secs(5);
@@ -86,15 +97,20 @@ impl std::fmt::Display for UnixPeer {
 pub trait Listen {
     type Stream: std::os::fd::AsRawFd + 'static;
     type Peer: Peer;
-    /// The next connection, tuned (TCP_NODELAY on TCP).
-    fn next(&self) -> impl Future<Output = io::Result<(Self::Stream, Self::Peer)>>;
+    /// The next connection, tuned (TCP_NODELAY on TCP); cancelled through
+    /// `cancel` (it may still complete with a connection, see the module
+    /// docs).
+    fn next(
+        &self,
+        cancel: CancelHandle,
+    ) -> impl Future<Output = io::Result<(Self::Stream, Self::Peer)>>;
 }
 
 impl Listen for monoio::net::TcpListener {
     type Stream = monoio::net::TcpStream;
     type Peer = SocketAddr;
-    async fn next(&self) -> io::Result<(Self::Stream, SocketAddr)> {
-        let (s, a) = self.accept().await?;
+    async fn next(&self, cancel: CancelHandle) -> io::Result<(Self::Stream, SocketAddr)> {
+        let (s, a) = self.cancelable_accept(cancel).await?;
         super::listener::nodelay(&s);
         Ok((s, a))
     }
@@ -103,8 +119,8 @@ impl Listen for monoio::net::TcpListener {
 impl Listen for monoio::net::UnixListener {
     type Stream = monoio::net::UnixStream;
     type Peer = UnixPeer;
-    async fn next(&self) -> io::Result<(Self::Stream, UnixPeer)> {
-        let (s, _) = self.accept().await?;
+    async fn next(&self, cancel: CancelHandle) -> io::Result<(Self::Stream, UnixPeer)> {
+        let (s, _) = self.cancelable_accept(cancel).await?;
         Ok((s, UnixPeer))
     }
 }
@@ -116,6 +132,9 @@ pub struct Options {
     /// The pre-authentication cap; a connection over it is answered with a
     /// TLS alert and closed at once.
     pub admission: Option<Arc<Admission>>,
+    /// The loop ends, without losing a connection, once this latch has
+    /// been raised (see the module docs).
+    pub stop: Option<Arc<Shutdown>>,
 }
 
 impl Options {
@@ -123,8 +142,39 @@ impl Options {
         Options {
             name,
             admission: None,
+            stop: None,
         }
     }
+
+    /// The same, ending once `stop` is raised.
+    pub fn until(mut self, stop: Arc<Shutdown>) -> Self {
+        self.stop = Some(stop);
+        self
+    }
+}
+
+/// The next connection of `l`, or `None` once `stop` was raised and the
+/// accept under way (if any) came back without one.
+async fn next_until<L: Listen>(
+    l: &L,
+    stop: Option<&Arc<Shutdown>>,
+) -> Option<io::Result<(L::Stream, L::Peer)>> {
+    let Some(stop) = stop else {
+        return Some(l.next(monoio::io::Canceller::new().handle()).await);
+    };
+    if stop.requested() > 0 {
+        return None;
+    }
+    let canceller = monoio::io::Canceller::new();
+    let mut next = std::pin::pin!(l.next(canceller.handle()));
+    let mut raised = std::pin::pin!(stop.wait(1));
+    monoio::select! {
+        r = &mut next => return Some(r),
+        _ = &mut raised => {}
+    }
+    let _ = canceller.cancel();
+    // Cancelled, or a connection that raced the cancel: serve that one.
+    next.await.ok().map(Ok)
 }
 
 /// An accepted connection.
@@ -155,7 +205,10 @@ where
             burst = 0;
             yield_now().await;
         }
-        let (stream, peer) = match l.next().await {
+        let Some(next) = next_until(&l, opts.stop.as_ref()).await else {
+            return;
+        };
+        let (stream, peer) = match next {
             Ok(c) => c,
             Err(e) => {
                 let now = Instant::now();

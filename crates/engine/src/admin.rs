@@ -20,9 +20,16 @@ pub trait AdminState: 'static {
 }
 
 /// Serves the admin endpoints on `listener` (called `name` in logs)
-/// until the task is dropped.
-pub async fn serve(listener: TcpListener, name: &'static str, state: Rc<dyn AdminState>) {
-    accept::serve(listener, accept::Options::named(name), move |c| {
+/// until the task is dropped or `stop` is raised.
+pub async fn serve(
+    listener: TcpListener,
+    name: &'static str,
+    state: Rc<dyn AdminState>,
+    stop: Option<std::sync::Arc<crate::signals::Shutdown>>,
+) {
+    let mut opts = accept::Options::named(name);
+    opts.stop = stop;
+    accept::serve(listener, opts, move |c| {
         let state = state.clone();
         let (mut stream, peer) = (c.stream, c.peer);
         async move {

@@ -31,6 +31,7 @@ pub mod fd_ref;
 pub mod grpc;
 pub mod h2_conn;
 pub mod h2_keepalive;
+pub mod handover;
 pub mod head_reader;
 pub mod heap;
 pub mod link_window;

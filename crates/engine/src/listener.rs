@@ -253,8 +253,39 @@ pub struct UnixSocketFile {
     ino: u64,
 }
 
+impl UnixSocketFile {
+    /// The socket file at `path` now (a socket passed over by a
+    /// predecessor, which created the file).
+    pub fn existing(path: &Path) -> io::Result<Self> {
+        let md = std::fs::symlink_metadata(path)?;
+        if !md.file_type().is_socket() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} is not a socket file", path.display()),
+            ));
+        }
+        Ok(UnixSocketFile {
+            path: path.to_path_buf(),
+            dev: md.dev(),
+            ino: md.ino(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Leaves the file in place (a successor took the socket over).
+    pub fn keep(mut self) {
+        self.path = PathBuf::new();
+    }
+}
+
 impl Drop for UnixSocketFile {
     fn drop(&mut self) {
+        if self.path.as_os_str().is_empty() {
+            return;
+        }
         if let Ok(md) = std::fs::symlink_metadata(&self.path) {
             if md.dev() == self.dev && md.ino() == self.ino {
                 let _ = std::fs::remove_file(&self.path);
@@ -423,6 +454,21 @@ pub fn bind_all<K: Clone>(
     workers: usize,
     uds: UdsOptions,
 ) -> io::Result<Bound<K>> {
+    bind_all_with(specs, workers, uds, Vec::new())
+}
+
+/// [`bind_all`], with sockets a predecessor passed over
+/// ([`super::handover`]): `inherited[i]` holds the sockets of `specs[i]`
+/// (empty, or missing: bind it). A TCP listener's sockets are spread over
+/// the workers (a worker takes several when there are more sockets than
+/// workers, and workers share one when there are fewer); a unix listener's
+/// one socket is duplicated for each worker.
+pub fn bind_all_with<K: Clone>(
+    specs: &[Spec<K>],
+    workers: usize,
+    uds: UdsOptions,
+    mut inherited: Vec<Vec<std::os::fd::OwnedFd>>,
+) -> io::Result<Bound<K>> {
     let workers = workers.max(1);
     let mut bound = Bound {
         per_worker: (0..workers).map(|_| Vec::new()).collect(),
@@ -430,12 +476,39 @@ pub fn bind_all<K: Clone>(
         files: Vec::new(),
     };
     let mut paths = Vec::new();
-    for spec in specs {
+    for (i, spec) in specs.iter().enumerate() {
         let named = |e: io::Error| io::Error::new(e.kind(), format!("{} listener: {e}", spec.name));
         let count = match spec.spread {
             Spread::EveryWorker => workers,
             Spread::FirstWorker => 1,
         };
+        let passed = inherited.get_mut(i).map(std::mem::take).unwrap_or_default();
+        if !passed.is_empty() {
+            let (sockets, file) = adopt(&spec.at, passed, count).map_err(named)?;
+            match (&spec.at, file) {
+                (Endpoint::Unix(path), Some(file)) => {
+                    bound.files.push(file);
+                    paths.push((spec.name, path.display().to_string()));
+                }
+                _ => {
+                    let local = match &sockets[0][0] {
+                        Socket::Tcp(l) => l.local_addr().map_err(named)?.to_string(),
+                        Socket::Unix(_) => String::new(),
+                    };
+                    bound.addresses.push((spec.name, local));
+                }
+            }
+            for (worker, mine) in sockets.into_iter().enumerate() {
+                for socket in mine {
+                    bound.per_worker[worker].push(Listening {
+                        kind: spec.kind.clone(),
+                        name: spec.name,
+                        socket,
+                    });
+                }
+            }
+            continue;
+        }
         let sockets: Vec<Socket> = match &spec.at {
             Endpoint::Tcp(addr) => {
                 let ls = bind_tcp(*addr, count).map_err(named)?;
@@ -460,6 +533,55 @@ pub fn bind_all<K: Clone>(
     }
     bound.addresses.extend(paths);
     Ok(bound)
+}
+
+/// Passed sockets spread over `count` workers: each worker's sockets, and
+/// for a unix listener the guard of its file.
+fn adopt(
+    at: &Endpoint,
+    passed: Vec<std::os::fd::OwnedFd>,
+    count: usize,
+) -> io::Result<(Vec<Vec<Socket>>, Option<UnixSocketFile>)> {
+    let wrap = |fd: std::os::fd::OwnedFd| -> io::Result<Socket> {
+        Ok(match at {
+            Endpoint::Tcp(_) => {
+                let l = std::net::TcpListener::from(fd);
+                l.set_nonblocking(true)?;
+                Socket::Tcp(l)
+            }
+            Endpoint::Unix(_) => {
+                let l = UnixListener::from(fd);
+                l.set_nonblocking(true)?;
+                Socket::Unix(l)
+            }
+        })
+    };
+    let dup = |s: &Socket| -> io::Result<Socket> {
+        Ok(match s {
+            Socket::Tcp(l) => Socket::Tcp(l.try_clone()?),
+            Socket::Unix(l) => Socket::Unix(l.try_clone()?),
+        })
+    };
+    let file = match at {
+        Endpoint::Unix(path) => Some(UnixSocketFile::existing(path)?),
+        Endpoint::Tcp(_) => None,
+    };
+    let sockets = passed
+        .into_iter()
+        .map(wrap)
+        .collect::<io::Result<Vec<_>>>()?;
+    let mut out: Vec<Vec<Socket>> = (0..count).map(|_| Vec::new()).collect();
+    let k = sockets.len();
+    if k >= count {
+        for (j, s) in sockets.into_iter().enumerate() {
+            out[j % count].push(s);
+        }
+    } else {
+        for (w, mine) in out.iter_mut().enumerate() {
+            mine.push(dup(&sockets[w % k])?);
+        }
+    }
+    Ok((out, file))
 }
 
 /// Parses a `--uds-mode` value: octal permission bits, e.g. `0600` or `660`.

@@ -170,6 +170,143 @@ impl ShutdownSignals {
     }
 }
 
+/// Sends one packet of `bytes` on a unix `SOCK_SEQPACKET` socket, with
+/// `fds` passed beside it (`SCM_RIGHTS`; at most
+/// [`edgetunnel_protocol::handover::SOCKETS_PER_PACKET`]). The caller keeps
+/// its own descriptors; the receiver gets new ones for the same files.
+pub fn send_packet(
+    sock: &impl AsRawFd,
+    bytes: &[u8],
+    fds: &[std::os::fd::RawFd],
+) -> io::Result<()> {
+    use edgetunnel_protocol::handover::SOCKETS_PER_PACKET;
+    if fds.len() > SOCKETS_PER_PACKET {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} descriptors in one packet, over {SOCKETS_PER_PACKET}",
+                fds.len()
+            ),
+        ));
+    }
+    let data_len = std::mem::size_of_val(fds);
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(data_len as u32) } as usize;
+    // u64 words: the control buffer is aligned for `cmsghdr`.
+    let mut control = vec![0u64; space.div_ceil(8).max(1)];
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut libc::c_void,
+        iov_len: bytes.len(),
+    };
+    // SAFETY: msghdr is plain data; every pointer set below outlives the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = space as _;
+        // SAFETY: the control buffer holds `space` bytes, room for one
+        // header and `data_len` bytes of data, so CMSG_FIRSTHDR is non-null
+        // and CMSG_DATA points at `data_len` writable bytes inside it.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(data_len as u32) as _;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr() as *const u8,
+                libc::CMSG_DATA(cmsg),
+                data_len,
+            );
+        }
+    }
+    // SAFETY: `msg` and everything it points at are valid for the call; the
+    // kernel only reads them.
+    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if n as usize != bytes.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            "packet sent in part",
+        ));
+    }
+    Ok(())
+}
+
+/// Receives one packet from a unix `SOCK_SEQPACKET` socket into `buf`, and
+/// the descriptors passed beside it (close-on-exec), at most `max_fds`. A
+/// packet longer than `buf`, or one whose descriptors did not all fit, is an
+/// error; the descriptors that did arrive are closed. `Ok((0, []))`: the
+/// peer closed.
+pub fn recv_packet(
+    sock: &impl AsRawFd,
+    buf: &mut [u8],
+    max_fds: usize,
+) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let max_fds = max_fds.min(edgetunnel_protocol::handover::SOCKETS_PER_PACKET);
+    let fd_size = std::mem::size_of::<std::os::fd::RawFd>();
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE((max_fds.max(1) * fd_size) as u32) } as usize;
+    let mut control = vec![0u64; space.div_ceil(8)];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain data; every pointer set below outlives the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = space as _;
+    // SAFETY: `msg` points at `buf` and `control`, both writable for their
+    // stated lengths for the whole call.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fds = Vec::new();
+    // SAFETY: the kernel filled `msg_controllen` bytes of `control` with
+    // well-formed headers; CMSG_FIRSTHDR/CMSG_NXTHDR stay inside them, and
+    // each SCM_RIGHTS header's data holds `(cmsg_len - CMSG_LEN(0)) /
+    // size_of::<c_int>()` descriptors that are now ours to own.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg);
+                let len = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for i in 0..len / fd_size {
+                    let mut raw: std::os::fd::RawFd = 0;
+                    std::ptr::copy_nonoverlapping(
+                        data.add(i * fd_size),
+                        &mut raw as *mut std::os::fd::RawFd as *mut u8,
+                        fd_size,
+                    );
+                    fds.push(OwnedFd::from_raw_fd(raw));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    if msg.msg_flags & libc::MSG_TRUNC != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("packet longer than {} bytes", buf.len()),
+        ));
+    }
+    // The control buffer is rounded up, so it may have held more than
+    // asked for: the bound is `max_fds` all the same.
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 || fds.len() > max_fds {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("more than {max_fds} descriptors passed in one packet"),
+        ));
+    }
+    Ok((n as usize, fds))
+}
+
 /// The stream behind one half of a monoio split (monoio's own accessors on
 /// split halves borrow it the same way).
 pub fn split_stream<T>(half: &monoio::io::OwnedReadHalf<T>) -> &T {
@@ -421,6 +558,41 @@ mod tests {
         let mut buf = [0u8; 1];
         let err = c.read(&mut buf).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::ConnectionReset);
+    }
+
+    #[test]
+    fn packets_carry_descriptors_and_refuse_too_many() {
+        use socket2::{Domain, Socket, Type};
+        use std::io::{Read, Write};
+        let (a, b) = Socket::pair(Domain::UNIX, Type::SEQPACKET, None).unwrap();
+        let (mut p, q) = std::os::unix::net::UnixStream::pair().unwrap();
+        // Two descriptors and a message; then one message without any.
+        send_packet(&a, b"two", &[p.as_raw_fd(), q.as_raw_fd()]).unwrap();
+        send_packet(&a, b"none", &[]).unwrap();
+        let mut buf = [0u8; 16];
+        let (n, fds) = recv_packet(&b, &mut buf, 4).unwrap();
+        assert_eq!((&buf[..n], fds.len()), (&b"two"[..], 2));
+        let (n, fds2) = recv_packet(&b, &mut buf, 4).unwrap();
+        assert_eq!((&buf[..n], fds2.len()), (&b"none"[..], 0));
+        // The passed descriptor is the same socket: what is written to
+        // `p` comes out of the received copy of `q`.
+        p.write_all(b"x").unwrap();
+        let mut got = [0u8; 1];
+        std::fs::File::from(fds.into_iter().nth(1).unwrap())
+            .read_exact(&mut got)
+            .unwrap();
+        assert_eq!(&got, b"x");
+        // More descriptors than asked for, and a packet over the buffer.
+        send_packet(&a, b"t", &[p.as_raw_fd(), q.as_raw_fd()]).unwrap();
+        let e = recv_packet(&b, &mut buf, 1).unwrap_err();
+        assert!(e.to_string().contains("more than 1 descriptors"), "{e}");
+        send_packet(&a, &[7u8; 32], &[]).unwrap();
+        let e = recv_packet(&b, &mut buf, 1).unwrap_err();
+        assert!(e.to_string().contains("longer than 16 bytes"), "{e}");
+        let too_many = vec![p.as_raw_fd(); edgetunnel_protocol::handover::SOCKETS_PER_PACKET + 1];
+        assert!(send_packet(&a, b"m", &too_many).is_err());
+        drop(a);
+        assert_eq!(recv_packet(&b, &mut buf, 1).unwrap().0, 0, "end");
     }
 
     #[test]

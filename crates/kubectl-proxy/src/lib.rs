@@ -352,6 +352,7 @@ pub fn run(
                                 m,
                                 "metrics",
                                 Rc::new(MetricsView(shared.clone())),
+                                None,
                             ));
                         }
                     }

@@ -19,6 +19,7 @@
 pub mod anp;
 pub mod go;
 pub mod h2_server;
+pub mod handover;
 pub mod http1;
 pub mod kubectl;
 pub mod spare;
