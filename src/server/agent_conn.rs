@@ -683,7 +683,6 @@ async fn serve(
         body.grow_windows(grow(cfg.stream_window), grow(cfg.conn_window));
     }
     let (ctl_tx, ctl_rx) = mpsc::unbounded();
-    let driver = drive(&shared, &mut conn, ctl_tx.clone());
     let state = Rc::new(AgentState {
         shared: shared.clone(),
         key,
@@ -698,6 +697,16 @@ async fn serve(
         worker: worker_metrics.clone(),
         primary: first,
     });
+    // An edgetunnel agent names its features; ANP's Go agent names none.
+    let follows_goaway = half_close || window;
+    let idle = {
+        let state = state.clone();
+        move || {
+            let t = state.tunnel.borrow();
+            t.open_connections() == 0 && t.pending_dials() == 0
+        }
+    };
+    let driver = drive(&shared, &mut conn, ctl_tx.clone(), follows_goaway, idle);
     // Without tunnel windows that grow, the link's own windows are sized
     // to the path (engine::link_window).
     let body = if window && window_growth {
@@ -751,10 +760,18 @@ async fn serve(
 /// packet, on which edgetunnel's agents open a replacement connection at
 /// once (ANP's agents log an unknown packet at V(5) and ignore it) while
 /// this one carries the tunnels still open. `Ok` when the agent closed.
-async fn drive(
+///
+/// After a listener handover, an agent that does not follow a GOAWAY that
+/// way (`follows_goaway` false: ANP's Go agent, which drops the link and its
+/// tunnels at a GOAWAY) is told nothing; its link is ended the first moment
+/// it carries no tunnel and no dial (`idle`), and it links to the successor
+/// at its next sync (see [`super::predecessor`]). `Ok` then too.
+async fn drive<I: Fn() -> bool>(
     shared: &ServerState,
     conn: &mut H2Conn<AgentIo>,
     ctl: mpsc::UnboundedSender<Frame>,
+    follows_goaway: bool,
+    idle: I,
 ) -> Result<(), BoxError> {
     enum Next {
         Conn(Option<Result<Incoming, H2Error>>),
@@ -764,10 +781,20 @@ async fn drive(
     let mut keepalive = PingSchedule::new(shared.cfg.keepalive, Instant::now());
     let mut draining = std::pin::pin!(shared.draining());
     let mut told = false;
+    // Ends the link when idle (a Go agent after a handover).
+    let mut end_when_idle = false;
     loop {
-        let wait = keepalive
+        if end_when_idle && idle() {
+            tracing::info!("handed over: the Go agent's link carries nothing now; closing it so that the agent links to the successor");
+            conn.go_away();
+            return Ok(());
+        }
+        let mut wait = keepalive
             .deadline()
             .saturating_duration_since(Instant::now());
+        if end_when_idle {
+            wait = wait.min(IDLE_CHECK);
+        }
         let next = monoio::select! {
             n = conn.next() => Next::Conn(n),
             _ = &mut draining, if !told => Next::Drain,
@@ -776,6 +803,10 @@ async fn drive(
             _ = Box::pin(monoio::time::sleep(wait)) => Next::Tick,
         };
         match next {
+            Next::Drain if !follows_goaway && shared.handed_over.requested() > 0 => {
+                told = true;
+                end_when_idle = true;
+            }
             Next::Drain => {
                 told = true;
                 tracing::debug!("server draining: agent told (GOAWAY, DRAIN)");
@@ -810,6 +841,10 @@ async fn drive(
         }
     }
 }
+
+/// How often a Go agent's link is looked at after a handover, to end it
+/// once it carries nothing.
+const IDLE_CHECK: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Removes a link from the registry; the agent is gone with its last link
 /// (then returns true).
@@ -1197,7 +1232,7 @@ mod task_size_tests {
     fn an_idle_links_task_stays_small() {
         let link = future_of(serve);
         let handshake = future_of(handshake);
-        let driver = future_of3(drive);
+        let driver = future_of(drive::<fn() -> bool>);
         let conn = std::mem::size_of::<H2Conn<AgentIo>>();
         let reader = future_of3(read_loop);
         let writer = write_loop_size();

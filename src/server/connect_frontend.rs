@@ -179,6 +179,20 @@ pub(super) fn socket_pair() -> std::io::Result<(monoio::net::UnixStream, monoio:
     ))
 }
 
+/// The forward socket (`--handover-socket`): the successor's dials while
+/// this server drains, served like the unix CONNECT frontend's, and never
+/// closed by the drain.
+pub(super) async fn accept_forwarded(
+    core: usize,
+    shared: Arc<ServerState>,
+    l: monoio::net::UnixListener,
+) {
+    accept::serve(l, accept::Options::named("forward"), move |c| {
+        front(core, shared.clone(), c.stream, MovedSocket::from_unix)
+    })
+    .await
+}
+
 pub(super) async fn accept_unix(
     core: usize,
     shared: Arc<ServerState>,

@@ -13,11 +13,14 @@ use std::sync::{Arc, Mutex};
 
 use crate::engine::handover::{self as engine_handover, Incumbent, Offering, HANDOVER_LISTENER};
 use crate::engine::listener::{self, Endpoint, Spec, UnixSocketFile};
-use crate::engine::signals::Shutdown;
 use crate::protocol::handover::{self as wire, Want};
 
 use super::listeners::Kind;
 use super::ServerConfig;
+
+/// How long a server that handed over waits for its accept loops to end
+/// before telling the successor that it drains.
+const STOP_ACCEPTING: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What a starting server got from its predecessor, if anything.
 pub(super) struct Takeover {
@@ -108,15 +111,24 @@ impl Takeover {
     /// server removes when it ends; those a successor takes stay.
     pub(super) fn confirm_and_listen(
         self,
+        shared: &super::ServerState,
+        forward: Option<PathBuf>,
         offer: Vec<Offering>,
         files: Arc<Mutex<Vec<UnixSocketFile>>>,
-        shutdown: Arc<Shutdown>,
-        handed_over: Arc<Shutdown>,
     ) -> Option<std::thread::JoinHandle<()>> {
+        let predecessor = &shared.predecessor;
+        let accepting = shared.accepting.clone();
+        let shutdown = shared.shutdown.clone();
+        let handed_over = shared.handed_over.clone();
         let path = self.path?;
         if let Some(taken) = self.taken {
             match taken.confirm() {
-                Ok(pid) => tracing::info!(predecessor = pid, "handover: the predecessor drains"),
+                Ok((pid, path)) => {
+                    tracing::info!(predecessor = pid, forward = ?path, "handover: the predecessor drains");
+                    if let Some(p) = path {
+                        predecessor.set_path(p);
+                    }
+                }
                 Err(e) => tracing::warn!("handover: the predecessor did not confirm: {e}"),
             }
         }
@@ -155,8 +167,28 @@ impl Takeover {
             }
             handed_over.trigger();
             shutdown.trigger();
+            // The successor starts accepting once told that this process
+            // drains, and that waits until no accept of ours is pending.
+            // On io_uring an accept waits on the listening socket with an
+            // exclusive wake-up: a connection that woke an accept of ours
+            // as it was being cancelled wakes nobody else, and would wait
+            // in the queue until the next connection came. Once ours are
+            // gone, the successor's first accept finds it there.
+            let deadline = std::time::Instant::now() + STOP_ACCEPTING;
+            while accepting.load(std::sync::atomic::Ordering::SeqCst) > 0
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            let left = accepting.load(std::sync::atomic::Ordering::SeqCst);
+            if left > 0 {
+                tracing::warn!(
+                    accept_loops = left,
+                    "handover: accept loops still running after {STOP_ACCEPTING:?}"
+                );
+            }
         };
-        match Incumbent::new(socket, &path, offer).spawn(stop, on_taken) {
+        match Incumbent::new(socket, &path, offer, forward).spawn(stop, on_taken) {
             Ok(t) => Some(t),
             Err(e) => {
                 tracing::warn!("handover thread: {e}; no successor can take over from this server");
@@ -174,7 +206,8 @@ pub(super) fn offering(
     bound: &listener::Bound<Kind>,
 ) -> std::io::Result<Vec<Offering>> {
     let mut out = Vec::with_capacity(specs.len());
-    for spec in specs {
+    // The forward socket is this process's own (a successor has another).
+    for spec in specs.iter().filter(|s| s.kind != Kind::Forward) {
         let mut seen = Vec::new();
         let mut sockets = Vec::new();
         let mut endpoint = wire_endpoint(&spec.at);

@@ -10,6 +10,7 @@
 //! | `Interception`    | TCP           | every   | `intercept_frontend::accept_tcp`     | none                        | closed      |
 //! | `InterceptionTls` | TCP           | every   | `intercept_frontend::accept_tls`     | interception + kubelet      | closed      |
 //! | `Admin`, `Health` | TCP           | first   | `admin::serve`                       | none                        | kept open (closed after a handover) |
+//! | `Forward`         | unix          | every   | `connect_frontend::accept_forwarded` | none                        | kept open   |
 //!
 //! TLS applies to TCP sockets only: a unix socket's callers are local.
 
@@ -33,6 +34,19 @@ pub(super) enum Kind {
     InterceptionTls,
     Admin,
     Health,
+    /// CONNECT from this server's successor while this one drains (see
+    /// `predecessor.rs`): with `--handover-socket` only.
+    Forward,
+}
+
+/// Where a server with `--handover-socket` takes dials from its successor
+/// once it handed over: beside the handover socket, named after the
+/// process, so that old and new never share it.
+pub(super) fn forward_path(cfg: &ServerConfig) -> Option<std::path::PathBuf> {
+    let h = cfg.handover_socket.as_ref()?;
+    let mut name = h.file_name()?.to_os_string();
+    name.push(format!(".forward-{}", std::process::id()));
+    Some(h.with_file_name(name))
 }
 
 /// The listeners `cfg` asks for, in the order they are bound (the first
@@ -82,6 +96,7 @@ pub(super) fn specs(cfg: &ServerConfig) -> Vec<Spec<Kind>> {
             .as_ref()
             .map(|t| every(Kind::InterceptionTls, "interception-tls", tcp(t.bind))),
     );
+    out.extend(forward_path(cfg).map(|p| every(Kind::Forward, "forward", unix(p))));
     out
 }
 
@@ -99,36 +114,44 @@ pub(super) fn serve(
     match (l.kind, l.socket) {
         (Kind::Agent, Socket::Tcp(l)) => {
             let l = TcpListener::from_std(l)?;
-            spawn_loop(agent_conn::accept_loop(core, s, l, tls.agent.clone()))
+            spawn_loop(
+                shared,
+                agent_conn::accept_loop(core, s, l, tls.agent.clone()),
+            )
         }
         (Kind::Connect, Socket::Tcp(l)) => {
             let l = TcpListener::from_std(l)?;
             let tls = frontend.map(|t| t.connect.clone());
-            spawn_loop(connect_frontend::accept_tcp(core, s, l, tls))
+            spawn_loop(shared, connect_frontend::accept_tcp(core, s, l, tls))
         }
         (Kind::Connect, Socket::Unix(l)) => {
             let l = UnixListener::from_std(l)?;
-            spawn_loop(connect_frontend::accept_unix(core, s, l))
+            spawn_loop(shared, connect_frontend::accept_unix(core, s, l))
+        }
+        // Not stopped by the drain: the successor's dials come here then.
+        (Kind::Forward, Socket::Unix(l)) => {
+            let l = UnixListener::from_std(l)?;
+            monoio::spawn(connect_frontend::accept_forwarded(core, s, l));
         }
         (Kind::Grpc, Socket::Tcp(l)) => {
             let l = TcpListener::from_std(l)?;
             let tls = frontend.map(|t| t.grpc.clone());
-            spawn_loop(grpc_frontend::accept_tcp(s, l, tls))
+            spawn_loop(shared, grpc_frontend::accept_tcp(s, l, tls))
         }
         (Kind::Grpc, Socket::Unix(l)) => {
             let l = UnixListener::from_std(l)?;
-            spawn_loop(grpc_frontend::accept_unix(s, l))
+            spawn_loop(shared, grpc_frontend::accept_unix(s, l))
         }
         (Kind::Interception, Socket::Tcp(l)) => {
             let l = TcpListener::from_std(l)?;
-            spawn_loop(intercept_frontend::accept_tcp(core, s, l))
+            spawn_loop(shared, intercept_frontend::accept_tcp(core, s, l))
         }
         (Kind::InterceptionTls, Socket::Tcp(l)) => {
             let t = tls.intercept.clone().ok_or_else(|| {
                 std::io::Error::other("interception-tls listener without its TLS settings")
             })?;
             let l = TcpListener::from_std(l)?;
-            spawn_loop(intercept_frontend::accept_tls(core, s, l, t))
+            spawn_loop(shared, intercept_frontend::accept_tls(core, s, l, t))
         }
         // Health and admin keep answering while the server drains (/readyz
         // then fails), unless a successor took their sockets over.
@@ -136,11 +159,16 @@ pub(super) fn serve(
             let l = TcpListener::from_std(l)?;
             let stop = Some(s.handed_over.clone());
             let view: Rc<dyn crate::admin::AdminState> = Rc::new(super::AdminView(s));
-            monoio::spawn(crate::admin::serve(l, name, view, stop));
+            spawn_loop(shared, crate::admin::serve(l, name, view, stop));
         }
         (kind, Socket::Unix(_)) => {
             return Err(std::io::Error::other(format!(
                 "{name} listener ({kind:?}): no accept loop for a unix socket"
+            )))
+        }
+        (Kind::Forward, Socket::Tcp(_)) => {
+            return Err(std::io::Error::other(format!(
+                "{name} listener: the forward socket is a unix socket"
             )))
         }
     }
@@ -148,7 +176,13 @@ pub(super) fn serve(
 }
 
 /// Spawns `task`, an accept loop that ends by itself when the server
-/// drains ([`ServerState::accept_options`]), losing no connection.
-fn spawn_loop(task: impl std::future::Future<Output = ()> + 'static) {
-    monoio::spawn(task);
+/// drains ([`ServerState::accept_options`]), losing no connection; counted
+/// in [`ServerState::accepting`] while it runs.
+fn spawn_loop(shared: &Arc<ServerState>, task: impl std::future::Future<Output = ()> + 'static) {
+    let accepting = shared.accepting.clone();
+    accepting.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    monoio::spawn(async move {
+        task.await;
+        accepting.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    });
 }

@@ -15,11 +15,12 @@ mod grpc_frontend;
 mod handover;
 mod intercept_frontend;
 mod listeners;
+mod predecessor;
 mod session;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -159,8 +160,13 @@ pub(crate) struct ServerState {
     /// Raised when a successor took the listeners over (the admin and
     /// health listeners stop accepting too).
     handed_over: Arc<signals::Shutdown>,
-    /// After a takeover: until when dials may wait for an agent.
-    await_agents_until: Option<std::time::Instant>,
+    /// Accept loops running on the listeners a successor may take (each
+    /// ends, losing no connection, when the server drains).
+    accepting: Arc<AtomicUsize>,
+    /// When this server took its listeners over from a predecessor.
+    took_over_at: Option<std::time::Instant>,
+    /// The predecessor, while it drains (see [`predecessor`]).
+    predecessor: Arc<predecessor::Predecessor>,
 }
 
 thread_local! {
@@ -184,23 +190,53 @@ impl ServerState {
     /// [`ServerConfig::takeover_dial_wait`] after the takeover (agents move
     /// over from the old server).
     async fn pick_or_wait(&self, address: &str) -> Option<AgentHandle> {
-        if let Some(a) = self.pick(address) {
+        self.route(address, None).await
+    }
+
+    /// [`Self::pick_or_wait`], avoiding the agent `gone` (whose connection
+    /// ended, or the predecessor that had no agent for `address`).
+    async fn route(&self, address: &str, gone: Option<u64>) -> Option<AgentHandle> {
+        let other = |a: &AgentHandle| Some(a.key) != gone;
+        if let Some(a) = self.pick(address).filter(other) {
             return Some(a);
         }
-        let until = self.await_agents_until?;
-        let mut waited = false;
+        if !self.awaits_agents() {
+            return None;
+        }
+        // The predecessor may still have a link to the agent (a Go agent
+        // keeps its old link while it carries tunnels).
+        if !gone.is_some_and(predecessor::is_predecessor) {
+            let core = WORKER.with(|w| w.get()).unwrap_or(0);
+            if let Some(p) = predecessor::handle(self, core) {
+                return Some(p);
+            }
+        }
+        let until = std::time::Instant::now() + self.cfg.takeover_dial_wait;
         while std::time::Instant::now() < until && self.shutdown.requested() == 0 {
-            waited = true;
             monoio::time::sleep(AGENT_POLL).await;
-            if let Some(a) = self.pick(address) {
+            if let Some(a) = self.pick(address).filter(other) {
                 tracing::debug!(%address, "dial waited for an agent after the takeover");
                 return Some(a);
             }
         }
-        if waited {
-            tracing::info!(%address, "no agent connected within the takeover's dial wait");
-        }
+        tracing::info!(%address, wait = ?self.cfg.takeover_dial_wait, "no agent connected within the takeover's dial wait");
         None
+    }
+
+    /// Whether a dial with no agent waits for one: within
+    /// `--takeover-dial-wait-secs` of a takeover, while the predecessor
+    /// still runs, and as long again after it was seen gone.
+    fn awaits_agents(&self) -> bool {
+        let Some(at) = self.took_over_at else {
+            return false;
+        };
+        let wait = self.cfg.takeover_dial_wait;
+        at.elapsed() < wait
+            || self.predecessor.running()
+            || self
+                .predecessor
+                .gone_since()
+                .is_some_and(|g| g.elapsed() < wait)
     }
 
     /// Accept loop options for listener `name`: the loop ends when the
@@ -212,6 +248,9 @@ impl ServerState {
     /// Another agent for `address` than `gone`, whose connection just ended
     /// (it may stay registered for a moment).
     async fn repick(&self, address: &str, gone: u64) -> Option<AgentHandle> {
+        if self.awaits_agents() {
+            return self.route(address, Some(gone)).await;
+        }
         for _ in 0..3 {
             match self.pick(address) {
                 Some(a) if a.key == gone => {
@@ -322,7 +361,6 @@ pub fn run(cfg: ServerConfig) -> Result<(), crate::BoxError> {
         .collect();
 
     let shutdown = signals::Shutdown::new();
-    let handed_over = signals::Shutdown::new();
     // SIGHUP reloads every certificate the control thread watches.
     let mut hup_certs = cfg.control.certs.clone();
     hup_certs.extend(watched.iter().cloned());
@@ -340,10 +378,10 @@ pub fn run(cfg: ServerConfig) -> Result<(), crate::BoxError> {
         reviewer,
         shutdown: shutdown.clone(),
         holders: Mutex::new(Default::default()),
-        handed_over: handed_over.clone(),
-        await_agents_until: takeover
-            .taken()
-            .then(|| std::time::Instant::now() + cfg.takeover_dial_wait),
+        handed_over: signals::Shutdown::new(),
+        took_over_at: takeover.taken().then(std::time::Instant::now),
+        accepting: Arc::new(AtomicUsize::new(0)),
+        predecessor: Default::default(),
     });
     let mut inbox_rx = Vec::with_capacity(n);
     let mut inbox_tx = Vec::with_capacity(n);
@@ -382,8 +420,12 @@ pub fn run(cfg: ServerConfig) -> Result<(), crate::BoxError> {
     cfg.announce.send(Ready::Ready);
     // The sockets are ours now (connections queue until the workers
     // accept): the predecessor may stop accepting and drain.
-    let successor_watch =
-        takeover.confirm_and_listen(offer, socket_files.clone(), shutdown.clone(), handed_over);
+    let successor_watch = takeover.confirm_and_listen(
+        &shared,
+        listeners::forward_path(&cfg),
+        offer,
+        socket_files.clone(),
+    );
 
     let per_worker = Arc::new(per_worker);
     let inbox_rx = Arc::new(inbox_rx);

@@ -20,6 +20,7 @@ mod deploy_path;
 mod go_agent;
 mod go_server;
 mod h2_conformance;
+mod handover;
 mod konnectivity_client;
 mod kube_apiserver;
 mod kube_cluster;

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod apiserver;
+pub(crate) mod dial_load;
 pub(crate) mod fake_kube;
 pub(crate) mod fwd_proxy;
 pub(crate) mod hol;

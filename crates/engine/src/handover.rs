@@ -127,8 +127,9 @@ impl Takeover {
     }
 
     /// Tells the incumbent that this process listens on the sockets now;
-    /// returns once the incumbent answers that it drains (its process ID).
-    pub fn confirm(self) -> Result<u32, Error> {
+    /// returns once the incumbent answers that it drains: its process ID,
+    /// and the socket path it still takes dials on, if any.
+    pub fn confirm(self) -> Result<(u32, Option<PathBuf>), Error> {
         send(
             &self.conn,
             &Message::Taken {
@@ -138,7 +139,7 @@ impl Takeover {
         )
         .map_err(io_err(Path::new("(connection)")))?;
         match recv(&self.conn, "draining")? {
-            Message::Draining { pid } => Ok(pid),
+            Message::Draining { pid, forward } => Ok((pid, forward)),
             other => Err(Error::Unexpected {
                 expected: "draining",
                 got: other.kind(),
@@ -284,6 +285,7 @@ pub struct Incumbent {
     listener: Socket,
     path: PathBuf,
     offer: Vec<Offering>,
+    forward: Option<PathBuf>,
 }
 
 /// Binds the handover socket at `path` (mode 0600; with `may_replace`, a
@@ -323,12 +325,19 @@ pub fn handover_listener(
 
 impl Incumbent {
     /// `listener` from [`handover_listener`]; `offer` lists the other
-    /// listeners (the handover socket is added here).
-    pub fn new(listener: Socket, path: &Path, offer: Vec<Offering>) -> Self {
+    /// listeners (the handover socket is added here); `forward` is where
+    /// this server takes dials from its successor while it drains.
+    pub fn new(
+        listener: Socket,
+        path: &Path,
+        offer: Vec<Offering>,
+        forward: Option<PathBuf>,
+    ) -> Self {
         Incumbent {
             listener,
             path: path.to_path_buf(),
             offer,
+            forward,
         }
     }
 
@@ -380,6 +389,7 @@ impl Incumbent {
                         &conn,
                         &Message::Draining {
                             pid: std::process::id(),
+                            forward: self.forward.clone(),
                         },
                         &[],
                     );

@@ -85,8 +85,10 @@ pub enum Message {
     },
     /// Successor to incumbent: it listens on these (by name) now.
     Taken { names: Vec<String> },
-    /// Incumbent to successor: it stopped accepting and drains.
-    Draining { pid: u32 },
+    /// Incumbent to successor: it stopped accepting and drains; dials it
+    /// can still carry (through agents linked to it only) reach it as
+    /// HTTP CONNECT on `forward`, a unix socket path.
+    Draining { pid: u32, forward: Option<PathBuf> },
     /// Either side: no handover, and why.
     Refused { reason: String },
 }
@@ -168,8 +170,16 @@ impl Message {
                     let _ = writeln!(s, "listener {n}");
                 }
             }
-            Message::Draining { pid } => {
-                let _ = writeln!(s, "draining pid={pid}");
+            Message::Draining { pid, forward } => {
+                let _ = write!(s, "draining pid={pid}");
+                if let Some(p) = forward {
+                    let _ = write!(
+                        s,
+                        " forward={}",
+                        encode_endpoint(&Endpoint::Unix(p.clone()))
+                    );
+                }
+                s.push('\n');
             }
             Message::Refused { reason } => {
                 let one_line: String = reason
@@ -252,9 +262,26 @@ impl Message {
                 }
                 Ok(Message::Taken { names })
             }
-            "draining" => Ok(Message::Draining {
-                pid: Fields::new("draining", rest).number("pid")?,
-            }),
+            "draining" => {
+                let f = Fields::new("draining", rest);
+                let forward = match f.get("forward") {
+                    None => None,
+                    Some(v) => match decode_endpoint(v) {
+                        Some(Endpoint::Unix(p)) => Some(p),
+                        _ => {
+                            return Err(Error::Malformed {
+                                kind: "draining",
+                                field: "forward",
+                                value: v.chars().take(80).collect(),
+                            })
+                        }
+                    },
+                };
+                Ok(Message::Draining {
+                    pid: f.number("pid")?,
+                    forward,
+                })
+            }
             "refused" => {
                 if rest.len() > MAX_REASON {
                     return Err(Error::Malformed {
@@ -522,7 +549,14 @@ mod tests {
             Message::Taken {
                 names: vec!["agent".into(), "handover".into()],
             },
-            Message::Draining { pid: 9 },
+            Message::Draining {
+                pid: 9,
+                forward: None,
+            },
+            Message::Draining {
+                pid: 9,
+                forward: Some("/run/et/handover.sock.forward-9".into()),
+            },
             Message::Refused {
                 reason: "listeners differ: agent".into(),
             },
@@ -592,6 +626,7 @@ mod tests {
             (b"hello min=2 max=1 pid=3\n", "no version range"),
             (b"hello min=1 max=99999999999 pid=3\n", "field max malformed"),
             (b"draining\n", "field pid missing"),
+            (b"draining pid=1 forward=tcp:1.2.3.4:5\n", "field forward malformed"),
             (
                 b"offer version=1 pid=1\nlistener a tcp:1.2.3.4:5 0\n",
                 "field sockets malformed",

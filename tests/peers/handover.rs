@@ -1,0 +1,151 @@
+//! A listener handover (`--handover-socket`) with ANP's Go agent (v0.36.0)
+//! on the edge, at its default sync interval: a GOAWAY would make it drop
+//! its link and the tunnels on it, and it links to another server only
+//! when its link ends. So the old server keeps the Go agent's link while a
+//! tunnel is open on it, the new server sends the dials it has no agent
+//! for to the old one, and once the link carries nothing the old server
+//! ends it and the agent links to the new one. Three handovers in a row
+//! under a steady load of CONNECT dials (TCP and unix socket): no dial
+//! fails, a tunnel held open across each handover stays whole, and no
+//! socket path is ever missing.
+
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::common::{peers, serial, tail, Logged};
+use crate::go_agent::{agent_mtls, dials_at, go_agent_args, spawn_go_agent};
+use crate::support::dial_load::{watch_paths, Load, Via};
+use crate::support::{connect_unix, echo_server, Binds, Env, Server, WAIT};
+
+fn still_echoes(s: &mut (impl Read + Write), tag: u8) {
+    let data = vec![tag; 64 * 1024];
+    s.write_all(&data).unwrap();
+    let mut back = vec![0u8; data.len()];
+    s.read_exact(&mut back)
+        .expect("echo through the held tunnel");
+    assert_eq!(back, data);
+}
+
+fn logs(server: &Server, agent: &Logged) -> String {
+    format!(
+        "--- server:\n{}\n--- go agent:\n{}",
+        tail(&server.proc.log_text(), 40),
+        tail(&agent.text(), 40)
+    )
+}
+
+#[test]
+fn three_handovers_with_the_go_agent_fail_no_dial_and_cut_no_tunnel() {
+    let Some(p) = peers() else { return };
+    let _g = serial();
+    let env = Env::new();
+    let handover = env.path("handover.sock");
+    let h = handover.display().to_string();
+    let flags = [
+        "--handover-socket",
+        h.as_str(),
+        "--graceful-shutdown-timeout-secs",
+        "60",
+    ];
+    let mut server = Server::start(&env, &flags);
+    let binds = Binds {
+        agent: server.agent.to_string(),
+        connect: server.connect.to_string(),
+        grpc: server.grpc.to_string(),
+        admin: server.admin.to_string(),
+        connect_uds: Some(server.connect_uds.clone()),
+        grpc_uds: Some(server.grpc_uds.clone()),
+    };
+    // ANP's defaults: a sync each second, a probe each second.
+    let mut args = go_agent_args(server.agent.port(), "go-1", "host=go-1", &agent_mtls(&env));
+    args.retain(|a| !a.starts_with("--sync-interval"));
+    args.extend([
+        "--sync-interval=1s".into(),
+        "--sync-interval-cap=10s".into(),
+    ]);
+    let agent = spawn_go_agent(p, &env, "go-agent", &args);
+    server.wait_metric("edgetunnel_agents_connected", 1.0);
+    let echo = echo_server("127.0.0.1");
+    let target = echo.addr.to_string();
+
+    let stop_watch = Arc::new(AtomicBool::new(false));
+    let watcher = watch_paths(
+        vec![
+            server.connect_uds.clone(),
+            server.grpc_uds.clone(),
+            handover.clone(),
+        ],
+        stop_watch.clone(),
+    );
+    let load = Load::start(
+        vec![
+            Via::Tcp(server.connect),
+            Via::Tcp(server.connect),
+            Via::Unix(server.connect_uds.clone()),
+            Via::Unix(server.connect_uds.clone()),
+        ],
+        target.clone(),
+    );
+    thread::sleep(Duration::from_millis(500));
+    let uds = binds.connect_uds.clone().unwrap();
+    for round in 1..=3u8 {
+        let (status, _, mut held) = connect_unix(&uds, &target);
+        assert_eq!(status, 200, "{}", logs(&server, &agent));
+        still_echoes(&mut held, round);
+        let next = Server::start_at(&env, &binds, &flags);
+        next.proc.wait_log("handover: the predecessor drains");
+        // The Go agent stays on the old link while the held tunnel is
+        // open: the new server forwards its dials there meanwhile.
+        let before = load.ok.load(Ordering::SeqCst);
+        let deadline = Instant::now() + WAIT;
+        while load.ok.load(Ordering::SeqCst) < before + 40 {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: dials stopped\n{}",
+                logs(&next, &agent)
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+        still_echoes(&mut held, round.wrapping_add(100));
+        assert!(
+            server.proc.wait_exit(Duration::ZERO).is_none(),
+            "round {round}: the old server left with a tunnel open:\n{}",
+            logs(&server, &agent)
+        );
+        drop(held);
+        // Then the old server ends the agent's link and exits; the agent
+        // links to the new one at its next sync.
+        assert!(
+            server.proc.wait_exit(WAIT).is_some(),
+            "round {round}: the old server still runs:\n{}",
+            logs(&server, &agent)
+        );
+        next.wait_metric("edgetunnel_agents_connected", 1.0);
+        server = next;
+    }
+    thread::sleep(Duration::from_millis(1500));
+    let (ok, failures) = load.finish();
+    stop_watch.store(true, Ordering::SeqCst);
+    let missing = watcher.join().unwrap();
+    eprintln!(
+        "{ok} dials through three handovers with the Go agent, {} failed",
+        failures.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {} dials failed: {:?}\n{}",
+        failures.len(),
+        ok + failures.len(),
+        &failures[..failures.len().min(10)],
+        logs(&server, &agent)
+    );
+    assert_eq!(missing, 0, "a socket path was missing");
+    assert!(
+        dials_at(&agent, &target) >= ok,
+        "the Go agent carried every dial"
+    );
+    server.wait_metric("edgetunnel_open_connections", 0.0);
+}

@@ -1,0 +1,140 @@
+//! A steady load of CONNECT dials (each: the answer, then 1 KiB echoed)
+//! for tests that change the server under it (listener handover), and a
+//! watch that socket paths never go missing meanwhile.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use super::WAIT;
+
+/// One CONNECT tunnel: the answer, then 1 KiB echoed. Any failure is the
+/// dial's failure, described.
+pub(crate) fn one_dial(mut s: impl Read + Write, target: &str, tag: u8) -> Result<(), String> {
+    write!(s, "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n")
+        .map_err(|e| format!("write: {e}"))?;
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut b) {
+            Ok(1) => head.push(b[0]),
+            Ok(_) => {
+                return Err(format!(
+                    "closed in the answer: {:?}",
+                    String::from_utf8_lossy(&head)
+                ))
+            }
+            Err(e) => return Err(format!("answer: {e}")),
+        }
+        if head.len() > 4096 {
+            return Err("answer too long".into());
+        }
+    }
+    let head = String::from_utf8_lossy(&head);
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(format!(
+            "answer: {}",
+            head.lines().next().unwrap_or_default()
+        ));
+    }
+    let data = vec![tag; 1024];
+    s.write_all(&data).map_err(|e| format!("send: {e}"))?;
+    let mut back = vec![0u8; data.len()];
+    s.read_exact(&mut back).map_err(|e| format!("echo: {e}"))?;
+    if back != data {
+        return Err("echo differs".into());
+    }
+    Ok(())
+}
+
+/// Dials in a loop until `stop`, through `via` (TCP address or socket
+/// path), counting successes and keeping every failure's description.
+pub(crate) struct Load {
+    stop: Arc<AtomicBool>,
+    pub ok: Arc<AtomicUsize>,
+    pub failures: Arc<Mutex<Vec<String>>>,
+    threads: Vec<thread::JoinHandle<()>>,
+}
+
+pub(crate) enum Via {
+    Tcp(std::net::SocketAddr),
+    Unix(PathBuf),
+}
+
+impl Load {
+    pub(crate) fn start(vias: Vec<Via>, target: String) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ok = Arc::new(AtomicUsize::new(0));
+        let failures = Arc::new(Mutex::new(Vec::new()));
+        let threads = vias
+            .into_iter()
+            .enumerate()
+            .map(|(i, via)| {
+                let (stop, ok, failures, target) =
+                    (stop.clone(), ok.clone(), failures.clone(), target.clone());
+                thread::spawn(move || {
+                    let mut n = 0u32;
+                    while !stop.load(Ordering::SeqCst) {
+                        n += 1;
+                        let tag = (i as u8).wrapping_mul(31).wrapping_add(n as u8);
+                        let r = match &via {
+                            Via::Tcp(a) => TcpStream::connect(a)
+                                .map_err(|e| format!("connect {a}: {e}"))
+                                .and_then(|s| {
+                                    s.set_read_timeout(Some(WAIT)).unwrap();
+                                    one_dial(s, &target, tag)
+                                }),
+                            Via::Unix(p) => UnixStream::connect(p)
+                                .map_err(|e| format!("connect {}: {e}", p.display()))
+                                .and_then(|s| {
+                                    s.set_read_timeout(Some(WAIT)).unwrap();
+                                    one_dial(s, &target, tag)
+                                }),
+                        };
+                        match r {
+                            Ok(()) => {
+                                ok.fetch_add(1, Ordering::SeqCst);
+                            }
+                            Err(e) => failures.lock().unwrap().push(e),
+                        }
+                        // About 50 dials a second over the threads.
+                        thread::sleep(Duration::from_millis(60));
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            ok,
+            failures,
+            threads,
+        }
+    }
+
+    pub(crate) fn finish(self) -> (usize, Vec<String>) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads {
+            t.join().unwrap();
+        }
+        let failures = self.failures.lock().unwrap().clone();
+        (self.ok.load(Ordering::SeqCst), failures)
+    }
+}
+
+/// Watches that `paths` exist, every millisecond, until stopped: the
+/// number of looks that found one missing.
+pub(crate) fn watch_paths(paths: Vec<PathBuf>, stop: Arc<AtomicBool>) -> thread::JoinHandle<usize> {
+    thread::spawn(move || {
+        let mut missing = 0;
+        while !stop.load(Ordering::SeqCst) {
+            missing += paths.iter().filter(|p| !Path::new(p).exists()).count();
+            thread::sleep(Duration::from_millis(1));
+        }
+        missing
+    })
+}
