@@ -5,9 +5,10 @@
 //! tunnel is open on it, the new server sends the dials it has no agent
 //! for to the old one, and once the link carries nothing the old server
 //! ends it and the agent links to the new one. Three handovers in a row
-//! under a steady load of CONNECT dials (TCP and unix socket): no dial
-//! fails, a tunnel held open across each handover stays whole, and no
-//! socket path is ever missing.
+//! under a steady load of CONNECT dials (TCP and unix socket) and of the
+//! real konnectivity-client's gRPC dials (anptool, a new gRPC connection
+//! each, as kube-apiserver makes them): no dial fails, a tunnel held open
+//! across each handover stays whole, and no socket path is ever missing.
 
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::common::{peers, serial, tail, Logged};
+use crate::common::{client, peers, serial, tail, GoTarget, Logged};
 use crate::go_agent::{agent_mtls, dials_at, go_agent_args, spawn_go_agent};
 use crate::support::dial_load::{watch_paths, Load, Via};
 use crate::support::{connect_unix, echo_server, Binds, Env, Server, WAIT};
@@ -80,6 +81,34 @@ fn three_handovers_with_the_go_agent_fail_no_dial_and_cut_no_tunnel() {
         ],
         stop_watch.clone(),
     );
+    // The konnectivity-client's dials, one after another.
+    let go_target = GoTarget::start(p, &env, "127.0.0.1:0");
+    let grpc_stop = Arc::new(AtomicBool::new(false));
+    let grpc_load = {
+        let (stop, uds, t) = (
+            grpc_stop.clone(),
+            server.grpc_uds.display().to_string(),
+            go_target.target(),
+        );
+        thread::spawn(move || {
+            let (mut ok, mut failed) = (0usize, Vec::new());
+            while !stop.load(Ordering::SeqCst) {
+                let r = client(
+                    p,
+                    &[
+                        "-via", "grpc-uds", "-addr", &uds, "-target", &t, "-test", "echo", "-size",
+                        "4096",
+                    ],
+                );
+                if r.ok {
+                    ok += 1;
+                } else {
+                    failed.push(r.describe());
+                }
+            }
+            (ok, failed)
+        })
+    };
     let load = Load::start(
         vec![
             Via::Tcp(server.connect),
@@ -128,6 +157,19 @@ fn three_handovers_with_the_go_agent_fail_no_dial_and_cut_no_tunnel() {
     }
     thread::sleep(Duration::from_millis(1500));
     let (ok, failures) = load.finish();
+    grpc_stop.store(true, Ordering::SeqCst);
+    let (grpc_ok, grpc_failures) = grpc_load.join().unwrap();
+    eprintln!(
+        "{grpc_ok} konnectivity-client dials, {} failed",
+        grpc_failures.len()
+    );
+    assert!(
+        grpc_failures.is_empty(),
+        "konnectivity-client dials failed: {:?}\n{}",
+        &grpc_failures[..grpc_failures.len().min(5)],
+        logs(&server, &agent)
+    );
+    assert!(grpc_ok >= 10, "only {grpc_ok} konnectivity-client dials");
     stop_watch.store(true, Ordering::SeqCst);
     let missing = watcher.join().unwrap();
     eprintln!(
