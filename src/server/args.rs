@@ -66,6 +66,13 @@ pub struct ServerArgs {
     /// the takeover. Past it, the caller gets the usual no-agent answer.
     #[arg(long, help_heading = "Limits and shutdown", default_value_t = 10.0)]
     pub takeover_dial_wait_secs: f64,
+    /// With --handover-socket: on the first SIGTERM/SIGINT before any
+    /// successor took over, seconds to serve on while one may still come
+    /// (a DaemonSet rolled with maxSurge signals the old pod as soon as the
+    /// new one runs); then the server drains as usual. A second signal
+    /// ends the wait and the drain.
+    #[arg(long, help_heading = "Limits and shutdown", default_value_t = 5.0)]
+    pub handover_wait_secs: f64,
     /// HTTP/2 PING interval toward gRPC frontend callers, seconds (ANP's
     /// --frontend-keepalive-time, 1h by default); an unanswered PING
     /// (twice this long) closes the caller's connection.
@@ -451,6 +458,7 @@ impl ServerArgs {
             graceful_shutdown: secs(self.graceful_shutdown_timeout_secs),
             handover_socket: self.handover_socket.clone(),
             takeover_dial_wait: secs(self.takeover_dial_wait_secs),
+            handover_wait: secs(self.handover_wait_secs),
             handshake_limits,
             frontend_idle: secs(self.frontend_idle_secs).max(Duration::from_millis(100)),
             half_close_linger: secs(self.engine.half_close_linger_secs),

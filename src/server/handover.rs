@@ -245,3 +245,42 @@ pub(super) fn offering(
     }
     Ok(out)
 }
+
+/// Signals of a server with `--handover-socket`: SIGTERM/SIGINT raise
+/// `s`, and this thread turns them into the server's drain. The
+/// first one, when no successor took over yet, keeps the server serving
+/// for up to `wait` while a successor may still come (a DaemonSet rolled
+/// with `maxSurge` deletes the old pod once the new one runs, which may be
+/// a moment before the new one took over); past it the server drains as
+/// without a handover socket. After a handover the server already drains,
+/// and the first signal changes nothing. The second one ends the drain.
+pub(super) fn signal_bridge(
+    s: Arc<crate::engine::signals::Shutdown>,
+    shutdown: Arc<crate::engine::signals::Shutdown>,
+    handed_over: Arc<crate::engine::signals::Shutdown>,
+    wait: std::time::Duration,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("edgetunnel-handover-wait".into())
+        .spawn(move || {
+            s.wait_blocking(1);
+            if handed_over.requested() == 0 && shutdown.requested() == 0 {
+                tracing::info!(wait = ?wait, "shutdown signal: serving on while a successor may still take over");
+                let deadline = std::time::Instant::now() + wait;
+                while handed_over.requested() == 0
+                    && s.requested() < 2
+                    && std::time::Instant::now() < deadline
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                if handed_over.requested() == 0 {
+                    shutdown.trigger();
+                }
+            }
+            s.wait_blocking(2);
+            while shutdown.requested() < 2 {
+                shutdown.trigger();
+            }
+        })?;
+    Ok(())
+}

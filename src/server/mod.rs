@@ -78,6 +78,9 @@ pub struct ServerConfig {
     pub handover_socket: Option<PathBuf>,
     /// After a takeover, how long dials wait for an agent to connect.
     pub takeover_dial_wait: Duration,
+    /// With a handover socket: on SIGTERM, how long to serve on while a
+    /// successor may still take over.
+    pub handover_wait: Duration,
     /// Agent connections in their handshake at once, in total and per
     /// source address (see [`crate::engine::admission`]).
     pub handshake_limits: crate::engine::admission::Limits,
@@ -364,7 +367,22 @@ pub fn run(cfg: ServerConfig) -> Result<(), crate::BoxError> {
     // SIGHUP reloads every certificate the control thread watches.
     let mut hup_certs = cfg.control.certs.clone();
     hup_certs.extend(watched.iter().cloned());
-    signals::install(shutdown.clone(), signals::reload_certs(hup_certs))?;
+    let handed_over = signals::Shutdown::new();
+    // With a handover socket the signals go through a thread of their own
+    // (started after the signals are blocked, which its mask inherits).
+    let signalled = match cfg.handover_socket {
+        None => shutdown.clone(),
+        Some(_) => signals::Shutdown::new(),
+    };
+    signals::install(signalled.clone(), signals::reload_certs(hup_certs))?;
+    if cfg.handover_socket.is_some() {
+        handover::signal_bridge(
+            signalled,
+            shutdown.clone(),
+            handed_over.clone(),
+            cfg.handover_wait,
+        )?;
+    }
     let metrics = Arc::new(Metrics::new(&cfg.strategies));
     let handshakes =
         crate::engine::admission::Admission::new(cfg.handshake_limits, metrics.handshakes.clone());
@@ -378,7 +396,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), crate::BoxError> {
         reviewer,
         shutdown: shutdown.clone(),
         holders: Mutex::new(Default::default()),
-        handed_over: signals::Shutdown::new(),
+        handed_over,
         took_over_at: takeover.taken().then(std::time::Instant::now),
         accepting: Arc::new(AtomicUsize::new(0)),
         predecessor: Default::default(),

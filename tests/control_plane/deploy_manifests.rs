@@ -1096,3 +1096,72 @@ fn a_protocol_mismatch_on_the_egress_socket_is_named() {
         "the log does not name the mismatch:\n{l}"
     );
 }
+
+/// A server that can hand its listeners over (`--handover-socket`) must be
+/// deployed so that old and new pods overlap on a node: its DaemonSet rolls
+/// with `maxSurge: 1, maxUnavailable: 0`, declares no port (with
+/// hostNetwork a declared port is a host port, which would keep the new
+/// pod off the node), finds the handover socket on a hostPath both pods
+/// mount, and has time to drain before it is killed.
+#[test]
+fn servers_that_hand_over_roll_with_overlapping_pods() {
+    let all = docs();
+    let mut checked = 0;
+    for (w, c, role) in roles(&all) {
+        let Role::Server(s) = &role else { continue };
+        let Some(sock) = &s.handover_socket else {
+            continue;
+        };
+        let name = w.doc.short();
+        checked += 1;
+        assert_eq!(
+            w.doc.kind(),
+            "DaemonSet",
+            "{name}: handover needs a DaemonSet's surge"
+        );
+        let roll = &w.doc.v["spec"]["updateStrategy"];
+        assert_eq!(roll["type"].as_str(), Some("RollingUpdate"), "{name}");
+        assert_eq!(
+            roll["rollingUpdate"]["maxSurge"].as_u64(),
+            Some(1),
+            "{name}: maxSurge"
+        );
+        assert_eq!(
+            roll["rollingUpdate"]["maxUnavailable"].as_u64(),
+            Some(0),
+            "{name}: maxUnavailable"
+        );
+        if w.host_network() {
+            assert!(
+                c["ports"].as_array().is_none_or(|p| p.is_empty()),
+                "{name}: declared ports are host ports under hostNetwork"
+            );
+        }
+        let dir = sock.parent().expect("a socket path in a directory");
+        let mount = c["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["mountPath"].as_str().map(Path::new) == Some(dir))
+            .unwrap_or_else(|| panic!("{name}: nothing mounted at {}", dir.display()));
+        let volume = w.spec["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap_or_else(|| panic!("{name}: no volume {}", mount["name"]));
+        assert!(
+            volume["hostPath"]["path"].is_string(),
+            "{name}: the handover socket's directory must be on the host (both pods meet there)"
+        );
+        let grace = w.spec["terminationGracePeriodSeconds"]
+            .as_f64()
+            .unwrap_or(30.0);
+        let needs = s.graceful_shutdown_timeout_secs + s.handover_wait_secs;
+        assert!(
+            grace > needs,
+            "{name}: terminationGracePeriodSeconds {grace} leaves no time for the wait and the drain ({needs} s)"
+        );
+    }
+    assert!(checked >= 2, "only {checked} servers hand over");
+}

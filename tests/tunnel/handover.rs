@@ -196,3 +196,66 @@ fn a_successor_that_goes_away_before_confirming_leaves_the_server_serving() {
     }
     assert_eq!(http_get(server.admin, "/readyz").0, 200);
 }
+
+/// A DaemonSet rolled with maxSurge signals the old pod once the new one
+/// runs, which may be a moment before the new one took over: after
+/// SIGTERM the server serves on for `--handover-wait-secs` and hands over
+/// to a successor that comes meanwhile, losing no dial.
+#[test]
+fn a_successor_that_comes_after_the_signal_still_takes_over() {
+    let env = Env::new();
+    let handover = env.path("handover.sock");
+    let h = handover.display().to_string();
+    let flags = [
+        "--handover-socket",
+        h.as_str(),
+        "--handover-wait-secs",
+        "30",
+    ];
+    let mut server = Server::start(&env, &flags);
+    let binds = Binds {
+        agent: server.agent.to_string(),
+        connect: server.connect.to_string(),
+        grpc: server.grpc.to_string(),
+        admin: server.admin.to_string(),
+        connect_uds: Some(server.connect_uds.clone()),
+        grpc_uds: Some(server.grpc_uds.clone()),
+    };
+    let agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    let echo = echo_server("127.0.0.1");
+    let load = Load::start(
+        vec![
+            Via::Tcp(server.connect),
+            Via::Unix(server.connect_uds.clone()),
+        ],
+        echo.addr.to_string(),
+    );
+    server.proc.signal(libc::SIGTERM);
+    server
+        .proc
+        .wait_log("shutdown signal: serving on while a successor may still take over");
+    thread::sleep(Duration::from_millis(500));
+    assert!(server.proc.wait_exit(Duration::ZERO).is_none());
+    let next = Server::start_at(&env, &binds, &flags);
+    next.proc.wait_log("handover: the predecessor drains");
+    assert!(
+        server.proc.wait_exit(WAIT).is_some(),
+        "the old server still runs:\n{}",
+        server.proc.log_text()
+    );
+    let before = load.ok.load(Ordering::SeqCst);
+    let deadline = Instant::now() + WAIT;
+    while load.ok.load(Ordering::SeqCst) < before + 10 {
+        assert!(Instant::now() < deadline, "dials stopped");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let (ok, failures) = load.finish();
+    assert!(
+        failures.is_empty(),
+        "{} of {} dials failed: {:?}\n{}",
+        failures.len(),
+        ok + failures.len(),
+        &failures[..failures.len().min(10)],
+        agent.proc.log_text()
+    );
+}

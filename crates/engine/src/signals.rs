@@ -104,6 +104,23 @@ impl Shutdown {
         }
     }
 
+    /// Blocks the calling thread (a control thread, never a worker) until
+    /// at least `n` requests arrived.
+    pub fn wait_blocking(self: &Arc<Self>, n: u32) {
+        struct Unpark(std::thread::Thread);
+        impl std::task::Wake for Unpark {
+            fn wake(self: Arc<Self>) {
+                self.0.unpark();
+            }
+        }
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        let mut wait = self.wait(n);
+        while Pin::new(&mut wait).poll(&mut cx).is_pending() {
+            std::thread::park();
+        }
+    }
+
     /// Waiters registered now (for tests and metrics).
     pub fn waiting(&self) -> usize {
         self.waiters.lock().expect("shutdown lock").len()

@@ -220,12 +220,18 @@ pub fn send_packet(
             );
         }
     }
-    // SAFETY: `msg` and everything it points at are valid for the call; the
-    // kernel only reads them.
-    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let n = loop {
+        // SAFETY: `msg` and everything it points at are valid for the call;
+        // the kernel only reads them.
+        let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            break n;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
     if n as usize != bytes.len() {
         return Err(io::Error::new(
             io::ErrorKind::WriteZero,
@@ -260,12 +266,18 @@ pub fn recv_packet(
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
     msg.msg_controllen = space as _;
-    // SAFETY: `msg` points at `buf` and `control`, both writable for their
-    // stated lengths for the whole call.
-    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let n = loop {
+        // SAFETY: `msg` points at `buf` and `control`, both writable for
+        // their stated lengths for the whole call.
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
     let mut fds = Vec::new();
     // SAFETY: the kernel filled `msg_controllen` bytes of `control` with
     // well-formed headers; CMSG_FIRSTHDR/CMSG_NXTHDR stay inside them, and
