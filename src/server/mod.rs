@@ -193,7 +193,15 @@ impl ServerState {
     /// [`ServerConfig::takeover_dial_wait`] after the takeover (agents move
     /// over from the old server).
     async fn pick_or_wait(&self, address: &str) -> Option<AgentHandle> {
-        self.route(address, None).await
+        if let Some(a) = self.pick(address) {
+            return Some(a);
+        }
+        if !self.awaits_agents() {
+            return None;
+        }
+        // Boxed: a rare wait (with its timer) must not widen every
+        // tunnel's task.
+        Box::pin(self.route(address, None)).await
     }
 
     /// [`Self::pick_or_wait`], avoiding the agent `gone` (whose connection
@@ -252,7 +260,7 @@ impl ServerState {
     /// (it may stay registered for a moment).
     async fn repick(&self, address: &str, gone: u64) -> Option<AgentHandle> {
         if self.awaits_agents() {
-            return self.route(address, Some(gone)).await;
+            return Box::pin(self.route(address, Some(gone))).await;
         }
         for _ in 0..3 {
             match self.pick(address) {
