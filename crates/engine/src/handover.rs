@@ -15,7 +15,7 @@
 //! before confirming as if it had never come.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,7 +76,7 @@ fn seqpacket() -> io::Result<Socket> {
     Ok(s)
 }
 
-fn send(conn: &Socket, m: &Message, fds: &[RawFd]) -> io::Result<()> {
+fn send(conn: &Socket, m: &Message, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     sys::send_packet(conn, &m.encode(), fds)
 }
 
@@ -432,21 +432,21 @@ impl Incumbent {
             return Err(Error::Refused(reason));
         };
         let mut listeners: Vec<Offered> = Vec::with_capacity(self.offer.len() + 1);
-        let mut fds: Vec<RawFd> = Vec::new();
+        let mut fds: Vec<BorrowedFd<'_>> = Vec::new();
         for o in &self.offer {
             listeners.push(Offered {
                 name: o.name.clone(),
                 endpoint: o.endpoint.clone(),
                 sockets: o.sockets.len() as u32,
             });
-            fds.extend(o.sockets.iter().map(|s| s.as_raw_fd()));
+            fds.extend(o.sockets.iter().map(|s| s.as_fd()));
         }
         listeners.push(Offered {
             name: HANDOVER_LISTENER.into(),
             endpoint: Endpoint::Unix(self.path.clone()),
             sockets: 1,
         });
-        fds.push(self.listener.as_raw_fd());
+        fds.push(self.listener.as_fd());
         let offer = Message::Offer {
             version,
             pid: std::process::id(),

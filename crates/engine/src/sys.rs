@@ -174,11 +174,7 @@ impl ShutdownSignals {
 /// `fds` passed beside it (`SCM_RIGHTS`; at most
 /// [`edgetunnel_protocol::handover::SOCKETS_PER_PACKET`]). The caller keeps
 /// its own descriptors; the receiver gets new ones for the same files.
-pub fn send_packet(
-    sock: &impl AsRawFd,
-    bytes: &[u8],
-    fds: &[std::os::fd::RawFd],
-) -> io::Result<()> {
+pub fn send_packet(sock: &impl AsRawFd, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     use edgetunnel_protocol::handover::SOCKETS_PER_PACKET;
     if fds.len() > SOCKETS_PER_PACKET {
         return Err(io::Error::new(
@@ -189,7 +185,8 @@ pub fn send_packet(
             ),
         ));
     }
-    let data_len = std::mem::size_of_val(fds);
+    let raw: Vec<std::os::fd::RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let data_len = std::mem::size_of_val(raw.as_slice());
     // SAFETY: CMSG_SPACE only computes a size.
     let space = unsafe { libc::CMSG_SPACE(data_len as u32) } as usize;
     // u64 words: the control buffer is aligned for `cmsghdr`.
@@ -214,7 +211,7 @@ pub fn send_packet(
             (*cmsg).cmsg_type = libc::SCM_RIGHTS;
             (*cmsg).cmsg_len = libc::CMSG_LEN(data_len as u32) as _;
             std::ptr::copy_nonoverlapping(
-                fds.as_ptr() as *const u8,
+                raw.as_ptr() as *const u8,
                 libc::CMSG_DATA(cmsg),
                 data_len,
             );
@@ -576,10 +573,11 @@ mod tests {
     fn packets_carry_descriptors_and_refuse_too_many() {
         use socket2::{Domain, Socket, Type};
         use std::io::{Read, Write};
+        use std::os::fd::AsFd;
         let (a, b) = Socket::pair(Domain::UNIX, Type::SEQPACKET, None).unwrap();
         let (mut p, q) = std::os::unix::net::UnixStream::pair().unwrap();
         // Two descriptors and a message; then one message without any.
-        send_packet(&a, b"two", &[p.as_raw_fd(), q.as_raw_fd()]).unwrap();
+        send_packet(&a, b"two", &[p.as_fd(), q.as_fd()]).unwrap();
         send_packet(&a, b"none", &[]).unwrap();
         let mut buf = [0u8; 16];
         let (n, fds) = recv_packet(&b, &mut buf, 4).unwrap();
@@ -595,13 +593,13 @@ mod tests {
             .unwrap();
         assert_eq!(&got, b"x");
         // More descriptors than asked for, and a packet over the buffer.
-        send_packet(&a, b"t", &[p.as_raw_fd(), q.as_raw_fd()]).unwrap();
+        send_packet(&a, b"t", &[p.as_fd(), q.as_fd()]).unwrap();
         let e = recv_packet(&b, &mut buf, 1).unwrap_err();
         assert!(e.to_string().contains("more than 1 descriptors"), "{e}");
         send_packet(&a, &[7u8; 32], &[]).unwrap();
         let e = recv_packet(&b, &mut buf, 1).unwrap_err();
         assert!(e.to_string().contains("longer than 16 bytes"), "{e}");
-        let too_many = vec![p.as_raw_fd(); edgetunnel_protocol::handover::SOCKETS_PER_PACKET + 1];
+        let too_many = vec![p.as_fd(); edgetunnel_protocol::handover::SOCKETS_PER_PACKET + 1];
         assert!(send_packet(&a, b"m", &too_many).is_err());
         drop(a);
         assert_eq!(recv_packet(&b, &mut buf, 1).unwrap().0, 0, "end");
