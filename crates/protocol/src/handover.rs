@@ -182,15 +182,12 @@ impl Message {
                 s.push('\n');
             }
             Message::Refused { reason } => {
-                let one_line: String = reason
-                    .chars()
-                    .map(|c| if c.is_control() { ' ' } else { c })
-                    .collect();
-                let mut cut = one_line.len().min(MAX_REASON);
-                while !one_line.is_char_boundary(cut) {
+                let line = one_line(reason);
+                let mut cut = line.len().min(MAX_REASON);
+                while !line.is_char_boundary(cut) {
                     cut -= 1;
                 }
-                let _ = writeln!(s, "refused {}", &one_line[..cut]);
+                let _ = writeln!(s, "refused {}", &line[..cut]);
             }
         }
         s.into_bytes()
@@ -290,13 +287,21 @@ impl Message {
                         value: format!("{} bytes", rest.len()),
                     });
                 }
+                // As written: control characters read as spaces.
                 Ok(Message::Refused {
-                    reason: rest.to_string(),
+                    reason: one_line(rest),
                 })
             }
             other => Err(Error::UnknownKind(other.chars().take(32).collect())),
         }
     }
+}
+
+/// `text` with every control character (line ends, NUL) as a space.
+fn one_line(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
 }
 
 /// The version both sides speak, the highest of them; `None` when the
@@ -676,6 +681,18 @@ mod tests {
         };
         assert!(reason.starts_with("a b"));
         assert!(reason.len() <= MAX_REASON);
+    }
+
+    #[test]
+    fn a_refusal_with_control_characters_reads_as_it_is_written_back() {
+        let m = Message::decode(b"refused versions }\0\0\x003 asked\n").unwrap();
+        assert_eq!(
+            m,
+            Message::Refused {
+                reason: "versions }   3 asked".into()
+            }
+        );
+        assert_eq!(Message::decode(&m.encode()), Ok(m));
     }
 
     #[test]
