@@ -259,3 +259,65 @@ fn a_successor_that_comes_after_the_signal_still_takes_over() {
         agent.proc.log_text()
     );
 }
+
+/// Agents roll too (a DaemonSet of agents with maxSurge, or a new agent
+/// started before the old one is stopped; both with the node's agent ID,
+/// as the DaemonSet's pods have): the new agent links, the old one
+/// gets SIGTERM, sends DRAIN and finishes its tunnels. Three rollouts under
+/// a steady load of dials: none fails, and a tunnel held on the old agent
+/// stays whole until it ends.
+#[test]
+fn three_agent_rollouts_under_load_fail_no_dial() {
+    let env = Env::new();
+    let server = Server::start(&env, &["--workers", "2"]);
+    let mut agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+    server.wait_agent_links(2.0, &agent.proc);
+    let echo = echo_server("127.0.0.1");
+    let target = echo.addr.to_string();
+    let load = Load::start(
+        vec![
+            Via::Tcp(server.connect),
+            Via::Tcp(server.connect),
+            Via::Unix(server.connect_uds.clone()),
+            Via::Unix(server.connect_uds.clone()),
+        ],
+        target.clone(),
+    );
+    thread::sleep(Duration::from_millis(300));
+    for round in 1..=3u8 {
+        let (status, _, mut held) = connect_unix(&server.connect_uds, &target);
+        assert_eq!(status, 200);
+        still_echoes(&mut held, round);
+        let next = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
+        server.wait_metric("edgetunnel_agents_connected", 2.0);
+        agent.proc.signal(libc::SIGTERM);
+        let before = load.ok.load(Ordering::SeqCst);
+        let deadline = Instant::now() + WAIT;
+        while load.ok.load(Ordering::SeqCst) < before + 20 {
+            assert!(Instant::now() < deadline, "round {round}: dials stopped");
+            thread::sleep(Duration::from_millis(20));
+        }
+        still_echoes(&mut held, round.wrapping_add(100));
+        drop(held);
+        assert!(
+            agent.proc.wait_exit(WAIT).is_some(),
+            "round {round}: the old agent still runs:\n{}",
+            agent.proc.log_text()
+        );
+        server.wait_metric("edgetunnel_agents_connected", 1.0);
+        agent = next;
+    }
+    let (ok, failures) = load.finish();
+    eprintln!(
+        "{ok} dials through three agent rollouts, {} failed",
+        failures.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {} dials failed: {:?}\n{}",
+        failures.len(),
+        ok + failures.len(),
+        &failures[..failures.len().min(10)],
+        server.proc.log_text()
+    );
+}
