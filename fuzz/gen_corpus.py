@@ -174,7 +174,7 @@ write("handover", "hello", "hello min=1 max=1 pid=42\n")
 write("handover", "offer", "offer version=1 pid=7\nlistener agent tcp:0.0.0.0:8091 4\nlistener connect-uds unix:/run/a%20b.sock 1\nlistener handover unix:/run/h.sock 1\n")
 write("handover", "taken", "taken\nlistener agent\nlistener handover\n")
 write("handover", "draining", "draining pid=7\n")
-write("handover", "draining-forward", "draining pid=7 forward=unix:/run/a%20b.sock.forward-7\n")
+write("handover", "draining-forward", "draining pid=7\nforward unix:/run/a%20b.sock.forward-7\nforward unix:/run/a%20b.sock.forward-5\n")
 write("handover", "refused", "refused versions 2..=3 asked\n")
 write("handover", "bad", "offer version=1 pid=1\nlistener a tcp:1.2.3.4 0\nlistener a/b unix:%zz 1\n")
 

@@ -188,7 +188,7 @@ pub(super) async fn accept_forwarded(
     l: monoio::net::UnixListener,
 ) {
     accept::serve(l, accept::Options::named("forward"), move |c| {
-        front(core, shared.clone(), c.stream, MovedSocket::from_unix)
+        front_as(core, shared.clone(), c.stream, MovedSocket::from_unix, true)
     })
     .await
 }
@@ -207,6 +207,21 @@ pub(super) async fn accept_unix(
 /// Reads the head; answers errors; otherwise runs or hands off the tunnel.
 async fn front<S>(core: usize, shared: Arc<ServerState>, sock: S, moved: fn(S) -> MovedSocket)
 where
+    S: relay::Duplex,
+{
+    front_as(core, shared, sock, moved, false).await
+}
+
+/// [`front`]; `forwarded`: a successor's dial on the forward socket, which
+/// this server answers from its own agents at once (no waiting for one,
+/// no forwarding on: the successor asks the older servers itself).
+async fn front_as<S>(
+    core: usize,
+    shared: Arc<ServerState>,
+    sock: S,
+    moved: fn(S) -> MovedSocket,
+    forwarded: bool,
+) where
     S: relay::Duplex,
 {
     let mut reader = ChunkReader::new(sock);
@@ -240,7 +255,12 @@ where
             return;
         }
     };
-    let Some(agent) = shared.pick_or_wait(&address).await else {
+    let agent = if forwarded {
+        shared.pick(&address)
+    } else {
+        shared.pick_or_wait(&address).await
+    };
+    let Some(agent) = agent else {
         Box::pin(no_agent(&shared, &mut sock, Mode::Connect, &address)).await;
         return;
     };

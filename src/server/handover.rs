@@ -117,17 +117,15 @@ impl Takeover {
         files: Arc<Mutex<Vec<UnixSocketFile>>>,
     ) -> Option<std::thread::JoinHandle<()>> {
         let predecessor = &shared.predecessor;
-        let accepting = shared.accepting.clone();
+        let accepting = [shared.accepting.clone(), shared.accepting_admin.clone()];
         let shutdown = shared.shutdown.clone();
         let handed_over = shared.handed_over.clone();
         let path = self.path?;
         if let Some(taken) = self.taken {
             match taken.confirm() {
-                Ok((pid, path)) => {
-                    tracing::info!(predecessor = pid, forward = ?path, "handover: the predecessor drains");
-                    if let Some(p) = path {
-                        predecessor.set_path(p);
-                    }
+                Ok((pid, paths)) => {
+                    tracing::info!(predecessor = pid, forward = ?paths, "handover: the predecessor drains");
+                    predecessor.set_paths(paths);
                 }
                 Err(e) => tracing::warn!("handover: the predecessor did not confirm: {e}"),
             }
@@ -149,7 +147,8 @@ impl Takeover {
             })
             .collect();
         let stop = shutdown.clone();
-        let on_taken = move |names: &[String]| {
+        let predecessors = shared.predecessor.clone();
+        let on_taken = move |names: &[String]| -> Vec<PathBuf> {
             let taken = |n: &str| names.iter().any(|t| t == n);
             let kept: Vec<&PathBuf> = unix_paths
                 .iter()
@@ -174,21 +173,33 @@ impl Takeover {
             // as it was being cancelled wakes nobody else, and would wait
             // in the queue until the next connection came. Once ours are
             // gone, the successor's first accept finds it there.
+            let running = || {
+                accepting
+                    .iter()
+                    .map(|a| a.load(std::sync::atomic::Ordering::SeqCst))
+                    .sum::<usize>()
+            };
             let deadline = std::time::Instant::now() + STOP_ACCEPTING;
-            while accepting.load(std::sync::atomic::Ordering::SeqCst) > 0
-                && std::time::Instant::now() < deadline
-            {
+            while running() > 0 && std::time::Instant::now() < deadline {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
-            let left = accepting.load(std::sync::atomic::Ordering::SeqCst);
+            let left = running();
             if left > 0 {
                 tracing::warn!(
                     accept_loops = left,
                     "handover: accept loops still running after {STOP_ACCEPTING:?}"
                 );
             }
+            // Where the successor may send dials it has no agent for: here,
+            // then where this server sent them (a Go agent may still be
+            // linked to an older server only).
+            forward
+                .iter()
+                .cloned()
+                .chain(predecessors.running_paths())
+                .collect()
         };
-        match Incumbent::new(socket, &path, offer, forward).spawn(stop, on_taken) {
+        match Incumbent::new(socket, &path, offer).spawn(stop, on_taken) {
             Ok(t) => Some(t),
             Err(e) => {
                 tracing::warn!("handover thread: {e}; no successor can take over from this server");

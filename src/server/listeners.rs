@@ -159,7 +159,11 @@ pub(super) fn serve(
             let l = TcpListener::from_std(l)?;
             let stop = Some(s.handed_over.clone());
             let view: Rc<dyn crate::admin::AdminState> = Rc::new(super::AdminView(s));
-            spawn_loop(shared, crate::admin::serve(l, name, view, stop));
+            // Counted apart: these run on through a plain drain.
+            spawn_counted(
+                &shared.accepting_admin,
+                crate::admin::serve(l, name, view, stop),
+            );
         }
         (kind, Socket::Unix(_)) => {
             return Err(std::io::Error::other(format!(
@@ -179,10 +183,25 @@ pub(super) fn serve(
 /// drains ([`ServerState::accept_options`]), losing no connection; counted
 /// in [`ServerState::accepting`] while it runs.
 fn spawn_loop(shared: &Arc<ServerState>, task: impl std::future::Future<Output = ()> + 'static) {
-    let accepting = shared.accepting.clone();
-    accepting.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    spawn_counted(&shared.accepting, task);
+}
+
+/// Spawns `task`, counted in `count` while it runs.
+fn spawn_counted(
+    count: &Arc<std::sync::atomic::AtomicUsize>,
+    task: impl std::future::Future<Output = ()> + 'static,
+) {
+    /// Counts the loop out when it ends, or when its task is dropped.
+    struct Counted(Arc<std::sync::atomic::AtomicUsize>);
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let counted = Counted(count.clone());
     monoio::spawn(async move {
+        let _counted = counted;
         task.await;
-        accepting.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     });
 }

@@ -166,6 +166,9 @@ pub(crate) struct ServerState {
     /// Accept loops running on the listeners a successor may take (each
     /// ends, losing no connection, when the server drains).
     accepting: Arc<AtomicUsize>,
+    /// The admin and health listeners' accept loops (they end only when a
+    /// successor takes their sockets).
+    accepting_admin: Arc<AtomicUsize>,
     /// When this server took its listeners over from a predecessor.
     took_over_at: Option<std::time::Instant>,
     /// The predecessor, while it drains (see [`predecessor`]).
@@ -407,6 +410,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), crate::BoxError> {
         handed_over,
         took_over_at: takeover.taken().then(std::time::Instant::now),
         accepting: Arc::new(AtomicUsize::new(0)),
+        accepting_admin: Arc::new(AtomicUsize::new(0)),
         predecessor: Default::default(),
     });
     let mut inbox_rx = Vec::with_capacity(n);
@@ -545,6 +549,13 @@ async fn worker(
     };
     monoio::spawn(handoffs);
     s.draining().await;
+    // The accept loops end by themselves, serving a connection that raced
+    // their cancel; the worker waits for them (bounded) before it may stop,
+    // which would drop such a connection unanswered.
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while s.accepting.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
+        monoio::time::sleep(Duration::from_millis(1)).await;
+    }
     drain(core, s).await;
     // What is still open ends abnormally: its callers get a reset, not a
     // FIN that looks like a complete answer.

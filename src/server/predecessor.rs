@@ -49,36 +49,69 @@ const MAX_HEAD: usize = 8 * 1024;
 /// Agent keys this module uses (one per core), far from the registry's.
 const KEY_BASE: u64 = u64::MAX - 4096;
 
-/// What the new server knows of its predecessor.
+/// What the new server knows of its predecessors: the forward sockets the
+/// server it took over from named (its own, then those of its own
+/// predecessors still draining), newest first, and which were seen gone.
 #[derive(Debug, Default)]
 pub(crate) struct Predecessor {
-    /// Its forward socket, once it confirmed the handover.
-    path: OnceLock<PathBuf>,
-    /// When a dial found it gone (its forward socket no longer answers).
-    gone_at: Mutex<Option<Instant>>,
+    paths: OnceLock<Vec<PathBuf>>,
+    /// Per path, when a dial found it gone (no longer answering).
+    gone: Mutex<Vec<Option<Instant>>>,
 }
 
 impl Predecessor {
-    pub(super) fn set_path(&self, path: PathBuf) {
-        let _ = self.path.set(path);
+    pub(super) fn set_paths(&self, paths: Vec<PathBuf>) {
+        *self.gone.lock().expect("predecessor") = vec![None; paths.len()];
+        let _ = self.paths.set(paths);
     }
 
-    /// Whether the predecessor may still carry dials.
+    /// Whether a predecessor may still carry dials.
     pub(super) fn running(&self) -> bool {
-        self.path.get().is_some() && self.gone_at.lock().expect("predecessor").is_none()
+        self.gone
+            .lock()
+            .expect("predecessor")
+            .iter()
+            .any(Option::is_none)
     }
 
-    /// Since when it is gone, if it was seen gone.
+    /// The forward sockets not seen gone, newest first.
+    pub(super) fn running_paths(&self) -> Vec<PathBuf> {
+        let Some(paths) = self.paths.get() else {
+            return Vec::new();
+        };
+        let gone = self.gone.lock().expect("predecessor");
+        paths
+            .iter()
+            .zip(gone.iter())
+            .filter(|(_, g)| g.is_none())
+            .map(|(p, _)| p.clone())
+            .collect()
+    }
+
+    /// Since when every predecessor is gone, if they all were seen gone.
     pub(super) fn gone_since(&self) -> Option<Instant> {
-        *self.gone_at.lock().expect("predecessor")
+        let gone = self.gone.lock().expect("predecessor");
+        if gone.is_empty() || gone.iter().any(Option::is_none) {
+            return None;
+        }
+        gone.iter().flatten().max().copied()
     }
 
-    fn set_gone(&self) {
-        let mut g = self.gone_at.lock().expect("predecessor");
-        if g.is_none() {
-            tracing::info!("the predecessor is gone: no more dials forwarded to it");
+    fn set_gone(&self, i: usize) {
+        let mut gone = self.gone.lock().expect("predecessor");
+        if let Some(g @ None) = gone.get_mut(i) {
             *g = Some(Instant::now());
+            let path = self.paths.get().and_then(|p| p.get(i));
+            tracing::info!(path = ?path, "a predecessor is gone: no more dials forwarded to it");
         }
+    }
+
+    fn is_gone(&self, i: usize) -> bool {
+        self.gone
+            .lock()
+            .expect("predecessor")
+            .get(i)
+            .is_none_or(Option::is_some)
     }
 }
 
@@ -94,11 +127,9 @@ pub(super) fn is_predecessor(key: u64) -> bool {
 /// This core's handle to the predecessor, started on first use; `None`
 /// when there is none, or it is known to be gone.
 pub(super) fn handle(shared: &ServerState, core: usize) -> Option<AgentHandle> {
-    let pred = &shared.predecessor;
-    if !pred.running() {
+    if !shared.predecessor.running() {
         return None;
     }
-    let path = pred.path.get()?.clone();
     HANDLE.with(|h| {
         let mut h = h.borrow_mut();
         if let Some(a) = h.as_ref().filter(|a| !a.cmds.is_closed()) {
@@ -116,7 +147,6 @@ pub(super) fn handle(shared: &ServerState, core: usize) -> Option<AgentHandle> {
         let ctx = Ctx {
             pred: shared.predecessor.clone(),
             dial_timeout: shared.cfg.dial_timeout,
-            path,
         };
         monoio::spawn(serve(Rc::new(ctx), rx));
         *h = Some(a.clone());
@@ -143,7 +173,6 @@ struct Table {
 struct Ctx {
     pred: Arc<Predecessor>,
     dial_timeout: Duration,
-    path: PathBuf,
 }
 
 async fn serve(ctx: Rc<Ctx>, mut cmds: mpsc::Receiver<AgentCmd>) {
@@ -317,10 +346,26 @@ async fn tunnel(ctx: Rc<Ctx>, table: Rc<RefCell<Table>>, d: Dial) {
     reply.deliver(FrontendEvent::Closed(String::new()));
 }
 
-/// Sends `CONNECT address` to the old server's forward socket and reads
-/// its answer.
+/// Sends `CONNECT address` to the predecessors' forward sockets, newest
+/// first, until one carries it or answers that the dial failed.
 async fn forward(ctx: &Ctx, address: &str) -> Answer {
-    let path = &ctx.path;
+    let Some(paths) = ctx.pred.paths.get() else {
+        return Answer::NoAgent;
+    };
+    for (i, path) in paths.iter().enumerate() {
+        if ctx.pred.is_gone(i) {
+            continue;
+        }
+        match forward_to(ctx, i, path, address).await {
+            Answer::NoAgent => continue,
+            other => return other,
+        }
+    }
+    Answer::NoAgent
+}
+
+/// One predecessor's answer to `CONNECT address`.
+async fn forward_to(ctx: &Ctx, i: usize, path: &PathBuf, address: &str) -> Answer {
     let mut s = match UnixStream::connect(path).await {
         Ok(s) => s,
         Err(e) => {
@@ -328,7 +373,7 @@ async fn forward(ctx: &Ctx, address: &str) -> Answer {
                 e.kind(),
                 std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
             ) {
-                ctx.pred.set_gone();
+                ctx.pred.set_gone(i);
             }
             tracing::debug!(path = %path.display(), error = %e, "predecessor gone");
             return Answer::NoAgent;

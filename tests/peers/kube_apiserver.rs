@@ -170,7 +170,7 @@ impl Watch<'_> {
 /// `default/echo` (no selector) whose Endpoints name the backend in the
 /// node namespace as pod p1's address (kube-apiserver's service proxy
 /// takes only addresses with a pod `targetRef` whose pod has that IP).
-fn create_objects(kas: &KubeApiserver, env: &Env) {
+pub(crate) fn create_objects(kas: &KubeApiserver, env: &Env) {
     kas.create(
         env,
         "node",

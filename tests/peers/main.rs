@@ -24,6 +24,7 @@ mod handover;
 mod konnectivity_client;
 mod kube_apiserver;
 mod kube_cluster;
+mod kube_handover;
 mod kubelet;
 mod metrics_scrape;
 mod node_image;

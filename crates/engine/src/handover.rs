@@ -129,7 +129,7 @@ impl Takeover {
     /// Tells the incumbent that this process listens on the sockets now;
     /// returns once the incumbent answers that it drains: its process ID,
     /// and the socket path it still takes dials on, if any.
-    pub fn confirm(self) -> Result<(u32, Option<PathBuf>), Error> {
+    pub fn confirm(self) -> Result<(u32, Vec<PathBuf>), Error> {
         send(
             &self.conn,
             &Message::Taken {
@@ -285,7 +285,6 @@ pub struct Incumbent {
     listener: Socket,
     path: PathBuf,
     offer: Vec<Offering>,
-    forward: Option<PathBuf>,
 }
 
 /// Binds the handover socket at `path` (mode 0600; with `may_replace`, a
@@ -325,38 +324,33 @@ pub fn handover_listener(
 
 impl Incumbent {
     /// `listener` from [`handover_listener`]; `offer` lists the other
-    /// listeners (the handover socket is added here); `forward` is where
-    /// this server takes dials from its successor while it drains.
-    pub fn new(
-        listener: Socket,
-        path: &Path,
-        offer: Vec<Offering>,
-        forward: Option<PathBuf>,
-    ) -> Self {
+    /// listeners (the handover socket is added here).
+    pub fn new(listener: Socket, path: &Path, offer: Vec<Offering>) -> Self {
         Incumbent {
             listener,
             path: path.to_path_buf(),
             offer,
-            forward,
         }
     }
 
     /// Runs the incumbent on a thread of its own until a successor takes
     /// over (then `on_taken` runs with the names it took, before the
-    /// successor is told that this process drains) or `stop` is raised (a
+    /// successor is told that this process drains, and gives the socket
+    /// paths where this process and its own predecessors still take the
+    /// successor's dials) or `stop` is raised (a
     /// plain shutdown: the thread's copies of the sockets close with it, so
     /// the listeners close as the workers stop accepting).
     pub fn spawn(
         self,
         stop: Arc<Shutdown>,
-        on_taken: impl FnOnce(&[String]) + Send + 'static,
+        on_taken: impl FnOnce(&[String]) -> Vec<PathBuf> + Send + 'static,
     ) -> io::Result<std::thread::JoinHandle<()>> {
         std::thread::Builder::new()
             .name("edgetunnel-handover".into())
             .spawn(move || self.run(&stop, on_taken))
     }
 
-    fn run(self, stop: &Shutdown, on_taken: impl FnOnce(&[String])) {
+    fn run(self, stop: &Shutdown, on_taken: impl FnOnce(&[String]) -> Vec<PathBuf>) {
         if let Err(e) = self.listener.set_read_timeout(Some(POLL)) {
             tracing::warn!(error = %e, "handover socket: no accept timeout; handover disabled");
             return;
@@ -384,12 +378,12 @@ impl Incumbent {
             match self.offer_to(&conn) {
                 Ok(names) => {
                     tracing::info!(taken = ?names, "handover: a successor listens on our sockets; draining");
-                    on_taken(&names);
+                    let forward = on_taken(&names);
                     let _ = send(
                         &conn,
                         &Message::Draining {
                             pid: std::process::id(),
-                            forward: self.forward.clone(),
+                            forward,
                         },
                         &[],
                     );

@@ -87,8 +87,9 @@ pub enum Message {
     Taken { names: Vec<String> },
     /// Incumbent to successor: it stopped accepting and drains; dials it
     /// can still carry (through agents linked to it only) reach it as
-    /// HTTP CONNECT on `forward`, a unix socket path.
-    Draining { pid: u32, forward: Option<PathBuf> },
+    /// HTTP CONNECT on `forward`'s unix socket paths, its own first, then
+    /// those of its own predecessors still draining.
+    Draining { pid: u32, forward: Vec<PathBuf> },
     /// Either side: no handover, and why.
     Refused { reason: String },
 }
@@ -171,15 +172,10 @@ impl Message {
                 }
             }
             Message::Draining { pid, forward } => {
-                let _ = write!(s, "draining pid={pid}");
-                if let Some(p) = forward {
-                    let _ = write!(
-                        s,
-                        " forward={}",
-                        encode_endpoint(&Endpoint::Unix(p.clone()))
-                    );
+                let _ = writeln!(s, "draining pid={pid}");
+                for p in forward {
+                    let _ = writeln!(s, "forward {}", encode_endpoint(&Endpoint::Unix(p.clone())));
                 }
-                s.push('\n');
             }
             Message::Refused { reason } => {
                 let line = one_line(reason);
@@ -260,24 +256,25 @@ impl Message {
                 Ok(Message::Taken { names })
             }
             "draining" => {
-                let f = Fields::new("draining", rest);
-                let forward = match f.get("forward") {
-                    None => None,
-                    Some(v) => match decode_endpoint(v) {
-                        Some(Endpoint::Unix(p)) => Some(p),
+                let pid = Fields::new("draining", rest).number("pid")?;
+                let mut forward = Vec::new();
+                for line in lines {
+                    let Some(item) = line.strip_prefix("forward ") else {
+                        continue;
+                    };
+                    match decode_endpoint(item) {
+                        Some(Endpoint::Unix(p)) if forward.len() < MAX_LISTENERS => forward.push(p),
+                        Some(Endpoint::Unix(_)) => return Err(Error::TooManyListeners),
                         _ => {
                             return Err(Error::Malformed {
                                 kind: "draining",
                                 field: "forward",
-                                value: v.chars().take(80).collect(),
+                                value: item.chars().take(80).collect(),
                             })
                         }
-                    },
-                };
-                Ok(Message::Draining {
-                    pid: f.number("pid")?,
-                    forward,
-                })
+                    }
+                }
+                Ok(Message::Draining { pid, forward })
             }
             "refused" => {
                 if rest.len() > MAX_REASON {
@@ -556,11 +553,14 @@ mod tests {
             },
             Message::Draining {
                 pid: 9,
-                forward: None,
+                forward: vec![],
             },
             Message::Draining {
                 pid: 9,
-                forward: Some("/run/et/handover.sock.forward-9".into()),
+                forward: vec![
+                    "/run/et/handover.sock.forward-9".into(),
+                    "/run/et/handover.sock.forward-7".into(),
+                ],
             },
             Message::Refused {
                 reason: "listeners differ: agent".into(),
@@ -631,7 +631,9 @@ mod tests {
             (b"hello min=2 max=1 pid=3\n", "no version range"),
             (b"hello min=1 max=99999999999 pid=3\n", "field max malformed"),
             (b"draining\n", "field pid missing"),
-            (b"draining pid=1 forward=tcp:1.2.3.4:5\n", "field forward malformed"),
+            (b"draining pid=1
+forward tcp:1.2.3.4:5
+", "field forward malformed"),
             (
                 b"offer version=1 pid=1\nlistener a tcp:1.2.3.4:5 0\n",
                 "field sockets malformed",
