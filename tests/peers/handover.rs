@@ -10,7 +10,6 @@
 //! each, as kube-apiserver makes them): no dial fails, a tunnel held open
 //! across each handover stays whole, and no socket path is ever missing.
 
-use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -18,17 +17,8 @@ use std::time::{Duration, Instant};
 
 use crate::common::{client, peers, serial, tail, GoTarget, Logged};
 use crate::go_agent::{agent_mtls, dials_at, go_agent_args, spawn_go_agent};
-use crate::support::dial_load::{watch_paths, Load, Via};
+use crate::support::dial_load::{still_echoes, watch_paths, Load, Via};
 use crate::support::{connect_unix, echo_server, Binds, Env, Server, WAIT};
-
-fn still_echoes(s: &mut (impl Read + Write), tag: u8) {
-    let data = vec![tag; 64 * 1024];
-    s.write_all(&data).unwrap();
-    let mut back = vec![0u8; data.len()];
-    s.read_exact(&mut back)
-        .expect("echo through the held tunnel");
-    assert_eq!(back, data);
-}
 
 fn logs(server: &Server, agent: &Logged) -> String {
     format!(
@@ -52,14 +42,7 @@ fn three_handovers_with_the_go_agent_fail_no_dial_and_cut_no_tunnel() {
         "60",
     ];
     let mut server = Server::start(&env, &flags);
-    let binds = Binds {
-        agent: server.agent.to_string(),
-        connect: server.connect.to_string(),
-        grpc: server.grpc.to_string(),
-        admin: server.admin.to_string(),
-        connect_uds: Some(server.connect_uds.clone()),
-        grpc_uds: Some(server.grpc_uds.clone()),
-    };
+    let binds = Binds::of(&server);
     // ANP's defaults: a sync each second, a probe each second.
     let mut args = go_agent_args(server.agent.port(), "go-1", "host=go-1", &agent_mtls(&env));
     args.retain(|a| !a.starts_with("--sync-interval"));

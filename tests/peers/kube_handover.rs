@@ -106,14 +106,7 @@ fn three_handovers(go_agent: bool) {
         },
         &flags,
     );
-    let binds = Binds {
-        agent: first.agent.to_string(),
-        connect: first.connect.to_string(),
-        grpc: first.grpc.to_string(),
-        admin: first.admin.to_string(),
-        connect_uds: Some(first.connect_uds.clone()),
-        grpc_uds: Some(first.grpc_uds.clone()),
-    };
+    let binds = Binds::of(&first);
     let identifiers = format!("host=node-1&ipv4={KUBELET_IP}");
     let _agent: Box<dyn std::any::Any> = if go_agent {
         let mut args = go_agent_args(

@@ -138,3 +138,14 @@ pub(crate) fn watch_paths(paths: Vec<PathBuf>, stop: Arc<AtomicBool>) -> thread:
         missing
     })
 }
+
+/// A tunnel held open across a change of server still carries 64 KiB both
+/// ways.
+pub(crate) fn still_echoes(s: &mut (impl Read + Write), tag: u8) {
+    let data = vec![tag; 64 * 1024];
+    s.write_all(&data).unwrap();
+    let mut back = vec![0u8; data.len()];
+    s.read_exact(&mut back)
+        .expect("echo through the held tunnel");
+    assert_eq!(back, data);
+}

@@ -484,6 +484,21 @@ pub(crate) struct Binds {
     pub grpc_uds: Option<PathBuf>,
 }
 
+impl Binds {
+    /// The addresses and socket paths `server` listens on, for another
+    /// server on the same ones (a listener handover's successor).
+    pub(crate) fn of(server: &Server) -> Binds {
+        Binds {
+            agent: server.agent.to_string(),
+            connect: server.connect.to_string(),
+            grpc: server.grpc.to_string(),
+            admin: server.admin.to_string(),
+            connect_uds: Some(server.connect_uds.clone()),
+            grpc_uds: Some(server.grpc_uds.clone()),
+        }
+    }
+}
+
 impl Default for Binds {
     fn default() -> Self {
         let any = "127.0.0.1:0".to_string();

@@ -7,25 +7,14 @@
 
 use crate::support;
 
-use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::dial_load::{watch_paths, Load, Via};
+use support::dial_load::{still_echoes, watch_paths, Load, Via};
 use support::*;
-
-/// A tunnel that still carries bytes both ways.
-fn still_echoes(s: &mut (impl Read + Write), tag: u8) {
-    let data = vec![tag; 64 * 1024];
-    s.write_all(&data).unwrap();
-    let mut back = vec![0u8; data.len()];
-    s.read_exact(&mut back)
-        .expect("echo through the held tunnel");
-    assert_eq!(back, data);
-}
 
 #[test]
 fn three_handovers_under_load_fail_no_dial_and_cut_no_tunnel() {
@@ -41,14 +30,7 @@ fn three_handovers_under_load_fail_no_dial_and_cut_no_tunnel() {
         "2",
     ];
     let mut server = Server::start(&env, &flags);
-    let binds = Binds {
-        agent: server.agent.to_string(),
-        connect: server.connect.to_string(),
-        grpc: server.grpc.to_string(),
-        admin: server.admin.to_string(),
-        connect_uds: Some(server.connect_uds.clone()),
-        grpc_uds: Some(server.grpc_uds.clone()),
-    };
+    let binds = Binds::of(&server);
     let agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
     server.wait_agent_links(2.0, &agent.proc);
     let echo = echo_server("127.0.0.1");
@@ -213,14 +195,7 @@ fn a_successor_that_comes_after_the_signal_still_takes_over() {
         "30",
     ];
     let mut server = Server::start(&env, &flags);
-    let binds = Binds {
-        agent: server.agent.to_string(),
-        connect: server.connect.to_string(),
-        grpc: server.grpc.to_string(),
-        admin: server.admin.to_string(),
-        connect_uds: Some(server.connect_uds.clone()),
-        grpc_uds: Some(server.grpc_uds.clone()),
-    };
+    let binds = Binds::of(&server);
     let agent = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
     let echo = echo_server("127.0.0.1");
     let load = Load::start(
