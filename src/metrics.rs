@@ -937,6 +937,12 @@ impl Metrics {
             + self.pending_dials.get()
     }
 
+    /// Callers of the CONNECT and gRPC frontends being served: CONNECT
+    /// connections (pending or tunneled) and gRPC proxy streams.
+    pub fn own_callers(&self) -> i64 {
+        self.http_connections.get() + self.grpc_proxy.get()
+    }
+
     /// Held while a gRPC `ProxyService/Proxy` stream is served.
     pub fn proxy_stream(&self) -> GaugeGuard {
         GaugeGuard::new(&self.grpc_proxy)

@@ -1,8 +1,8 @@
 //! Runs the unit tests of the comparison harness's report writer
-//! (`benches/compare/report.rs`, `fleet_table.rs`, `soak_table.rs`), its
-//! plots (`plot.rs`), its /proc CPU reader (`cpu.rs`) and its process
-//! probes (`probe.rs`): bench targets built without the test harness
-//! never run their own `#[test]`s.
+//! (`benches/compare/report.rs`, `fleet_table.rs`, `soak_table.rs`,
+//! `upgrade_table.rs`), its plots (`plot.rs`), its /proc CPU reader
+//! (`cpu.rs`) and its process probes (`probe.rs`): bench targets built
+//! without the test harness never run their own `#[test]`s.
 
 #[allow(dead_code)]
 #[path = "../benches/compare/cpu.rs"]
@@ -23,3 +23,5 @@ mod probe;
 mod report;
 #[path = "../benches/compare/soak_table.rs"]
 mod soak_table;
+#[path = "../benches/compare/upgrade_table.rs"]
+mod upgrade_table;

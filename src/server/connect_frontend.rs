@@ -205,11 +205,18 @@ pub(super) async fn accept_unix(
 }
 
 /// Reads the head; answers errors; otherwise runs or hands off the tunnel.
-async fn front<S>(core: usize, shared: Arc<ServerState>, sock: S, moved: fn(S) -> MovedSocket)
+fn front<S>(
+    core: usize,
+    shared: Arc<ServerState>,
+    sock: S,
+    moved: fn(S) -> MovedSocket,
+) -> impl Future<Output = ()>
 where
     S: relay::Duplex,
 {
-    front_as(core, shared, sock, moved, false).await
+    // Not an `async fn`: a wrapper's task would keep the arguments beside
+    // the inner future.
+    front_as(core, shared, sock, moved, false)
 }
 
 /// [`front`]; `forwarded`: a successor's dial on the forward socket, which
@@ -255,18 +262,52 @@ async fn front_as<S>(
             return;
         }
     };
-    let agent = if forwarded {
-        shared.pick(&address)
-    } else {
-        shared.pick_or_wait(&address).await
-    };
-    let Some(agent) = agent else {
-        Box::pin(no_agent(&shared, &mut sock, Mode::Connect, &address)).await;
-        return;
+    let agent = match shared.pick(&address) {
+        Some(a) if !forwarded || shared.takes_forwarded() => a,
+        // Boxed, in one piece: the rare ways (no agent, a wait after a
+        // takeover, a forwarded dial refused) must not widen every
+        // tunnel's task.
+        picked => {
+            match Box::pin(rare_pick(&shared, &mut sock, &address, forwarded, picked)).await {
+                Some(a) => a,
+                None => return,
+            }
+        }
     };
     let mut dial = Pending::new(address, leftover, agent, Mode::Connect);
-    dial.http = Some(shared.metrics.http_connection());
+    // A forwarded dial is the successor's caller, not one of ours (see
+    // `ServerState::takes_forwarded`).
+    dial.http = (!forwarded).then(|| shared.metrics.http_connection());
     run_on_agent_core(core, shared, sock, moved, dial).await;
+}
+
+/// The agent for a dial that [`ServerState::pick`] did not settle at once:
+/// after a takeover a dial of our own waits for one; a forwarded dial
+/// (`picked`: the agent found) is refused once this server, handed over,
+/// has no caller of its own left; a dial with no agent is answered so.
+/// None when the caller was answered.
+async fn rare_pick<S: relay::Duplex>(
+    shared: &ServerState,
+    sock: &mut S,
+    address: &str,
+    forwarded: bool,
+    picked: Option<AgentHandle>,
+) -> Option<AgentHandle> {
+    let agent = match (forwarded, picked) {
+        (false, _) => shared.pick_or_wait(address).await,
+        (true, None) => None,
+        (true, Some(_)) => {
+            // The agent's link is to end; the successor waits for the
+            // agent to link there.
+            tracing::debug!(%address, "forwarded dial refused: no caller of our own left");
+            refuse(sock, Mode::Connect, shared.cfg.no_agent_status, NO_TUNNEL).await;
+            return None;
+        }
+    };
+    if agent.is_none() {
+        no_agent(shared, sock, Mode::Connect, address).await;
+    }
+    agent
 }
 
 use crate::protocol::ROUTE_ATTEMPTS;

@@ -77,6 +77,8 @@ async fn front(
     peer: SocketAddr,
     local: Option<SocketAddr>,
 ) {
+    // This task relays for the caller as long as the tunnel lasts.
+    let _caller = shared.intercepted();
     let started = Instant::now();
     let orig = original_dst(&sock).filter(|o| Some(*o) != local);
     let (route, dial, leftover, mode) = match orig {
@@ -239,6 +241,8 @@ async fn tls_front(
     tls: InterceptTls,
 ) {
     use monoio::io::IntoPollIo;
+    // This task relays for the caller as long as the tunnel lasts.
+    let _caller = shared.intercepted();
     let started = Instant::now();
     let orig = original_dst(&sock).filter(|o| Some(*o) != local);
     let caller_fd = FdRef::of(&sock);

@@ -173,6 +173,9 @@ pub(crate) struct ServerState {
     took_over_at: Option<std::time::Instant>,
     /// The predecessor, while it drains (see [`predecessor`]).
     predecessor: Arc<predecessor::Predecessor>,
+    /// Intercepted connections being served (CONNECT callers and gRPC
+    /// streams are counted in the metrics): see [`Self::takes_forwarded`].
+    intercepted: prometheus_client::metrics::gauge::Gauge,
 }
 
 thread_local! {
@@ -274,6 +277,23 @@ impl ServerState {
             }
         }
         None
+    }
+
+    /// Counts an intercepted connection while it is held.
+    fn intercepted(&self) -> crate::metrics::GaugeGuard {
+        crate::metrics::GaugeGuard::new(&self.intercepted)
+    }
+
+    /// Whether a successor's forwarded dial may still take one of our
+    /// agents: before a handover, and after it while callers of our own
+    /// frontends (not the successor's, on the forward socket) are still
+    /// served. A Go agent's link stays while they are; once none is,
+    /// forwarded dials are refused, so that under a steady load they do not
+    /// keep the link busy until the graceful timeout: it ends when its last
+    /// tunnel does, and the agent links to the successor (see
+    /// [`predecessor`]).
+    fn takes_forwarded(&self) -> bool {
+        self.handed_over.requested() == 0 || self.metrics.own_callers() + self.intercepted.get() > 0
     }
 
     fn next_key(&self) -> u64 {
@@ -412,6 +432,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), crate::BoxError> {
         accepting: Arc::new(AtomicUsize::new(0)),
         accepting_admin: Arc::new(AtomicUsize::new(0)),
         predecessor: Default::default(),
+        intercepted: Default::default(),
     });
     let mut inbox_rx = Vec::with_capacity(n);
     let mut inbox_tx = Vec::with_capacity(n);

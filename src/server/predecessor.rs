@@ -17,6 +17,12 @@
 //! like one more agent ([`handle`], one per core), which answers "gone"
 //! when the old server has no agent for the address either, so that the
 //! dial waits for an agent of our own ([`super::ServerState::pick_or_wait`]).
+//! The old server takes forwarded dials only while callers of its own are
+//! still connected: under a steady load, forwarded dials would otherwise
+//! keep the Go agent's link busy, never idle, until the graceful timeout.
+//! Once its own callers are gone it answers "gone" too, the link ends with
+//! its last forwarded tunnel, and the dials wait here for the agent to
+//! link (`--takeover-dial-wait-secs`).
 //!
 //! Bytes from the old server are charged to a budget per tunnel, so a
 //! caller that stops reading holds at most [`BUDGET`] here; bytes toward it

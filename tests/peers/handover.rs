@@ -101,6 +101,19 @@ fn three_handovers_with_the_go_agent_fail_no_dial_and_cut_no_tunnel() {
         ],
         target.clone(),
     );
+    // Tunnels that overlap: through the new server they go to the old
+    // one as long as the Go agent is linked there, and must not keep its
+    // link busy for ever (the old server takes them only while callers of
+    // its own are left).
+    let overlapping = Load::holding(
+        vec![
+            Via::Unix(server.connect_uds.clone()),
+            Via::Unix(server.connect_uds.clone()),
+            Via::Tcp(server.connect),
+        ],
+        target.clone(),
+        Duration::from_millis(200),
+    );
     thread::sleep(Duration::from_millis(500));
     let uds = binds.connect_uds.clone().unwrap();
     for round in 1..=3u8 {
@@ -140,6 +153,17 @@ fn three_handovers_with_the_go_agent_fail_no_dial_and_cut_no_tunnel() {
     }
     thread::sleep(Duration::from_millis(1500));
     let (ok, failures) = load.finish();
+    let (held_ok, held_failures) = overlapping.finish();
+    eprintln!(
+        "{held_ok} overlapping tunnels, {} failed",
+        held_failures.len()
+    );
+    assert!(
+        held_failures.is_empty(),
+        "overlapping tunnels failed: {:?}\n{}",
+        &held_failures[..held_failures.len().min(5)],
+        logs(&server, &agent)
+    );
     grpc_stop.store(true, Ordering::SeqCst);
     let (grpc_ok, grpc_failures) = grpc_load.join().unwrap();
     eprintln!(

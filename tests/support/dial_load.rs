@@ -67,7 +67,16 @@ pub(crate) enum Via {
 }
 
 impl Load {
+    /// About 50 dials a second over `vias`, each tunnel closed once its
+    /// echo came back.
     pub(crate) fn start(vias: Vec<Via>, target: String) -> Load {
+        Load::holding(vias, target, Duration::ZERO)
+    }
+
+    /// With `hold` above zero, each loop keeps its tunnel open that long
+    /// after the echo and dials again at once: with a few loops a tunnel
+    /// is always open (and a dial always pending) through the server.
+    pub(crate) fn holding(vias: Vec<Via>, target: String, hold: Duration) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let ok = Arc::new(AtomicUsize::new(0));
         let failures = Arc::new(Mutex::new(Vec::new()));
@@ -85,15 +94,19 @@ impl Load {
                         let r = match &via {
                             Via::Tcp(a) => TcpStream::connect(a)
                                 .map_err(|e| format!("connect {a}: {e}"))
-                                .and_then(|s| {
+                                .and_then(|mut s| {
                                     s.set_read_timeout(Some(WAIT)).unwrap();
-                                    one_dial(s, &target, tag)
+                                    one_dial(&mut s, &target, tag)?;
+                                    thread::sleep(hold);
+                                    Ok(())
                                 }),
                             Via::Unix(p) => UnixStream::connect(p)
                                 .map_err(|e| format!("connect {}: {e}", p.display()))
-                                .and_then(|s| {
+                                .and_then(|mut s| {
                                     s.set_read_timeout(Some(WAIT)).unwrap();
-                                    one_dial(s, &target, tag)
+                                    one_dial(&mut s, &target, tag)?;
+                                    thread::sleep(hold);
+                                    Ok(())
                                 }),
                         };
                         match r {
@@ -103,7 +116,9 @@ impl Load {
                             Err(e) => failures.lock().unwrap().push(e),
                         }
                         // About 50 dials a second over the threads.
-                        thread::sleep(Duration::from_millis(60));
+                        if hold.is_zero() {
+                            thread::sleep(Duration::from_millis(60));
+                        }
                     }
                 })
             })
