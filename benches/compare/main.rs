@@ -31,6 +31,8 @@ mod soak;
 mod soak_table;
 mod systems;
 mod target;
+mod upgrade;
+mod upgrade_table;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -47,7 +49,7 @@ usage: benches/run [--quick] [--reps N] [--systems a,b,..] [--scenarios a,b,..] 
                 stunnel-pair,anp-uds,anp-tcp,edgetunnel-connect,edgetunnel-grpc
                 (anp-*: the real Go ANP, when EDGETUNNEL_PEERS or ../shared/peers
                 has it; noted as not run otherwise)
-  --scenarios   subset of: bulk,latency,dial,hol,memory,scaling,fleet,soak
+  --scenarios   subset of: bulk,latency,dial,hol,memory,scaling,fleet,soak,upgrade
   --out DIR     where to write compare.json, compare.md and the SVG plots
                 (default benches/results/compare/; quick: target/compare-quick/)
   --strict      fail when a system is missing or a measurement fails (quick implies it)
@@ -60,7 +62,11 @@ usage: benches/run [--quick] [--reps N] [--systems a,b,..] [--scenarios a,b,..] 
                 (a newer report from an older run); measures nothing
   --fleet-sizes   simulated agents per fleet case (default 10,100,1000,5000,10000; quick: 50)
   --soak-secs N   seconds of load in the soak (default 180; quick: 10); every
-                tunnel system at once, then 60 s idle (quick: 10 s)";
+                tunnel system at once, then 60 s idle (quick: 10 s)
+  upgrade       (a scenario) 50 dials a second and tunnels held open while the
+                server is replaced three times (quick: once): edgetunnel through
+                its listener handover (--handover-socket), and with a plain
+                restart, beside the Go ANP's plain restart";
 
 /// Metric of the bulk rows: payload throughput.
 const GBPS: &str = "Gbit/s";
@@ -91,8 +97,8 @@ const KERNEL_PER_CONN: &str = "kernel µs/conn";
 /// process of the system, edgetunnel only).
 const HEAP_PER_CONN: &str = "live heap bytes/conn";
 
-const SCENARIOS: [&str; 8] = [
-    "bulk", "latency", "dial", "hol", "memory", "scaling", "fleet", "soak",
+const SCENARIOS: [&str; 9] = [
+    "bulk", "latency", "dial", "hol", "memory", "scaling", "fleet", "soak", "upgrade",
 ];
 
 struct Args {
@@ -309,6 +315,9 @@ fn main() {
             &soak::SoakPlan::new(args.quick, args.soak_secs),
         );
     }
+    if has("upgrade") {
+        h.upgrade(&rt, &targets, &upgrade::UpgradePlan::new(args.quick));
+    }
     h.note(format!("load average at the end: {}", loadavg()));
     if args.systems.contains(&SystemKind::AnpTcp) {
         h.notes.push(
@@ -409,6 +418,7 @@ impl Harness {
             max_conns,
             connect_uds: false,
             go_agent: false,
+            handover: false,
         }
     }
 

@@ -82,6 +82,12 @@ pub(crate) fn markdown(samples: &[Sample], meta: &Meta) -> String {
             md.push_str(&crate::soak_table::table(samples));
             continue;
         }
+        // Counts per replacement, not cases to compare by ratio.
+        if scenario == crate::upgrade_table::SCENARIO {
+            md_plots(&mut md, scenario, &plots);
+            md.push_str(&crate::upgrade_table::table(samples));
+            continue;
+        }
         md_scenario(&mut md, scenario, &aggs, &order, &plots);
         if scenario == "fleet" {
             md.push_str(&crate::fleet_table::table(samples));
@@ -808,6 +814,7 @@ fn bar_metrics(scenario: &str, samples: &[&Sample]) -> Vec<String> {
     let preferred: &[&str] = match scenario {
         "bulk" => &["Gbit/s", "CPU s/GB"],
         "memory" => &["bytes/conn"],
+        "upgrade" => &["failed dials", "tunnels cut"],
         _ => &[],
     };
     let metrics = unique(samples.iter().map(|s| s.metric.as_str()));
@@ -861,6 +868,7 @@ fn plot_title(scenario: &str, cdf: bool) -> String {
         "scaling" => "scaling",
         "hol" => "head-of-line blocking",
         "soak" => "memory against tunnels served",
+        "upgrade" => "failures while the server is replaced",
         _ => "results per case",
     };
     format!("{scenario}: {what}")

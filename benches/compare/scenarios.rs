@@ -280,7 +280,7 @@ pub(crate) enum Close {
 }
 
 /// One tunnel: open, one 1 KiB round trip, close as `close` says.
-async fn cycle(e: &Entry, close: Close) -> Result<()> {
+pub(crate) async fn cycle(e: &Entry, close: Close) -> Result<()> {
     let mut c = client::open(e, None).await?;
     let mut msg = [0x42u8; MESSAGE + 1];
     msg[0] = b'E';

@@ -16,6 +16,7 @@
 //! `CONNECTED`).
 
 use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::net::{SocketAddr, TcpListener};
@@ -32,6 +33,8 @@ use crate::model::SystemKind;
 
 mod anchors;
 
+/// edgetunnel's gauge of the agents linked to the server.
+const AGENTS_CONNECTED: &str = "edgetunnel_agents_connected";
 /// How long a system may take to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// Interval of the readiness polls.
@@ -68,6 +71,70 @@ pub(crate) struct StartOptions {
     /// edgetunnel: ANP's Go agent instead of ours (needs the real peers);
     /// labelled ` go-agent`.
     pub go_agent: bool,
+    /// edgetunnel: the server names a handover socket
+    /// (`--handover-socket`), so that [`Running::restart_server`] hands its
+    /// listeners to the new server instead of stopping it first; both
+    /// drain open tunnels for up to [`GRACEFUL_SECS`].
+    pub handover: bool,
+}
+
+/// edgetunnel's `--graceful-shutdown-timeout-secs` in a system that
+/// [`Running::restart_server`] may restart.
+pub(crate) const GRACEFUL_SECS: u64 = 30;
+
+/// How [`Running::restart_server`] replaces a system's server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RestartHow {
+    /// The new server starts beside the old one and takes its listening
+    /// sockets over the handover socket (edgetunnel `--handover-socket`);
+    /// the old one drains and exits on its own.
+    Handover,
+    /// The old server is stopped (SIGTERM, then waited for), then the new
+    /// one starts on the same addresses: ANP's only way, and edgetunnel's
+    /// without a handover socket.
+    Plain,
+}
+
+/// What [`Running::restart_server`] needs to start the server again.
+#[derive(Clone, Debug)]
+struct Recipe {
+    /// The server's process name.
+    name: &'static str,
+    program: PathBuf,
+    /// The arguments of the new server: the first one's, with the
+    /// addresses it listens on in place of port 0.
+    args: Vec<OsString>,
+    how: RestartHow,
+    /// Environment variables the server must not inherit.
+    unset_env: Vec<&'static str>,
+    /// Where the new server is ready to carry tunnels.
+    ready: Ready,
+}
+
+/// When a restarted server is ready.
+#[derive(Clone, Debug)]
+enum Ready {
+    /// edgetunnel: it printed `READY`, and (plain restart) its admin
+    /// listener counts an agent again.
+    Edgetunnel { admin: SocketAddr },
+    /// ANP: these ports listen, the frontend socket (if any) exists, and
+    /// the ready-backends gauge on `admin` counts the agent again.
+    Anp {
+        ports: Vec<u16>,
+        admin: u16,
+        uds: Option<PathBuf>,
+    },
+}
+
+/// How one [`Running::restart_server`] went.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Restarted {
+    /// From the start of the restart until the new server carries tunnels
+    /// (plain: it listens and an agent linked again; handover: it took
+    /// the listeners over and printed `READY`).
+    pub ready: Duration,
+    /// Plain: how long the old server took to exit after SIGTERM.
+    pub stopped: Option<Duration>,
 }
 
 /// One process started for a system, with the file its output goes to.
@@ -98,6 +165,11 @@ pub(crate) struct Running {
     /// `entries[i]` reaches `targets[i]` of `start`.
     pub entries: Vec<Entry>,
     procs: Vec<Proc>,
+    /// Servers replaced through a handover: still draining, no longer
+    /// checked for readiness; killed on drop like `procs`.
+    retired: Vec<Proc>,
+    /// How the server starts again, for systems that can restart it.
+    recipe: Option<Recipe>,
     // Declared after `procs` and removed by `Drop` only after the kill.
     dir: Option<tempfile::TempDir>,
 }
@@ -113,6 +185,8 @@ impl Running {
             label,
             entries: Vec::new(),
             procs: Vec::new(),
+            retired: Vec::new(),
+            recipe: None,
             dir: Some(dir),
         })
     }
@@ -209,7 +283,14 @@ impl Running {
         cmd: &mut Command,
         pipe_stdout: bool,
     ) -> Result<Option<ChildStdout>, String> {
-        let log = self.dir().join(format!("{name}.log"));
+        // A restarted server keeps its predecessor's log: name-2.log, ...
+        let mut log = self.dir().join(format!("{name}.log"));
+        for n in 2.. {
+            if !log.exists() {
+                break;
+            }
+            log = self.dir().join(format!("{name}-{n}.log"));
+        }
         let file = File::create(&log).map_err(|e| format!("{name}: creating its log: {e}"))?;
         let stdout = if pipe_stdout {
             Stdio::piped()
@@ -284,6 +365,103 @@ impl Running {
         }
     }
 
+    /// Polls `ready` until it holds; Err with `what` and the logs after
+    /// [`READY_TIMEOUT`] or when a process exits first.
+    fn wait_until(&mut self, what: &str, mut ready: impl FnMut() -> bool) -> Result<(), String> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            self.check_alive()?;
+            if ready() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(self.timeout_error(what));
+            }
+            thread::sleep(POLL);
+        }
+    }
+
+    /// Replaces the server by a new process with the same arguments and
+    /// addresses, as the system's recipe says: through a listener
+    /// handover (the old one drains beside it, in `retired`) or by
+    /// stopping the old one first. Returns once the new one carries
+    /// tunnels. Err when the system has no server to restart or the new
+    /// one does not become ready.
+    pub(crate) fn restart_server(&mut self) -> Result<Restarted, String> {
+        let recipe = self
+            .recipe
+            .clone()
+            .ok_or_else(|| format!("{}: no server to restart", self.label))?;
+        let t0 = Instant::now();
+        let at = self
+            .procs
+            .iter()
+            .position(|p| p.name == recipe.name)
+            .ok_or_else(|| format!("{}: no {} running", self.label, recipe.name))?;
+        let mut old = self.procs.remove(at);
+        let metrics = old.metrics;
+        let stopped = match recipe.how {
+            RestartHow::Handover => {
+                self.retired.push(old);
+                None
+            }
+            RestartHow::Plain => {
+                // SAFETY: kill(2) with a positive pid has no memory effects.
+                unsafe {
+                    libc::kill(old.child.id() as libc::pid_t, libc::SIGTERM);
+                }
+                let deadline = t0 + Duration::from_secs(GRACEFUL_SECS + 10);
+                while matches!(old.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                    thread::sleep(POLL);
+                }
+                let _ = old.child.kill();
+                let _ = old.child.wait();
+                Some(t0.elapsed())
+            }
+        };
+        let mut cmd = Command::new(&recipe.program);
+        cmd.args(&recipe.args);
+        for v in &recipe.unset_env {
+            cmd.env_remove(v);
+        }
+        let edgetunnel = matches!(recipe.ready, Ready::Edgetunnel { .. });
+        let out = self.spawn(recipe.name, &mut cmd, edgetunnel)?;
+        if let Some(m) = metrics {
+            self.set_metrics(recipe.name, m);
+        }
+        match &recipe.ready {
+            Ready::Edgetunnel { admin } => {
+                let lines = drain_lines(out, recipe.name)?;
+                self.wait_line(&lines, "READY")?;
+                if recipe.how == RestartHow::Plain {
+                    self.wait_until("the new server never counted an agent", || {
+                        anchors::gauge(admin.port(), AGENTS_CONNECTED) >= Some(1.0)
+                    })?;
+                }
+            }
+            Ready::Anp { ports, admin, uds } => {
+                self.wait_listening(ports)?;
+                self.wait_until("the new server never counted the agent", || {
+                    anchors::gauge(*admin, anchors::ANP_READY) >= Some(1.0)
+                        && uds.as_ref().is_none_or(|p| p.exists())
+                })?;
+            }
+        }
+        Ok(Restarted {
+            ready: t0.elapsed(),
+            stopped,
+        })
+    }
+
+    /// Servers replaced through a handover that have not exited yet.
+    pub(crate) fn retired_running(&mut self) -> usize {
+        self.retired
+            .iter_mut()
+            .map(|p| matches!(p.child.try_wait(), Ok(None)))
+            .filter(|&running| running)
+            .count()
+    }
+
     /// Waits for a stdout line starting with `prefix` from `lines` (a
     /// `drain_lines` receiver); returns all lines received up to it.
     fn wait_line(&mut self, lines: &Receiver<String>, prefix: &str) -> Result<Vec<String>, String> {
@@ -322,7 +500,12 @@ impl Drop for Running {
     /// dies while its parent still lives to reap it (no orphaned zombies),
     /// then kills and reaps the processes `start` spawned.
     fn drop(&mut self) {
-        let roots: Vec<u32> = self.procs.iter().map(|p| p.child.id()).collect();
+        let roots: Vec<u32> = self
+            .procs
+            .iter()
+            .chain(&self.retired)
+            .map(|p| p.child.id())
+            .collect();
         for _round in 0..3 {
             let desc = descendants(&roots);
             if desc.is_empty() {
@@ -348,7 +531,7 @@ impl Drop for Running {
                 }
             }
         }
-        for p in &mut self.procs {
+        for p in self.procs.iter_mut().chain(&mut self.retired) {
             let _ = p.child.kill();
             let _ = p.child.wait();
         }
@@ -420,6 +603,8 @@ pub(crate) fn start(
             label: kind.name().to_string(),
             entries: targets.iter().map(|&t| Entry::Tcp(t)).collect(),
             procs: Vec::new(),
+            retired: Vec::new(),
+            recipe: None,
             dir: None,
         });
     }
@@ -729,26 +914,47 @@ fn start_edgetunnel(
     // The agent certificate names the agent ID (the server binds it).
     let certs = anchors::certs(run, opts)?;
 
-    let mut cmd = Command::new(bin);
-    cmd.args(["server", "--certs-dir"]).arg(&certs).args([
-        "--agent-bind",
-        "127.0.0.1:0",
-        "--connect-bind",
-        "127.0.0.1:0",
-        "--grpc-bind",
-        "127.0.0.1:0",
-        "--admin-bind",
-        "127.0.0.1:0",
-        "--log",
-        "warn",
-    ]);
     let uds = run.dir().join("connect.socket");
-    if opts.connect_uds {
-        cmd.arg("--connect-uds").arg(&uds);
-    }
-    if let Some(n) = opts.workers {
-        cmd.args(["--workers", &n.to_string()]);
-    }
+    let handover = run.dir().join("handover.socket");
+    // The server's arguments with these agent, connect, gRPC and admin
+    // addresses.
+    let server_args = |binds: [String; 4]| -> Vec<OsString> {
+        let mut args: Vec<OsString> =
+            vec!["server".into(), "--certs-dir".into(), certs.clone().into()];
+        for (flag, bind) in [
+            "--agent-bind",
+            "--connect-bind",
+            "--grpc-bind",
+            "--admin-bind",
+        ]
+        .into_iter()
+        .zip(binds)
+        {
+            args.extend([flag.into(), bind.into()]);
+        }
+        args.extend(["--log".into(), "warn".into()]);
+        if opts.connect_uds {
+            args.extend(["--connect-uds".into(), uds.clone().into_os_string()]);
+        }
+        if let Some(n) = opts.workers {
+            args.extend(["--workers".into(), n.to_string().into()]);
+        }
+        if opts.handover {
+            args.extend([
+                "--handover-socket".into(),
+                handover.clone().into_os_string(),
+            ]);
+        }
+        args.extend([
+            "--graceful-shutdown-timeout-secs".into(),
+            GRACEFUL_SECS.to_string().into(),
+        ]);
+        args
+    };
+    let mut cmd = Command::new(bin);
+    cmd.args(server_args(std::array::from_fn(|_| {
+        "127.0.0.1:0".to_string()
+    })));
     let out = run.spawn("edgetunnel-server", &mut cmd, true)?;
     let lines = drain_lines(out, "edgetunnel-server")?;
     let seen = run.wait_line(&lines, "READY")?;
@@ -762,16 +968,23 @@ fn start_edgetunnel(
     let (agent_addr, connect, grpc) = (listen("agent")?, listen("connect")?, listen("grpc")?);
     let admin = listen("admin")?;
     run.set_metrics("edgetunnel-server", admin);
+    run.recipe = Some(Recipe {
+        name: "edgetunnel-server",
+        program: bin.clone(),
+        args: server_args([agent_addr, connect, grpc, admin].map(|a| a.to_string())),
+        how: if opts.handover {
+            RestartHow::Handover
+        } else {
+            RestartHow::Plain
+        },
+        unset_env: Vec::new(),
+        ready: Ready::Edgetunnel { admin },
+    });
     if opts.go_agent {
         anchors::start_go_agent(run, &certs, agent_addr.port())?;
-        let deadline = Instant::now() + READY_TIMEOUT;
-        while anchors::gauge(admin.port(), "edgetunnel_agents_connected") < Some(1.0) {
-            run.check_alive()?;
-            if Instant::now() > deadline {
-                return Err(run.timeout_error("the server never counted the Go agent"));
-            }
-            thread::sleep(POLL);
-        }
+        run.wait_until("the server never counted the Go agent", || {
+            anchors::gauge(admin.port(), AGENTS_CONNECTED) >= Some(1.0)
+        })?;
     } else {
         start_edgetunnel_agent(run, &certs, agent_addr, opts)?;
     }

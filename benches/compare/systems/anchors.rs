@@ -23,12 +23,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
-use std::thread;
-use std::time::Instant;
 
 use super::{
-    fd_fit, find_tool, free_ports, run_tool, tcp_entries, Limit, Running, StartOptions, POLL,
-    READY_TIMEOUT,
+    fd_fit, find_tool, free_ports, run_tool, tcp_entries, Limit, Ready, Recipe, RestartHow,
+    Running, StartOptions,
 };
 use crate::client::Entry;
 use crate::model::SystemKind;
@@ -40,7 +38,7 @@ use haproxy_pair::SUITE;
 
 /// The gauge of ANP's server that counts connected agents
 /// (pkg/server/metrics/metrics.go, `ready_backend_connections`).
-const ANP_READY: &str = "konnectivity_network_proxy_server_ready_backend_connections";
+pub(super) const ANP_READY: &str = "konnectivity_network_proxy_server_ready_backend_connections";
 
 /// `edgetunnel certs init` into `<scratch>/certs` (agent name `bench`):
 /// ca.crt, server.{crt,key}, agent.{crt,key}, proxy-client.{crt,key}.
@@ -253,16 +251,26 @@ pub(super) fn start_anp(
         listen.push(frontend);
     }
     run.wait_listening(&listen)?;
+    // ANP has no handover: its restart stops the server, then starts it
+    // again with the same flags (its graceful shutdown timeout is 0 by
+    // default: it exits at once).
+    run.recipe = Some(Recipe {
+        name: "anp-server",
+        program: bins.join("anp-server"),
+        args: args.iter().map(Into::into).collect(),
+        how: RestartHow::Plain,
+        unset_env: vec!["PROXY_SERVER_ID"],
+        ready: Ready::Anp {
+            ports: listen,
+            admin,
+            uds: (!tcp).then(|| uds.clone()),
+        },
+    });
 
     start_go_agent(run, &certs, agent)?;
-    let deadline = Instant::now() + READY_TIMEOUT;
-    while gauge(admin, ANP_READY) < Some(1.0) || (!tcp && !uds.exists()) {
-        run.check_alive()?;
-        if Instant::now() > deadline {
-            return Err(run.timeout_error(&format!("{ANP_READY} never reached 1")));
-        }
-        thread::sleep(POLL);
-    }
+    run.wait_until(&format!("{ANP_READY} never reached 1"), || {
+        gauge(admin, ANP_READY) >= Some(1.0) && (tcp || uds.exists())
+    })?;
     run.entries = if tcp {
         let tls = client_tls(&certs)?;
         let proxy = SocketAddr::from(([127, 0, 0, 1], frontend));
