@@ -73,13 +73,14 @@ pub(crate) struct StartOptions {
     pub go_agent: bool,
     /// edgetunnel: the server names a handover socket
     /// (`--handover-socket`), so that [`Running::restart_server`] hands its
-    /// listeners to the new server instead of stopping it first; both
-    /// drain open tunnels for up to [`GRACEFUL_SECS`].
+    /// listeners to the new server instead of stopping it first, and the
+    /// old one drains open tunnels for up to [`GRACEFUL_SECS`]. Without it
+    /// the server keeps its default graceful timeout (0: it exits at once
+    /// on SIGTERM, as the Go ANP does).
     pub handover: bool,
 }
 
-/// edgetunnel's `--graceful-shutdown-timeout-secs` in a system that
-/// [`Running::restart_server`] may restart.
+/// edgetunnel's `--graceful-shutdown-timeout-secs` with a handover socket.
 pub(crate) const GRACEFUL_SECS: u64 = 30;
 
 /// How [`Running::restart_server`] replaces a system's server.
@@ -943,12 +944,10 @@ fn start_edgetunnel(
             args.extend([
                 "--handover-socket".into(),
                 handover.clone().into_os_string(),
+                "--graceful-shutdown-timeout-secs".into(),
+                GRACEFUL_SECS.to_string().into(),
             ]);
         }
-        args.extend([
-            "--graceful-shutdown-timeout-secs".into(),
-            GRACEFUL_SECS.to_string().into(),
-        ]);
         args
     };
     let mut cmd = Command::new(bin);

@@ -10,9 +10,10 @@
 //!
 //! edgetunnel is replaced through its listener handover (a new server on
 //! the same `--handover-socket` takes the listeners; the old one drains)
-//! and, as a second anchor, by a plain restart (SIGTERM, wait for the exit
-//! after the drain, start again); the Go ANP by its only way, the plain
-//! restart (its default graceful timeout is 0: it exits at once).
+//! and, as a second anchor, by a plain restart (SIGTERM, wait for the
+//! exit, start again); the Go ANP by its only way, the plain restart. Both
+//! plain restarts keep the default graceful timeout, 0: the server exits
+//! at once.
 //!
 //! Recorded per replacement (the repetition): the dials started from it
 //! until the next one and how many failed, the longest of them, the held
@@ -104,8 +105,9 @@ impl Harness {
             "upgrade: one system at a time; {} dials a second started open loop (each opens a tunnel, \
              echoes 1 KiB and closes; failed after an error or {} s), {} s of load before the first \
              replacement, at least {} s from one to the next; before each, {} tunnels opened that echo \
-             1 KiB every {} ms for {} s; edgetunnel drains for up to {GRACEFUL_SECS} s \
-             (--graceful-shutdown-timeout-secs), the Go ANP with its default (0: it exits at once)",
+             1 KiB every {} ms for {} s; through a handover the old edgetunnel server drains for up \
+             to {GRACEFUL_SECS} s (--graceful-shutdown-timeout-secs); a plain restart (edgetunnel's and \
+             the Go ANP's) keeps the default graceful timeout, 0: the server exits at once",
             plan.rate,
             DIAL_TIMEOUT.as_secs(),
             plan.warm.as_secs(),

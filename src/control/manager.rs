@@ -276,6 +276,15 @@ fn write_hosts(file: &std::path::Path, text: &str) {
     }
 }
 
+/// The control loop's pause between rounds: a second, or until the
+/// server starts to stop (a restart must not wait for the next round).
+async fn pause(shutdown: &Arc<Shutdown>) {
+    tokio::select! {
+        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        _ = shutdown.wait(1) => {}
+    }
+}
+
 async fn run(spec: ControlSpec, sources: Sources, shutdown: Arc<Shutdown>) {
     let period = spec
         .iptables
@@ -337,7 +346,7 @@ async fn run(spec: ControlSpec, sources: Sources, shutdown: Arc<Shutdown>) {
             }
         }
         if spec.iptables.is_none() && spec.dns.is_none() {
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            pause(&shutdown).await;
             continue;
         }
         let generation = kube.as_ref().map_or(0, |k| k.generation());
@@ -418,7 +427,7 @@ async fn run(spec: ControlSpec, sources: Sources, shutdown: Arc<Shutdown>) {
                 last_full = Instant::now();
             }
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        pause(&shutdown).await;
     }
     for t in &kube_tasks {
         t.abort();

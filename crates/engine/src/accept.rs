@@ -206,6 +206,7 @@ where
             yield_now().await;
         }
         let Some(next) = next_until(&l, opts.stop.as_ref()).await else {
+            tracing::debug!(listener = name, "accept loop stopped");
             return;
         };
         let (stream, peer) = match next {
