@@ -45,8 +45,22 @@ pub(super) enum Kind {
 pub(super) fn forward_path(cfg: &ServerConfig) -> Option<std::path::PathBuf> {
     let h = cfg.handover_socket.as_ref()?;
     let mut name = h.file_name()?.to_os_string();
-    name.push(format!(".forward-{}", std::process::id()));
+    name.push(format!(".forward-{}", forward_suffix()));
     Some(h.with_file_name(name))
+}
+
+/// This process's part of its forward socket's name: its pid and the
+/// time it first asked, since in containers old and new server are both
+/// pid 1 (the same name made the successor's bind fail, and the
+/// handover with it).
+fn forward_suffix() -> &'static str {
+    static SUFFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SUFFIX.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        format!("{}-{:x}", std::process::id(), nanos & 0xffff_ffff_ffff)
+    })
 }
 
 /// The listeners `cfg` asks for, in the order they are bound (the first

@@ -35,6 +35,8 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -714,33 +716,107 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
         String::new,
     );
     let old_server = current_pod(kas, "edgetunnel-server");
+    let old_log = pod_log(cp_node, &old_server);
+    // Dials through the roll: `kubectl logs` in a loop, each a new tunnel
+    // from kube-apiserver through the server's socket (the new pod takes
+    // it over from the old one: deploy/README.md "Upgrades").
+    let stop = AtomicBool::new(false);
+    let (logs_ok, logs_failed) = (AtomicUsize::new(0), Mutex::new(Vec::new()));
+    let count = || {
+        std::fs::read_to_string(&follow_log)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
     let t_roll = Instant::now();
-    kas.kubectl_ok(&[
-        "-n",
-        "kube-system",
-        "set",
-        "image",
-        "daemonset/edgetunnel-server",
-        &format!("server={}", rolled.name),
-    ]);
-    let status = run_bounded(
-        kas.kubectl_cmd(&[
+    let (rolled_in, after) = thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::SeqCst) {
+                let o = kas.kubectl(&["logs", "-n", "default", "p1", "--request-timeout=10s"]);
+                if o.status.success() && o.stdout == lines.as_bytes() {
+                    logs_ok.fetch_add(1, Ordering::SeqCst);
+                } else {
+                    logs_failed.lock().unwrap().push(format!(
+                        "{:?}: {}",
+                        o.status,
+                        String::from_utf8_lossy(&o.stderr).trim()
+                    ));
+                }
+                thread::sleep(Duration::from_millis(100));
+            }
+        });
+        /// Stops the loop when the scope ends, a failed assertion included.
+        struct StopOnDrop<'a>(&'a AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let _stop = StopOnDrop(&stop);
+        kas.kubectl_ok(&[
             "-n",
             "kube-system",
-            "rollout",
-            "status",
+            "set",
+            "image",
             "daemonset/edgetunnel-server",
-            "--timeout=120s",
-        ]),
-        None,
-        Duration::from_secs(130),
-    );
-    assert!(
-        status.status.success(),
-        "rollout: {}\n{}",
-        text(&status),
-        String::from_utf8_lossy(&status.stderr)
-    );
+            &format!("server={}", rolled.name),
+        ]);
+        // The held `logs -f` goes on once the new pod took over, on the
+        // old server while it drains (--graceful-shutdown-timeout-secs,
+        // 20 s; `rollout status` may return only once it is gone).
+        wait_until(
+            "a new server pod taking over",
+            Duration::from_secs(60),
+            || {
+                // Each pod's logs: a directory `NS_POD_UID` under logs/.
+                std::fs::read_dir(cp_node.dir.join("logs"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter_map(|d| {
+                        let name = d.file_name().to_string_lossy().to_string();
+                        name.strip_prefix("kube-system_")?
+                            .rsplit_once('_')
+                            .map(|(pod, _)| pod.to_string())
+                    })
+                    .filter(|pod| pod.starts_with("edgetunnel-server-"))
+                    .any(|pod| pod_log(cp_node, &pod).contains("handover: the predecessor drains"))
+            },
+            String::new,
+        );
+        let at_takeover = count();
+        wait_until(
+            "the held logs -f streaming after the takeover",
+            Duration::from_secs(10),
+            || count() > at_takeover + 3,
+            String::new,
+        );
+        let cut = follow.try_wait().unwrap();
+        assert!(
+            cut.is_none(),
+            "the held logs -f ended ({cut:?}) at the takeover"
+        );
+        let status = run_bounded(
+            kas.kubectl_cmd(&[
+                "-n",
+                "kube-system",
+                "rollout",
+                "status",
+                "daemonset/edgetunnel-server",
+                "--timeout=120s",
+            ]),
+            None,
+            Duration::from_secs(130),
+        );
+        assert!(
+            status.status.success(),
+            "rollout: {}\n{}",
+            text(&status),
+            String::from_utf8_lossy(&status.stderr)
+        );
+        let rolled_in = t_roll.elapsed();
+        (rolled_in, logs_again("after the server rolled"))
+    });
     let new_server = current_pod(kas, "edgetunnel-server");
     assert_ne!(new_server, old_server);
     let v = get_json(kas, &["pod", "-n", "kube-system", &new_server]);
@@ -750,24 +826,38 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
         "{}",
         v["spec"]
     );
-    let rolled_in = t_roll.elapsed();
-    let after = logs_again("after the server rolled");
-    // The held `logs -f`: what it saw while the old server drained.
-    let ticks_before = std::fs::read_to_string(&follow_log)
-        .unwrap_or_default()
-        .lines()
-        .count();
-    let cut = follow.try_wait().unwrap();
+    // The new pod took the listeners from the old one (maxSurge: they ran
+    // side by side).
+    let new_log = pod_log(cp_node, &new_server);
+    assert!(
+        new_log.contains("handover: the predecessor drains"),
+        "the new server did not take over:\n{}\n--- old server:\n{}",
+        new_log.lines().take(12).collect::<Vec<_>>().join("\n"),
+        old_log
+            .lines()
+            .filter(|l| l.contains("andover") || l.contains("WARN") || l.contains("ERROR"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let failed = logs_failed.into_inner().unwrap();
+    let logs_ok = logs_ok.into_inner();
+    assert!(
+        failed.is_empty(),
+        "{} of {} kubectl logs failed during the roll: {:?}\n--- new server:\n{}",
+        failed.len(),
+        failed.len() + logs_ok,
+        &failed[..failed.len().min(5)],
+        tail(&new_log, 15)
+    );
+    assert!(logs_ok >= 5, "only {logs_ok} kubectl logs during the roll");
+    let ticks_before = count();
     let _ = follow.kill();
     let _ = follow.wait();
     said.push(format!(
-        "server rolled to a new image in {:.1} s (logs again {:.1} s later); the held logs -f {} after {ticks_before} lines",
+        "server rolled to a new image in {:.1} s (logs again {:.1} s later) through a handover: \
+         {logs_ok} kubectl logs during the roll, none failed; the held logs -f streamed on through it ({ticks_before} lines)",
         rolled_in.as_secs_f64(),
         after.as_secs_f64(),
-        match cut {
-            Some(st) => format!("was cut ({st})"),
-            None => "was still open".to_string(),
-        }
     ));
     eprintln!(
         "README deploy path on real nodes in {:.1} s: {}",

@@ -163,7 +163,8 @@ pub fn take_over(path: &Path, wanted: &[Want<'_>]) -> Result<Option<Takeover>, E
                 io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
             ) =>
         {
-            return Ok(None)
+            tracing::info!(path = %path.display(), error = %e, "handover: nobody answers at the handover socket");
+            return Ok(None);
         }
         Err(e) => return Err(io_err(path)(e)),
     }
