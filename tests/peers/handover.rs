@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::{client, peers, serial, tail, GoTarget, Logged};
 use crate::go_agent::{agent_mtls, dials_at, go_agent_args, spawn_go_agent};
-use crate::support::dial_load::{still_echoes, watch_paths, Load, Via};
+use crate::support::dial_load::{assert_none_failed, still_echoes, watch_paths, Load, Via};
 use crate::support::{connect_unix, echo_server, Binds, Env, Server, WAIT};
 
 fn logs(server: &Server, agent: &Logged) -> String {
@@ -154,42 +154,22 @@ fn three_handovers_with_the_go_agent_fail_no_dial_and_cut_no_tunnel() {
     thread::sleep(Duration::from_millis(1500));
     let (ok, failures) = load.finish();
     let (held_ok, held_failures) = overlapping.finish();
-    eprintln!(
-        "{held_ok} overlapping tunnels, {} failed",
-        held_failures.len()
-    );
-    assert!(
-        held_failures.is_empty(),
-        "overlapping tunnels failed: {:?}\n{}",
-        &held_failures[..held_failures.len().min(5)],
+    assert_none_failed("overlapping tunnels", held_ok, &held_failures, || {
         logs(&server, &agent)
-    );
+    });
     grpc_stop.store(true, Ordering::SeqCst);
     let (grpc_ok, grpc_failures) = grpc_load.join().unwrap();
-    eprintln!(
-        "{grpc_ok} konnectivity-client dials, {} failed",
-        grpc_failures.len()
-    );
-    assert!(
-        grpc_failures.is_empty(),
-        "konnectivity-client dials failed: {:?}\n{}",
-        &grpc_failures[..grpc_failures.len().min(5)],
+    assert_none_failed("konnectivity-client dials", grpc_ok, &grpc_failures, || {
         logs(&server, &agent)
-    );
+    });
     assert!(grpc_ok >= 10, "only {grpc_ok} konnectivity-client dials");
     stop_watch.store(true, Ordering::SeqCst);
     let missing = watcher.join().unwrap();
-    eprintln!(
-        "{ok} dials through three handovers with the Go agent, {} failed",
-        failures.len()
-    );
-    assert!(
-        failures.is_empty(),
-        "{} of {} dials failed: {:?}\n{}",
-        failures.len(),
-        ok + failures.len(),
-        &failures[..failures.len().min(10)],
-        logs(&server, &agent)
+    assert_none_failed(
+        "dials through three handovers with the Go agent",
+        ok,
+        &failures,
+        || logs(&server, &agent),
     );
     assert_eq!(missing, 0, "a socket path was missing");
     assert!(

@@ -23,7 +23,7 @@ use crate::kube_cluster::{
     in_netns, start_etcd, Egress, KubeApiserver, KubeCerts, Net, CLOUD_IP, KUBELET_IP, KUBELET_PORT,
 };
 use crate::kubelet::{small_log, FakeKubelet};
-use crate::support::dial_load::{Load, Via};
+use crate::support::dial_load::{assert_none_failed, Load, Via};
 use crate::support::{echo_server, Agent, Binds, Env, Proc, Server, WAIT};
 
 /// The old servers' drain: kube-apiserver keeps idle connections to the
@@ -291,16 +291,7 @@ fn three_handovers(go_agent: bool) {
         dial_failures.len(),
         followed.load(Ordering::SeqCst)
     );
-    assert!(
-        failed.is_empty(),
-        "kubectl logs failed: {:?}\n{}",
-        &failed[..failed.len().min(5)],
-        logs(&current)
-    );
-    assert!(
-        dial_failures.is_empty(),
-        "dials failed: {:?}",
-        &dial_failures[..dial_failures.len().min(5)]
-    );
+    assert_none_failed("kubectl logs", logs_ok, &failed, || logs(&current));
+    assert_none_failed("dials", dials_ok, &dial_failures, String::new);
     kas.stop();
 }

@@ -164,3 +164,23 @@ pub(crate) fn still_echoes(s: &mut (impl Read + Write), tag: u8) {
         .expect("echo through the held tunnel");
     assert_eq!(back, data);
 }
+
+/// Reports `ok` successes and the `failures` of `what` (dials, tunnels,
+/// requests), and fails the test when any failed, quoting the first ten
+/// and `context` (logs, taken only then).
+pub(crate) fn assert_none_failed(
+    what: &str,
+    ok: usize,
+    failures: &[String],
+    context: impl FnOnce() -> String,
+) {
+    eprintln!("{ok} {what}, {} failed", failures.len());
+    assert!(
+        failures.is_empty(),
+        "{} of {} {what} failed: {:?}\n{}",
+        failures.len(),
+        ok + failures.len(),
+        &failures[..failures.len().min(10)],
+        context()
+    );
+}

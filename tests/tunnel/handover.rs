@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::dial_load::{still_echoes, watch_paths, Load, Via};
+use support::dial_load::{assert_none_failed, still_echoes, watch_paths, Load, Via};
 use support::*;
 
 #[test]
@@ -96,19 +96,13 @@ fn three_handovers_under_load_fail_no_dial_and_cut_no_tunnel() {
     let (ok, failures) = load.finish();
     stop_watch.store(true, Ordering::SeqCst);
     let missing = watcher.join().unwrap();
-    eprintln!(
-        "{ok} dials through three handovers, {} failed",
-        failures.len()
-    );
-    assert!(
-        failures.is_empty(),
-        "{} of {} dials failed: {:?}\n--- server:\n{}\n--- agent:\n{}",
-        failures.len(),
-        ok + failures.len(),
-        &failures[..failures.len().min(10)],
-        server.proc.log_text(),
-        agent.proc.log_text()
-    );
+    assert_none_failed("dials through three handovers", ok, &failures, || {
+        format!(
+            "--- server:\n{}\n--- agent:\n{}",
+            server.proc.log_text(),
+            agent.proc.log_text()
+        )
+    });
     assert_eq!(missing, 0, "a socket path was missing");
     assert!(ok > 60, "only {ok} dials");
     // The agent follows: links to the last server.
@@ -225,14 +219,7 @@ fn a_successor_that_comes_after_the_signal_still_takes_over() {
         thread::sleep(Duration::from_millis(20));
     }
     let (ok, failures) = load.finish();
-    assert!(
-        failures.is_empty(),
-        "{} of {} dials failed: {:?}\n{}",
-        failures.len(),
-        ok + failures.len(),
-        &failures[..failures.len().min(10)],
-        agent.proc.log_text()
-    );
+    assert_none_failed("dials", ok, &failures, || agent.proc.log_text());
 }
 
 /// Agents roll too (a DaemonSet of agents with maxSurge, or a new agent
@@ -283,16 +270,7 @@ fn three_agent_rollouts_under_load_fail_no_dial() {
         agent = next;
     }
     let (ok, failures) = load.finish();
-    eprintln!(
-        "{ok} dials through three agent rollouts, {} failed",
-        failures.len()
-    );
-    assert!(
-        failures.is_empty(),
-        "{} of {} dials failed: {:?}\n{}",
-        failures.len(),
-        ok + failures.len(),
-        &failures[..failures.len().min(10)],
+    assert_none_failed("dials through three agent rollouts", ok, &failures, || {
         server.proc.log_text()
-    );
+    });
 }
