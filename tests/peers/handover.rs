@@ -92,15 +92,7 @@ fn three_handovers_with_the_go_agent_fail_no_dial_and_cut_no_tunnel() {
             (ok, failed)
         })
     };
-    let load = Load::start(
-        vec![
-            Via::Tcp(server.connect),
-            Via::Tcp(server.connect),
-            Via::Unix(server.connect_uds.clone()),
-            Via::Unix(server.connect_uds.clone()),
-        ],
-        target.clone(),
-    );
+    let load = Load::start(Via::both_frontends(&server), target.clone());
     // Tunnels that overlap: through the new server they go to the old
     // one as long as the Go agent is linked there, and must not keep its
     // link busy for ever (the old server takes them only while callers of

@@ -11,46 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use super::WAIT;
-
-/// One CONNECT tunnel: the answer, then 1 KiB echoed. Any failure is the
-/// dial's failure, described.
-pub(crate) fn one_dial(mut s: impl Read + Write, target: &str, tag: u8) -> Result<(), String> {
-    write!(s, "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n")
-        .map_err(|e| format!("write: {e}"))?;
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match s.read(&mut b) {
-            Ok(1) => head.push(b[0]),
-            Ok(_) => {
-                return Err(format!(
-                    "closed in the answer: {:?}",
-                    String::from_utf8_lossy(&head)
-                ))
-            }
-            Err(e) => return Err(format!("answer: {e}")),
-        }
-        if head.len() > 4096 {
-            return Err("answer too long".into());
-        }
-    }
-    let head = String::from_utf8_lossy(&head);
-    if !head.starts_with("HTTP/1.1 200") {
-        return Err(format!(
-            "answer: {}",
-            head.lines().next().unwrap_or_default()
-        ));
-    }
-    let data = vec![tag; 1024];
-    s.write_all(&data).map_err(|e| format!("send: {e}"))?;
-    let mut back = vec![0u8; data.len()];
-    s.read_exact(&mut back).map_err(|e| format!("echo: {e}"))?;
-    if back != data {
-        return Err("echo differs".into());
-    }
-    Ok(())
-}
+use super::{connect_and_echo, Server, WAIT};
 
 /// Dials in a loop until `stop`, through `via` (TCP address or socket
 /// path), counting successes and keeping every failure's description.
@@ -64,6 +25,19 @@ pub(crate) struct Load {
 pub(crate) enum Via {
     Tcp(std::net::SocketAddr),
     Unix(PathBuf),
+}
+
+impl Via {
+    /// Two loops through `server`'s TCP CONNECT frontend and two through
+    /// its unix socket: about 50 dials a second with [`Load::start`].
+    pub(crate) fn both_frontends(server: &Server) -> Vec<Via> {
+        vec![
+            Via::Tcp(server.connect),
+            Via::Tcp(server.connect),
+            Via::Unix(server.connect_uds.clone()),
+            Via::Unix(server.connect_uds.clone()),
+        ]
+    }
 }
 
 impl Load {
@@ -82,21 +56,17 @@ impl Load {
         let failures = Arc::new(Mutex::new(Vec::new()));
         let threads = vias
             .into_iter()
-            .enumerate()
-            .map(|(i, via)| {
+            .map(|via| {
                 let (stop, ok, failures, target) =
                     (stop.clone(), ok.clone(), failures.clone(), target.clone());
                 thread::spawn(move || {
-                    let mut n = 0u32;
                     while !stop.load(Ordering::SeqCst) {
-                        n += 1;
-                        let tag = (i as u8).wrapping_mul(31).wrapping_add(n as u8);
                         let r = match &via {
                             Via::Tcp(a) => TcpStream::connect(a)
                                 .map_err(|e| format!("connect {a}: {e}"))
                                 .and_then(|mut s| {
                                     s.set_read_timeout(Some(WAIT)).unwrap();
-                                    one_dial(&mut s, &target, tag)?;
+                                    connect_and_echo(&mut s, &target, 1024)?;
                                     thread::sleep(hold);
                                     Ok(())
                                 }),
@@ -104,7 +74,7 @@ impl Load {
                                 .map_err(|e| format!("connect {}: {e}", p.display()))
                                 .and_then(|mut s| {
                                     s.set_read_timeout(Some(WAIT)).unwrap();
-                                    one_dial(&mut s, &target, tag)?;
+                                    connect_and_echo(&mut s, &target, 1024)?;
                                     thread::sleep(hold);
                                     Ok(())
                                 }),

@@ -45,15 +45,7 @@ fn three_handovers_under_load_fail_no_dial_and_cut_no_tunnel() {
         ],
         stop_watch.clone(),
     );
-    let load = Load::start(
-        vec![
-            Via::Tcp(server.connect),
-            Via::Tcp(server.connect),
-            Via::Unix(server.connect_uds.clone()),
-            Via::Unix(server.connect_uds.clone()),
-        ],
-        target.clone(),
-    );
+    let load = Load::start(Via::both_frontends(&server), target.clone());
     thread::sleep(Duration::from_millis(500));
 
     for round in 1..=3u8 {
@@ -236,15 +228,7 @@ fn three_agent_rollouts_under_load_fail_no_dial() {
     server.wait_agent_links(2.0, &agent.proc);
     let echo = echo_server("127.0.0.1");
     let target = echo.addr.to_string();
-    let load = Load::start(
-        vec![
-            Via::Tcp(server.connect),
-            Via::Tcp(server.connect),
-            Via::Unix(server.connect_uds.clone()),
-            Via::Unix(server.connect_uds.clone()),
-        ],
-        target.clone(),
-    );
+    let load = Load::start(Via::both_frontends(&server), target.clone());
     thread::sleep(Duration::from_millis(300));
     for round in 1..=3u8 {
         let (status, _, mut held) = connect_unix(&server.connect_uds, &target);
