@@ -103,6 +103,11 @@
 //! For running outside a pod, `EDGETUNNEL_COMPAT_SERVICEACCOUNT_DIR`
 //! replaces `/var/run/secrets/kubernetes.io/serviceaccount`, where
 //! yurt-tunnel's binaries find the cluster CA.
+//!
+//! What the Go servers cannot do comes in through the environment, so that
+//! a manifest's `args` stay Go's: `EDGETUNNEL_HANDOVER_SOCKET` gives both
+//! server faces edgetunnel's listener handover (`--handover-socket`, the
+//! upgrade without a failed dial, deploy/README.md "Upgrades").
 
 pub mod anp_agent;
 pub mod anp_server;
@@ -116,6 +121,10 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use goflag::{FlagError, Kind, Parsed, Spec, Value};
+
+/// The environment variable that gives a Go-named server edgetunnel's
+/// `--handover-socket`.
+pub const HANDOVER_SOCKET_ENV: &str = "EDGETUNNEL_HANDOVER_SOCKET";
 
 /// The Go binaries this entry stands in for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -389,6 +398,11 @@ pub fn translate(
         Binary::ProxyAgent => anp_agent::translate(&p, &mut out, host)?,
         Binary::YurtTunnelServer => yurt_server::translate(&p, &mut out, host)?,
         Binary::YurtTunnelAgent => yurt_agent::translate(&p, &mut out, host)?,
+    }
+    if binary.role() == "server" {
+        if let Some(sock) = host.env(HANDOVER_SOCKET_ENV).filter(|s| !s.is_empty()) {
+            out.arg("--handover-socket", sock);
+        }
     }
     klog::translate(&p, &mut out, binary.name());
     if !p.positional.is_empty() {
@@ -859,6 +873,47 @@ mod tests {
 
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()
+    }
+
+    /// `EDGETUNNEL_HANDOVER_SOCKET` gives either server face the handover
+    /// (Go's arguments unchanged); agents and an empty value get nothing.
+    #[test]
+    fn the_handover_socket_comes_from_the_environment() {
+        let anp = [
+            "--cluster-cert=/pki/apiserver.crt",
+            "--cluster-key=/pki/apiserver.key",
+            "--cluster-ca-cert=/pki/ca.crt",
+            "--uds-name=/run/konnectivity.sock",
+            "--server-port=0",
+        ];
+        let with = |v: &str| {
+            FakeHost::default()
+                .with_file("/pki/ca.crt", b"CA")
+                .with_env(HANDOVER_SOCKET_ENV, v)
+        };
+        let handover = |t: &Translation| {
+            pairs(t)
+                .into_iter()
+                .filter(|p| p.starts_with("--handover-socket"))
+                .collect::<Vec<_>>()
+        };
+        let sock = "/run/konnectivity/handover.socket";
+        for (b, args) in [
+            (Binary::ProxyServer, &anp[..]),
+            (Binary::YurtTunnelServer, &[][..]),
+        ] {
+            let t = run(b, args, &with(sock)).unwrap();
+            assert_eq!(handover(&t), [format!("--handover-socket {sock}")]);
+            let t = run(b, args, &with("")).unwrap();
+            assert!(handover(&t).is_empty(), "{:?}", t.argv);
+        }
+        let agent = [
+            "--ca-cert=/ca.crt",
+            "--agent-cert=/a.crt",
+            "--agent-key=/a.key",
+        ];
+        let t = run(Binary::ProxyAgent, &agent, &with(sock)).unwrap();
+        assert!(handover(&t).is_empty(), "{:?}", t.argv);
     }
 
     #[test]

@@ -723,8 +723,10 @@ fn host_network_pods_that_may_share_a_node_bind_different_ports() {
             if !a.host_network() || !b.host_network() || !may_share_a_node(a, b) {
                 continue;
             }
-            // The same object in two files: applying one replaces the other.
-            if a.doc.id() == b.doc.id() {
+            // The same object in two files (applying one replaces the
+            // other), or the same server as a static Pod and as a
+            // DaemonSet (konnectivity's: its files say to run one).
+            if a.doc.namespace() == b.doc.namespace() && a.doc.name() == b.doc.name() {
                 continue;
             }
             let ports = |r: &Role, c: &Value| -> BTreeSet<u16> {
@@ -1163,5 +1165,5 @@ fn servers_that_hand_over_roll_with_overlapping_pods() {
             "{name}: terminationGracePeriodSeconds {grace} leaves no time for the wait and the drain ({needs} s)"
         );
     }
-    assert!(checked >= 2, "only {checked} servers hand over");
+    assert!(checked >= 3, "only {checked} servers hand over");
 }

@@ -3,9 +3,13 @@
 //! (the Kubernetes documentation's static Pod and agent DaemonSet, with
 //! the Go binaries' names and flags) and OpenYurt's yurt-tunnel layout
 //! (iptables DNAT of kubelet traffic on the cloud node, no egress
-//! selector). Each ends with `kubectl logs`, `exec` and `port-forward` to a
-//! pod on the edge node, which the cloud reaches only through the tunnel.
-//! The native layout is `deploy_path` (the README's block).
+//! selector). Each reaches a pod on the edge node with `kubectl logs`,
+//! `exec` and `port-forward`, which the cloud does only through the
+//! tunnel, and then upgrades its server under load as deploy/README.md
+//! "Upgrades" says ([`crate::server_roll`]): the yurt-tunnel DaemonSet
+//! rolled to a new image, and the konnectivity server moved from the static
+//! Pod to its DaemonSet form and rolled. The native layout is
+//! `deploy_path` (the README's block).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -14,8 +18,10 @@ use serde_json::json;
 
 use crate::common::{serial, tail};
 use crate::kube_cluster::{KubeApiserver, CLOUD_IP, KUBELET_IP};
-use crate::real_node::{pod_json, wait_running, Cluster, RealNode, EDGE_NODE};
-use crate::support::repo;
+use crate::node_image;
+use crate::real_node::{pod_json, wait_running, wait_until, Cluster, RealNode, EDGE_NODE};
+use crate::server_roll;
+use crate::support::{repo, BIN};
 
 /// `cp` with the parents made.
 fn install(from: &Path, to: &Path) {
@@ -92,32 +98,14 @@ fn wait_pods_ready(
     }
 }
 
-/// A pod on the edge node that prints known lines and then echoes on
-/// `port`; `kubectl logs`, `exec` and `port-forward` reach it through the
-/// tunnel. Returns a line for the test's summary.
-fn reach_the_edge(cluster: &Cluster, what: &str) -> String {
-    let kas = cluster.kas();
-    let kubelet: std::net::SocketAddr = format!("{KUBELET_IP}:10250").parse().unwrap();
-    if let Err(e) = cluster.net.cloud_cannot_reach(kubelet) {
-        panic!("{e}");
-    }
-    let lines: String = (1..=300).map(|i| format!("edge line {i}\n")).collect();
-    let mut p1 = pod_json(
-        "p1",
-        EDGE_NODE,
-        &cluster.images.workload.name,
-        "for i in $(seq 1 300); do echo \"edge line $i\"; done; exec nc -ll -p 18080 -e cat",
-    );
-    p1["spec"].as_object_mut().unwrap().remove("nodeName");
-    p1["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": EDGE_NODE});
-    kas.create(&cluster.env, "pod-p1", &p1);
-    wait_running(
-        kas,
-        "default",
-        "p1",
-        Duration::from_secs(60),
-        &cluster.nodes(),
-    );
+/// What `p1` on the edge node prints before it echoes.
+fn p1_lines() -> String {
+    (1..=300).map(|i| format!("edge line {i}\n")).collect()
+}
+
+/// Waits up to a minute for `kubectl logs p1` to bring [`p1_lines`].
+fn logs_of_p1(kas: &KubeApiserver, what: &str) {
+    let lines = p1_lines();
     let t = Instant::now();
     let out = loop {
         let out = kas.kubectl(&["logs", "-n", "default", "p1", "--request-timeout=10s"]);
@@ -134,9 +122,75 @@ fn reach_the_edge(cluster: &Cluster, what: &str) -> String {
         out.stdout.len(),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A pod on the edge node that prints known lines and then echoes on
+/// `port`; `kubectl logs`, `exec` and `port-forward` reach it through the
+/// tunnel. Returns a line for the test's summary.
+fn reach_the_edge(cluster: &Cluster, what: &str) -> String {
+    let kas = cluster.kas();
+    let kubelet: std::net::SocketAddr = format!("{KUBELET_IP}:10250").parse().unwrap();
+    if let Err(e) = cluster.net.cloud_cannot_reach(kubelet) {
+        panic!("{e}");
+    }
+    let mut p1 = pod_json(
+        "p1",
+        EDGE_NODE,
+        &cluster.images.workload.name,
+        "for i in $(seq 1 300); do echo \"edge line $i\"; done; exec nc -ll -p 18080 -e cat",
+    );
+    p1["spec"].as_object_mut().unwrap().remove("nodeName");
+    p1["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": EDGE_NODE});
+    kas.create(&cluster.env, "pod-p1", &p1);
+    wait_running(
+        kas,
+        "default",
+        "p1",
+        Duration::from_secs(60),
+        &cluster.nodes(),
+    );
+    logs_of_p1(kas, what);
     let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
     crate::deploy_path::exec_and_port_forward_echo(kas, "p1", &data, what);
     "logs, exec and port-forward through the tunnel".to_string()
+}
+
+/// DaemonSet `kube-system/ds` rolled to a new image of edgetunnel
+/// (container `container`, pods named `ds-...`) under `kubectl logs` in a
+/// loop and a held `logs -f` (deploy/README.md "Upgrades"): the new pod
+/// takes the listeners over, no dial fails. A line for the summary.
+fn roll_under_load(cluster: &Cluster, ds: &str, container: &str) -> String {
+    let (rolled, _) = node_image::edgetunnel(
+        &cluster.images.dir,
+        Path::new(BIN),
+        "edgetunnel:0.1.0-rollout",
+    );
+    cluster.cp.import(&rolled);
+    let kas = cluster.kas();
+    let roll = server_roll::replace_under_load(
+        cluster,
+        &format!("{ds}-"),
+        &p1_lines(),
+        || {
+            kas.kubectl_ok(&[
+                "-n",
+                "kube-system",
+                "set",
+                "image",
+                &format!("daemonset/{ds}"),
+                &format!("{container}={}", rolled.name),
+            ]);
+        },
+        || crate::deploy_path::rollout_status(kas, ds),
+    );
+    logs_of_p1(kas, "after the roll");
+    format!(
+        "{ds} rolled to a new image through a handover in {:.1} s: {} kubectl logs during it, none failed, \
+         the held logs -f streamed on ({} lines)",
+        roll.took.as_secs_f64(),
+        roll.logs_ok,
+        roll.followed
+    )
 }
 
 #[test]
@@ -230,8 +284,46 @@ fn the_konnectivity_drop_in_runs_on_real_nodes() {
         Duration::from_secs(90),
     );
     let reached = reach_the_edge(&cluster, "konnectivity");
+    // The same server as a DaemonSet (konnectivity-server-daemonset.yaml,
+    // the form that upgrades by handover): the static Pod removed, the
+    // DaemonSet applied, then rolled under load.
+    std::fs::remove_file(cp_etc.join("manifests/konnectivity-server.yaml")).unwrap();
+    wait_until(
+        "the static pod gone",
+        Duration::from_secs(90),
+        || {
+            let out = kas.kubectl(&[
+                "get",
+                "pods",
+                "-n",
+                "kube-system",
+                "-l",
+                "k8s-app=konnectivity-server",
+                "-o",
+                "name",
+            ]);
+            out.status.success() && out.stdout.is_empty()
+        },
+        || cluster.cp.kubelet_log(),
+    );
+    let ds = std::fs::read_to_string(dir.join("konnectivity-server-daemonset.yaml")).unwrap();
+    apply(kas, &ds);
+    let ds_pod = wait_pods_ready(
+        kas,
+        "k8s-app=konnectivity-server",
+        "cp-1",
+        &cluster,
+        Duration::from_secs(90),
+    );
+    logs_of_p1(kas, "through the DaemonSet's server");
+    let rolled = roll_under_load(
+        &cluster,
+        "konnectivity-server",
+        "konnectivity-server-container",
+    );
     eprintln!(
-        "konnectivity drop-in on real nodes in {:.1} s: static pod {server:?}, agents {agents:?}; {reached}",
+        "konnectivity drop-in on real nodes in {:.1} s: static pod {server:?}, agents {agents:?}; {reached}; \
+         then as the DaemonSet {ds_pod:?}: {rolled}",
         t0.elapsed().as_secs_f64()
     );
 }
@@ -367,8 +459,11 @@ fn the_yurt_tunnel_layout_runs_on_real_nodes() {
         "no DNAT rule for {KUBELET_IP}:\n{rules}"
     );
     let reached = reach_the_edge(&cluster, "yurt-tunnel");
+    // kube-apiserver's dials come in through the DNAT rules here, which
+    // the old server leaves to the new one.
+    let rolled = roll_under_load(&cluster, "edgetunnel-server", "server");
     eprintln!(
-        "yurt-tunnel layout on real nodes in {:.1} s: server {server:?}, agents {agents:?}; {reached}",
+        "yurt-tunnel layout on real nodes in {:.1} s: server {server:?}, agents {agents:?}; {reached}; {rolled}",
         t0.elapsed().as_secs_f64()
     );
 }

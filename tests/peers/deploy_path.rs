@@ -35,8 +35,6 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -46,8 +44,10 @@ use crate::common::{serial, tail};
 use crate::kube_cluster::{run_bounded, KubeApiserver, CLOUD_IP, KUBELET_IP, KUBELET_PORT};
 use crate::node_image;
 use crate::real_node::{
-    pod_json, wait_running, Cluster, ControlPlane, RealNode, CP_NODE, EDGE_NODE,
+    pod_json, pod_log, wait_running, wait_until, Cluster, ControlPlane, RealNode, CP_NODE,
+    EDGE_NODE,
 };
+use crate::server_roll;
 use crate::support::{repo, BIN};
 
 /// The heading whose shell block is the deploy path.
@@ -279,19 +279,6 @@ fn can_i(kas: &KubeApiserver, sa: &str, verb: &str, what: &str, ns: &str) -> boo
             "can-i {verb} {what} as {sa}: {other:?} {}",
             String::from_utf8_lossy(&out.stderr)
         ),
-    }
-}
-
-/// Waits for `f` to be true, for up to `within`.
-fn wait_until(what: &str, within: Duration, mut f: impl FnMut() -> bool, log: impl Fn() -> String) {
-    let deadline = Instant::now() + within;
-    while !f() {
-        assert!(
-            Instant::now() < deadline,
-            "{what} not within {within:?}:\n{}",
-            log()
-        );
-        thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -539,7 +526,6 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
     let kas = cluster.kas();
     let (env, net) = (&cluster.env, &cluster.net);
     let (cp_node, edge_node) = (&cluster.cp, &cluster.edge);
-    let nodes = cluster.nodes();
     let workload = &cluster.images.workload;
 
     // 7. Logs of a pod on the edge node, which the scheduler places there.
@@ -682,143 +668,37 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
         after.as_secs_f64()
     ));
 
-    // The server DaemonSet rolled to a new image under a `kubectl logs -f`.
+    // The server DaemonSet rolled to a new image under load
+    // (deploy/README.md "Upgrades"): the new pod takes the listeners over.
     let (rolled, _) = node_image::edgetunnel(
         &cluster.images.dir,
         Path::new(BIN),
         "edgetunnel:0.1.0-rollout",
     );
     cp_node.import(&rolled);
-    let ticker = pod_json(
-        "p2",
-        EDGE_NODE,
-        &workload.name,
-        "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done",
-    );
-    kas.create(env, "pod-p2", &ticker);
-    wait_running(kas, "default", "p2", Duration::from_secs(60), &nodes);
-    let follow_log = env.path("follow.log");
-    let mut follow = kas.kubectl_cmd(&["logs", "-f", "-n", "default", "p2"]);
-    follow
-        .stdout(std::fs::File::create(&follow_log).unwrap())
-        .stderr(std::process::Stdio::piped());
-    let mut follow = follow.spawn().unwrap();
-    wait_until(
-        "kubectl logs -f streaming",
-        Duration::from_secs(30),
-        || {
-            std::fs::read_to_string(&follow_log)
-                .unwrap_or_default()
-                .lines()
-                .count()
-                > 5
-        },
-        String::new,
-    );
     let old_server = current_pod(kas, "edgetunnel-server");
-    let old_log = pod_log(cp_node, &old_server);
-    // Dials through the roll: `kubectl logs` in a loop, each a new tunnel
-    // from kube-apiserver through the server's socket (the new pod takes
-    // it over from the old one: deploy/README.md "Upgrades").
-    let stop = AtomicBool::new(false);
-    let (logs_ok, logs_failed) = (AtomicUsize::new(0), Mutex::new(Vec::new()));
-    let count = || {
-        std::fs::read_to_string(&follow_log)
-            .unwrap_or_default()
-            .lines()
-            .count()
-    };
-    let t_roll = Instant::now();
-    let (rolled_in, after) = thread::scope(|s| {
-        s.spawn(|| {
-            while !stop.load(Ordering::SeqCst) {
-                let o = kas.kubectl(&["logs", "-n", "default", "p1", "--request-timeout=10s"]);
-                if o.status.success() && o.stdout == lines.as_bytes() {
-                    logs_ok.fetch_add(1, Ordering::SeqCst);
-                } else {
-                    logs_failed.lock().unwrap().push(format!(
-                        "{:?}: {}",
-                        o.status,
-                        String::from_utf8_lossy(&o.stderr).trim()
-                    ));
-                }
-                thread::sleep(Duration::from_millis(100));
-            }
-        });
-        /// Stops the loop when the scope ends, a failed assertion included.
-        struct StopOnDrop<'a>(&'a AtomicBool);
-        impl Drop for StopOnDrop<'_> {
-            fn drop(&mut self) {
-                self.0.store(true, Ordering::SeqCst);
-            }
-        }
-        let _stop = StopOnDrop(&stop);
-        kas.kubectl_ok(&[
-            "-n",
-            "kube-system",
-            "set",
-            "image",
-            "daemonset/edgetunnel-server",
-            &format!("server={}", rolled.name),
-        ]);
-        // The held `logs -f` goes on once the new pod took over, on the
-        // old server while it drains (--graceful-shutdown-timeout-secs,
-        // 20 s; `rollout status` may return only once it is gone).
-        wait_until(
-            "a new server pod taking over",
-            Duration::from_secs(60),
-            || {
-                // Each pod's logs: a directory `NS_POD_UID` under logs/.
-                std::fs::read_dir(cp_node.dir.join("logs"))
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .filter_map(|d| {
-                        let name = d.file_name().to_string_lossy().to_string();
-                        name.strip_prefix("kube-system_")?
-                            .rsplit_once('_')
-                            .map(|(pod, _)| pod.to_string())
-                    })
-                    .filter(|pod| pod.starts_with("edgetunnel-server-"))
-                    .any(|pod| pod_log(cp_node, &pod).contains("handover: the predecessor drains"))
-            },
-            String::new,
-        );
-        let at_takeover = count();
-        wait_until(
-            "the held logs -f streaming after the takeover",
-            Duration::from_secs(10),
-            || count() > at_takeover + 3,
-            String::new,
-        );
-        let cut = follow.try_wait().unwrap();
-        assert!(
-            cut.is_none(),
-            "the held logs -f ended ({cut:?}) at the takeover"
-        );
-        let status = run_bounded(
-            kas.kubectl_cmd(&[
+    let roll = server_roll::replace_under_load(
+        &cluster,
+        "edgetunnel-server-",
+        &lines,
+        || {
+            kas.kubectl_ok(&[
                 "-n",
                 "kube-system",
-                "rollout",
-                "status",
+                "set",
+                "image",
                 "daemonset/edgetunnel-server",
-                "--timeout=120s",
-            ]),
-            None,
-            Duration::from_secs(130),
-        );
-        assert!(
-            status.status.success(),
-            "rollout: {}\n{}",
-            text(&status),
-            String::from_utf8_lossy(&status.stderr)
-        );
-        let rolled_in = t_roll.elapsed();
-        (rolled_in, logs_again("after the server rolled"))
-    });
+                &format!("server={}", rolled.name),
+            ]);
+        },
+        // `rollout status` may return only once the old pod is gone
+        // (--graceful-shutdown-timeout-secs, 20 s).
+        || rollout_status(kas, "edgetunnel-server"),
+    );
+    let after = logs_again("after the server rolled");
     let new_server = current_pod(kas, "edgetunnel-server");
     assert_ne!(new_server, old_server);
+    assert_eq!(new_server, roll.new_pod);
     let v = get_json(kas, &["pod", "-n", "kube-system", &new_server]);
     assert_eq!(
         v["spec"]["containers"][0]["image"],
@@ -826,43 +706,41 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
         "{}",
         v["spec"]
     );
-    // The new pod took the listeners from the old one (maxSurge: they ran
-    // side by side).
-    let new_log = pod_log(cp_node, &new_server);
-    assert!(
-        new_log.contains("handover: the predecessor drains"),
-        "the new server did not take over:\n{}\n--- old server:\n{}",
-        new_log.lines().take(12).collect::<Vec<_>>().join("\n"),
-        old_log
-            .lines()
-            .filter(|l| l.contains("andover") || l.contains("WARN") || l.contains("ERROR"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
-    let failed = logs_failed.into_inner().unwrap();
-    let logs_ok = logs_ok.into_inner();
-    assert!(
-        failed.is_empty(),
-        "{} of {} kubectl logs failed during the roll: {:?}\n--- new server:\n{}",
-        failed.len(),
-        failed.len() + logs_ok,
-        &failed[..failed.len().min(5)],
-        tail(&new_log, 15)
-    );
-    assert!(logs_ok >= 5, "only {logs_ok} kubectl logs during the roll");
-    let ticks_before = count();
-    let _ = follow.kill();
-    let _ = follow.wait();
     said.push(format!(
         "server rolled to a new image in {:.1} s (logs again {:.1} s later) through a handover: \
-         {logs_ok} kubectl logs during the roll, none failed; the held logs -f streamed on through it ({ticks_before} lines)",
-        rolled_in.as_secs_f64(),
+         {} kubectl logs during the roll, none failed; the held logs -f streamed on through it ({} lines)",
+        roll.took.as_secs_f64(),
         after.as_secs_f64(),
+        roll.logs_ok,
+        roll.followed,
     ));
     eprintln!(
         "README deploy path on real nodes in {:.1} s: {}",
         t0.elapsed().as_secs_f64(),
         said.join("; ")
+    );
+}
+
+/// `kubectl rollout status` of DaemonSet `kube-system/ds`: it must end
+/// within two minutes.
+pub(crate) fn rollout_status(kas: &KubeApiserver, ds: &str) {
+    let status = run_bounded(
+        kas.kubectl_cmd(&[
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            &format!("daemonset/{ds}"),
+            "--timeout=120s",
+        ]),
+        None,
+        Duration::from_secs(130),
+    );
+    assert!(
+        status.status.success(),
+        "rollout of {ds}: {}\n{}",
+        text(&status),
+        String::from_utf8_lossy(&status.stderr)
     );
 }
 
@@ -954,37 +832,6 @@ fn wait_ready(kas: &KubeApiserver, name: &str, within: Duration, nodes: &[&RealN
             format!("{}\n{logs}", v["status"])
         },
     );
-}
-
-/// What pod `name`'s containers wrote, from `node`'s pod log directory
-/// (CRI log lines, the message after the timestamp, stream and tag).
-fn pod_log(node: &RealNode, name: &str) -> String {
-    let mut out = String::new();
-    let Ok(dirs) = std::fs::read_dir(node.dir.join("logs")) else {
-        return out;
-    };
-    for d in dirs.flatten() {
-        if !d
-            .file_name()
-            .to_string_lossy()
-            .contains(&format!("_{name}_"))
-        {
-            continue;
-        }
-        for c in std::fs::read_dir(d.path()).into_iter().flatten().flatten() {
-            for f in std::fs::read_dir(c.path()).into_iter().flatten().flatten() {
-                for line in std::fs::read_to_string(f.path())
-                    .unwrap_or_default()
-                    .lines()
-                {
-                    let msg = line.splitn(4, ' ').nth(3).unwrap_or("");
-                    out.push_str(msg);
-                    out.push('\n');
-                }
-            }
-        }
-    }
-    out
 }
 
 /// `data` through `kubectl exec -i POD -- cat` and through a port-forward

@@ -854,3 +854,52 @@ impl Cluster {
         [&self.cp, &self.edge]
     }
 }
+
+/// Waits for `f` to be true, for up to `within`.
+pub(crate) fn wait_until(
+    what: &str,
+    within: Duration,
+    mut f: impl FnMut() -> bool,
+    log: impl Fn() -> String,
+) {
+    let deadline = Instant::now() + within;
+    while !f() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} not within {within:?}:\n{}",
+            log()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// What pod `name`'s containers wrote, from `node`'s pod log directory
+/// (CRI log lines, the message after the timestamp, stream and tag).
+pub(crate) fn pod_log(node: &RealNode, name: &str) -> String {
+    let mut out = String::new();
+    let Ok(dirs) = std::fs::read_dir(node.dir.join("logs")) else {
+        return out;
+    };
+    for d in dirs.flatten() {
+        if !d
+            .file_name()
+            .to_string_lossy()
+            .contains(&format!("_{name}_"))
+        {
+            continue;
+        }
+        for c in std::fs::read_dir(d.path()).into_iter().flatten().flatten() {
+            for f in std::fs::read_dir(c.path()).into_iter().flatten().flatten() {
+                for line in std::fs::read_to_string(f.path())
+                    .unwrap_or_default()
+                    .lines()
+                {
+                    let msg = line.splitn(4, ' ').nth(3).unwrap_or("");
+                    out.push_str(msg);
+                    out.push('\n');
+                }
+            }
+        }
+    }
+    out
+}
