@@ -130,6 +130,23 @@ pub struct AgentArgs {
     /// Admin listener: /metrics (and the health paths); off by default.
     #[arg(long, help_heading = "Observability")]
     pub admin_bind: Option<SocketAddr>,
+    /// Handover for upgrades without a failed dial: a unix socket path
+    /// that a running agent listens on. An agent started with the same
+    /// path (a new pod beside the old one on a host-network node) takes
+    /// over the running one's health and admin listeners there, links to
+    /// the servers, and only then tells the old one to drain (DRAIN, its
+    /// open tunnels finish within --drain-grace-secs). Nobody at the path:
+    /// the agent binds its listeners itself and listens there for its own
+    /// successor.
+    #[arg(long, help_heading = "Servers")]
+    pub handover_socket: Option<PathBuf>,
+    /// With --handover-socket: on the first SIGTERM/SIGINT before any
+    /// successor took over, seconds to serve on while one may still come
+    /// (a DaemonSet rolled with maxSurge signals the old pod as soon as the
+    /// new one runs, which may be before it linked); then the agent drains
+    /// as usual. A second signal ends the wait and the drain.
+    #[arg(long, help_heading = "Servers", default_value_t = 5.0)]
+    pub handover_wait_secs: f64,
     /// Worker cores (monoio runtimes) for the links to edgetunnel servers;
     /// default: all cores. Links are spread over them.
     #[arg(long, help_heading = "Data plane")]
@@ -190,6 +207,8 @@ impl AgentArgs {
             window: !self.no_flow_control,
             health_bind: self.health_bind,
             admin_bind: self.admin_bind,
+            handover_socket: self.handover_socket,
+            handover_wait: secs(self.handover_wait_secs),
             workers: self
                 .workers
                 .unwrap_or_else(crate::engine::runtime::default_workers)

@@ -468,9 +468,17 @@ async fn serve(
             tracing::info!(server = %addr, "draining: no new dials will be accepted by the server");
         }
         let _ = shared.ctl.unbounded_send(Frame::Drain);
-        let deadline = monoio::time::Instant::now() + cfg.drain_grace;
+        let sent = monoio::time::Instant::now();
+        let deadline = sent + cfg.drain_grace;
+        // A dial the server sent before it read the DRAIN arrives up to a
+        // round trip after it: the link ends only once that much time
+        // passed with no tunnel and no dial in progress (else such a dial
+        // would find the link gone and its caller reset).
+        let quiet = drain_quiet(shared.path.rtt());
         loop {
-            if shared.tunnel.borrow().open_connections() == 0 {
+            let idle = shared.tunnel.borrow().open_connections() == 0
+                && shared.cancels.borrow().is_empty();
+            if idle && sent.elapsed() >= quiet {
                 break;
             }
             if monoio::time::Instant::now() >= deadline || slots.shutdown.requested() >= 2 {
@@ -631,6 +639,13 @@ async fn read_loop(
             AgentAction::Ignored(reason) => tracing::debug!(%reason, "server packet ignored"),
         }
     }
+}
+
+/// How long a draining link stays after its DRAIN, at least: two round
+/// trips (100 ms while none was measured), within [20 ms, 2 s].
+fn drain_quiet(rtt: Option<Duration>) -> Duration {
+    (rtt.unwrap_or(Duration::from_millis(50)) * 2)
+        .clamp(Duration::from_millis(20), Duration::from_secs(2))
 }
 
 /// Why a dial produced no connection.

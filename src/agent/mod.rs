@@ -8,19 +8,21 @@
 pub mod args;
 pub mod backoff;
 mod connection;
+mod handover;
 mod link_window;
 mod links;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use backoff::{Attempt, Backoff};
 
 use crate::engine::runtime::{self, Driver};
-use crate::engine::{listener, signals, tls};
+use crate::engine::{listener, signals, takeover, tls};
 use crate::protocol::anp::agent_identifiers::Identifiers;
 
 /// Everything `edgetunnel agent` is told at start.
@@ -70,6 +72,12 @@ pub struct AgentConfig {
     pub health_bind: Option<std::net::SocketAddr>,
     /// Admin listener (/metrics and the health paths).
     pub admin_bind: Option<std::net::SocketAddr>,
+    /// Where a running agent hands its listeners to a successor
+    /// (`--handover-socket`, [`handover`]).
+    pub handover_socket: Option<std::path::PathBuf>,
+    /// With `handover_socket`: how long a signalled agent serves on while
+    /// a successor may still come.
+    pub handover_wait: Duration,
     /// Threads (monoio runtimes) the links are spread over.
     pub workers: usize,
     /// Most links kept to one server (1: no secondary links).
@@ -98,7 +106,22 @@ pub fn run(mut cfg: AgentConfig) -> Result<(), BoxError> {
         (tls::client_config_without_cert(&cfg.tls.ca)?, Vec::new())
     };
     let shutdown = signals::Shutdown::new();
-    signals::install(shutdown.clone(), signals::reload_certs(certs.clone()))?;
+    let handed_over = signals::Shutdown::new();
+    // With a handover socket the signals go through a thread of their own
+    // (started after the signals are blocked, which its mask inherits).
+    let signalled = match cfg.handover_socket {
+        None => shutdown.clone(),
+        Some(_) => signals::Shutdown::new(),
+    };
+    signals::install(signalled.clone(), signals::reload_certs(certs.clone()))?;
+    if cfg.handover_socket.is_some() {
+        takeover::signal_bridge(
+            signalled,
+            shutdown.clone(),
+            handed_over.clone(),
+            cfg.handover_wait,
+        )?;
+    }
     // The control thread swaps in a renewed agent certificate.
     let control = crate::control::manager::spawn(
         crate::control::manager::ControlSpec {
@@ -130,7 +153,16 @@ pub fn run(mut cfg: AgentConfig) -> Result<(), BoxError> {
             })
         })
         .collect();
-    let bound = listener::bind_all(&specs, cfg.workers, Default::default())?;
+    // A running agent at the handover socket hands them over.
+    let mut successor =
+        takeover::Successor::try_from_predecessor(cfg.handover_socket.as_deref(), &specs, "agent");
+    let bound = listener::bind_all_with(
+        &specs,
+        cfg.workers,
+        Default::default(),
+        successor.listener_sockets(),
+    )?;
+    let offer = takeover::offering(&specs, &bound)?;
     for (what, addr) in &bound.addresses {
         cfg.announce.send(crate::readiness::Ready::Listen {
             what: what.to_string(),
@@ -138,6 +170,18 @@ pub fn run(mut cfg: AgentConfig) -> Result<(), BoxError> {
         });
     }
     let admin = Mutex::new(bound.per_worker.into_iter().next());
+    let accepting = Arc::new(AtomicUsize::new(0));
+    let serving = signals::Shutdown::new();
+    handover::Handover {
+        successor,
+        offer,
+        shutdown: shutdown.clone(),
+        handed_over: handed_over.clone(),
+        accepting: accepting.clone(),
+        linked: || crate::metrics::agent::metrics().linked_to_every_server(),
+        serving: serving.clone(),
+    }
+    .spawn()?;
     let cfg = Arc::new(cfg);
     // Secondary links (one per server worker) spread over our workers;
     // worker 0 also runs the primary links and the admin listeners.
@@ -161,6 +205,9 @@ pub fn run(mut cfg: AgentConfig) -> Result<(), BoxError> {
             tls: client_tls.clone(),
             shutdown: shutdown.clone(),
             admin: admin.lock().expect("admin").take().unwrap_or_default(),
+            handed_over: handed_over.clone(),
+            accepting: accepting.clone(),
+            serving: serving.clone(),
         });
         async move {
             let jobs = monoio::spawn(links::serve_jobs(ctx, links.clone(), queue));
@@ -184,6 +231,13 @@ struct Primary {
     tls: Arc<rustls::ClientConfig>,
     shutdown: Arc<signals::Shutdown>,
     admin: Vec<listener::Listening<()>>,
+    /// Raised when a successor took the admin listeners over.
+    handed_over: Arc<signals::Shutdown>,
+    /// The admin accept loops running (a successor waits for them to end).
+    accepting: Arc<AtomicUsize>,
+    /// Raised once the admin listeners may accept (after a predecessor,
+    /// if any, stopped accepting on them).
+    serving: Arc<signals::Shutdown>,
 }
 
 impl Primary {
@@ -195,12 +249,19 @@ impl Primary {
             };
             match monoio::net::TcpListener::from_std(socket) {
                 Ok(socket) => {
-                    monoio::spawn(crate::admin::serve(
+                    let serve = crate::admin::serve(
                         socket,
                         l.name,
                         Rc::new(AgentAdmin),
-                        None,
-                    ));
+                        Some(self.handed_over.clone()),
+                    );
+                    let (accepting, serving) = (self.accepting.clone(), self.serving.clone());
+                    accepting.fetch_add(1, Ordering::SeqCst);
+                    monoio::spawn(async move {
+                        serving.wait(1).await;
+                        serve.await;
+                        accepting.fetch_sub(1, Ordering::SeqCst);
+                    });
                 }
                 Err(e) => tracing::error!(listener = l.name, error = %e, "agent admin listener"),
             }

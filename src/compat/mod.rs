@@ -105,9 +105,9 @@
 //! yurt-tunnel's binaries find the cluster CA.
 //!
 //! What the Go servers cannot do comes in through the environment, so that
-//! a manifest's `args` stay Go's: `EDGETUNNEL_HANDOVER_SOCKET` gives both
-//! server faces edgetunnel's listener handover (`--handover-socket`, the
-//! upgrade without a failed dial, deploy/README.md "Upgrades").
+//! a manifest's `args` stay Go's: `EDGETUNNEL_HANDOVER_SOCKET` gives every
+//! face edgetunnel's handover (`--handover-socket`, the upgrade without a
+//! failed dial, deploy/README.md "Upgrades").
 
 pub mod anp_agent;
 pub mod anp_server;
@@ -122,8 +122,8 @@ use std::path::{Path, PathBuf};
 
 use goflag::{FlagError, Kind, Parsed, Spec, Value};
 
-/// The environment variable that gives a Go-named server edgetunnel's
-/// `--handover-socket`.
+/// The environment variable that gives a Go-named server or agent
+/// edgetunnel's `--handover-socket`.
 pub const HANDOVER_SOCKET_ENV: &str = "EDGETUNNEL_HANDOVER_SOCKET";
 
 /// The Go binaries this entry stands in for.
@@ -399,10 +399,8 @@ pub fn translate(
         Binary::YurtTunnelServer => yurt_server::translate(&p, &mut out, host)?,
         Binary::YurtTunnelAgent => yurt_agent::translate(&p, &mut out, host)?,
     }
-    if binary.role() == "server" {
-        if let Some(sock) = host.env(HANDOVER_SOCKET_ENV).filter(|s| !s.is_empty()) {
-            out.arg("--handover-socket", sock);
-        }
+    if let Some(sock) = host.env(HANDOVER_SOCKET_ENV).filter(|s| !s.is_empty()) {
+        out.arg("--handover-socket", sock);
     }
     klog::translate(&p, &mut out, binary.name());
     if !p.positional.is_empty() {
@@ -875,8 +873,8 @@ mod tests {
         v.iter().map(|x| x.to_string()).collect()
     }
 
-    /// `EDGETUNNEL_HANDOVER_SOCKET` gives either server face the handover
-    /// (Go's arguments unchanged); agents and an empty value get nothing.
+    /// `EDGETUNNEL_HANDOVER_SOCKET` gives every face the handover (Go's
+    /// arguments unchanged); an empty value gives nothing.
     #[test]
     fn the_handover_socket_comes_from_the_environment() {
         let anp = [
@@ -885,6 +883,11 @@ mod tests {
             "--cluster-ca-cert=/pki/ca.crt",
             "--uds-name=/run/konnectivity.sock",
             "--server-port=0",
+        ];
+        let agent = [
+            "--ca-cert=/ca.crt",
+            "--agent-cert=/a.crt",
+            "--agent-key=/a.key",
         ];
         let with = |v: &str| {
             FakeHost::default()
@@ -901,19 +904,13 @@ mod tests {
         for (b, args) in [
             (Binary::ProxyServer, &anp[..]),
             (Binary::YurtTunnelServer, &[][..]),
+            (Binary::ProxyAgent, &agent[..]),
         ] {
             let t = run(b, args, &with(sock)).unwrap();
             assert_eq!(handover(&t), [format!("--handover-socket {sock}")]);
             let t = run(b, args, &with("")).unwrap();
             assert!(handover(&t).is_empty(), "{:?}", t.argv);
         }
-        let agent = [
-            "--ca-cert=/ca.crt",
-            "--agent-cert=/a.crt",
-            "--agent-key=/a.key",
-        ];
-        let t = run(Binary::ProxyAgent, &agent, &with(sock)).unwrap();
-        assert!(handover(&t).is_empty(), "{:?}", t.argv);
     }
 
     #[test]

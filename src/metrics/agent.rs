@@ -289,6 +289,13 @@ impl AgentMetrics {
         self.open_server_connections.get()
     }
 
+    /// Whether a connection is up to every server the agent knows of (and
+    /// to one at least).
+    pub fn linked_to_every_server(&self) -> bool {
+        let linked = self.servers_connected.get();
+        linked > 0 && linked >= self.known_server_count.get()
+    }
+
     pub fn render(&self) -> String {
         self.exposition.render()
     }

@@ -1099,40 +1099,55 @@ fn a_protocol_mismatch_on_the_egress_socket_is_named() {
     );
 }
 
-/// A server that can hand its listeners over (`--handover-socket`) must be
-/// deployed so that old and new pods overlap on a node: its DaemonSet rolls
-/// with `maxSurge: 1, maxUnavailable: 0`, declares no port (with
+/// A server or agent that hands over (`--handover-socket`) must be
+/// deployed so that old and new pods overlap on a node: its DaemonSet
+/// rolls with `maxSurge: 1, maxUnavailable: 0`, declares no port (with
 /// hostNetwork a declared port is a host port, which would keep the new
 /// pod off the node), finds the handover socket on a hostPath both pods
-/// mount, and has time to drain before it is killed.
+/// mount, and has time to drain before it is killed. An agent on the pod
+/// network needs no handover (its ports are its own) but rolls the same
+/// way, with a readiness probe that passes once it linked, so that the old
+/// pod goes only then.
 #[test]
-fn servers_that_hand_over_roll_with_overlapping_pods() {
+fn servers_and_agents_roll_with_overlapping_pods() {
     let all = docs();
-    let mut checked = 0;
+    let (mut servers, mut agents) = (0, 0);
     for (w, c, role) in roles(&all) {
-        let Role::Server(s) = &role else { continue };
-        let Some(sock) = &s.handover_socket else {
+        let name = w.doc.short();
+        let (sock, needs) = match &role {
+            Role::Server(s) => (
+                s.handover_socket.clone(),
+                s.graceful_shutdown_timeout_secs + s.handover_wait_secs,
+            ),
+            Role::Agent(a) => (
+                a.handover_socket.clone(),
+                a.drain_grace_secs + a.handover_wait_secs,
+            ),
+        };
+        let agent = matches!(role, Role::Agent(_));
+        let Some(sock) = sock else {
+            if agent {
+                assert!(
+                    !w.host_network(),
+                    "{name}: an agent on the host network needs --handover-socket to overlap"
+                );
+                let ready = &c["readinessProbe"]["httpGet"];
+                assert_eq!(
+                    ready["path"].as_str(),
+                    Some("/readyz"),
+                    "{name}: the old agent must go only once the new one linked"
+                );
+                overlaps(&w, &name);
+                agents += 1;
+            }
             continue;
         };
-        let name = w.doc.short();
-        checked += 1;
-        assert_eq!(
-            w.doc.kind(),
-            "DaemonSet",
-            "{name}: handover needs a DaemonSet's surge"
-        );
-        let roll = &w.doc.v["spec"]["updateStrategy"];
-        assert_eq!(roll["type"].as_str(), Some("RollingUpdate"), "{name}");
-        assert_eq!(
-            roll["rollingUpdate"]["maxSurge"].as_u64(),
-            Some(1),
-            "{name}: maxSurge"
-        );
-        assert_eq!(
-            roll["rollingUpdate"]["maxUnavailable"].as_u64(),
-            Some(0),
-            "{name}: maxUnavailable"
-        );
+        overlaps(&w, &name);
+        if agent {
+            agents += 1;
+        } else {
+            servers += 1;
+        }
         if w.host_network() {
             assert!(
                 c["ports"].as_array().is_none_or(|p| p.is_empty()),
@@ -1159,11 +1174,35 @@ fn servers_that_hand_over_roll_with_overlapping_pods() {
         let grace = w.spec["terminationGracePeriodSeconds"]
             .as_f64()
             .unwrap_or(30.0);
-        let needs = s.graceful_shutdown_timeout_secs + s.handover_wait_secs;
         assert!(
             grace > needs,
             "{name}: terminationGracePeriodSeconds {grace} leaves no time for the wait and the drain ({needs} s)"
         );
     }
-    assert!(checked >= 3, "only {checked} servers hand over");
+    assert!(servers >= 3, "only {servers} servers hand over");
+    assert!(
+        agents >= 2,
+        "only {agents} agents roll with overlapping pods"
+    );
+}
+
+/// A DaemonSet that rolls with a new pod beside the old one.
+fn overlaps(w: &Workload, name: &str) {
+    assert_eq!(
+        w.doc.kind(),
+        "DaemonSet",
+        "{name}: overlapping pods need a DaemonSet's surge"
+    );
+    let roll = &w.doc.v["spec"]["updateStrategy"];
+    assert_eq!(roll["type"].as_str(), Some("RollingUpdate"), "{name}");
+    assert_eq!(
+        roll["rollingUpdate"]["maxSurge"].as_u64(),
+        Some(1),
+        "{name}: maxSurge"
+    );
+    assert_eq!(
+        roll["rollingUpdate"]["maxUnavailable"].as_u64(),
+        Some(0),
+        "{name}: maxUnavailable"
+    );
 }

@@ -6,10 +6,10 @@
 //! selector). Each reaches a pod on the edge node with `kubectl logs`,
 //! `exec` and `port-forward`, which the cloud does only through the
 //! tunnel, and then upgrades its server under load as deploy/README.md
-//! "Upgrades" says ([`crate::server_roll`]): the yurt-tunnel DaemonSet
-//! rolled to a new image, and the konnectivity server moved from the static
-//! Pod to its DaemonSet form and rolled. The native layout is
-//! `deploy_path` (the README's block).
+//! "Upgrades" says ([`crate::rollout`]): the yurt-tunnel server's
+//! DaemonSet rolled to a new image; the konnectivity server moved from the
+//! static Pod to its DaemonSet form and rolled, then its agents rolled.
+//! The native layout is `deploy_path` (the README's block).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -18,9 +18,9 @@ use serde_json::json;
 
 use crate::common::{serial, tail};
 use crate::kube_cluster::{KubeApiserver, CLOUD_IP, KUBELET_IP};
-use crate::node_image;
+use crate::node_image::{self, Archive};
 use crate::real_node::{pod_json, wait_running, wait_until, Cluster, RealNode, EDGE_NODE};
-use crate::server_roll;
+use crate::rollout;
 use crate::support::{repo, BIN};
 
 /// `cp` with the parents made.
@@ -155,21 +155,37 @@ fn reach_the_edge(cluster: &Cluster, what: &str) -> String {
     "logs, exec and port-forward through the tunnel".to_string()
 }
 
-/// DaemonSet `kube-system/ds` rolled to a new image of edgetunnel
-/// (container `container`, pods named `ds-...`) under `kubectl logs` in a
-/// loop and a held `logs -f` (deploy/README.md "Upgrades"): the new pod
-/// takes the listeners over, no dial fails. A line for the summary.
-fn roll_under_load(cluster: &Cluster, ds: &str, container: &str) -> String {
+/// The edgetunnel image under another name (what an upgrade rolls to),
+/// imported into both nodes.
+fn rolled_image(cluster: &Cluster) -> Archive {
     let (rolled, _) = node_image::edgetunnel(
         &cluster.images.dir,
         Path::new(BIN),
         "edgetunnel:0.1.0-rollout",
     );
-    cluster.cp.import(&rolled);
+    for node in cluster.nodes() {
+        node.import(&rolled);
+    }
+    rolled
+}
+
+/// DaemonSet `kube-system/ds` rolled to `image` (container `container`,
+/// pods named `ds-...` on `node`) under `kubectl logs` in a loop and a held
+/// `logs -f` (deploy/README.md "Upgrades"): the new pod logs `took_over`,
+/// no dial fails. A line for the summary.
+fn roll_under_load(
+    cluster: &Cluster,
+    node: &RealNode,
+    image: &Archive,
+    (ds, container): (&str, &str),
+    took_over: &str,
+) -> String {
     let kas = cluster.kas();
-    let roll = server_roll::replace_under_load(
+    let roll = rollout::replace_under_load(
         cluster,
+        node,
         &format!("{ds}-"),
+        took_over,
         &p1_lines(),
         || {
             kas.kubectl_ok(&[
@@ -178,14 +194,14 @@ fn roll_under_load(cluster: &Cluster, ds: &str, container: &str) -> String {
                 "set",
                 "image",
                 &format!("daemonset/{ds}"),
-                &format!("{container}={}", rolled.name),
+                &format!("{container}={}", image.name),
             ]);
         },
         || crate::deploy_path::rollout_status(kas, ds),
     );
     logs_of_p1(kas, "after the roll");
     format!(
-        "{ds} rolled to a new image through a handover in {:.1} s: {} kubectl logs during it, none failed, \
+        "{ds} rolled to a new image in {:.1} s: {} kubectl logs during it, none failed, \
          the held logs -f streamed on ({} lines)",
         roll.took.as_secs_f64(),
         roll.logs_ok,
@@ -316,14 +332,26 @@ fn the_konnectivity_drop_in_runs_on_real_nodes() {
         Duration::from_secs(90),
     );
     logs_of_p1(kas, "through the DaemonSet's server");
-    let rolled = roll_under_load(
+    // Both rolled under load: the server through a handover, the agents
+    // (on the pod network, ready once linked) one beside the other.
+    let image = rolled_image(&cluster);
+    let server_rolled = roll_under_load(
         &cluster,
-        "konnectivity-server",
-        "konnectivity-server-container",
+        &cluster.cp,
+        &image,
+        ("konnectivity-server", "konnectivity-server-container"),
+        rollout::TOOK_OVER,
+    );
+    let agent_rolled = roll_under_load(
+        &cluster,
+        &cluster.edge,
+        &image,
+        ("konnectivity-agent", "konnectivity-agent"),
+        "connected to server",
     );
     eprintln!(
         "konnectivity drop-in on real nodes in {:.1} s: static pod {server:?}, agents {agents:?}; {reached}; \
-         then as the DaemonSet {ds_pod:?}: {rolled}",
+         then as the DaemonSet {ds_pod:?}: {server_rolled}; {agent_rolled}",
         t0.elapsed().as_secs_f64()
     );
 }
@@ -461,7 +489,14 @@ fn the_yurt_tunnel_layout_runs_on_real_nodes() {
     let reached = reach_the_edge(&cluster, "yurt-tunnel");
     // kube-apiserver's dials come in through the DNAT rules here, which
     // the old server leaves to the new one.
-    let rolled = roll_under_load(&cluster, "edgetunnel-server", "server");
+    let image = rolled_image(&cluster);
+    let rolled = roll_under_load(
+        &cluster,
+        &cluster.cp,
+        &image,
+        ("edgetunnel-server", "server"),
+        rollout::TOOK_OVER,
+    );
     eprintln!(
         "yurt-tunnel layout on real nodes in {:.1} s: server {server:?}, agents {agents:?}; {reached}; {rolled}",
         t0.elapsed().as_secs_f64()

@@ -47,7 +47,7 @@ use crate::real_node::{
     pod_json, pod_log, wait_running, wait_until, Cluster, ControlPlane, RealNode, CP_NODE,
     EDGE_NODE,
 };
-use crate::server_roll;
+use crate::rollout;
 use crate::support::{repo, BIN};
 
 /// The heading whose shell block is the deploy path.
@@ -677,9 +677,11 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
     );
     cp_node.import(&rolled);
     let old_server = current_pod(kas, "edgetunnel-server");
-    let roll = server_roll::replace_under_load(
+    let roll = rollout::replace_under_load(
         &cluster,
+        cp_node,
         "edgetunnel-server-",
+        rollout::TOOK_OVER,
         &lines,
         || {
             kas.kubectl_ok(&[
@@ -709,6 +711,41 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
     said.push(format!(
         "server rolled to a new image in {:.1} s (logs again {:.1} s later) through a handover: \
          {} kubectl logs during the roll, none failed; the held logs -f streamed on through it ({} lines)",
+        roll.took.as_secs_f64(),
+        after.as_secs_f64(),
+        roll.logs_ok,
+        roll.followed,
+    ));
+
+    // The agent DaemonSet rolled under load: the new agent takes the old
+    // one's health port over, links, and only then the old one drains.
+    edge_node.import(&rolled);
+    let old_agent = current_pod(kas, "edgetunnel-agent");
+    let roll = rollout::replace_under_load(
+        &cluster,
+        edge_node,
+        "edgetunnel-agent-",
+        rollout::TOOK_OVER,
+        &lines,
+        || {
+            kas.kubectl_ok(&[
+                "-n",
+                "kube-system",
+                "set",
+                "image",
+                "daemonset/edgetunnel-agent",
+                &format!("agent={}", rolled.name),
+            ]);
+        },
+        || rollout_status(kas, "edgetunnel-agent"),
+    );
+    let after = logs_again("after the agent rolled");
+    let new_agent = current_pod(kas, "edgetunnel-agent");
+    assert_ne!(new_agent, old_agent);
+    assert_eq!(new_agent, roll.new_pod);
+    said.push(format!(
+        "agent rolled to a new image in {:.1} s (logs again {:.1} s later) through a handover: \
+         {} kubectl logs during the roll, none failed; the held logs -f streamed on ({} lines)",
         roll.took.as_secs_f64(),
         after.as_secs_f64(),
         roll.logs_ok,

@@ -29,7 +29,7 @@ mod kubelet;
 mod metrics_scrape;
 mod node_image;
 mod real_node;
-mod server_roll;
+mod rollout;
 mod spdy;
 mod tls_frontends;
 mod yurt_dnat;

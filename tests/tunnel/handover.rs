@@ -258,3 +258,143 @@ fn three_agent_rollouts_under_load_fail_no_dial() {
         server.proc.log_text()
     });
 }
+
+/// On a host-network node two agents of one DaemonSet overlap only if they
+/// can share the health port: with `--handover-socket` the new agent takes
+/// the old one's health listener, links, and only then tells the old one to
+/// drain. Three rollouts under a steady load of dials, the old agent
+/// signalled as soon as the new one starts (the DaemonSet controller with
+/// maxSurge deletes the old pod once the new one runs, maybe before it
+/// linked) or not at all, each new agent's links a second slow to come up
+/// (a WAN's handshakes): no dial fails, the health port answers every
+/// probe, and a tunnel held on the old agent stays whole until it ends. In
+/// the last round no tunnel holds the old agent: were it to drain before
+/// the new one linked, it would leave at once and the node's dials fail.
+#[test]
+fn three_agent_handovers_under_load_fail_no_dial_and_keep_the_health_port() {
+    let env = Env::new();
+    let server = Server::start(&env, &["--workers", "2"]);
+    let sock = env.path("agent-handover.socket").display().to_string();
+    let health: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let health_arg = health.to_string();
+    let args = [
+        "--handover-socket",
+        sock.as_str(),
+        "--health-bind",
+        health_arg.as_str(),
+    ];
+    let mut agent = Agent::start(&env, server.agent, "node1", "host=node1", &args);
+    server.wait_agent_links(2.0, &agent.proc);
+    let echo = echo_server("127.0.0.1");
+    let target = echo.addr.to_string();
+    let load = Load::start(Via::both_frontends(&server), target.clone());
+    let stop = Arc::new(AtomicBool::new(false));
+    let probes = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            let (mut ok, mut failed) = (0usize, Vec::new());
+            while !stop.load(Ordering::SeqCst) {
+                match probe(health) {
+                    Ok(200) => ok += 1,
+                    other => failed.push(format!("{other:?}")),
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+            (ok, failed)
+        })
+    };
+    thread::sleep(Duration::from_millis(300));
+    for round in 1..=3u8 {
+        let mut held = (round < 3).then(|| {
+            let (status, _, mut held) = connect_unix(&server.connect_uds, &target);
+            assert_eq!(status, 200);
+            still_echoes(&mut held, round);
+            held
+        });
+        let slow = slow_link(server.agent, Duration::from_secs(1));
+        let next = Agent::spawn(&env, slow, "node1", "host=node1", &args);
+        if round != 2 {
+            agent.proc.signal(libc::SIGTERM);
+        }
+        next.proc.wait_log("handover: the predecessor drains");
+        agent
+            .proc
+            .wait_log("handover: a successor listens on our sockets");
+        let before = load.ok.load(Ordering::SeqCst);
+        let deadline = Instant::now() + WAIT;
+        while load.ok.load(Ordering::SeqCst) < before + 20 {
+            assert!(Instant::now() < deadline, "round {round}: dials stopped");
+            thread::sleep(Duration::from_millis(20));
+        }
+        if let Some(mut held) = held.take() {
+            still_echoes(&mut held, round.wrapping_add(100));
+        }
+        assert!(
+            agent.proc.wait_exit(WAIT).is_some(),
+            "round {round}: the old agent still runs:\n{}",
+            agent.proc.log_text()
+        );
+        server.wait_metric("edgetunnel_agents_connected", 1.0);
+        agent = next;
+    }
+    let (ok, failures) = load.finish();
+    stop.store(true, Ordering::SeqCst);
+    let (probed, probe_failures) = probes.join().unwrap();
+    assert_none_failed("dials through three agent handovers", ok, &failures, || {
+        server.proc.log_text()
+    });
+    assert!(
+        probe_failures.is_empty() && probed > 20,
+        "health probes through three agent handovers: {probed} answered, failed: {probe_failures:?}\n{}",
+        agent.proc.log_text()
+    );
+    assert!(agent
+        .proc
+        .log_text()
+        .contains("handover: took the listening sockets of the running agent"));
+    eprintln!(
+        "three agent handovers: {ok} dials, none failed; {probed} health probes, all answered"
+    );
+}
+
+/// A TCP forwarder to `upstream` that connects each connection only
+/// `delay` after accepting it: a link whose handshakes take that long.
+fn slow_link(upstream: std::net::SocketAddr, delay: Duration) -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(down) = conn else { return };
+            thread::spawn(move || {
+                thread::sleep(delay);
+                let Ok(up) = std::net::TcpStream::connect(upstream) else {
+                    return;
+                };
+                let (mut d2, mut u2) = (down.try_clone().unwrap(), up.try_clone().unwrap());
+                let (mut down, mut up) = (down, up);
+                let t = thread::spawn(move || {
+                    let _ = std::io::copy(&mut d2, &mut u2);
+                    let _ = u2.shutdown(std::net::Shutdown::Write);
+                });
+                let _ = std::io::copy(&mut up, &mut down);
+                let _ = down.shutdown(std::net::Shutdown::Write);
+                let _ = t.join();
+            });
+        }
+    });
+    addr
+}
+
+/// GET /healthz at `addr`: the status, or why there was none.
+fn probe(addr: std::net::SocketAddr) -> std::io::Result<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    text.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("no status in {text:?}")))
+}

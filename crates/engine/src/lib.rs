@@ -46,6 +46,7 @@ pub mod sharded_count;
 pub mod signals;
 #[allow(unsafe_code)]
 pub mod sys;
+pub mod takeover;
 pub mod tls;
 pub mod tls_copy;
 pub mod tls_records;

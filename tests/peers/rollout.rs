@@ -1,10 +1,11 @@
-//! A cloud-side server replaced on a real node ([`crate::real_node`])
-//! while kube-apiserver dials through it, as deploy/README.md "Upgrades"
-//! says an upgrade runs: `kubectl logs` in a loop (each a new tunnel) and a
-//! held `kubectl logs -f`, while the caller starts the replacement (a
-//! DaemonSet's new image) and the new pod takes the listeners over. The
-//! layouts' tests share it: `deploy_path` (the native server) and
-//! `deploy_layouts` (the yurt-tunnel layout, the konnectivity drop-in).
+//! A cloud-side server or an edge node's agent replaced on a real node
+//! ([`crate::real_node`]) while kube-apiserver dials through it, as
+//! deploy/README.md "Upgrades" says an upgrade runs: `kubectl logs` in a
+//! loop (each a new tunnel) and a held `kubectl logs -f`, while the caller
+//! starts the replacement (a DaemonSet's new image) and the new pod takes
+//! over. The layouts' tests share it: `deploy_path` (the native server and
+//! agent) and `deploy_layouts` (the yurt-tunnel layout, the konnectivity
+//! drop-in).
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -14,10 +15,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::common::tail;
-use crate::real_node::{pod_json, pod_log, wait_running, wait_until, Cluster, EDGE_NODE};
+use crate::real_node::{pod_json, pod_log, wait_running, wait_until, Cluster, RealNode, EDGE_NODE};
 
-/// What the new pod logs once it took the listeners over.
-const TOOK_OVER: &str = "handover: the predecessor drains";
+/// What a new server or agent with a handover socket logs once its
+/// predecessor drains.
+pub(crate) const TOOK_OVER: &str = "handover: the predecessor drains";
 
 /// The load through a replacement, counted.
 pub(crate) struct Rolled {
@@ -31,8 +33,8 @@ pub(crate) struct Rolled {
     pub new_pod: String,
 }
 
-/// The kube-system pods on `node` named `prefix...` whose log directory
-/// exists (`NS_POD_UID` under the node's logs/).
+/// The kube-system pods named `prefix...` whose log directory exists in
+/// `dir` (`NS_POD_UID` under a node's logs/).
 fn pod_dirs(dir: &Path, prefix: &str) -> BTreeSet<String> {
     std::fs::read_dir(dir.join("logs"))
         .into_iter()
@@ -46,17 +48,18 @@ fn pod_dirs(dir: &Path, prefix: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// Replaces the server whose pods are named `prefix...` on the
-/// control-plane node under load: `start` begins the replacement (a new
-/// image, a new manifest), the helper waits for a new pod to log the
-/// takeover and for the held stream to go on after it, then `finish`
-/// waits for the replacement to end (a rollout's status). `p1` on the edge
-/// node must print `lines` (each `kubectl logs` is checked against it).
-/// Panics on a failed `kubectl logs`, a held stream cut at the takeover,
-/// or no takeover.
+/// Replaces the pods named `prefix...` on `node` under load: `start`
+/// begins the replacement (a new image), the helper waits for a new pod to
+/// log `took_over` and for the held stream to go on after it, then
+/// `finish` waits for the replacement to end (a rollout's status). `p1` on
+/// the edge node must print `lines` (each `kubectl logs` is checked
+/// against it). Panics on a failed `kubectl logs`, a held stream cut at
+/// the takeover, or no takeover.
 pub(crate) fn replace_under_load(
     cluster: &Cluster,
+    node: &RealNode,
     prefix: &str,
+    took_over: &str,
     lines: &str,
     start: impl FnOnce(),
     finish: impl FnOnce(),
@@ -64,16 +67,18 @@ pub(crate) fn replace_under_load(
     let kas = cluster.kas();
     let env = &cluster.env;
     let nodes = cluster.nodes();
-    let ticker = pod_json(
-        "ticker",
+    // A pod of its own per replacement (a deleted one takes its time).
+    let ticker = format!("follow-{}", prefix.trim_end_matches('-'));
+    let pod = pod_json(
+        &ticker,
         EDGE_NODE,
         &cluster.images.workload.name,
         "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done",
     );
-    kas.create(env, "pod-ticker", &ticker);
-    wait_running(kas, "default", "ticker", Duration::from_secs(60), &nodes);
-    let follow_log = env.path("follow.log");
-    let mut follow = kas.kubectl_cmd(&["logs", "-f", "-n", "default", "ticker"]);
+    kas.create(env, &format!("pod-{ticker}"), &pod);
+    wait_running(kas, "default", &ticker, Duration::from_secs(60), &nodes);
+    let follow_log = env.path(&format!("{ticker}.log"));
+    let mut follow = kas.kubectl_cmd(&["logs", "-f", "-n", "default", &ticker]);
     follow
         .stdout(std::fs::File::create(&follow_log).unwrap())
         .stderr(std::process::Stdio::piped());
@@ -90,7 +95,6 @@ pub(crate) fn replace_under_load(
         || followed() > 5,
         String::new,
     );
-    let node = &cluster.cp;
     let before = pod_dirs(&node.dir, prefix);
     let servers_log = || {
         pod_dirs(&node.dir, prefix)
@@ -99,7 +103,12 @@ pub(crate) fn replace_under_load(
                 let log = pod_log(node, p);
                 let said: Vec<&str> = log
                     .lines()
-                    .filter(|l| l.contains("andover") || l.contains("WARN") || l.contains("ERROR"))
+                    .filter(|l| {
+                        l.contains("andover")
+                            || l.contains(took_over)
+                            || l.contains("WARN")
+                            || l.contains("ERROR")
+                    })
                     .collect();
                 format!("--- {p}:\n{}", tail(&said.join("\n"), 15))
             })
@@ -138,13 +147,13 @@ pub(crate) fn replace_under_load(
         // old server while it drains.
         let mut new_pod = String::new();
         wait_until(
-            "a new server pod taking over",
+            &format!("a new {prefix} pod taking over"),
             Duration::from_secs(60),
             || {
                 let now = pod_dirs(&node.dir, prefix);
                 match now
                     .difference(&before)
-                    .find(|p| pod_log(node, p).contains(TOOK_OVER))
+                    .find(|p| pod_log(node, p).contains(took_over))
                 {
                     Some(p) => {
                         new_pod = p.clone();
@@ -187,7 +196,7 @@ pub(crate) fn replace_under_load(
     let followed = followed();
     let _ = follow.kill();
     let _ = follow.wait();
-    kas.kubectl_ok(&["delete", "pod", "-n", "default", "ticker", "--wait=false"]);
+    kas.kubectl_ok(&["delete", "pod", "-n", "default", &ticker, "--wait=false"]);
     Rolled {
         logs_ok,
         took,
