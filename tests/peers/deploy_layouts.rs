@@ -48,6 +48,21 @@ fn apply(kas: &KubeApiserver, yaml: &str) {
     );
 }
 
+/// The pods labelled `selector` in kube-system (`kubectl get -o json`).
+fn pods(kas: &KubeApiserver, selector: &str) -> serde_json::Value {
+    let out = kas.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        "kube-system",
+        "-l",
+        selector,
+        "-o",
+        "json",
+    ]);
+    serde_json::from_slice(&out.stdout).unwrap_or_default()
+}
+
 /// Waits until the pods labelled `selector` in kube-system are all on
 /// `node` and ready; their names.
 fn wait_pods_ready(
@@ -59,17 +74,7 @@ fn wait_pods_ready(
 ) -> Vec<String> {
     let deadline = Instant::now() + within;
     loop {
-        let out = kas.kubectl(&[
-            "get",
-            "pods",
-            "-n",
-            "kube-system",
-            "-l",
-            selector,
-            "-o",
-            "json",
-        ]);
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let v = pods(kas, selector);
         let items = v["items"].as_array().cloned().unwrap_or_default();
         let ready = !items.is_empty()
             && items.iter().all(|p| {
@@ -181,23 +186,13 @@ fn roll_under_load(
     took_over: &str,
 ) -> String {
     let kas = cluster.kas();
-    let roll = rollout::replace_under_load(
+    let roll = rollout::roll_daemonset(
         cluster,
         node,
-        &format!("{ds}-"),
+        &image.name,
+        (ds, container),
         took_over,
         &p1_lines(),
-        || {
-            kas.kubectl_ok(&[
-                "-n",
-                "kube-system",
-                "set",
-                "image",
-                &format!("daemonset/{ds}"),
-                &format!("{container}={}", image.name),
-            ]);
-        },
-        || crate::deploy_path::rollout_status(kas, ds),
     );
     logs_of_p1(kas, "after the roll");
     format!(
@@ -307,19 +302,7 @@ fn the_konnectivity_drop_in_runs_on_real_nodes() {
     wait_until(
         "the static pod gone",
         Duration::from_secs(90),
-        || {
-            let out = kas.kubectl(&[
-                "get",
-                "pods",
-                "-n",
-                "kube-system",
-                "-l",
-                "k8s-app=konnectivity-server",
-                "-o",
-                "name",
-            ]);
-            out.status.success() && out.stdout.is_empty()
-        },
+        || pods(kas, "k8s-app=konnectivity-server")["items"] == json!([]),
         || cluster.cp.kubelet_log(),
     );
     let ds = std::fs::read_to_string(dir.join("konnectivity-server-daemonset.yaml")).unwrap();

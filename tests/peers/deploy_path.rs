@@ -677,25 +677,13 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
     );
     cp_node.import(&rolled);
     let old_server = current_pod(kas, "edgetunnel-server");
-    let roll = rollout::replace_under_load(
+    let roll = rollout::roll_daemonset(
         &cluster,
         cp_node,
-        "edgetunnel-server-",
+        &rolled.name,
+        ("edgetunnel-server", "server"),
         rollout::TOOK_OVER,
         &lines,
-        || {
-            kas.kubectl_ok(&[
-                "-n",
-                "kube-system",
-                "set",
-                "image",
-                "daemonset/edgetunnel-server",
-                &format!("server={}", rolled.name),
-            ]);
-        },
-        // `rollout status` may return only once the old pod is gone
-        // (--graceful-shutdown-timeout-secs, 20 s).
-        || rollout_status(kas, "edgetunnel-server"),
     );
     let after = logs_again("after the server rolled");
     let new_server = current_pod(kas, "edgetunnel-server");
@@ -721,23 +709,13 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
     // one's health port over, links, and only then the old one drains.
     edge_node.import(&rolled);
     let old_agent = current_pod(kas, "edgetunnel-agent");
-    let roll = rollout::replace_under_load(
+    let roll = rollout::roll_daemonset(
         &cluster,
         edge_node,
-        "edgetunnel-agent-",
+        &rolled.name,
+        ("edgetunnel-agent", "agent"),
         rollout::TOOK_OVER,
         &lines,
-        || {
-            kas.kubectl_ok(&[
-                "-n",
-                "kube-system",
-                "set",
-                "image",
-                "daemonset/edgetunnel-agent",
-                &format!("agent={}", rolled.name),
-            ]);
-        },
-        || rollout_status(kas, "edgetunnel-agent"),
     );
     let after = logs_again("after the agent rolled");
     let new_agent = current_pod(kas, "edgetunnel-agent");

@@ -13,7 +13,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::{client, peers, serial, tail, GoTarget, Logged};
 use crate::go_agent::{agent_mtls, dials_at, go_agent_args, spawn_go_agent};
@@ -116,16 +116,9 @@ fn three_handovers_with_the_go_agent_fail_no_dial_and_cut_no_tunnel() {
         next.proc.wait_log("handover: the predecessor drains");
         // The Go agent stays on the old link while the held tunnel is
         // open: the new server forwards its dials there meanwhile.
-        let before = load.ok.load(Ordering::SeqCst);
-        let deadline = Instant::now() + WAIT;
-        while load.ok.load(Ordering::SeqCst) < before + 40 {
-            assert!(
-                Instant::now() < deadline,
-                "round {round}: dials stopped\n{}",
-                logs(&next, &agent)
-            );
-            thread::sleep(Duration::from_millis(20));
-        }
+        load.wait_past(load.dialled() + 40, || {
+            format!("round {round}\n{}", logs(&next, &agent))
+        });
         still_echoes(&mut held, round.wrapping_add(100));
         assert!(
             server.proc.wait_exit(Duration::ZERO).is_none(),

@@ -204,3 +204,37 @@ pub(crate) fn replace_under_load(
         new_pod,
     }
 }
+
+/// DaemonSet `kube-system/ds` rolled to `image` (its container
+/// `container`; pods named `ds-...` on `node`) through
+/// [`replace_under_load`], until `kubectl rollout status` says it ended.
+pub(crate) fn roll_daemonset(
+    cluster: &Cluster,
+    node: &RealNode,
+    image: &str,
+    (ds, container): (&str, &str),
+    took_over: &str,
+    lines: &str,
+) -> Rolled {
+    let kas = cluster.kas();
+    replace_under_load(
+        cluster,
+        node,
+        &format!("{ds}-"),
+        took_over,
+        lines,
+        || {
+            kas.kubectl_ok(&[
+                "-n",
+                "kube-system",
+                "set",
+                "image",
+                &format!("daemonset/{ds}"),
+                &format!("{container}={image}"),
+            ]);
+        },
+        // `rollout status` may return only once the old pod is gone (its
+        // drain).
+        || crate::deploy_path::rollout_status(kas, ds),
+    )
+}

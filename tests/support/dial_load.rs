@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{connect_and_echo, Server, WAIT};
 
@@ -98,6 +98,26 @@ impl Load {
             ok,
             failures,
             threads,
+        }
+    }
+
+    /// Dials that succeeded so far.
+    pub(crate) fn dialled(&self) -> usize {
+        self.ok.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `count` dials succeeded; past [`WAIT`], fails with
+    /// `what` (the round, logs).
+    pub(crate) fn wait_past(&self, count: usize, what: impl Fn() -> String) {
+        let deadline = Instant::now() + WAIT;
+        while self.dialled() < count {
+            assert!(
+                Instant::now() < deadline,
+                "dials stopped at {} of {count}: {}",
+                self.dialled(),
+                what()
+            );
+            thread::sleep(Duration::from_millis(20));
         }
     }
 

@@ -11,7 +11,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::dial_load::{assert_none_failed, still_echoes, watch_paths, Load, Via};
 use support::*;
@@ -53,7 +53,7 @@ fn three_handovers_under_load_fail_no_dial_and_cut_no_tunnel() {
         let (status, _, mut held) = connect_unix(&binds.connect_uds.clone().unwrap(), &target);
         assert_eq!(status, 200);
         still_echoes(&mut held, round);
-        let before = load.ok.load(Ordering::SeqCst);
+        let before = load.dialled();
 
         let next = Server::start_at(&env, &binds, &flags);
         server
@@ -69,11 +69,7 @@ fn three_handovers_under_load_fail_no_dial_and_cut_no_tunnel() {
             "round {round}: the old server left with a tunnel open:\n{}",
             server.proc.log_text()
         );
-        let deadline = Instant::now() + WAIT;
-        while load.ok.load(Ordering::SeqCst) < before + 20 {
-            assert!(Instant::now() < deadline, "round {round}: dials stopped");
-            thread::sleep(Duration::from_millis(20));
-        }
+        load.wait_past(before + 20, || format!("round {round}"));
         // The held tunnel ends; then the old server has nothing left.
         drop(held);
         let status = server.proc.wait_exit(WAIT);
@@ -204,12 +200,7 @@ fn a_successor_that_comes_after_the_signal_still_takes_over() {
         "the old server still runs:\n{}",
         server.proc.log_text()
     );
-    let before = load.ok.load(Ordering::SeqCst);
-    let deadline = Instant::now() + WAIT;
-    while load.ok.load(Ordering::SeqCst) < before + 10 {
-        assert!(Instant::now() < deadline, "dials stopped");
-        thread::sleep(Duration::from_millis(20));
-    }
+    load.wait_past(load.dialled() + 10, String::new);
     let (ok, failures) = load.finish();
     assert_none_failed("dials", ok, &failures, || agent.proc.log_text());
 }
@@ -237,20 +228,10 @@ fn three_agent_rollouts_under_load_fail_no_dial() {
         let next = Agent::start(&env, server.agent, "node1", "host=node1", &[]);
         server.wait_metric("edgetunnel_agents_connected", 2.0);
         agent.proc.signal(libc::SIGTERM);
-        let before = load.ok.load(Ordering::SeqCst);
-        let deadline = Instant::now() + WAIT;
-        while load.ok.load(Ordering::SeqCst) < before + 20 {
-            assert!(Instant::now() < deadline, "round {round}: dials stopped");
-            thread::sleep(Duration::from_millis(20));
-        }
+        load.wait_past(load.dialled() + 20, || format!("round {round}"));
         still_echoes(&mut held, round.wrapping_add(100));
         drop(held);
-        assert!(
-            agent.proc.wait_exit(WAIT).is_some(),
-            "round {round}: the old agent still runs:\n{}",
-            agent.proc.log_text()
-        );
-        server.wait_metric("edgetunnel_agents_connected", 1.0);
+        old_agent_leaves(&server, &mut agent, round);
         agent = next;
     }
     let (ok, failures) = load.finish();
@@ -320,21 +301,11 @@ fn three_agent_handovers_under_load_fail_no_dial_and_keep_the_health_port() {
         agent
             .proc
             .wait_log("handover: a successor listens on our sockets");
-        let before = load.ok.load(Ordering::SeqCst);
-        let deadline = Instant::now() + WAIT;
-        while load.ok.load(Ordering::SeqCst) < before + 20 {
-            assert!(Instant::now() < deadline, "round {round}: dials stopped");
-            thread::sleep(Duration::from_millis(20));
-        }
+        load.wait_past(load.dialled() + 20, || format!("round {round}"));
         if let Some(mut held) = held.take() {
             still_echoes(&mut held, round.wrapping_add(100));
         }
-        assert!(
-            agent.proc.wait_exit(WAIT).is_some(),
-            "round {round}: the old agent still runs:\n{}",
-            agent.proc.log_text()
-        );
-        server.wait_metric("edgetunnel_agents_connected", 1.0);
+        old_agent_leaves(&server, &mut agent, round);
         agent = next;
     }
     let (ok, failures) = load.finish();
@@ -355,6 +326,16 @@ fn three_agent_handovers_under_load_fail_no_dial_and_keep_the_health_port() {
     eprintln!(
         "three agent handovers: {ok} dials, none failed; {probed} health probes, all answered"
     );
+}
+
+/// The old agent of a rollout exits, and the server sees one agent left.
+fn old_agent_leaves(server: &Server, agent: &mut Agent, round: u8) {
+    assert!(
+        agent.proc.wait_exit(WAIT).is_some(),
+        "round {round}: the old agent still runs:\n{}",
+        agent.proc.log_text()
+    );
+    server.wait_metric("edgetunnel_agents_connected", 1.0);
 }
 
 /// A TCP forwarder to `upstream` that connects each connection only
