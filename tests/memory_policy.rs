@@ -28,6 +28,39 @@ fn server_and_agent_run_without_transparent_huge_pages() {
     assert!(!thp_enabled(agent.proc.child.id()), "agent");
 }
 
+/// Huge pages backing anonymous memory (`AnonHugePages` in
+/// /proc/PID/smaps_rollup), kB.
+fn anon_huge_kb(pid: u32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("AnonHugePages:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("AnonHugePages in smaps_rollup")
+}
+
+/// Not one huge page from the start: mimalloc turns them off as it starts,
+/// before the runtime's first allocation (an idle agent had 4 MiB of them,
+/// faulted before `main`).
+#[test]
+fn no_huge_page_backs_the_server_or_the_agent_from_their_start() {
+    let env = Env::new();
+    let server = Server::start(&env, &[]);
+    let agent = Agent::start(&env, server.agent, "thp", "host=thp", &[]);
+    let mode =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    for (what, pid) in [
+        ("server", server.proc.child.id()),
+        ("agent", agent.proc.child.id()),
+    ] {
+        assert_eq!(
+            anon_huge_kb(pid),
+            0,
+            "{what}: AnonHugePages (host THP: {})",
+            mode.trim()
+        );
+    }
+}
+
 #[test]
 fn thp_on_keeps_transparent_huge_pages() {
     let env = Env::new();
@@ -37,12 +70,9 @@ fn thp_on_keeps_transparent_huge_pages() {
         Server::command(&env, &["--certs-dir", &certs], &binds, &[]);
     cmd.env("EDGETUNNEL_THP", "on");
     let server = Server::spawn(&env, cmd, n, connect_uds, grpc_uds);
-    // The flag is inherited: the server keeps what this test process has
-    // (on, unless whatever started the tests turned it off).
-    assert_eq!(
-        thp_enabled(server.proc.child.id()),
-        thp_enabled(std::process::id())
-    );
+    // The allocator turned them off at its start; EDGETUNNEL_THP=on turns
+    // them on again.
+    assert!(thp_enabled(server.proc.child.id()));
 }
 
 /// The live heap (`edgetunnel_heap_live_bytes`, the global allocator's

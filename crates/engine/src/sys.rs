@@ -325,12 +325,12 @@ pub fn split_stream<T>(half: &monoio::io::OwnedReadHalf<T>) -> &T {
     unsafe { &*half.0.get() }
 }
 
-/// Turns transparent huge pages off for the whole process (see
+/// Turns transparent huge pages on or off for the whole process (see
 /// [`super::memory`]).
-pub fn disable_transparent_huge_pages() -> io::Result<()> {
+pub fn set_transparent_huge_pages(on: bool) -> io::Result<()> {
     // SAFETY: PR_SET_THP_DISABLE takes plain integers and touches no memory
     // of ours.
-    let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, libc::c_ulong::from(!on), 0, 0, 0) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
