@@ -105,23 +105,10 @@ pub fn run(mut cfg: AgentConfig) -> Result<(), BoxError> {
     } else {
         (tls::client_config_without_cert(&cfg.tls.ca)?, Vec::new())
     };
-    let shutdown = signals::Shutdown::new();
-    let handed_over = signals::Shutdown::new();
-    // With a handover socket the signals go through a thread of their own
-    // (started after the signals are blocked, which its mask inherits).
-    let signalled = match cfg.handover_socket {
-        None => shutdown.clone(),
-        Some(_) => signals::Shutdown::new(),
-    };
-    signals::install(signalled.clone(), signals::reload_certs(certs.clone()))?;
-    if cfg.handover_socket.is_some() {
-        takeover::signal_bridge(
-            signalled,
-            shutdown.clone(),
-            handed_over.clone(),
-            cfg.handover_wait,
-        )?;
-    }
+    let (shutdown, handed_over) = takeover::install_signals(
+        cfg.handover_socket.as_ref().map(|_| cfg.handover_wait),
+        signals::reload_certs(certs.clone()),
+    )?;
     // The control thread swaps in a renewed agent certificate.
     let control = crate::control::manager::spawn(
         crate::control::manager::ControlSpec {
@@ -141,47 +128,7 @@ pub fn run(mut cfg: AgentConfig) -> Result<(), BoxError> {
         driver = cfg.driver.name(),
         "edgetunnel agent starting"
     );
-    // Health and admin listeners: bound now so a bad address fails the start.
-    let specs: Vec<_> = [("health", cfg.health_bind), ("admin", cfg.admin_bind)]
-        .into_iter()
-        .filter_map(|(name, addr)| {
-            Some(listener::Spec {
-                kind: (),
-                name,
-                at: listener::Endpoint::Tcp(addr?),
-                spread: listener::Spread::FirstWorker,
-            })
-        })
-        .collect();
-    // A running agent at the handover socket hands them over.
-    let mut successor =
-        takeover::Successor::try_from_predecessor(cfg.handover_socket.as_deref(), &specs, "agent");
-    let bound = listener::bind_all_with(
-        &specs,
-        cfg.workers,
-        Default::default(),
-        successor.listener_sockets(),
-    )?;
-    let offer = takeover::offering(&specs, &bound)?;
-    for (what, addr) in &bound.addresses {
-        cfg.announce.send(crate::readiness::Ready::Listen {
-            what: what.to_string(),
-            addr: addr.clone(),
-        });
-    }
-    let admin = Mutex::new(bound.per_worker.into_iter().next());
-    let accepting = Arc::new(AtomicUsize::new(0));
-    let serving = signals::Shutdown::new();
-    handover::Handover {
-        successor,
-        offer,
-        shutdown: shutdown.clone(),
-        handed_over: handed_over.clone(),
-        accepting: accepting.clone(),
-        linked: || crate::metrics::agent::metrics().linked_to_every_server(),
-        serving: serving.clone(),
-    }
-    .spawn()?;
+    let admin = Mutex::new(Some(AdminListeners::bind(&cfg, &shutdown, &handed_over)?));
     let cfg = Arc::new(cfg);
     // Secondary links (one per server worker) spread over our workers;
     // worker 0 also runs the primary links and the admin listeners.
@@ -204,10 +151,7 @@ pub fn run(mut cfg: AgentConfig) -> Result<(), BoxError> {
             cfg: cfg.clone(),
             tls: client_tls.clone(),
             shutdown: shutdown.clone(),
-            admin: admin.lock().expect("admin").take().unwrap_or_default(),
-            handed_over: handed_over.clone(),
-            accepting: accepting.clone(),
-            serving: serving.clone(),
+            admin: admin.lock().expect("admin").take().expect("once"),
         });
         async move {
             let jobs = monoio::spawn(links::serve_jobs(ctx, links.clone(), queue));
@@ -230,20 +174,89 @@ struct Primary {
     cfg: Arc<AgentConfig>,
     tls: Arc<rustls::ClientConfig>,
     shutdown: Arc<signals::Shutdown>,
-    admin: Vec<listener::Listening<()>>,
-    /// Raised when a successor took the admin listeners over.
+    admin: AdminListeners,
+}
+
+/// The health and admin listeners, and what their accept loops follow.
+struct AdminListeners {
+    /// Worker 0's sockets.
+    sockets: Vec<listener::Listening<()>>,
+    /// Raised when a successor took the listeners over.
     handed_over: Arc<signals::Shutdown>,
-    /// The admin accept loops running (a successor waits for them to end).
+    /// The accept loops running (a successor waits for them to end).
     accepting: Arc<AtomicUsize>,
-    /// Raised once the admin listeners may accept (after a predecessor,
-    /// if any, stopped accepting on them).
+    /// Raised once the listeners may accept (after a predecessor, if any,
+    /// stopped accepting on them).
     serving: Arc<signals::Shutdown>,
+}
+
+impl AdminListeners {
+    /// Bound now so a bad address fails the start, or taken from an agent
+    /// running at the handover socket; then [`handover::Handover`] runs.
+    fn bind(
+        cfg: &AgentConfig,
+        shutdown: &Arc<signals::Shutdown>,
+        handed_over: &Arc<signals::Shutdown>,
+    ) -> Result<Self, BoxError> {
+        let specs: Vec<_> = [("health", cfg.health_bind), ("admin", cfg.admin_bind)]
+            .into_iter()
+            .filter_map(|(name, addr)| {
+                Some(listener::Spec {
+                    kind: (),
+                    name,
+                    at: listener::Endpoint::Tcp(addr?),
+                    spread: listener::Spread::FirstWorker,
+                })
+            })
+            .collect();
+        let mut successor = takeover::Successor::try_from_predecessor(
+            cfg.handover_socket.as_deref(),
+            &specs,
+            "agent",
+        );
+        let bound = listener::bind_all_with(
+            &specs,
+            cfg.workers,
+            Default::default(),
+            successor.listener_sockets(),
+        )?;
+        let offer = takeover::offering(&specs, &bound)?;
+        for (what, addr) in &bound.addresses {
+            cfg.announce.send(crate::readiness::Ready::Listen {
+                what: what.to_string(),
+                addr: addr.clone(),
+            });
+        }
+        let admin = AdminListeners {
+            sockets: bound.per_worker.into_iter().next().unwrap_or_default(),
+            handed_over: handed_over.clone(),
+            accepting: Arc::new(AtomicUsize::new(0)),
+            serving: signals::Shutdown::new(),
+        };
+        handover::Handover {
+            successor,
+            offer,
+            shutdown: shutdown.clone(),
+            handed_over: handed_over.clone(),
+            accepting: admin.accepting.clone(),
+            linked: || crate::metrics::agent::metrics().linked_to_every_server(),
+            serving: admin.serving.clone(),
+        }
+        .spawn()?;
+        Ok(admin)
+    }
 }
 
 impl Primary {
     /// Until every slot ended (shutdown and drain).
     async fn run(self, links: Arc<links::Links>) {
-        for l in self.admin {
+        let AdminListeners {
+            sockets,
+            handed_over,
+            accepting,
+            serving,
+        } = self.admin;
+        for l in sockets {
             let listener::Socket::Tcp(socket) = l.socket else {
                 continue;
             };
@@ -253,9 +266,9 @@ impl Primary {
                         socket,
                         l.name,
                         Rc::new(AgentAdmin),
-                        Some(self.handed_over.clone()),
+                        Some(handed_over.clone()),
                     );
-                    let (accepting, serving) = (self.accepting.clone(), self.serving.clone());
+                    let (accepting, serving) = (accepting.clone(), serving.clone());
                     accepting.fetch_add(1, Ordering::SeqCst);
                     monoio::spawn(async move {
                         serving.wait(1).await;

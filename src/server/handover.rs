@@ -18,8 +18,6 @@ use crate::protocol::handover as wire;
 use super::listeners::Kind;
 use super::ServerConfig;
 
-pub(crate) use crate::engine::takeover::signal_bridge;
-
 /// How long a server that handed over waits for its accept loops to end
 /// before telling the successor that it drains.
 const STOP_ACCEPTING: std::time::Duration = std::time::Duration::from_secs(2);

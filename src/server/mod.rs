@@ -394,26 +394,13 @@ pub fn run(cfg: ServerConfig) -> Result<(), crate::BoxError> {
         .map(|l| Mutex::new(Some(l)))
         .collect();
 
-    let shutdown = signals::Shutdown::new();
     // SIGHUP reloads every certificate the control thread watches.
     let mut hup_certs = cfg.control.certs.clone();
     hup_certs.extend(watched.iter().cloned());
-    let handed_over = signals::Shutdown::new();
-    // With a handover socket the signals go through a thread of their own
-    // (started after the signals are blocked, which its mask inherits).
-    let signalled = match cfg.handover_socket {
-        None => shutdown.clone(),
-        Some(_) => signals::Shutdown::new(),
-    };
-    signals::install(signalled.clone(), signals::reload_certs(hup_certs))?;
-    if cfg.handover_socket.is_some() {
-        handover::signal_bridge(
-            signalled,
-            shutdown.clone(),
-            handed_over.clone(),
-            cfg.handover_wait,
-        )?;
-    }
+    let (shutdown, handed_over) = crate::engine::takeover::install_signals(
+        cfg.handover_socket.as_ref().map(|_| cfg.handover_wait),
+        signals::reload_certs(hup_certs),
+    )?;
     let metrics = Arc::new(Metrics::new(&cfg.strategies));
     let handshakes =
         crate::engine::admission::Admission::new(cfg.handshake_limits, metrics.handshakes.clone());

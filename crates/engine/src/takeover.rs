@@ -180,6 +180,30 @@ pub fn await_accept_loops(accepting: &[Arc<std::sync::atomic::AtomicUsize>], wit
     }
 }
 
+/// The process's shutdown latches: `(shutdown, handed_over)`. SIGTERM and
+/// SIGINT raise `shutdown` directly, or with `handover` (a handover
+/// socket's wait, `--handover-wait-secs`) through [`signal_bridge`];
+/// SIGHUP calls `on_hangup`. `handed_over` is raised when a successor took
+/// over.
+pub fn install_signals(
+    handover: Option<Duration>,
+    on_hangup: impl Fn() + Send + 'static,
+) -> std::io::Result<(Arc<Shutdown>, Arc<Shutdown>)> {
+    let shutdown = Shutdown::new();
+    let handed_over = Shutdown::new();
+    // With a handover socket the signals go through a thread of their own
+    // (started after the signals are blocked, which its mask inherits).
+    let signalled = match handover {
+        None => shutdown.clone(),
+        Some(_) => Shutdown::new(),
+    };
+    super::signals::install(signalled.clone(), on_hangup)?;
+    if let Some(wait) = handover {
+        signal_bridge(signalled, shutdown.clone(), handed_over.clone(), wait)?;
+    }
+    Ok((shutdown, handed_over))
+}
+
 /// Signals of a process with a handover socket: SIGTERM/SIGINT raise
 /// `s`, and this thread turns them into the process's drain. The
 /// first one, when no successor took over yet, keeps the process serving
@@ -188,7 +212,7 @@ pub fn await_accept_loops(accepting: &[Arc<std::sync::atomic::AtomicUsize>], wit
 /// a moment before the new one took over); past it the process drains as
 /// without a handover socket. After a handover the process already drains,
 /// and the first signal changes nothing. The second one ends the drain.
-pub fn signal_bridge(
+fn signal_bridge(
     s: Arc<Shutdown>,
     shutdown: Arc<Shutdown>,
     handed_over: Arc<Shutdown>,
