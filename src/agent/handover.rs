@@ -6,9 +6,10 @@
 //! agent takes those listeners from the old one at start, links to the
 //! servers, and only then confirms: the old agent stops accepting on them
 //! (the new one accepts from then on: see `engine::takeover`'s
-//! `await_accept_loops` for why not both at once) and drains (DRAIN on each link, its tunnels finish within
-//! `--drain-grace-secs`), by which time the servers have the new agent's
-//! links for the node's dials. No dial finds the node without an agent.
+//! `await_accept_loops` for why not both at once) and drains (DRAIN on
+//! each link, its tunnels finish within `--drain-grace-secs`), by which
+//! time the servers have the new agent's links for the node's dials. No
+//! dial finds the node without an agent.
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicUsize;

@@ -220,7 +220,7 @@ impl AdminListeners {
             Default::default(),
             successor.listener_sockets(),
         )?;
-        let offer = takeover::offering(&specs, &bound)?;
+        let offer = successor.offering(&specs, &bound)?;
         for (what, addr) in &bound.addresses {
             cfg.announce.send(crate::readiness::Ready::Listen {
                 what: what.to_string(),

@@ -46,6 +46,22 @@ impl Takeover {
         self.0.taken()
     }
 
+    /// What this server offers a successor: every listener but the
+    /// forward socket, which is this process's own (a successor has
+    /// another).
+    pub(super) fn offering(
+        &self,
+        specs: &[Spec<Kind>],
+        bound: &crate::engine::listener::Bound<Kind>,
+    ) -> std::io::Result<Vec<Offering>> {
+        let offered: Vec<Spec<Kind>> = specs
+            .iter()
+            .filter(|s| s.kind != Kind::Forward)
+            .cloned()
+            .collect();
+        self.0.offering(&offered, bound)
+    }
+
     /// Confirms to the predecessor (it then drains), then answers the next
     /// successor on a thread of its own. `files` are the socket files this
     /// server removes when it ends; those a successor takes stay.
@@ -130,18 +146,4 @@ impl Takeover {
             }
         }
     }
-}
-
-/// What this server offers a successor: every listener but the forward
-/// socket, which is this process's own (a successor has another).
-pub(super) fn offering(
-    specs: &[Spec<Kind>],
-    bound: &crate::engine::listener::Bound<Kind>,
-) -> std::io::Result<Vec<Offering>> {
-    let offered: Vec<Spec<Kind>> = specs
-        .iter()
-        .filter(|s| s.kind != Kind::Forward)
-        .cloned()
-        .collect();
-    crate::engine::takeover::offering(&offered, bound)
 }

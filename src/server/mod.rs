@@ -373,7 +373,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), crate::BoxError> {
     let specs = listeners::specs(&cfg);
     let mut takeover = handover::Takeover::try_from_predecessor(&cfg, &specs);
     let bound = listener::bind_all_with(&specs, n, cfg.uds, takeover.listener_sockets())?;
-    let offer = handover::offering(&specs, &bound)?;
+    let offer = takeover.offering(&specs, &bound)?;
     let intercept_tls = interception_tls(&cfg, &mut watched)?;
     for (what, addr) in &bound.addresses {
         cfg.announce.send(Ready::Listen {

@@ -668,67 +668,48 @@ fn the_readmes_deploy_path_as_written_runs_on_real_nodes() {
         after.as_secs_f64()
     ));
 
-    // The server DaemonSet rolled to a new image under load
-    // (deploy/README.md "Upgrades"): the new pod takes the listeners over.
+    // The server DaemonSet, then the agent's, rolled to a new image under
+    // load (deploy/README.md "Upgrades"): each new pod takes the old one's
+    // listeners over; the new agent links before the old one drains.
     let (rolled, _) = node_image::edgetunnel(
         &cluster.images.dir,
         Path::new(BIN),
         "edgetunnel:0.1.0-rollout",
     );
-    cp_node.import(&rolled);
-    let old_server = current_pod(kas, "edgetunnel-server");
-    let roll = rollout::roll_daemonset(
-        &cluster,
-        cp_node,
-        &rolled.name,
-        ("edgetunnel-server", "server"),
-        rollout::TOOK_OVER,
-        &lines,
-    );
-    let after = logs_again("after the server rolled");
-    let new_server = current_pod(kas, "edgetunnel-server");
-    assert_ne!(new_server, old_server);
-    assert_eq!(new_server, roll.new_pod);
-    let v = get_json(kas, &["pod", "-n", "kube-system", &new_server]);
-    assert_eq!(
-        v["spec"]["containers"][0]["image"],
-        rolled.name.as_str(),
-        "{}",
-        v["spec"]
-    );
-    said.push(format!(
-        "server rolled to a new image in {:.1} s (logs again {:.1} s later) through a handover: \
-         {} kubectl logs during the roll, none failed; the held logs -f streamed on through it ({} lines)",
-        roll.took.as_secs_f64(),
-        after.as_secs_f64(),
-        roll.logs_ok,
-        roll.followed,
-    ));
-
-    // The agent DaemonSet rolled under load: the new agent takes the old
-    // one's health port over, links, and only then the old one drains.
-    edge_node.import(&rolled);
-    let old_agent = current_pod(kas, "edgetunnel-agent");
-    let roll = rollout::roll_daemonset(
-        &cluster,
-        edge_node,
-        &rolled.name,
-        ("edgetunnel-agent", "agent"),
-        rollout::TOOK_OVER,
-        &lines,
-    );
-    let after = logs_again("after the agent rolled");
-    let new_agent = current_pod(kas, "edgetunnel-agent");
-    assert_ne!(new_agent, old_agent);
-    assert_eq!(new_agent, roll.new_pod);
-    said.push(format!(
-        "agent rolled to a new image in {:.1} s (logs again {:.1} s later) through a handover: \
-         {} kubectl logs during the roll, none failed; the held logs -f streamed on ({} lines)",
-        roll.took.as_secs_f64(),
-        after.as_secs_f64(),
-        roll.logs_ok,
-        roll.followed,
-    ));
+    for (node, ds, container) in [
+        (cp_node, "edgetunnel-server", "server"),
+        (edge_node, "edgetunnel-agent", "agent"),
+    ] {
+        node.import(&rolled);
+        let old = current_pod(kas, ds);
+        let roll = rollout::roll_daemonset(
+            &cluster,
+            node,
+            &rolled.name,
+            (ds, container),
+            rollout::TOOK_OVER,
+            &lines,
+        );
+        let after = logs_again(&format!("after {ds} rolled"));
+        let new = current_pod(kas, ds);
+        assert_ne!(new, old);
+        assert_eq!(new, roll.new_pod);
+        let v = get_json(kas, &["pod", "-n", "kube-system", &new]);
+        assert_eq!(
+            v["spec"]["containers"][0]["image"],
+            rolled.name.as_str(),
+            "{}",
+            v["spec"]
+        );
+        said.push(format!(
+            "{container} rolled to a new image in {:.1} s (logs again {:.1} s later) through a handover: \
+             {} kubectl logs during the roll, none failed; the held logs -f streamed on through it ({} lines)",
+            roll.took.as_secs_f64(),
+            after.as_secs_f64(),
+            roll.logs_ok,
+            roll.followed,
+        ));
+    }
     eprintln!(
         "README deploy path on real nodes in {:.1} s: {}",
         t0.elapsed().as_secs_f64(),

@@ -2,7 +2,7 @@
 //! exchange), shared by the server and the agent: at start, take the
 //! listeners a running process of the same role offers at the handover
 //! socket for this role's listener specs ([`Successor`]); once running,
-//! offer this process's own ([`offering`]); and turn SIGTERM/SIGINT into
+//! offer this process's own ([`Successor::offering`]); and turn SIGTERM/SIGINT into
 //! the role's drain with a pause for a successor that may still come
 //! ([`signal_bridge`]).
 
@@ -18,7 +18,7 @@ use super::listener::{self, Endpoint, Spec};
 use super::signals::Shutdown;
 
 /// A listener endpoint as the exchange names it.
-pub fn wire_endpoint(e: &Endpoint) -> wire::Endpoint {
+fn wire_endpoint(e: &Endpoint) -> wire::Endpoint {
     match e {
         Endpoint::Tcp(a) => wire::Endpoint::Tcp(*a),
         Endpoint::Unix(p) => wire::Endpoint::Unix(p.clone()),
@@ -104,53 +104,58 @@ impl Successor {
     pub fn taken(&self) -> bool {
         self.taken.is_some()
     }
-}
 
-/// What this process offers a successor: per listener of `specs` its
-/// distinct sockets (a TCP listener's SO_REUSEPORT group, one socket of a
-/// unix listener), duplicated for the handover thread.
-pub fn offering<K>(
-    specs: &[Spec<K>],
-    bound: &listener::Bound<K>,
-) -> std::io::Result<Vec<Offering>> {
-    let mut out = Vec::with_capacity(specs.len());
-    for spec in specs {
-        let mut seen = Vec::new();
-        let mut sockets = Vec::new();
-        let mut endpoint = wire_endpoint(&spec.at);
-        for l in bound
-            .per_worker
-            .iter()
-            .flatten()
-            .filter(|l| l.name == spec.name)
-        {
-            let (id, fd) = match &l.socket {
-                listener::Socket::Tcp(s) => {
-                    // The port the kernel chose for port 0.
-                    endpoint = wire::Endpoint::Tcp(s.local_addr()?);
-                    (
+    /// What this process offers a successor: per listener of `specs` its
+    /// distinct sockets (a TCP listener's SO_REUSEPORT group, one socket
+    /// of a unix listener), duplicated for the handover thread; nothing
+    /// without a handover socket.
+    pub fn offering<K>(
+        &self,
+        specs: &[Spec<K>],
+        bound: &listener::Bound<K>,
+    ) -> std::io::Result<Vec<Offering>> {
+        if self.path.is_none() {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::with_capacity(specs.len());
+        for spec in specs {
+            let mut seen = Vec::new();
+            let mut sockets = Vec::new();
+            let mut endpoint = wire_endpoint(&spec.at);
+            for l in bound
+                .per_worker
+                .iter()
+                .flatten()
+                .filter(|l| l.name == spec.name)
+            {
+                let (id, fd) = match &l.socket {
+                    listener::Socket::Tcp(s) => {
+                        // The port the kernel chose for port 0.
+                        endpoint = wire::Endpoint::Tcp(s.local_addr()?);
+                        (
+                            super::fd_ref::Identity::of(s),
+                            OwnedFd::from(s.try_clone()?),
+                        )
+                    }
+                    listener::Socket::Unix(s) => (
                         super::fd_ref::Identity::of(s),
                         OwnedFd::from(s.try_clone()?),
-                    )
+                    ),
+                };
+                if id.is_some() && seen.contains(&id) {
+                    continue;
                 }
-                listener::Socket::Unix(s) => (
-                    super::fd_ref::Identity::of(s),
-                    OwnedFd::from(s.try_clone()?),
-                ),
-            };
-            if id.is_some() && seen.contains(&id) {
-                continue;
+                seen.push(id);
+                sockets.push(fd);
             }
-            seen.push(id);
-            sockets.push(fd);
+            out.push(Offering {
+                name: spec.name.to_string(),
+                endpoint,
+                sockets,
+            });
         }
-        out.push(Offering {
-            name: spec.name.to_string(),
-            endpoint,
-            sockets,
-        });
+        Ok(out)
     }
-    Ok(out)
 }
 
 /// Waits until every accept loop counted by `accepting` ended, for up to
