@@ -199,3 +199,41 @@ fn tunnels_served_leave_the_live_heap_where_it_was() {
         per(agent0, agent1)
     );
 }
+
+/// Issue 40: a quiet process gives back the buffers its threads lend to
+/// connections. A burst of tunnels from four clients at once has every
+/// worker take its HTTP/2, read-ahead and TLS buffers (about 260 KB a
+/// worker), and writes their pages; kept, an idle server and agent would
+/// hold them for good. Once the workers go quiet they are dropped: what
+/// the threads keep (`edgetunnel_thread_buffer_bytes`) falls to at most
+/// what one agent link's keepalive takes again (its TLS read, HTTP/2 read
+/// and TLS write buffers, 200 KB, mostly untouched).
+#[test]
+fn a_quiet_process_gives_its_lent_buffers_back() {
+    const TUNNELS: usize = 400;
+    const KEEPALIVE: f64 = 200.0 * 1024.0;
+    let env = Env::new();
+    let echo = echo_server("127.0.0.1");
+    let server = Server::start(&env, &[]);
+    let (_agent, agent_admin) =
+        Agent::start_with_admin(&env, server.agent, "lent", "host=lent", &[]);
+    serve_tunnels(&server, echo.addr, TUNNELS);
+    let held = |admin| metric_at(admin, "edgetunnel_thread_buffer_bytes");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (server_held, agent_held) = (held(server.admin), held(agent_admin));
+        if server_held <= KEEPALIVE && agent_held <= KEEPALIVE {
+            eprintln!(
+                "thread buffers kept after {TUNNELS} tunnels and quiet: \
+                 server {server_held} bytes, agent {agent_held}"
+            );
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "20 s after {TUNNELS} tunnels the threads still keep their buffers: \
+             server {server_held} bytes, agent {agent_held}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

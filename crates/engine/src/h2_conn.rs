@@ -54,27 +54,13 @@ const REQUESTS_PER_TURN: u8 = 16;
 /// Output chunks written in one `writev`.
 const WRITE_SLICES: usize = 64;
 
-thread_local! {
-    /// The read buffer of this thread's connections.
-    static READ_BUF: RefCell<BytesMut> = RefCell::new(BytesMut::new());
-}
-
 fn take_read_buf() -> BytesMut {
-    let mut b = READ_BUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
-    if b.capacity() < MIN_READ {
-        b.reserve(READ_SIZE);
-    }
-    b
+    crate::thread_buf::take(&crate::thread_buf::H2_READ, MIN_READ, READ_SIZE)
 }
 
 fn give_read_buf(b: BytesMut) {
     debug_assert!(b.is_empty());
-    READ_BUF.with(|slot| {
-        let mut slot = slot.borrow_mut();
-        if b.capacity() > slot.capacity() {
-            *slot = b;
-        }
-    });
+    crate::thread_buf::give(&crate::thread_buf::H2_READ, b);
 }
 
 /// Why the connection ended.

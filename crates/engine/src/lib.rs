@@ -47,6 +47,7 @@ pub mod signals;
 #[allow(unsafe_code)]
 pub mod sys;
 pub mod takeover;
+pub mod thread_buf;
 pub mod tls;
 pub mod tls_copy;
 pub mod tls_records;

@@ -26,7 +26,9 @@
 //!   followed by a quiet one it asks the allocator, once, to return what
 //!   it holds free ([`QuietDetector`] decides; pure, so it is tested
 //!   without a clock). A steadily busy thread is not trimmed (its freed
-//!   pages are about to be reused), an idle one only once.
+//!   pages are about to be reused), an idle one only once. The thread's
+//!   lent buffers go first ([`super::thread_buf::release_all`]): a busy
+//!   spell wrote all their pages.
 //!   `EDGETUNNEL_TRIM=off` turns it off, for comparisons.
 
 use std::time::Duration;
@@ -87,6 +89,7 @@ pub async fn trim_when_quiet() {
     loop {
         monoio::time::sleep(TICK).await;
         if quiet.tick(super::sys::thread_cpu_time()) {
+            super::thread_buf::release_all();
             super::sys::release_free_memory();
             quiet.trimmed(super::sys::thread_cpu_time());
         }

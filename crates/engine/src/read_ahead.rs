@@ -14,8 +14,6 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use std::cell::RefCell;
-
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, ReadBuf};
 
@@ -28,25 +26,16 @@ const SHARED_CAPACITY: usize = 64 * 1024;
 /// until they are read.
 const SMALL_REST: usize = 4 * 1024;
 
-thread_local! {
-    static SHARED_BUF: RefCell<BytesMut> = RefCell::new(BytesMut::new());
-}
-
 fn take_shared() -> BytesMut {
-    let mut b = SHARED_BUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
-    b.clear();
-    b.reserve(SHARED_CAPACITY);
-    b
+    crate::thread_buf::take(
+        &crate::thread_buf::READ_AHEAD,
+        SHARED_CAPACITY,
+        SHARED_CAPACITY,
+    )
 }
 
-fn give_shared(mut b: BytesMut) {
-    b.clear();
-    SHARED_BUF.with(|slot| {
-        let mut slot = slot.borrow_mut();
-        if b.capacity() > slot.capacity() {
-            *slot = b;
-        }
-    });
+fn give_shared(b: BytesMut) {
+    crate::thread_buf::give(&crate::thread_buf::READ_AHEAD, b);
 }
 
 /// A read-ahead layer that holds no buffer between reads (see the module

@@ -177,6 +177,12 @@ impl Collector for ProcessCollector {
         )?;
         gauge(
             &mut e,
+            "edgetunnel_thread_buffer_bytes",
+            "Bytes of read and write buffers the data-plane threads keep between loans to connections (given back when a thread goes quiet).",
+            Some(crate::thread_buf::held_bytes() as f64),
+        )?;
+        gauge(
+            &mut e,
             "edgetunnel_tunnel_window_growth_bytes",
             "Bytes by which open tunnels' windows have grown past their first 2 MiB (window-growth, as the agent link's round trip asks).",
             Some(crate::window::window_growth_bytes() as f64),

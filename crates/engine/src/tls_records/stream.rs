@@ -12,7 +12,6 @@
 //!
 //! [`KernelConnection`]: rustls::kernel::KernelConnection
 
-use std::cell::RefCell;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
@@ -38,26 +37,10 @@ const SMALL_REST: usize = 4 * 1024;
 /// system call.
 const WRITE_BATCH: usize = 4 * MAX_PLAINTEXT;
 
-thread_local! {
-    static READ_BUF: RefCell<BytesMut> = RefCell::new(BytesMut::new());
-    static WRITE_BUF: RefCell<BytesMut> = RefCell::new(BytesMut::new());
-}
+use crate::thread_buf::{give, TLS_READ as READ_BUF, TLS_WRITE as WRITE_BUF};
 
-fn take(pool: &'static std::thread::LocalKey<RefCell<BytesMut>>, size: usize) -> BytesMut {
-    let mut b = pool.with(|b| std::mem::take(&mut *b.borrow_mut()));
-    b.clear();
-    b.reserve(size);
-    b
-}
-
-fn give(pool: &'static std::thread::LocalKey<RefCell<BytesMut>>, mut b: BytesMut) {
-    b.clear();
-    pool.with(|slot| {
-        let mut slot = slot.borrow_mut();
-        if b.capacity() > slot.capacity() {
-            *slot = b;
-        }
-    });
+fn take(pool: &'static crate::thread_buf::Key, size: usize) -> BytesMut {
+    crate::thread_buf::take(pool, size, size)
 }
 
 /// rustls' side of a connection once the handshake is done.
