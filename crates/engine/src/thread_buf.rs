@@ -13,9 +13,10 @@
 //! read takes a fresh one.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use bytes::BytesMut;
+
+use crate::sharded_count::ShardedCount;
 
 /// One thread's buffer of one kind (a `thread_local!` static).
 #[derive(Default)]
@@ -38,13 +39,14 @@ thread_local! {
 const ALL: [&Key; 4] = [&H2_READ, &READ_AHEAD, &TLS_READ, &TLS_WRITE];
 
 /// Capacity every thread's pools hold between loans
-/// (`edgetunnel_thread_buffer_bytes`).
-static HELD: AtomicUsize = AtomicUsize::new(0);
+/// (`edgetunnel_thread_buffer_bytes`; a shard a thread, as every loan
+/// changes it).
+static HELD: ShardedCount = ShardedCount::new();
 
 /// Capacity the threads' pools hold, in bytes: buffers kept between loans
 /// (a buffer lent to a connection is not counted).
 pub fn held_bytes() -> usize {
-    HELD.load(Relaxed)
+    HELD.get()
 }
 
 /// Borrows the thread's buffer from `pool`, empty, with room for at least
@@ -52,7 +54,7 @@ pub fn held_bytes() -> usize {
 /// [`release_all`] or while another connection holds it).
 pub fn take(pool: &'static Key, min: usize, size: usize) -> BytesMut {
     let mut b = pool.with(|p| std::mem::take(&mut *p.0.borrow_mut()));
-    HELD.fetch_sub(b.capacity(), Relaxed);
+    HELD.add(-(b.capacity() as isize));
     b.clear();
     if b.capacity() < min {
         b.reserve(size.max(min));
@@ -66,7 +68,7 @@ pub fn give(pool: &'static Key, mut b: BytesMut) {
     pool.with(|p| {
         let mut slot = p.0.borrow_mut();
         if b.capacity() > slot.capacity() {
-            HELD.fetch_add(b.capacity() - slot.capacity(), Relaxed);
+            HELD.add((b.capacity() - slot.capacity()) as isize);
             *slot = b;
         }
     });
@@ -77,7 +79,7 @@ pub fn give(pool: &'static Key, mut b: BytesMut) {
 pub fn release_all() {
     for pool in ALL {
         let b = pool.with(|p| std::mem::take(&mut *p.0.borrow_mut()));
-        HELD.fetch_sub(b.capacity(), Relaxed);
+        HELD.add(-(b.capacity() as isize));
     }
 }
 
