@@ -7,8 +7,8 @@
 
 use bytes::{Bytes, BytesMut};
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use edgetunnel::protocol::anp::grpc_frame::FrameDecoder;
-use edgetunnel::protocol::anp::packet::{self, Frame};
+use protocol::anp::grpc_frame::FrameDecoder;
+use protocol::anp::packet::{self, Frame};
 
 const SIZES: [usize; 4] = [16, 1024, 16 * 1024, 1024 * 1024];
 /// Frames per iteration, so that small payloads are not dominated by the

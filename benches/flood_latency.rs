@@ -46,7 +46,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use edgetunnel::protocol::tls_record::APPLICATION_DATA;
+use protocol::tls_record::APPLICATION_DATA;
 use support::raw_h2::*;
 use support::tls_client::{client_tls, tls_connect};
 use support::*;
@@ -268,8 +268,8 @@ fn record_flood(t: &Target, send: fn(&mut Records) -> std::io::Result<()>) {
             };
             t.conns.fetch_add(1, Ordering::Relaxed);
             let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-            let cfg = edgetunnel::engine::tls_records::client_config(&t.tls);
-            let Ok(done) = edgetunnel::engine::tls_records::connect(tcp, name, cfg).await else {
+            let cfg = engine::tls_records::client_config(&t.tls);
+            let Ok(done) = engine::tls_records::connect(tcp, name, cfg).await else {
                 continue;
             };
             let mut s = done.stream;
@@ -282,7 +282,7 @@ fn record_flood(t: &Target, send: fn(&mut Records) -> std::io::Result<()>) {
     });
 }
 
-type Records = edgetunnel::engine::tls_records::RecordStream<tokio::net::TcpStream>;
+type Records = engine::tls_records::RecordStream<tokio::net::TcpStream>;
 
 fn empty_records(t: &Target) {
     record_flood(t, |s| {

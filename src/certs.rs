@@ -510,7 +510,7 @@ pub fn run(cmd: CertsCommand) -> Result<(), crate::BoxError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::tls::{client_config, server_config, ClientCert, TlsFiles};
+    use engine::tls::{client_config, server_config, ClientCert, TlsFiles};
 
     #[test]
     fn generated_files_make_valid_tls_configs() {

@@ -1,7 +1,7 @@
 //! Command-line faces: the `edgetunnel` command and its subcommands. Each
 //! role's own flags, and their translation into that role's configuration,
 //! live in the role (`server::args`, `agent::args`, and
-//! `edgetunnel_kubectl_proxy::flags`); the flag groups the server and agent
+//! `kubectl_proxy::flags`); the flag groups the server and agent
 //! share live in [`crate::flags`]. This module sits on top: it names the
 //! roles, no role names it.
 
@@ -53,7 +53,7 @@ pub enum Command {
     /// Edge side: connect out to servers and dial targets on their behalf.
     Agent(Box<AgentArgs>),
     /// A drop-in `kubectl proxy`: same flags, same answers, faster.
-    Proxy(Box<edgetunnel_kubectl_proxy::ProxyArgs>),
+    Proxy(Box<kubectl_proxy::ProxyArgs>),
     /// Certificate helpers.
     #[command(subcommand)]
     Certs(CertsCommand),

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::engine::runtime::Driver;
-use crate::engine::tls::TlsFiles;
-use crate::protocol::anp::grpc_frame::DEFAULT_MAX_MESSAGE;
 use crate::BoxError;
+use engine::runtime::Driver;
+use engine::tls::TlsFiles;
+use protocol::anp::grpc_frame::DEFAULT_MAX_MESSAGE;
 
 /// Certificate flags shared by server and agent (mutual TLS on the agent
 /// link). From `certs init`, the server uses server.crt/server.key and the

@@ -32,7 +32,7 @@
 //!   either (see ARCHITECTURE.md).
 
 /// The error type of runtime glue that only reports (never matches) errors.
-pub use edgetunnel_engine::BoxError;
+pub use engine::BoxError;
 
 pub mod agent;
 pub mod certs;
@@ -42,16 +42,9 @@ pub mod control;
 pub mod flags;
 pub mod metrics;
 
-/// The sans-I/O protocol layer, a crate of its own (`crates/protocol`), so
-/// that it can use nothing of this one nor its runtime, TLS or Kubernetes
-/// dependencies. Re-exported here so `crate::protocol::...` paths read as
-/// before.
-pub use edgetunnel_protocol as protocol;
 pub mod server;
 
-/// The data-plane runtime, a crate of its own (`crates/engine`,
-/// `edgetunnel-engine`) that names no role. Re-exported here, with the
-/// shared services it holds, so `crate::engine::...`, `crate::admin`,
-/// `crate::logging` and `crate::readiness` paths read as before.
-pub use edgetunnel_engine as engine;
-pub use edgetunnel_engine::{admin, logging, readiness};
+/// The shared services the data-plane runtime (`crates/engine`) holds, so
+/// that `crate::admin`, `crate::logging` and `crate::readiness` read as
+/// the roles' own.
+pub use engine::{admin, logging, readiness};

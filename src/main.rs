@@ -7,33 +7,32 @@ use edgetunnel::readiness::Announce;
 // Either counts the live heap (`edgetunnel_heap_live_bytes`).
 #[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
-static GLOBAL: edgetunnel::engine::heap::Counting<mimalloc::MiMalloc> =
-    edgetunnel::engine::heap::Counting(mimalloc::MiMalloc);
+static GLOBAL: engine::heap::Counting<mimalloc::MiMalloc> =
+    engine::heap::Counting(mimalloc::MiMalloc);
 #[cfg(feature = "system-alloc")]
 #[global_allocator]
-static GLOBAL: edgetunnel::engine::heap::Counting<std::alloc::System> =
-    edgetunnel::engine::heap::Counting(std::alloc::System);
+static GLOBAL: engine::heap::Counting<std::alloc::System> =
+    engine::heap::Counting(std::alloc::System);
 
 fn main() {
     GLOBAL.start();
     // Before the runtimes allocate: no huge pages (memory per idle tunnel).
-    let thp = edgetunnel::engine::memory::at_start();
+    let thp = engine::memory::at_start();
     // `proxy-server`, `yurt-tunnel-agent`, ...: the Go binaries' flags.
     let compat = edgetunnel::compat::from_process_args();
     let cli = match &compat {
         Some(t) => Cli::parse_from(&t.argv),
         // `proxy`: kubectl's flags in Go's syntax.
-        None => match edgetunnel_kubectl_proxy::goargs::from_process_args() {
+        None => match kubectl_proxy::goargs::from_process_args() {
             Some(argv) => Cli::parse_from(argv),
             None => Cli::parse(),
         },
     };
     // kubectl's -v/--vmodule raise the proxy's log filter.
     let log = match &cli.command {
-        Command::Proxy(a) => edgetunnel_kubectl_proxy::klog::filter(
-            &cli.log,
-            edgetunnel_kubectl_proxy::klog::verbosity(a.v, &a.vmodule),
-        ),
+        Command::Proxy(a) => {
+            kubectl_proxy::klog::filter(&cli.log, kubectl_proxy::klog::verbosity(a.v, &a.vmodule))
+        }
         _ => cli.log.clone(),
     };
     let spec = edgetunnel::logging::LogSpec {
@@ -52,7 +51,7 @@ fn main() {
     // Every role: the soft descriptor limit up to the hard one (Go's
     // runtime does the same at start since Go 1.19, os/rlimit.go), so that
     // the usual soft 1,024 does not bound tunnels and handshakes.
-    match edgetunnel::engine::sys::raise_nofile_limit() {
+    match engine::sys::raise_nofile_limit() {
         // The drop-in `proxy` keeps kubectl's quiet stderr.
         Ok((soft, hard)) if matches!(cli.command, Command::Proxy(_)) => {
             tracing::debug!(soft, hard, "descriptor limit (RLIMIT_NOFILE)")
@@ -77,7 +76,7 @@ fn main() {
             cfg.announce = stdout_announce();
             edgetunnel::agent::run(cfg)
         }),
-        Command::Proxy(args) => edgetunnel_kubectl_proxy::run(*args, stdout_announce()),
+        Command::Proxy(args) => kubectl_proxy::run(*args, stdout_announce()),
         Command::Iptables(cmd) => iptables(cmd),
         Command::Certs(cmd) => edgetunnel::certs::run(cmd),
     };

@@ -22,19 +22,19 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 
-use crate::engine::grpc;
-use crate::engine::tls_records::LinkTls;
-use crate::protocol::anp::agent_identity::REASONS;
-use crate::protocol::anp::packet::Frame;
-use crate::protocol::anp::pb::PacketType;
-use crate::protocol::anp::routing::Strategy;
-use crate::protocol::h2_server::Flood;
+use engine::grpc;
+use engine::tls_records::LinkTls;
+use protocol::anp::agent_identity::REASONS;
+use protocol::anp::packet::Frame;
+use protocol::anp::pb::PacketType;
+use protocol::anp::routing::Strategy;
+use protocol::h2_server::Flood;
 
 // The text exposition (exact names, counters retyped, the process
 // families) is shared with the `kubectl proxy` crate, so it lives in the
 // engine crate; the paths below stay.
-pub use edgetunnel_engine::exposition::{process, ExactCounter, CONTENT_TYPE};
-use edgetunnel_engine::exposition::{Exact, Exposition};
+pub use engine::exposition::{process, ExactCounter, CONTENT_TYPE};
+use engine::exposition::{Exact, Exposition};
 
 /// Upper bounds (seconds) of `edgetunnel_dial_duration_seconds`.
 const DIAL_BUCKETS: [f64; 12] = [
@@ -450,11 +450,11 @@ pub struct Metrics {
     pub frontend_errors: Counter,
     pub agent_protocol_errors: Counter,
     /// Agent registrations refused by `--bind-agent-identity`, by reason
-    /// ([`crate::protocol::anp::agent_identity::REASONS`]).
+    /// ([`protocol::anp::agent_identity::REASONS`]).
     identity_refused: Vec<Counter>,
     dial_duration: Histogram,
     /// The agent listener's pre-authentication cap.
-    pub handshakes: crate::engine::admission::AdmissionMetrics,
+    pub handshakes: engine::admission::AdmissionMetrics,
     // ANP (konnectivity_network_proxy_server_*)
     anp_dial_duration: Histogram,
     frontend_write_duration: Histogram,
@@ -580,7 +580,7 @@ impl Metrics {
         let hr = Family::<Label1, Counter>::default();
         let hs = Family::<Label1, Counter>::default();
         let hc = Family::<Label1, Gauge>::default();
-        let handshakes = crate::engine::admission::AdmissionMetrics {
+        let handshakes = engine::admission::AdmissionMetrics {
             in_progress,
             cap_total: hc.get_or_create_owned(&[("cap", "total")]),
             cap_per_ip: hc.get_or_create_owned(&[("cap", "per_ip")]),
@@ -764,7 +764,7 @@ impl Metrics {
         x.add(
             "edgetunnel_certificate_reloads",
             "Certificate reloads by result: ok (a new certificate and key in use for new handshakes, after their files changed or on SIGHUP), failed (the pair did not load; the old one stays in use).",
-            crate::engine::cert_reload::reload_counts(),
+            engine::cert_reload::reload_counts(),
         );
         x.add(
             "edgetunnel_log_write_errors",
@@ -1145,7 +1145,7 @@ mod tests {
 
     #[test]
     fn encoded_type_reads_the_packet_type() {
-        use crate::protocol::anp::packet;
+        use protocol::anp::packet;
         for f in [
             packet::dial_request("tcp", "a:1", 7),
             packet::dial_response(7, 1, ""),

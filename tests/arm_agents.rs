@@ -27,7 +27,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
-use edgetunnel::protocol::anp::packet::{self, Frame};
+use protocol::anp::packet::{self, Frame};
 use support::raw_h2::{Event, RawH2, DATA, END_STREAM, WINDOW_UPDATE};
 use support::*;
 

@@ -36,7 +36,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use edgetunnel::protocol::anp::packet::{self, Frame};
+use protocol::anp::packet::{self, Frame};
 use support::raw_h2::*;
 use support::tls_client::{client_tls, tls_connect, Tls};
 use support::*;
@@ -110,7 +110,7 @@ fn check_admin(admin: SocketAddr, want: &[u8]) -> Result<(), String> {
 fn check_connect<S: Read + Write>(mut s: S, target: &str, seed: u64) -> Result<(), String> {
     s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
         .map_err(|e| format!("CONNECT write: {e}"))?;
-    let want_head = edgetunnel::protocol::anp::http_connect::ESTABLISHED;
+    let want_head = protocol::anp::http_connect::ESTABLISHED;
     let mut head = vec![0u8; want_head.len()];
     s.read_exact(&mut head)
         .map_err(|e| format!("CONNECT head: {e}"))?;

@@ -22,7 +22,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use edgetunnel::protocol::anp::packet::{self, Frame};
+use protocol::anp::packet::{self, Frame};
 use support::raw_h2::*;
 use support::tls_client::{client_tls, tls_connect};
 use support::*;

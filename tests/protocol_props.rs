@@ -5,17 +5,17 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use bytes::Bytes;
-use edgetunnel::protocol::anp::agent_identifiers::{Cidr, Identifiers};
-use edgetunnel::protocol::anp::grpc_frame::{self, FrameDecoder, FrameError, HEADER_LEN};
-use edgetunnel::protocol::anp::http_connect::{self, ConnectRequest};
-use edgetunnel::protocol::anp::packet::{self, Frame};
-use edgetunnel::protocol::anp::pb::{
-    CloseDial, CloseRequest, CloseResponse, Data, DialRequest, DialResponse, Packet,
-};
-use edgetunnel::protocol::anp::routing::{dest_host, Registry, Strategy as Route};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use prost::Message;
+use protocol::anp::agent_identifiers::{Cidr, Identifiers};
+use protocol::anp::grpc_frame::{self, FrameDecoder, FrameError, HEADER_LEN};
+use protocol::anp::http_connect::{self, ConnectRequest};
+use protocol::anp::packet::{self, Frame};
+use protocol::anp::pb::{
+    CloseDial, CloseRequest, CloseResponse, Data, DialRequest, DialResponse, Packet,
+};
+use protocol::anp::routing::{dest_host, Registry, Strategy as Route};
 
 // ---------------------------------------------------------------- strategies
 

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use edgetunnel::engine::window::{MAX_TUNNEL_WINDOW, OVERRUN_SLACK, TUNNEL_WINDOW};
+use engine::window::{MAX_TUNNEL_WINDOW, OVERRUN_SLACK, TUNNEL_WINDOW};
 use support::hol::{self, Held, Pair, Stalled, Target, Way, MIB};
 use support::wan::{Wan, WanConfig};
 use support::{Env, WAIT};

@@ -32,10 +32,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use edgetunnel::agent::backoff::{Attempt, Backoff, DEFAULT_RESET_AFTER};
-use edgetunnel::protocol::anp::packet::{self, Frame};
-use edgetunnel::protocol::{
-    anp::grpc_frame, AGENT_CONNECT_PATH, AGENT_IDENTIFIERS_HEADER, AGENT_ID_HEADER,
-};
+use protocol::anp::packet::{self, Frame};
+use protocol::{anp::grpc_frame, AGENT_CONNECT_PATH, AGENT_IDENTIFIERS_HEADER, AGENT_ID_HEADER};
 use rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
 
@@ -338,12 +336,12 @@ async fn serve(mut send: h2::SendStream<Bytes>, mut recv: h2::RecvStream, stats:
 /// client certificate all agents present (the server runs with
 /// `--bind-agent-identity=false`).
 pub(crate) fn client_tls(certs: &std::path::Path) -> Result<Arc<rustls::ClientConfig>, String> {
-    let files = edgetunnel::engine::tls::TlsFiles {
+    let files = engine::tls::TlsFiles {
         cert: certs.join("agent.crt"),
         key: certs.join("agent.key"),
         ca: certs.join("ca.crt"),
     };
-    edgetunnel::engine::tls::client_config(&files)
+    engine::tls::client_config(&files)
         .map(|(c, _)| c)
         .map_err(|e| format!("fleet TLS: {e}"))
 }

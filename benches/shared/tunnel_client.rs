@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes};
-use edgetunnel::protocol::anp::{grpc_frame, packet};
-use edgetunnel::protocol::PROXY_PATH;
+use protocol::anp::{grpc_frame, packet};
+use protocol::PROXY_PATH;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpSocket, TcpStream, UnixStream};
 use tokio_rustls::client::TlsStream;

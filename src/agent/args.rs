@@ -8,10 +8,10 @@ use clap::Args;
 
 use super::AgentConfig;
 use crate::control::manager;
-use crate::engine::tls::TlsFiles;
 use crate::flags::{read_token, secs, CertMode, EngineArgs, TlsArgs};
-use crate::protocol::anp::agent_identifiers::Identifiers;
 use crate::BoxError;
+use engine::tls::TlsFiles;
+use protocol::anp::agent_identifiers::Identifiers;
 
 #[derive(Args, Debug)]
 pub struct AgentArgs {
@@ -74,7 +74,7 @@ pub struct AgentArgs {
         env = "EDGETUNNEL_ALLOW_DESTINATIONS",
         value_delimiter = ','
     )]
-    pub allow_destinations: Vec<crate::protocol::anp::agent_dest_policy::Entry>,
+    pub allow_destinations: Vec<protocol::anp::agent_dest_policy::Entry>,
     /// Destinations this agent never dials (same syntax); wins over
     /// --allow-destinations.
     #[arg(
@@ -83,7 +83,7 @@ pub struct AgentArgs {
         env = "EDGETUNNEL_DENY_DESTINATIONS",
         value_delimiter = ','
     )]
-    pub deny_destinations: Vec<crate::protocol::anp::agent_dest_policy::Entry>,
+    pub deny_destinations: Vec<protocol::anp::agent_dest_policy::Entry>,
     /// Do not offer the half-close extension (behave exactly like ANP's agent).
     #[arg(long, help_heading = "Dialing")]
     pub no_half_close: bool,
@@ -196,7 +196,7 @@ impl AgentArgs {
             backoff_reset_after: secs(self.backoff_reset_after_secs),
             drain_grace: secs(self.drain_grace_secs),
             dial_timeout: secs(self.dial_timeout_secs),
-            policy: crate::protocol::anp::agent_dest_policy::Policy::new(
+            policy: protocol::anp::agent_dest_policy::Policy::new(
                 self.allow_destinations,
                 self.deny_destinations,
             ),
@@ -211,7 +211,7 @@ impl AgentArgs {
             handover_wait: secs(self.handover_wait_secs),
             workers: self
                 .workers
-                .unwrap_or_else(crate::engine::runtime::default_workers)
+                .unwrap_or_else(engine::runtime::default_workers)
                 .max(1),
             max_links: self.max_links_per_server as usize,
         })

@@ -15,7 +15,7 @@
 //!   outage, and the load balancer may send the next attempt elsewhere.
 //! - A server that said it is busy (its handshake caps are full: it
 //!   answered the TLS handshake with a fatal `user_canceled` alert before
-//!   any TLS work, see [`crate::engine::admission::refuse`]; [`is_busy`]
+//!   any TLS work, see [`engine::admission::refuse`]; [`is_busy`]
 //!   recognises it) grows the exponent like a failure, but waits at least
 //!   half the ceiling: uniformly in `[ceiling / 2, ceiling)` ("equal
 //!   jitter"), so that one agent's attempts on a busy server are at least

@@ -17,25 +17,25 @@ use tokio_rustls::TlsConnector;
 
 use super::link_window::{Growing, GrowingBody, Wanted};
 use super::{BoxError, ServerSlots};
-use crate::engine::budget::{Budget, Credit};
-use crate::engine::fd_ref::FdRef;
-use crate::engine::grpc::{self, PacketReceiver, PacketSender, SendBuf};
-use crate::engine::h2_keepalive::{self, KeepaliveError};
-use crate::engine::link_window::TunedRecv;
-use crate::engine::listener;
-use crate::engine::relay::{self, ChunkReader};
-use crate::engine::tls_records;
-use crate::engine::tunnel_relay::{self, DownEnd, Incoming, UpEnd};
-use crate::engine::window::{self, ConnWindow, LinkPath};
 use crate::metrics::agent::{metrics as agent_metrics, Direction, EndpointDialFailure};
 use crate::metrics::Segment;
-use crate::protocol::anp::agent_dest_policy::{self as dest_policy, Policy};
-use crate::protocol::anp::agent_links;
-use crate::protocol::anp::agent_tunnel::{AgentAction, AgentTunnel, DialOutcome};
-use crate::protocol::anp::packet::{self, Encoded, Frame};
-use crate::protocol::spare::ReleaseSpare;
-use crate::protocol::{self as proto};
 use crate::readiness::Ready;
+use engine::budget::{Budget, Credit};
+use engine::fd_ref::FdRef;
+use engine::grpc::{self, PacketReceiver, PacketSender, SendBuf};
+use engine::h2_keepalive::{self, KeepaliveError};
+use engine::link_window::TunedRecv;
+use engine::listener;
+use engine::relay::{self, ChunkReader};
+use engine::tls_records;
+use engine::tunnel_relay::{self, DownEnd, Incoming, UpEnd};
+use engine::window::{self, ConnWindow, LinkPath};
+use protocol::anp::agent_dest_policy::{self as dest_policy, Policy};
+use protocol::anp::agent_links;
+use protocol::anp::agent_tunnel::{AgentAction, AgentTunnel, DialOutcome};
+use protocol::anp::packet::{self, Encoded, Frame};
+use protocol::spare::ReleaseSpare;
+use protocol::{self as proto};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 const OUT_QUEUE: usize = 1024;
@@ -124,7 +124,7 @@ pub(crate) async fn run(
         let host = cfg
             .server_name
             .clone()
-            .unwrap_or_else(|| crate::protocol::anp::routing::dest_host(&addr).to_string());
+            .unwrap_or_else(|| protocol::anp::routing::dest_host(&addr).to_string());
         let name = ServerName::try_from(host)?;
         let (tls, link_tls, link_fd) = link_tls(&addr, name, &slots.tls).await?;
         agent_metrics().link_tls(link_tls);
@@ -366,10 +366,7 @@ async fn link_tls(
         }
     }
     let tls = TlsConnector::from(config.clone())
-        .connect(
-            name,
-            crate::engine::read_ahead::ReadAhead::new(tcp().await?),
-        )
+        .connect(name, engine::read_ahead::ReadAhead::new(tcp().await?))
         .await?;
     let link_tls = tls_records::LinkTls::rustls(tls.get_ref().1.protocol_version());
     Ok((
@@ -382,7 +379,7 @@ async fn link_tls(
 /// The link's TLS stream.
 type LinkIo = tls_records::Link<
     tokio_rustls::client::TlsStream<
-        crate::engine::read_ahead::ReadAhead<monoio::net::tcp::stream_poll::TcpStreamPoll>,
+        engine::read_ahead::ReadAhead<monoio::net::tcp::stream_poll::TcpStreamPoll>,
     >,
     tls_records::RecordStream<monoio::net::tcp::stream_poll::TcpStreamPoll>,
 >;
@@ -720,7 +717,7 @@ async fn dial(shared: Rc<LinkState>, d: Dial) {
 struct Opened {
     connect_id: i64,
     /// The target socket, split in `rd` and `wr`.
-    fd: crate::engine::fd_ref::FdRef,
+    fd: engine::fd_ref::FdRef,
     rd: monoio::io::OwnedReadHalf<monoio::net::TcpStream>,
     wr: monoio::io::OwnedWriteHalf<monoio::net::TcpStream>,
     events: mpsc::UnboundedReceiver<ConnEvent>,
@@ -820,7 +817,7 @@ async fn open(shared: &Rc<LinkState>, d: Dial) -> Option<Opened> {
         DialOutcome::Cancelled => None,
         DialOutcome::Respond(f) => {
             let _ = shared.ctl.unbounded_send(f);
-            let fd = crate::engine::fd_ref::FdRef::of(&stream);
+            let fd = engine::fd_ref::FdRef::of(&stream);
             let (rd, wr) = stream.into_split();
             Some(Opened {
                 connect_id,
@@ -958,7 +955,7 @@ fn relay_conn(shared: Rc<LinkState>, opened: Opened) -> impl Future<Output = ()>
                 futures::future::Either::Right(((end, mut events), up)) => match end {
                     DownEnd::Ended(Some(Aborted(true))) => {
                         tracing::debug!(connect_id, "server connection gone: resetting the target");
-                        crate::engine::abort::reset(&fd);
+                        engine::abort::reset(&fd);
                         false
                     }
                     DownEnd::Ended(_) => false,

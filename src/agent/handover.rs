@@ -1,6 +1,6 @@
 //! The agent's part in a handover (`--handover-socket`; the exchange is
-//! [`crate::engine::handover`], the steps shared with the server
-//! [`crate::engine::takeover`]). Two agents of one node overlap during a
+//! [`engine::handover`], the steps shared with the server
+//! [`engine::takeover`]). Two agents of one node overlap during a
 //! DaemonSet rollout with `maxSurge`; on a host-network node they would
 //! both bind the health and admin ports, which only one can. So the new
 //! agent takes those listeners from the old one at start, links to the
@@ -16,10 +16,10 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::engine::handover::{self as exchange, Incumbent, Offering, HANDOVER_LISTENER};
-use crate::engine::listener::UnixSocketFile;
-use crate::engine::signals::Shutdown;
-use crate::engine::takeover::{await_accept_loops, Successor};
+use engine::handover::{self as exchange, Incumbent, Offering, HANDOVER_LISTENER};
+use engine::listener::UnixSocketFile;
+use engine::signals::Shutdown;
+use engine::takeover::{await_accept_loops, Successor};
 
 /// How long a new agent waits for its links before it confirms anyway
 /// (below the incumbent's 30 s wait for the confirmation).

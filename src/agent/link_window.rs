@@ -14,8 +14,8 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 
-use crate::engine::grpc::{self, Body, GrpcError};
-use crate::engine::link_window::GrowWindows;
+use engine::grpc::{self, Body, GrpcError};
+use engine::link_window::GrowWindows;
 
 /// The stream window the link's body asks for; the connection's follows.
 #[derive(Clone)]

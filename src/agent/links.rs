@@ -1,5 +1,5 @@
 //! Secondary links: the extra connections an agent keeps to an edgetunnel
-//! server, one per server worker (see [`crate::protocol::anp::agent_links`]),
+//! server, one per server worker (see [`protocol::anp::agent_links`]),
 //! spread over the agent's own worker threads so that each link's tunnels
 //! run on one core at each end.
 //!
@@ -28,8 +28,8 @@ use futures::StreamExt;
 use super::backoff::{self, Attempt, Backoff, BusyNotice};
 use super::connection::{self, Ended};
 use super::{AgentConfig, ServerSlots, Slot, SLOTS_RUNNING};
-use crate::engine::signals;
-use crate::protocol::anp::agent_links::STEER_ATTEMPTS;
+use engine::signals;
+use protocol::anp::agent_links::STEER_ATTEMPTS;
 
 /// Failed attempts in a row after which a secondary link gives up (the
 /// primary link asks again when it reconnects).
@@ -102,7 +102,7 @@ pub(crate) struct WorkerCtx {
 pub(crate) fn new(workers: usize, seed: u64) -> (Arc<Links>, Vec<mpsc::UnboundedReceiver<Job>>) {
     let (txs, rxs): (Vec<_>, Vec<_>) = (0..workers.max(1)).map(|_| mpsc::unbounded()).unzip();
     let links = Links {
-        instance: crate::protocol::anp::agent_links::instance_token(seed),
+        instance: protocol::anp::agent_links::instance_token(seed),
         running: Mutex::new(HashMap::new()),
         workers: txs,
         next: AtomicUsize::new(1),

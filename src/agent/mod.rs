@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 
 pub use backoff::{Attempt, Backoff};
 
-use crate::engine::runtime::{self, Driver};
-use crate::engine::{listener, signals, takeover, tls};
-use crate::protocol::anp::agent_identifiers::Identifiers;
+use engine::runtime::{self, Driver};
+use engine::{listener, signals, takeover, tls};
+use protocol::anp::agent_identifiers::Identifiers;
 
 /// Everything `edgetunnel agent` is told at start.
 #[derive(Debug, Clone)]
@@ -53,7 +53,7 @@ pub struct AgentConfig {
     pub dial_timeout: Duration,
     /// Which destinations may be dialed (`--allow-destinations`,
     /// `--deny-destinations`).
-    pub policy: crate::protocol::anp::agent_dest_policy::Policy,
+    pub policy: protocol::anp::agent_dest_policy::Policy,
     pub driver: Driver,
     pub max_message: usize,
     /// Offer the half-close extension to servers.

@@ -112,7 +112,7 @@
 pub mod anp_agent;
 pub mod anp_server;
 /// Go command lines (pflag), sans-I/O, in the protocol crate.
-pub use crate::protocol::go::pflag as goflag;
+pub use protocol::go::pflag as goflag;
 pub mod klog;
 pub mod yurt_agent;
 pub mod yurt_server;
@@ -475,7 +475,7 @@ pub fn whole_seconds(ns: i64) -> u64 {
 
 /// `host:port` as Go's `net.JoinHostPort` writes it (the protocol crate's,
 /// which the control thread uses too).
-pub use crate::protocol::go::net::join_host_port;
+pub use protocol::go::net::join_host_port;
 
 /// A listen address from a Go bind-address flag and a port: empty means
 /// every address (IPv4 here), `localhost` the loopback address; anything

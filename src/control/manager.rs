@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::iptables::{self, Family, Plan, PortRule, Scope};
 use super::iptables_sync;
-use crate::engine::signals::Shutdown;
+use engine::signals::Shutdown;
 
 /// The shortest full-sync period (yurt-tunnel's floor).
 pub const MIN_SYNC_PERIOD: Duration = Duration::from_secs(15);
@@ -200,7 +200,7 @@ pub struct ControlSpec {
     pub kube: Option<KubeSpec>,
     /// Certificate files watched and swapped into the TLS configs when
     /// they change (checked every second).
-    pub certs: Vec<Arc<crate::engine::cert_reload::ReloadingCert>>,
+    pub certs: Vec<Arc<engine::cert_reload::ReloadingCert>>,
     /// Certificates kept signed through Kubernetes CSRs (needs `kube`).
     pub csr: Vec<super::csr::Job>,
     /// The server's ANP-format Lease, renewed, with expired ones culled

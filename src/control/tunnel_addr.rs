@@ -138,7 +138,7 @@ pub fn pick(svc: &Service, endpoints: &Endpoints, cloud_nodes: &[Node]) -> Resul
         })
         .filter(|p| *p > 0)
         .ok_or("fail to get the port number")?;
-    Ok(crate::protocol::go::net::join_host_port(&host, port))
+    Ok(protocol::go::net::join_host_port(&host, port))
 }
 
 /// The host of `host:port` (`[v6]:port`), as Go's `net.SplitHostPort`.

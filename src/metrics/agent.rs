@@ -16,7 +16,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use super::{
     Exact, ExactCounter, Exposition, GaugeGuard, Label1, LinkTlsCounters, Segment, Streams,
 };
-use crate::engine::tls_records::LinkTls;
+use engine::tls_records::LinkTls;
 
 /// ANP agent `latencyBuckets` (pkg/agent/metrics/metrics.go).
 pub const ANP_AGENT_LATENCY_BUCKETS: [f64; 7] = [0.005, 0.025, 0.1, 0.5, 2.5, 10.0, 30.0];
@@ -164,7 +164,7 @@ impl AgentMetrics {
         x.add(
             "edgetunnel_certificate_reloads",
             "Certificate reloads by result: ok (a new certificate and key in use for new handshakes, after their files changed or on SIGHUP), failed (the pair did not load; the old one stays in use).",
-            crate::engine::cert_reload::reload_counts(),
+            engine::cert_reload::reload_counts(),
         );
         x.add(
             "edgetunnel_log_write_errors",
@@ -281,7 +281,7 @@ impl AgentMetrics {
 
     /// One packet sent (`FromAgent`) or received (`ToAgent`).
     #[inline]
-    pub fn packet(&self, segment: Segment, packet_type: crate::protocol::anp::pb::PacketType) {
+    pub fn packet(&self, segment: Segment, packet_type: protocol::anp::pb::PacketType) {
         self.streams.packet(segment, packet_type);
     }
 
@@ -304,7 +304,7 @@ impl AgentMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::anp::pb::PacketType;
+    use protocol::anp::pb::PacketType;
 
     #[test]
     fn anp_agent_families() {

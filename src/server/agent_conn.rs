@@ -3,7 +3,7 @@
 //! frontends) and the writer (frontends -> agent), beside the connection's
 //! driver (keepalive PINGs, GOAWAY on drain, extra streams refused).
 //!
-//! HTTP/2 is our own sans-I/O server ([`crate::protocol::h2_server`],
+//! HTTP/2 is our own sans-I/O server ([`protocol::h2_server`],
 //! driven by [`H2Conn`]), as on the gRPC frontend: it takes any
 //! `:authority` and an idle link holds no buffer of its own. Reads go
 //! through the thread's buffer ([`SharedReadAhead`] under rustls, the
@@ -46,27 +46,27 @@ use tokio_rustls::TlsAcceptor;
 
 use super::session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
 use super::ServerState;
-use crate::engine::accept;
-use crate::engine::admission::Permit;
-use crate::engine::budget::Budget;
-use crate::engine::fd_ref::FdRef;
-use crate::engine::grpc::{self, code, PacketReceiver, StreamSender};
-use crate::engine::h2_conn::{H2Conn, H2Error, Incoming, StreamRecv, StreamSend};
-use crate::engine::h2_keepalive::{KeepaliveError, PingSchedule};
-use crate::engine::link_window::TunedRecv;
-use crate::engine::read_ahead::SharedReadAhead;
-use crate::engine::tls_records;
-use crate::engine::window::{self, ConnWindow, LinkPath};
 use crate::metrics::{self, DialFailure, DialResult, KeepalivePeer, Segment};
-use crate::protocol::anp::agent_identifiers::Identifiers;
-use crate::protocol::anp::agent_identity::{self, CertNames, IdentityError};
-use crate::protocol::anp::agent_links::{self, LinkRequest};
-use crate::protocol::anp::packet::{self, Frame};
-use crate::protocol::anp::pb::PacketType;
-use crate::protocol::anp::server_tunnel::{ServerAction, ServerTunnel};
-use crate::protocol::h2_server::{self, RequestHead};
-use crate::protocol::spare::ReleaseSpare;
-use crate::protocol::{self as proto};
+use engine::accept;
+use engine::admission::Permit;
+use engine::budget::Budget;
+use engine::fd_ref::FdRef;
+use engine::grpc::{self, code, PacketReceiver, StreamSender};
+use engine::h2_conn::{H2Conn, H2Error, Incoming, StreamRecv, StreamSend};
+use engine::h2_keepalive::{KeepaliveError, PingSchedule};
+use engine::link_window::TunedRecv;
+use engine::read_ahead::SharedReadAhead;
+use engine::tls_records;
+use engine::window::{self, ConnWindow, LinkPath};
+use protocol::anp::agent_identifiers::Identifiers;
+use protocol::anp::agent_identity::{self, CertNames, IdentityError};
+use protocol::anp::agent_links::{self, LinkRequest};
+use protocol::anp::packet::{self, Frame};
+use protocol::anp::pb::PacketType;
+use protocol::anp::server_tunnel::{ServerAction, ServerTunnel};
+use protocol::h2_server::{self, RequestHead};
+use protocol::spare::ReleaseSpare;
+use protocol::{self as proto};
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
 const COMMAND_QUEUE: usize = 256;
@@ -394,7 +394,7 @@ async fn handshake(
     let setup = async {
         let explain = |e: std::io::Error| {
             let files = &shared.cfg.tls;
-            crate::engine::tls::explain_agent_handshake(&e, peer, &files.ca, &files.cert)
+            engine::tls::explain_agent_handshake(&e, peer, &files.ca, &files.cert)
         };
         // The verified leaf certificate, for --bind-agent-identity.
         let (tls, leaf, link_tls) = match acceptor.own {
@@ -939,7 +939,7 @@ async fn read_loop(
                 state.shared.metrics.agent_protocol_errors.inc();
                 state.shared.metrics.stream_error(
                     Segment::FromAgent,
-                    crate::engine::grpc::recv_error_code(&e),
+                    engine::grpc::recv_error_code(&e),
                     "Unknown",
                 );
                 tracing::warn!(error = %e, "closing agent connection: bad input");

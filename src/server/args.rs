@@ -8,11 +8,11 @@ use clap::Args;
 
 use super::ServerConfig;
 use crate::control::manager;
-use crate::engine::runtime;
-use crate::engine::tls::TlsFiles;
 use crate::flags::{read_token, secs, CertMode, EngineArgs, TlsArgs};
-use crate::protocol::anp::routing::parse_strategies;
 use crate::BoxError;
+use engine::runtime;
+use engine::tls::TlsFiles;
+use protocol::anp::routing::parse_strategies;
 
 #[derive(Args, Debug)]
 pub struct ServerArgs {
@@ -109,7 +109,7 @@ pub struct ServerArgs {
     pub cipher_suites: Vec<String>,
     /// Permission bits (octal) of the --connect-uds/--grpc-uds socket files,
     /// set before anyone can connect.
-    #[arg(long, help_heading = "Frontends", default_value = "0600", value_parser = crate::engine::listener::parse_mode)]
+    #[arg(long, help_heading = "Frontends", default_value = "0600", value_parser = engine::listener::parse_mode)]
     pub uds_mode: u32,
     /// Never remove an existing file at a --connect-uds/--grpc-uds path (the
     /// bind then fails). Without it only a stale socket file (one that
@@ -411,7 +411,7 @@ impl ServerArgs {
         let handshake_limits = handshake_limits(
             self.max_handshakes,
             self.max_handshakes_per_ip,
-            crate::engine::sys::nofile_limit(),
+            engine::sys::nofile_limit(),
         );
         Ok(ServerConfig {
             announce: Default::default(),
@@ -437,7 +437,7 @@ impl ServerArgs {
             connect_uds: self.connect_uds,
             grpc_bind: self.grpc_bind,
             grpc_uds: self.grpc_uds,
-            uds: crate::engine::listener::UdsOptions {
+            uds: engine::listener::UdsOptions {
                 mode: self.uds_mode,
                 replace_stale: !self.keep_existing_uds,
             },
@@ -489,7 +489,7 @@ impl ServerArgs {
         }
     }
 
-    fn strategies(&self) -> Result<Vec<crate::protocol::anp::routing::Strategy>, BoxError> {
+    fn strategies(&self) -> Result<Vec<protocol::anp::routing::Strategy>, BoxError> {
         let strategies = parse_strategies(&self.proxy_strategies)?;
         if strategies.is_empty() {
             return Err("--proxy-strategies must name at least one strategy".into());
@@ -748,9 +748,9 @@ impl ServerArgs {
 
     /// TLS versions and suites of the agent and frontend listeners; what
     /// is ignored is logged.
-    fn tls_policy(&self) -> Result<crate::engine::tls::TlsPolicy, BoxError> {
+    fn tls_policy(&self) -> Result<engine::tls::TlsPolicy, BoxError> {
         let (policy, warnings) =
-            crate::engine::tls::TlsPolicy::parse(&self.tls_min_version, &self.cipher_suites)?;
+            engine::tls::TlsPolicy::parse(&self.tls_min_version, &self.cipher_suites)?;
         for w in warnings {
             tracing::warn!("{w}");
         }
@@ -791,7 +791,7 @@ pub fn handshake_limits(
     total: Option<usize>,
     per_ip: usize,
     nofile: u64,
-) -> crate::engine::admission::Limits {
+) -> engine::admission::Limits {
     let allowed = usize::try_from(nofile / 4).unwrap_or(usize::MAX);
     let total = match total {
         Some(t) => {
@@ -812,7 +812,7 @@ pub fn handshake_limits(
     } else {
         per_ip
     };
-    crate::engine::admission::Limits { total, per_ip }
+    engine::admission::Limits { total, per_ip }
 }
 
 fn parse_no_agent_status(s: &str) -> Result<u16, String> {

@@ -20,14 +20,14 @@ use tracing::Instrument;
 
 use super::session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
 use super::{Handoff, ServerState};
-use crate::engine::abort;
-use crate::engine::accept;
-use crate::engine::fd_ref::FdRef;
-use crate::engine::relay::{self, ChunkReader, LocalSocket, MovedSocket};
-use crate::engine::tunnel_relay::{self, DownEnd, Incoming, UpEnd};
-use crate::engine::window::{self, ConnWindow};
 use crate::metrics::DialResult;
-use crate::protocol::anp::http_connect;
+use engine::abort;
+use engine::accept;
+use engine::fd_ref::FdRef;
+use engine::relay::{self, ChunkReader, LocalSocket, MovedSocket};
+use engine::tunnel_relay::{self, DownEnd, Incoming, UpEnd};
+use engine::window::{self, ConnWindow};
+use protocol::anp::http_connect;
 
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -52,7 +52,7 @@ impl Mode {
     }
 }
 
-pub(super) use crate::protocol::NO_TUNNEL;
+pub(super) use protocol::NO_TUNNEL;
 
 /// The TCP listener; with `tls`, callers speak TLS (see [`tls_front`]).
 pub(super) async fn accept_tcp(
@@ -125,7 +125,7 @@ where
     C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + CallerSocket,
     P: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    use crate::engine::tls_copy::{self, CopyEnd};
+    use engine::tls_copy::{self, CopyEnd};
     use tokio::io::AsyncWriteExt;
     let fd = caller.tcp_fd();
     let (mut caller_r, mut caller_w) = tokio::io::split(caller);
@@ -310,7 +310,7 @@ async fn rare_pick<S: relay::Duplex>(
     agent
 }
 
-use crate::protocol::ROUTE_ATTEMPTS;
+use protocol::ROUTE_ATTEMPTS;
 
 /// A dial routed to an agent and not yet answered.
 pub(crate) struct Pending {

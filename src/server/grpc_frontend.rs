@@ -21,21 +21,19 @@ use monoio::io::IntoPollIo;
 
 use super::session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
 use super::ServerState;
-use crate::engine::accept;
-use crate::engine::budget::Credit;
-use crate::engine::deadline::Deadline;
-use crate::engine::grpc::{self, code, GrpcError, PacketReceiver, StreamSender};
-use crate::engine::h2_conn::{H2Conn, H2Error, Incoming, RecvError, StreamRecv};
-use crate::engine::h2_keepalive::{KeepaliveError, PingSchedule};
-use crate::engine::window::{self, ConnWindow};
 use crate::metrics::{self, DialResult, KeepalivePeer, Segment};
-use crate::protocol::anp::packet::{self, Frame};
-use crate::protocol::anp::pb::PacketType;
-use crate::protocol::anp::proxy_service_stream::{
-    Abandoned, AgentEvent, ProxyStream, StreamAction,
-};
-use crate::protocol::h2_server;
-use crate::protocol::{PROXY_PATH, ROUTE_ATTEMPTS};
+use engine::accept;
+use engine::budget::Credit;
+use engine::deadline::Deadline;
+use engine::grpc::{self, code, GrpcError, PacketReceiver, StreamSender};
+use engine::h2_conn::{H2Conn, H2Error, Incoming, RecvError, StreamRecv};
+use engine::h2_keepalive::{KeepaliveError, PingSchedule};
+use engine::window::{self, ConnWindow};
+use protocol::anp::packet::{self, Frame};
+use protocol::anp::pb::PacketType;
+use protocol::anp::proxy_service_stream::{Abandoned, AgentEvent, ProxyStream, StreamAction};
+use protocol::h2_server;
+use protocol::{PROXY_PATH, ROUTE_ATTEMPTS};
 
 use crate::BoxError;
 
@@ -705,7 +703,7 @@ async fn proxy_stream(
                     }
                 },
                 Next::Client(Err(e)) => {
-                    let code = crate::engine::grpc::recv_error_code(&e);
+                    let code = engine::grpc::recv_error_code(&e);
                     shared
                         .metrics
                         .stream_error(Segment::FromClient, code, "Unknown");

@@ -1,5 +1,5 @@
 //! The server's part in a listener handover (`--handover-socket`; the
-//! exchange is [`crate::engine::handover`]): at start, take the listeners
+//! exchange is [`engine::handover`]): at start, take the listeners
 //! of a server running there ([`Takeover::try_from_predecessor`]); once
 //! serving, confirm to it and answer the next successor
 //! ([`Takeover::confirm_and_listen`]). When a successor takes over, the
@@ -10,10 +10,10 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use crate::engine::handover::{self as engine_handover, Incumbent, Offering, HANDOVER_LISTENER};
-use crate::engine::listener::{Spec, UnixSocketFile};
-use crate::engine::takeover::Successor;
-use crate::protocol::handover as wire;
+use engine::handover::{self as engine_handover, Incumbent, Offering, HANDOVER_LISTENER};
+use engine::listener::{Spec, UnixSocketFile};
+use engine::takeover::Successor;
+use protocol::handover as wire;
 
 use super::listeners::Kind;
 use super::ServerConfig;
@@ -52,7 +52,7 @@ impl Takeover {
     pub(super) fn offering(
         &self,
         specs: &[Spec<Kind>],
-        bound: &crate::engine::listener::Bound<Kind>,
+        bound: &engine::listener::Bound<Kind>,
     ) -> std::io::Result<Vec<Offering>> {
         let offered: Vec<Spec<Kind>> = specs
             .iter()
@@ -128,7 +128,7 @@ impl Takeover {
             }
             handed_over.trigger();
             shutdown.trigger();
-            crate::engine::takeover::await_accept_loops(&accepting, STOP_ACCEPTING);
+            engine::takeover::await_accept_loops(&accepting, STOP_ACCEPTING);
             // Where the successor may send dials it has no agent for: here,
             // then where this server sent them (a Go agent may still be
             // linked to an older server only).

@@ -17,13 +17,13 @@ use bytes::Bytes;
 
 use super::connect_frontend::{run_on_agent_core, socket_pair, Mode, Pending, NO_TUNNEL};
 use super::ServerState;
-use crate::engine::fd_ref::FdRef;
-use crate::engine::head_reader::read_request_head;
-use crate::engine::relay::MovedSocket;
-use crate::engine::{abort, accept};
 use crate::metrics::DialResult;
-use crate::protocol::anp::http_connect;
-use crate::protocol::http1::{self, HeadLimit};
+use engine::fd_ref::FdRef;
+use engine::head_reader::read_request_head;
+use engine::relay::MovedSocket;
+use engine::{abort, accept};
+use protocol::anp::http_connect;
+use protocol::http1::{self, HeadLimit};
 
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -37,7 +37,7 @@ pub(super) async fn accept_tcp(core: usize, shared: Arc<ServerState>, l: monoio:
 
 /// The destination before DNAT, when the connection was redirected.
 pub(super) fn original_dst(fd: &impl AsRawFd) -> Option<SocketAddr> {
-    crate::engine::sys::original_dst(fd)
+    engine::sys::original_dst(fd)
 }
 
 /// Where to route and what to dial for node `host` and `port`:
@@ -355,7 +355,7 @@ async fn relay_traced<A, B>(
     A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    use crate::protocol::http1::trace::{Event, Tracker};
+    use protocol::http1::trace::{Event, Tracker};
     use std::cell::RefCell;
     use std::collections::VecDeque;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

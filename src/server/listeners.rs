@@ -1,5 +1,5 @@
 //! The server's listeners as data: [`specs`] lists what the configuration
-//! asks for, [`crate::engine::listener::bind_all`] binds them on the main
+//! asks for, [`engine::listener::bind_all`] binds them on the main
 //! thread, and [`serve`] starts each worker's accept loops.
 //!
 //! | kind              | on            | workers | accept loop                          | TLS                         | on drain    |
@@ -17,7 +17,7 @@
 use std::rc::Rc;
 use std::sync::Arc;
 
-use crate::engine::listener::{Endpoint, Listening, Socket, Spec, Spread};
+use engine::listener::{Endpoint, Listening, Socket, Spec, Spread};
 
 use super::{
     agent_conn, connect_frontend, grpc_frontend, intercept_frontend, ServerConfig, ServerState,

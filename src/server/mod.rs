@@ -27,11 +27,11 @@ use std::time::Duration;
 use futures::channel::mpsc;
 use futures::StreamExt;
 
-use crate::engine::runtime::{self, Driver};
-use crate::engine::{listener, relay::MovedSocket, signals, tls};
 use crate::metrics::Metrics;
-use crate::protocol::anp::routing::{Registry, Strategy};
 use crate::readiness::{Announce, Ready};
+use engine::runtime::{self, Driver};
+use engine::{listener, relay::MovedSocket, signals, tls};
+use protocol::anp::routing::{Registry, Strategy};
 
 pub use session::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink};
 
@@ -73,7 +73,7 @@ pub struct ServerConfig {
     /// closed, agents and gRPC callers told) before the server exits;
     /// zero: exit at once.
     pub graceful_shutdown: Duration,
-    /// The handover socket (see [`crate::engine::handover`]); `None`: no
+    /// The handover socket (see [`engine::handover`]); `None`: no
     /// handover.
     pub handover_socket: Option<PathBuf>,
     /// After a takeover, how long dials wait for an agent to connect.
@@ -82,8 +82,8 @@ pub struct ServerConfig {
     /// successor may still take over.
     pub handover_wait: Duration,
     /// Agent connections in their handshake at once, in total and per
-    /// source address (see [`crate::engine::admission`]).
-    pub handshake_limits: crate::engine::admission::Limits,
+    /// source address (see [`engine::admission`]).
+    pub handshake_limits: engine::admission::Limits,
     /// How long a gRPC frontend connection may go without an HTTP/2
     /// preface or without an open stream.
     pub frontend_idle: Duration,
@@ -97,7 +97,7 @@ pub struct ServerConfig {
     /// then need no client certificate.
     pub agent_auth: Option<crate::control::token_review::AgentAuthSpec>,
     /// Agents may register only the ID and identifiers their client
-    /// certificate names (see [`crate::protocol::anp::agent_identity`]).
+    /// certificate names (see [`protocol::anp::agent_identity`]).
     pub bind_agent_identity: bool,
 }
 
@@ -157,9 +157,9 @@ pub(crate) struct ServerState {
     /// SIGTERM/SIGINT: the first starts the drain, the second ends it.
     shutdown: Arc<signals::Shutdown>,
     /// With `bind_agent_identity`: which certificate holds each agent ID.
-    holders: Mutex<crate::protocol::anp::agent_identity::Holders>,
+    holders: Mutex<protocol::anp::agent_identity::Holders>,
     /// Agent connections not yet authenticated, capped.
-    handshakes: Arc<crate::engine::admission::Admission>,
+    handshakes: Arc<engine::admission::Admission>,
     /// Raised when a successor took the listeners over (the admin and
     /// health listeners stop accepting too).
     handed_over: Arc<signals::Shutdown>,
@@ -258,8 +258,8 @@ impl ServerState {
 
     /// Accept loop options for listener `name`: the loop ends when the
     /// server drains, losing no connection.
-    pub(crate) fn accept_options(&self, name: &'static str) -> crate::engine::accept::Options {
-        crate::engine::accept::Options::named(name).until(self.shutdown.clone())
+    pub(crate) fn accept_options(&self, name: &'static str) -> engine::accept::Options {
+        engine::accept::Options::named(name).until(self.shutdown.clone())
     }
 
     /// Another agent for `address` than `gone`, whose connection just ended
@@ -397,13 +397,13 @@ pub fn run(cfg: ServerConfig) -> Result<(), crate::BoxError> {
     // SIGHUP reloads every certificate the control thread watches.
     let mut hup_certs = cfg.control.certs.clone();
     hup_certs.extend(watched.iter().cloned());
-    let (shutdown, handed_over) = crate::engine::takeover::install_signals(
+    let (shutdown, handed_over) = engine::takeover::install_signals(
         cfg.handover_socket.as_ref().map(|_| cfg.handover_wait),
         signals::reload_certs(hup_certs),
     )?;
     let metrics = Arc::new(Metrics::new(&cfg.strategies));
     let handshakes =
-        crate::engine::admission::Admission::new(cfg.handshake_limits, metrics.handshakes.clone());
+        engine::admission::Admission::new(cfg.handshake_limits, metrics.handshakes.clone());
     let shared = Arc::new(ServerState {
         cfg: cfg.clone(),
         registry: Mutex::new(Registry::default()),
@@ -496,7 +496,7 @@ pub fn run(cfg: ServerConfig) -> Result<(), crate::BoxError> {
 /// certificates added to `watched`.
 fn frontend_acceptors(
     cfg: &ServerConfig,
-    watched: &mut Vec<Arc<crate::engine::cert_reload::ReloadingCert>>,
+    watched: &mut Vec<Arc<engine::cert_reload::ReloadingCert>>,
 ) -> Result<Option<FrontendAcceptors>, crate::BoxError> {
     let Some(f) = &cfg.frontend_tls else {
         return Ok(None);
@@ -517,7 +517,7 @@ fn frontend_acceptors(
 /// kubelets), their certificates added to `watched`.
 fn interception_tls(
     cfg: &ServerConfig,
-    watched: &mut Vec<Arc<crate::engine::cert_reload::ReloadingCert>>,
+    watched: &mut Vec<Arc<engine::cert_reload::ReloadingCert>>,
 ) -> Result<Option<intercept_frontend::InterceptTls>, crate::BoxError> {
     let Some(t) = &cfg.interception_tls else {
         return Ok(None);
@@ -567,7 +567,7 @@ async fn worker(
     drain(core, s).await;
     // What is still open ends abnormally: its callers get a reset, not a
     // FIN that looks like a complete answer.
-    let reset = crate::engine::abort::reset_open();
+    let reset = engine::abort::reset_open();
     if reset > 0 {
         tracing::info!(core, tunnels = reset, "server stopping: open tunnels reset");
     }

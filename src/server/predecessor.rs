@@ -43,7 +43,7 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Splitable};
 use monoio::net::UnixStream;
 
 use super::{AgentCmd, AgentHandle, FrontendEvent, FrontendSink, ServerState};
-use crate::engine::budget::Budget;
+use engine::budget::Budget;
 
 /// What a forwarded tunnel may hold of the old server's bytes while its
 /// caller does not read them.

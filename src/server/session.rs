@@ -6,8 +6,8 @@ use bytes::Bytes;
 use futures::channel::mpsc;
 use futures::SinkExt;
 
-use crate::engine::budget::Credit;
-use crate::engine::window::ConnWindow;
+use engine::budget::Credit;
+use engine::window::ConnWindow;
 
 /// How a frontend reaches an agent connection (cloneable, any core).
 #[derive(Clone)]
@@ -84,7 +84,7 @@ pub struct FrontendSink {
 impl FrontendSink {
     /// Delivers an event; `false` if the frontend is gone. The queue is
     /// unbounded in count; payload is bounded by the agent connection's
-    /// [`crate::engine::budget::Budget`], charged before delivery.
+    /// [`engine::budget::Budget`], charged before delivery.
     pub fn deliver(&self, ev: FrontendEvent) -> bool {
         self.tx.unbounded_send((self.token, ev)).is_ok()
     }

@@ -417,9 +417,7 @@ fn served_cert(env: &Env, addr: SocketAddr, roots: &Path) -> Vec<u8> {
 }
 
 fn pem_der(path: &Path) -> Vec<u8> {
-    edgetunnel::engine::tls::load_certs(path).unwrap()[0]
-        .as_ref()
-        .to_vec()
+    engine::tls::load_certs(path).unwrap()[0].as_ref().to_vec()
 }
 
 /// SIGHUP: the server keeps serving (its unix sockets stay), reloads its

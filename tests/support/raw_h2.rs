@@ -7,8 +7,8 @@ use std::io::{ErrorKind, Read, Write};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use edgetunnel::protocol::anp::grpc_frame::FrameDecoder;
-use edgetunnel::protocol::anp::packet::{self, Frame};
+use protocol::anp::grpc_frame::FrameDecoder;
+use protocol::anp::packet::{self, Frame};
 
 pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 pub(crate) const DATA: u8 = 0x0;

@@ -23,7 +23,7 @@ pub(crate) fn client_tls(
             suites.contains(&n.as_str())
         });
     }
-    let roots = edgetunnel::engine::tls::load_roots(ca).expect("CA");
+    let roots = engine::tls::load_roots(ca).expect("CA");
     let builder = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
         .with_protocol_versions(versions)
         .expect("versions")
@@ -31,8 +31,8 @@ pub(crate) fn client_tls(
     let mut cfg = match cert {
         Some((c, k)) => builder
             .with_client_auth_cert(
-                edgetunnel::engine::tls::load_certs(c).unwrap(),
-                edgetunnel::engine::tls::load_key(k).unwrap(),
+                engine::tls::load_certs(c).unwrap(),
+                engine::tls::load_key(k).unwrap(),
             )
             .expect("client cert"),
         None => builder.with_no_client_auth(),

@@ -12,12 +12,12 @@ use std::thread;
 use std::time::Duration;
 
 use bytes::Bytes;
-use edgetunnel::engine::grpc::{self, PacketReceiver, SendBuf};
-use edgetunnel::engine::runtime::{block_on, Driver};
-use edgetunnel::engine::tls::{client_config, TlsFiles};
-use edgetunnel::protocol::anp::grpc_frame;
-use edgetunnel::protocol::anp::packet::{self, Frame};
+use engine::grpc::{self, PacketReceiver, SendBuf};
+use engine::runtime::{block_on, Driver};
+use engine::tls::{client_config, TlsFiles};
 use monoio::io::IntoPollIo;
+use protocol::anp::grpc_frame;
+use protocol::anp::packet::{self, Frame};
 use support::*;
 
 /// What a raw agent saw after sending its bytes.
@@ -186,8 +186,8 @@ fn misbehaving_agents_are_answered_or_closed_and_others_keep_flowing() {
     // A DATA packet whose type and payload disagree.
     let mismatched = {
         use prost::Message;
-        let p = edgetunnel::protocol::anp::pb::Packet {
-            r#type: edgetunnel::protocol::anp::pb::PacketType::Data as i32,
+        let p = protocol::anp::pb::Packet {
+            r#type: protocol::anp::pb::PacketType::Data as i32,
             payload: None,
         };
         raw_message(&p.encode_to_vec())

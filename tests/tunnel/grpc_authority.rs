@@ -89,12 +89,12 @@ fn raw_h2_odd_authority_over_tcp() {
 fn agent_connect_with_odd_authority_over_tls() {
     let env = Env::new();
     let server = Server::start(&env, &[]);
-    let files = edgetunnel::engine::tls::TlsFiles {
+    let files = engine::tls::TlsFiles {
         cert: env.certs().join("agent.crt"),
         key: env.certs().join("agent.key"),
         ca: env.certs().join("ca.crt"),
     };
-    let (cfg, _) = edgetunnel::engine::tls::client_config(&files).expect("client TLS config");
+    let (cfg, _) = engine::tls::client_config(&files).expect("client TLS config");
     for (i, a) in ODD_AUTHORITIES.into_iter().enumerate() {
         let tcp = TcpStream::connect(server.agent).expect("connect agent listener");
         tcp.set_read_timeout(Some(WAIT)).unwrap();

@@ -29,11 +29,11 @@ use std::thread;
 use std::time::Duration;
 
 use bytes::Bytes;
-use edgetunnel::engine::grpc::{self, PacketReceiver, SendBuf};
-use edgetunnel::engine::runtime::{block_on, Driver};
-use edgetunnel::engine::tls::{client_config, load_certs, load_key, load_roots, TlsFiles};
-use edgetunnel::protocol::anp::packet::{self, Frame};
+use engine::grpc::{self, PacketReceiver, SendBuf};
+use engine::runtime::{block_on, Driver};
+use engine::tls::{client_config, load_certs, load_key, load_roots, TlsFiles};
 use monoio::io::IntoPollIo;
+use protocol::anp::packet::{self, Frame};
 use support::*;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::fd_ref::{FdRef, Identity};
-use edgetunnel_protocol::spare::ReleaseSpare;
+use protocol::spare::ReleaseSpare;
 
 fn watched() -> &'static Mutex<HashMap<Identity, Arc<AtomicBool>>> {
     static W: OnceLock<Mutex<HashMap<Identity, Arc<AtomicBool>>>> = OnceLock::new();

@@ -10,7 +10,7 @@ use monoio::net::TcpListener;
 
 use crate::accept;
 use crate::head_reader::{read_request_head, ReadHeadError};
-use crate::protocol::http1::{HeadLimit, RequestHead};
+use protocol::http1::{HeadLimit, RequestHead};
 
 /// What the admin endpoints report.
 pub trait AdminState: 'static {

@@ -85,10 +85,10 @@ use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use edgetunnel_protocol::spare::ReleaseSpare;
 use futures::task::AtomicWaker;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
+use protocol::spare::ReleaseSpare;
 
 /// How long a new connection keeps its slot whatever comes after it, on
 /// average: each slot's grace is spread from half to one and a half times

@@ -140,7 +140,7 @@ impl Drop for Credit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::anp::packet;
+    use protocol::anp::packet;
     use std::future::Future;
     use std::pin::pin;
     use std::task::{Context, Waker};

@@ -19,9 +19,9 @@ use h2::{RecvStream, SendStream};
 use http::{HeaderMap, HeaderValue};
 
 use crate::h2_conn;
-use crate::protocol::anp::grpc_frame::FrameError;
-use crate::protocol::anp::packet::{self, Encoded, Frame, PacketError};
-use crate::protocol::anp::packet_decoder::PacketDecoder;
+use protocol::anp::grpc_frame::FrameError;
+use protocol::anp::packet::{self, Encoded, Frame, PacketError};
+use protocol::anp::packet_decoder::PacketDecoder;
 
 /// The buffer type every h2 stream of ours sends.
 pub type SendBuf = Chain<Bytes, Bytes>;
@@ -45,7 +45,7 @@ pub const MAX_SEND_BUFFER: usize = 1024 * 1024;
 /// `max_message` bytes and its prefix: a message gathered whole gives its
 /// window back only once decoded, so a smaller window could never take it.
 pub fn stream_window_for(max_message: usize, at_least: u32) -> u32 {
-    let whole = max_message.saturating_add(crate::protocol::anp::grpc_frame::HEADER_LEN);
+    let whole = max_message.saturating_add(protocol::anp::grpc_frame::HEADER_LEN);
     at_least.max(whole.min(MAX_WINDOW as usize) as u32)
 }
 
@@ -78,7 +78,7 @@ pub enum GrpcError {
     #[error("HTTP/2: {0}")]
     Recv(#[from] crate::h2_conn::RecvError),
     #[error("HTTP/2: {0}")]
-    Send(#[from] crate::protocol::h2_server::SendError),
+    Send(#[from] protocol::h2_server::SendError),
 }
 
 /// The sending half of a Packet stream.

@@ -23,9 +23,7 @@ use std::task::{Context, Poll, Waker};
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::protocol::h2_server::{
-    Config, ConnError, Event, Recv, RequestHead, SendError, ServerConn,
-};
+use protocol::h2_server::{Config, ConnError, Event, Recv, RequestHead, SendError, ServerConn};
 
 /// The thread's read buffer (DATA payload is copied out of it, so it is
 /// free again once a read is processed).
@@ -698,7 +696,7 @@ mod tests {
     #[test]
     fn a_connections_http2_state_stays_small() {
         let shared = std::mem::size_of::<Shared>();
-        let stream = crate::protocol::h2_server::stream_state_size::<Wakers>();
+        let stream = protocol::h2_server::stream_state_size::<Wakers>();
         eprintln!("per connection {shared} bytes, per open stream {stream}");
         assert!(shared <= 512, "Shared is {shared} bytes");
         assert!(stream <= 256, "a stream's slot is {stream} bytes");
@@ -713,9 +711,9 @@ mod tests {
     #[test]
     fn streams_waking_their_connection_do_not_start_its_next_turn_early() {
         use super::{H2Conn, Incoming, REQUESTS_PER_TURN};
-        use crate::protocol::h2_server::Config;
         use crate::runtime::{block_on, Driver};
         use monoio::io::IntoPollIo;
+        use protocol::h2_server::Config;
         use std::cell::Cell;
         use std::io::{Read, Write};
         use std::rc::Rc;
@@ -795,11 +793,11 @@ mod tests {
     #[test]
     fn a_client_that_reads_only_after_writing_is_served() {
         use super::{H2Conn, Incoming};
-        use crate::protocol::h2_server::Config;
         use crate::runtime::{block_on, Driver};
         use bytes::Bytes;
         use futures::future::poll_fn;
         use monoio::io::IntoPollIo;
+        use protocol::h2_server::Config;
         use std::io::{Read, Write};
         use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! listening sockets ([`take_over`]); an incumbent offers its own to the
 //! next one ([`Incumbent`], on a thread of its own, off the data plane).
 //! The messages and the choice of what to take are
-//! [`crate::protocol::handover`]; this is the unix `SOCK_SEQPACKET` socket
+//! [`protocol::handover`]; this is the unix `SOCK_SEQPACKET` socket
 //! they travel on and the descriptors passed beside them (`SCM_RIGHTS`,
 //! [`super::sys::send_packet`]).
 //!
@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use socket2::{Domain, SockAddr, Socket, Type};
 
-use crate::protocol::handover::{self as wire, Endpoint, Message, Offered, Plan, Want};
+use protocol::handover::{self as wire, Endpoint, Message, Offered, Plan, Want};
 
 use super::signals::Shutdown;
 use super::sys;

@@ -1,12 +1,12 @@
 //! Reading an HTTP/1 request head off a socket: the one loop the
 //! interception and admin listeners share. Parsing is
-//! [`crate::protocol::http1::parse_request`] with the caller's limit.
+//! [`protocol::http1::parse_request`] with the caller's limit.
 
 use bytes::{Bytes, BytesMut};
 use monoio::buf::IoBufMut;
 use monoio::io::AsyncReadRent;
 
-use crate::protocol::http1::{self, HeadError, HeadLimit, RequestHead};
+use protocol::http1::{self, HeadError, HeadLimit, RequestHead};
 
 /// Bytes asked of the socket per read.
 const READ_SIZE: usize = 4096;

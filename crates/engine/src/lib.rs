@@ -16,8 +16,7 @@
 /// The error type of runtime glue that only reports (never matches) errors.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-// `crate::protocol::...` paths, as in the roles.
-use edgetunnel_protocol as protocol;
+// `protocol::...` paths, as in the roles.
 
 pub mod abort;
 pub mod accept;

@@ -9,7 +9,7 @@
 //! 300 ms one 53 MB/s, whatever the link could carry.
 //! grpc-go sizes its windows from a bandwidth-delay product estimate
 //! (`internal/transport/bdp_estimator.go`); here the same rule that grows
-//! a tunnel's window ([`crate::protocol::anp::window_tuning`], quic-go's)
+//! a tunnel's window ([`protocol::anp::window_tuning`], quic-go's)
 //! grows the link's: while a window's worth is taken within a few round
 //! trips of the link (its RTT read from the kernel, [`LinkPath`]), the
 //! stream and connection windows double, up to [`GO_LINK_WINDOW_CAP`].
@@ -28,8 +28,8 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use crate::grpc::{Body, GrpcError};
-use crate::protocol::anp::window_tuning::Epoch;
 use crate::window::LinkPath;
+use protocol::anp::window_tuning::Epoch;
 
 /// The largest HTTP/2 stream window a link without tunnel windows grows
 /// to: 64 MiB a round trip is 213 MB/s (1.7 Gbit/s) at 300 ms.

@@ -172,10 +172,10 @@ impl ShutdownSignals {
 
 /// Sends one packet of `bytes` on a unix `SOCK_SEQPACKET` socket, with
 /// `fds` passed beside it (`SCM_RIGHTS`; at most
-/// [`edgetunnel_protocol::handover::SOCKETS_PER_PACKET`]). The caller keeps
+/// [`protocol::handover::SOCKETS_PER_PACKET`]). The caller keeps
 /// its own descriptors; the receiver gets new ones for the same files.
 pub fn send_packet(sock: &impl AsRawFd, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
-    use edgetunnel_protocol::handover::SOCKETS_PER_PACKET;
+    use protocol::handover::SOCKETS_PER_PACKET;
     if fds.len() > SOCKETS_PER_PACKET {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -248,7 +248,7 @@ pub fn recv_packet(
     buf: &mut [u8],
     max_fds: usize,
 ) -> io::Result<(usize, Vec<OwnedFd>)> {
-    let max_fds = max_fds.min(edgetunnel_protocol::handover::SOCKETS_PER_PACKET);
+    let max_fds = max_fds.min(protocol::handover::SOCKETS_PER_PACKET);
     let fd_size = std::mem::size_of::<std::os::fd::RawFd>();
     // SAFETY: CMSG_SPACE only computes a size.
     let space = unsafe { libc::CMSG_SPACE((max_fds.max(1) * fd_size) as u32) } as usize;
@@ -599,7 +599,7 @@ mod tests {
         send_packet(&a, &[7u8; 32], &[]).unwrap();
         let e = recv_packet(&b, &mut buf, 1).unwrap_err();
         assert!(e.to_string().contains("longer than 16 bytes"), "{e}");
-        let too_many = vec![p.as_fd(); edgetunnel_protocol::handover::SOCKETS_PER_PACKET + 1];
+        let too_many = vec![p.as_fd(); protocol::handover::SOCKETS_PER_PACKET + 1];
         assert!(send_packet(&a, b"m", &too_many).is_err());
         drop(a);
         assert_eq!(recv_packet(&b, &mut buf, 1).unwrap().0, 0, "end");

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::protocol::handover::{self as wire, Want};
+use protocol::handover::{self as wire, Want};
 
 use super::handover::{self as exchange, Offering, HANDOVER_LISTENER};
 use super::listener::{self, Endpoint, Spec};

@@ -1,5 +1,5 @@
 //! Per-connection flow control between edgetunnel peers (the negotiated
-//! `window` extension, see [`crate::protocol::FEATURE_WINDOW`]).
+//! `window` extension, see [`protocol::FEATURE_WINDOW`]).
 //!
 //! ANP multiplexes every tunneled connection of an agent on one gRPC stream
 //! and has no per-connection flow control: a connection whose reader stalls
@@ -18,9 +18,9 @@
 //! half may be touched from whichever core holds the other end.
 //!
 //! Where both ends negotiated `window-growth`
-//! ([`crate::protocol::FEATURE_WINDOW_GROWTH`]), the receiver grows the
+//! ([`protocol::FEATURE_WINDOW_GROWTH`]), the receiver grows the
 //! window it grants while the sender is held by it
-//! ([`crate::protocol::anp::window_tuning`], with the agent link's round
+//! ([`protocol::anp::window_tuning`], with the agent link's round
 //! trip from the kernel, [`LinkPath`]): a window update then acknowledges
 //! more than was consumed, and the sender's credit grows by the surplus.
 //! Growth is drawn from the link's budget ([`LINK_GROWTH_BUDGET`]) and
@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 use futures::channel::mpsc::UnboundedSender;
 use futures::task::AtomicWaker;
 
-use crate::protocol::anp::packet::{self, Frame};
-use crate::protocol::anp::window_tuning::Epoch;
+use protocol::anp::packet::{self, Frame};
+use protocol::anp::window_tuning::Epoch;
 
 /// Unacknowledged bytes one connection may have in flight per direction
 /// at its start (and for good without `window-growth`).

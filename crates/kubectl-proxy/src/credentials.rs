@@ -37,7 +37,7 @@ use rustls::client::ResolvesClientCert;
 use rustls::sign::CertifiedKey;
 
 use super::oidc::OidcProvider;
-use crate::protocol::kubectl::upstream::exec_credential;
+use protocol::kubectl::upstream::exec_credential;
 
 /// How long a token file's copy is used before it is read again.
 const FILE_TOKEN_TTL: Duration = Duration::from_secs(50);
@@ -435,7 +435,7 @@ impl DynamicToken {
                 // Valid while now + 10 s < exp; asked again from then on.
                 c.expires = Some(
                     exp.map_or(0.0, |e| {
-                        e as f64 - crate::protocol::kubectl::upstream::oidc::EXPIRY_DELTA_SECS
+                        e as f64 - protocol::kubectl::upstream::oidc::EXPIRY_DELTA_SECS
                     }) - 0.001,
                 );
                 c.stale = false;

@@ -1,9 +1,9 @@
 //! A client certificate from an exec credential plugin's answer
 //! (`clientCertificateData`/`clientKeyData`) turned into a rustls key, with
 //! Go's checks and wording. Here rather than in
-//! [`crate::protocol::kubectl::upstream::exec_credential`] because it needs rustls.
+//! [`protocol::kubectl::upstream::exec_credential`] because it needs rustls.
 
-use crate::protocol::kubectl::upstream::exec_credential::ExecCredentialError;
+use protocol::kubectl::upstream::exec_credential::ExecCredentialError;
 
 /// The plugin's `clientCertificateData`/`clientKeyData` as a rustls key,
 /// checked as Go's `tls.X509KeyPair` checks them (client-go,

@@ -9,7 +9,7 @@ use clap::{ArgAction, Args};
 use super::filter::{
     DEFAULT_ACCEPT_HOSTS, DEFAULT_ACCEPT_PATHS, DEFAULT_REJECT_METHODS, DEFAULT_REJECT_PATHS,
 };
-use edgetunnel_engine::runtime::Driver;
+use engine::runtime::Driver;
 
 pub const DEFAULT_PORT: u16 = 8001;
 
@@ -185,12 +185,12 @@ const PROFILES: &[&str] = &[
 /// client-go's `clientcmd.ParseTimeout`: a non-negative integer of seconds
 /// or a Go duration.
 pub fn parse_request_timeout(s: &str) -> Result<Duration, String> {
-    if let Ok(i) = crate::protocol::go::pflag::parse_int(s, 10, 64) {
+    if let Ok(i) = protocol::go::pflag::parse_int(s, 10, 64) {
         if i >= 0 {
             return Ok(Duration::from_secs(i as u64));
         }
     }
-    if let Ok(ns) = crate::protocol::go::pflag::parse_duration(s) {
+    if let Ok(ns) = protocol::go::pflag::parse_duration(s) {
         return Ok(Duration::from_nanos(ns.max(0) as u64));
     }
     Err("Invalid timeout value. Timeout must be a single integer in seconds, or an integer followed by a corresponding time unit (e.g. 1s | 2m | 3h)".into())

@@ -10,7 +10,7 @@ use monoio::net::tcp::stream_poll::TcpStreamPoll;
 use monoio::net::unix::stream_poll::UnixStreamPoll;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use edgetunnel_engine::read_ahead::ReadAhead;
+use engine::read_ahead::ReadAhead;
 
 pub(super) enum ClientIo {
     Tcp(TcpStreamPoll),

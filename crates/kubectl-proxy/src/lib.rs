@@ -11,8 +11,7 @@
 //! root package. Its flags ([`ProxyArgs`]) are clap's; the `edgetunnel`
 //! command mounts them as the `proxy` subcommand and calls [`run`].
 
-// `crate::protocol::...` paths, as in the other crates.
-use edgetunnel_protocol as protocol;
+// `protocol::...` paths, as in the other crates.
 
 mod conn;
 pub mod credentials;
@@ -29,13 +28,13 @@ pub mod upstream_config;
 
 // kubectl's Go behaviour, sans-I/O, lives in the protocol crate
 // (`protocol::kubectl`); the old paths stay.
-pub use crate::protocol::go::{regexp as goregex, url as gourl};
-pub use crate::protocol::kubectl::{filter, mux};
+pub use protocol::go::{regexp as goregex, url as gourl};
+pub use protocol::kubectl::{filter, mux};
 
-/// kubectl's command line ([`crate::protocol::kubectl::go_args`]), and
+/// kubectl's command line ([`protocol::kubectl::go_args`]), and
 /// reading this process's.
 pub mod goargs {
-    pub use crate::protocol::kubectl::go_args::*;
+    pub use protocol::kubectl::go_args::*;
 
     /// For `main`: when the command line runs `edgetunnel [--log X] proxy
     /// ARGS`, the whole argument vector for clap with ARGS made canonical;
@@ -63,16 +62,16 @@ pub mod goargs {
     }
 }
 
-/// The head rewrite ([`crate::protocol::kubectl::forward`]), here taking
+/// The head rewrite ([`protocol::kubectl::forward`]), here taking
 /// the upstream as [`upstream_config::Upstream`] holds it.
 pub mod forward {
     use std::net::IpAddr;
 
     use super::gourl::RequestUrl;
     use super::upstream_config::Upstream;
-    use crate::protocol::http1::{Framing, Header, RequestHead};
-    use crate::protocol::kubectl::forward as pure;
-    pub use crate::protocol::kubectl::forward::*;
+    use protocol::http1::{Framing, Header, RequestHead};
+    use protocol::kubectl::forward as pure;
+    pub use protocol::kubectl::forward::*;
 
     /// [`pure::upstream_target`] with the upstream's base path.
     pub fn upstream_target(
@@ -119,7 +118,7 @@ use std::sync::Arc;
 
 use monoio::io::IntoPollIo;
 
-use edgetunnel_engine::{listener, runtime, BoxError};
+use engine::{listener, runtime, BoxError};
 pub use flags::ProxyArgs;
 
 /// The proxy's listeners, bound by [`listener::bind_all`] from [`specs`].
@@ -168,7 +167,7 @@ fn specs(args: &ProxyArgs) -> Result<Vec<listener::Spec<Kind>>, BoxError> {
 
 struct MetricsView(Arc<conn::ProxySettings>);
 
-impl edgetunnel_engine::admin::AdminState for MetricsView {
+impl engine::admin::AdminState for MetricsView {
     fn metrics(&self) -> String {
         self.0.metrics.render()
     }
@@ -197,7 +196,7 @@ fn shared_from(args: &ProxyArgs) -> Result<conn::ProxySettings, BoxError> {
             // kubectl: `klog.Fatalf("Error compiling re: %v", err)`, exit 255.
             Err(e) => {
                 eprintln!("Error compiling re: {e}");
-                edgetunnel_engine::logging::flush(std::time::Duration::from_secs(1));
+                engine::logging::flush(std::time::Duration::from_secs(1));
                 std::process::exit(255);
             }
         }
@@ -286,10 +285,7 @@ fn clear_socket_path(path: &std::path::Path) {
 
 /// Runs `edgetunnel proxy` until killed.
 /// Readiness (`Starting to serve on ...`) goes to `announce`.
-pub fn run(
-    args: ProxyArgs,
-    announce: edgetunnel_engine::readiness::Announce,
-) -> Result<(), BoxError> {
+pub fn run(args: ProxyArgs, announce: engine::readiness::Announce) -> Result<(), BoxError> {
     args.validate()?;
     let shared = Arc::new(shared_from(&args)?);
     let workers = args.workers.unwrap_or_else(runtime::default_workers).max(1);
@@ -319,12 +315,12 @@ pub fn run(
             .map(|(_, a)| a.clone())
     };
     tracing::info!(driver = args.driver().name(), workers, "proxy data plane");
-    announce.send(edgetunnel_engine::readiness::Ready::Serving {
+    announce.send(engine::readiness::Ready::Serving {
         on: address(Kind::Proxy.name()).unwrap_or_default(),
     });
     // After kubectl's own first line, which scripts read first.
     if let Some(addr) = address(Kind::Metrics.name()) {
-        announce.send(edgetunnel_engine::readiness::Ready::Listen {
+        announce.send(engine::readiness::Ready::Listen {
             what: "metrics".into(),
             addr,
         });
@@ -348,7 +344,7 @@ pub fn run(
                     Kind::Metrics => {
                         if let listener::Socket::Tcp(m) = l.socket {
                             let m = monoio::net::TcpListener::from_std(m)?;
-                            monoio::spawn(edgetunnel_engine::admin::serve(
+                            monoio::spawn(engine::admin::serve(
                                 m,
                                 "metrics",
                                 Rc::new(MetricsView(shared.clone())),
@@ -396,7 +392,7 @@ fn listen_ip(address: &str) -> Result<IpAddr, BoxError> {
 }
 
 async fn accept_loop(l: listener::Socket, core: Rc<conn::Core>) -> std::io::Result<()> {
-    use edgetunnel_engine::accept;
+    use engine::accept;
     match l {
         listener::Socket::Tcp(l) => {
             let l = monoio::net::TcpListener::from_std(l)?;

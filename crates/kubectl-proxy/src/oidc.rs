@@ -6,7 +6,7 @@
 //! redirects followed) and writes the new tokens back into
 //! the kubeconfig file the user entry came from, as client-go's
 //! plugin/pkg/client/auth/oidc/oidc.go (`idToken`) and clientcmd's
-//! `persister` do. What is decided lives in [`crate::protocol::kubectl::upstream::oidc`].
+//! `persister` do. What is decided lives in [`protocol::kubectl::upstream::oidc`].
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -18,11 +18,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rustls::pki_types::ServerName;
 
 use super::proxy_dial::through_proxy_blocking;
-use crate::protocol::http1::{self, ChunkedDecoder, Framing, HeadLimit};
-use crate::protocol::kubectl::upstream::oidc::{
-    self as policy, redirect, AuthStyle, ProviderConfig,
-};
-use crate::protocol::kubectl::upstream::proxy_url::{EnvProxy, ProxyScheme};
+use protocol::http1::{self, ChunkedDecoder, Framing, HeadLimit};
+use protocol::kubectl::upstream::oidc::{self as policy, redirect, AuthStyle, ProviderConfig};
+use protocol::kubectl::upstream::proxy_url::{EnvProxy, ProxyScheme};
 
 /// Go's default dialer timeout in client-go's transports.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(30);

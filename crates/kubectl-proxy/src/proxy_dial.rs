@@ -1,6 +1,6 @@
 //! The proxy leg of an upstream dial: on a connected socket to the proxy,
 //! TLS to an `https://` proxy, then the CONNECT or SOCKS5 handshake (the
-//! sans-I/O [`crate::protocol::kubectl::upstream::proxy_handshake`] drives the bytes), leaving a
+//! sans-I/O [`protocol::kubectl::upstream::proxy_handshake`] drives the bytes), leaving a
 //! stream on which the caller starts TLS to the API server (or, for a
 //! plain-http target through an HTTP proxy, sends absolute-form requests).
 
@@ -12,12 +12,10 @@ use rustls::ClientConfig;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::io::{go_error_text, UpstreamIo};
-use crate::protocol::go::net::join_host_port;
-use crate::protocol::kubectl::upstream::proxy_handshake::{
-    self as proxy_client, Socks5Client, SocksStep,
-};
-use crate::protocol::kubectl::upstream::proxy_url::{ProxyScheme, ProxyUrl};
-use edgetunnel_engine::read_ahead::ReadAhead;
+use engine::read_ahead::ReadAhead;
+use protocol::go::net::join_host_port;
+use protocol::kubectl::upstream::proxy_handshake::{self as proxy_client, Socks5Client, SocksStep};
+use protocol::kubectl::upstream::proxy_url::{ProxyScheme, ProxyUrl};
 
 /// Go's transport has no separate limit; this bounds a silent proxy.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);

@@ -23,10 +23,10 @@ use secrecy::ExposeSecret;
 use super::credentials::{DynamicToken, ExecPlugin, PluginCert, TokenSource};
 use super::flags::ProxyArgs;
 use super::oidc::{OidcProvider, Persister};
-use crate::protocol::kubectl::forward::{ForwardProxy, UpstreamHead};
-use crate::protocol::kubectl::upstream::impersonation::Impersonation;
-use crate::protocol::kubectl::upstream::oidc as oidc_policy;
-use crate::protocol::kubectl::upstream::proxy_url::{
+use protocol::kubectl::forward::{ForwardProxy, UpstreamHead};
+use protocol::kubectl::upstream::impersonation::Impersonation;
+use protocol::kubectl::upstream::oidc as oidc_policy;
+use protocol::kubectl::upstream::proxy_url::{
     parse_kubeconfig_proxy, EnvProxy, ProxyScheme, ProxyUrl,
 };
 
@@ -95,7 +95,7 @@ impl Auth {
     }
 }
 
-use crate::protocol::kubectl::upstream::proxy_url::base64;
+use protocol::kubectl::upstream::proxy_url::base64;
 
 /// Where and how to reach the API server.
 #[derive(Clone)]

@@ -10,7 +10,7 @@
 //! bytes or events in and gives bytes or actions out, so it runs in unit
 //! tests and fuzz targets as is (the one clock read is the `Date` header of
 //! [`kubectl::forward`]). This is its own crate (`edgetunnel-protocol`,
-//! re-exported by `edgetunnel` as `edgetunnel::protocol`) so that the rule
+//! named `protocol` by the crates that use it) so that the rule
 //! is the compiler's: it cannot use the main crate, and its manifest lists
 //! only pure libraries. No monoio, tokio, rustls, h2, hyper or kube, not
 //! even indirectly (`tests/protocol_deps.rs` in the root package checks

@@ -20,7 +20,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::keys::RecordKey;
 use super::stream::{Established, Kernel, RecordStream};
-use crate::protocol::tls_record::MAX_RECORD;
+use protocol::tls_record::MAX_RECORD;
 
 /// The two unbuffered connection types, as the driver needs them.
 trait Side {

@@ -6,7 +6,7 @@
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use rustls::ConnectionTrafficSecrets;
 
-use crate::protocol::tls_record::{self as rec, RecordError, HEADER_LEN, NONCE_LEN, TAG_LEN};
+use protocol::tls_record::{self as rec, RecordError, HEADER_LEN, NONCE_LEN, TAG_LEN};
 
 #[derive(Debug, thiserror::Error)]
 #[error("TLS traffic secrets for an AEAD this record layer does not implement")]

@@ -33,7 +33,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 pub use handshake::{accept, connect, Done, NotTls13};
 pub use stream::RecordStream;
 
-use crate::protocol::tls_record::{self, HEADER_LEN, MAX_PLAINTEXT};
+use protocol::tls_record::{self, HEADER_LEN, MAX_PLAINTEXT};
 
 /// Who seals the agent link's records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

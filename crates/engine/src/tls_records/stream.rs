@@ -23,7 +23,7 @@ use rustls::server::ServerConnectionData;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::keys::RecordKey;
-use crate::protocol::tls_record::{
+use protocol::tls_record::{
     self as rec, Inbound, Message, Receiver, RecordError, HEADER_LEN, MAX_PLAINTEXT, MAX_RECORD,
     TAG_LEN,
 };

@@ -394,8 +394,7 @@ fn send_hostile(s: &mut RecordStream<DuplexStream>, h: Hostile) {
     match h {
         Hostile::Empty(n) => {
             for _ in 0..n {
-                s.seal(crate::protocol::tls_record::APPLICATION_DATA, &[])
-                    .unwrap();
+                s.seal(protocol::tls_record::APPLICATION_DATA, &[]).unwrap();
             }
         }
         Hostile::KeyUpdates(n, requested) => {
@@ -405,16 +404,14 @@ fn send_hostile(s: &mut RecordStream<DuplexStream>, h: Hostile) {
         }
         Hostile::Warnings(n) => {
             for _ in 0..n {
-                s.seal(crate::protocol::tls_record::ALERT, &[&[1, 90]])
-                    .unwrap();
-                s.seal(crate::protocol::tls_record::APPLICATION_DATA, &[b"."])
+                s.seal(protocol::tls_record::ALERT, &[&[1, 90]]).unwrap();
+                s.seal(protocol::tls_record::APPLICATION_DATA, &[b"."])
                     .unwrap();
             }
         }
         Hostile::EmptyThenKeyUpdate(n) => {
             for _ in 0..n {
-                s.seal(crate::protocol::tls_record::APPLICATION_DATA, &[])
-                    .unwrap();
+                s.seal(protocol::tls_record::APPLICATION_DATA, &[]).unwrap();
                 s.send_key_update(false).unwrap();
             }
         }
@@ -460,7 +457,7 @@ fn run_hostile(own: bool, h: Hostile) -> Verdict {
             let mut ok = [0u8; 2];
             cl.read_exact(&mut ok).await.unwrap();
             send_hostile(&mut cl, h);
-            cl.seal(crate::protocol::tls_record::APPLICATION_DATA, &[b"ping"])
+            cl.seal(protocol::tls_record::APPLICATION_DATA, &[b"ping"])
                 .unwrap();
             std::future::poll_fn(|cx| cl.poll_drain(cx)).await.unwrap();
             // Keep reading (KeyUpdate answers, alerts) until the server
@@ -504,7 +501,7 @@ fn run_hostile(own: bool, h: Hostile) -> Verdict {
 /// that was not sent. The one deliberate difference is stated.
 #[test]
 fn hostile_record_sequences_get_the_verdicts_rustls_gives() {
-    use crate::protocol::tls_record::{MAX_EMPTY_RECORDS, MAX_KEY_UPDATES, MAX_WARNING_ALERTS};
+    use protocol::tls_record::{MAX_EMPTY_RECORDS, MAX_KEY_UPDATES, MAX_WARNING_ALERTS};
     let e = usize::from(MAX_EMPTY_RECORDS);
     let k = usize::from(MAX_KEY_UPDATES);
     let w = usize::from(MAX_WARNING_ALERTS);
@@ -560,7 +557,7 @@ fn key_update_requests_from_a_peer_that_never_reads_queue_one_answer() {
             cl.read_exact(&mut ok).await.unwrap();
             for _ in 0..20_000 {
                 cl.send_key_update(true).unwrap();
-                cl.seal(crate::protocol::tls_record::APPLICATION_DATA, &[b"d"])
+                cl.seal(protocol::tls_record::APPLICATION_DATA, &[b"d"])
                     .unwrap();
                 std::future::poll_fn(|cx| cl.poll_drain(cx)).await.unwrap();
             }

@@ -11,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWriteExt};
 
 use super::{read_more, Client};
-use crate::protocol::http1::{ChunkError, ChunkedDecoder, Framing};
+use protocol::http1::{ChunkError, ChunkedDecoder, Framing};
 
 /// Why a body could not be read to its end.
 #[derive(Debug, thiserror::Error)]
@@ -200,7 +200,7 @@ mod tests {
     }
 
     fn block_on<F: std::future::Future>(f: F) -> F::Output {
-        use edgetunnel_engine::runtime::{block_on, Driver};
+        use engine::runtime::{block_on, Driver};
         block_on(Driver::Legacy, f).expect("a test runtime")
     }
 

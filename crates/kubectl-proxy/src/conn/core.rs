@@ -18,9 +18,9 @@ use super::READ_CHUNK;
 use crate::filter::Filter;
 use crate::io::{go_error_text, UpstreamIo};
 use crate::mux::Mux;
-use crate::protocol::kubectl::h2_pool;
 use crate::upstream_config::Upstream;
-use edgetunnel_engine::exposition::{Exact, Exposition};
+use engine::exposition::{Exact, Exposition};
+use protocol::kubectl::h2_pool;
 
 /// Pooled upstream connections idle longer than this are dropped.
 const POOL_IDLE: Duration = Duration::from_secs(60);
@@ -64,7 +64,7 @@ impl Default for ProxyMetrics {
         x.add(
             "edgetunnel_log_write_errors",
             "Log lines lost: their write failed (stderr closed, disk full) or the log queue was full (stderr not read).",
-            edgetunnel_engine::logging::write_errors(),
+            engine::logging::write_errors(),
         );
         ProxyMetrics {
             requests,
@@ -288,7 +288,7 @@ impl Core {
                 Ok(tcp) => {
                     let _ = tcp.set_nodelay(true);
                     if let Some(ka) = s.keepalive {
-                        edgetunnel_engine::sys::with_sock(&tcp, |sock| {
+                        engine::sys::with_sock(&tcp, |sock| {
                             let _ = sock.set_tcp_keepalive(
                                 &socket2::TcpKeepalive::new().with_time(ka).with_interval(ka),
                             );
@@ -331,10 +331,7 @@ impl Core {
                             match io {
                                 UpstreamIo::Plain(io) => UpstreamIo::Tls(Box::new(
                                     connector
-                                        .connect(
-                                            name,
-                                            edgetunnel_engine::read_ahead::ReadAhead::new(io),
-                                        )
+                                        .connect(name, engine::read_ahead::ReadAhead::new(io))
                                         .await
                                         .map_err(|e| format!("tls: {e}"))?,
                                 )),

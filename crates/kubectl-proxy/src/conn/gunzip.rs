@@ -10,7 +10,7 @@ use super::body::{write_piece, BodyReader};
 use super::core::UpConn;
 use super::hangup::unless_hung_up;
 use super::{Client, ProxyMetrics, READ_CHUNK};
-use crate::protocol::http1::Framing;
+use protocol::http1::Framing;
 
 /// Decompresses a gzip body we asked for, streaming it to the client in
 /// chunks (or raw to an HTTP/1.0 client). Input goes in small steps so a

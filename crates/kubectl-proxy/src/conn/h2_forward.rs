@@ -15,7 +15,7 @@ use super::round_trip::{log_round_trip, note_refused};
 use super::{continue_if_expected, send, Client, Core, Next, ProxyMetrics};
 use crate::credentials::Used;
 use crate::forward::{self, ClientBody};
-use crate::protocol::http1::{self, Framing, RequestHead};
+use protocol::http1::{self, Framing, RequestHead};
 
 /// Forwards one request over this core's HTTP/2 upstream connection.
 #[allow(clippy::too_many_arguments)]

@@ -7,7 +7,7 @@ use h2::client::SendRequest;
 use h2::SendStream;
 
 use crate::io::UpstreamIo;
-use crate::protocol::http1::{self, Header, ResponseHead};
+use protocol::http1::{self, Header, ResponseHead};
 
 const STREAM_WINDOW: u32 = 4 << 20;
 const UPSTREAM_H2_CONNECTION_WINDOW: u32 = 16 << 20;
@@ -25,7 +25,7 @@ pub(super) async fn handshake(io: UpstreamIo) -> Result<SendRequest<Bytes>, Stri
     let (send, mut conn) = h2::client::Builder::new()
         // Go's `initialMaxConcurrentStreams` until the server's SETTINGS
         // say otherwise (golang.org/x/net http2/transport.go).
-        .initial_max_send_streams(crate::protocol::kubectl::h2_pool::INITIAL_MAX_STREAMS)
+        .initial_max_send_streams(protocol::kubectl::h2_pool::INITIAL_MAX_STREAMS)
         .initial_window_size(STREAM_WINDOW)
         .initial_connection_window_size(UPSTREAM_H2_CONNECTION_WINDOW)
         .max_frame_size(MAX_FRAME)

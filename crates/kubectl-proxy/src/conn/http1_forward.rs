@@ -18,8 +18,8 @@ use super::local::proxy_error;
 use super::round_trip::{fresh_auth, log_round_trip, note_refused};
 use super::{continue_if_expected, read_more, Client, Core, Next, ProxyMetrics};
 use crate::forward::{self, ClientBody};
-use crate::protocol::http1::{self, Framing, RequestHead};
-use crate::protocol::kubectl::retry;
+use protocol::http1::{self, Framing, RequestHead};
+use protocol::kubectl::retry;
 
 /// Request bodies up to this size are read before the upstream is picked,
 /// so a stale pooled connection can be retried.

@@ -11,7 +11,7 @@ use crate::static_files::{self, StaticReply};
 
 use super::body::BodyReader;
 use super::{send, Client, Core, Next, ProxySettings};
-use crate::protocol::http1::{Framing, RequestHead};
+use protocol::http1::{Framing, RequestHead};
 
 /// Unread request bodies up to this size are drained to keep the client
 /// connection (as Go's server does); larger ones close it.

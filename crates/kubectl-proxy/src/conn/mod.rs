@@ -27,7 +27,7 @@ use super::forward;
 use super::gourl::RequestUrl;
 use super::io::ClientIo;
 use super::mux::Route;
-use crate::protocol::http1::{self, Framing, HeadError, RequestHead};
+use protocol::http1::{self, Framing, HeadError, RequestHead};
 
 mod body;
 mod core;

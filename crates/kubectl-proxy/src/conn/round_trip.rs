@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::ProxySettings;
 use crate::credentials::Used;
-use crate::protocol::http1::{self, RequestHead};
+use protocol::http1::{self, RequestHead};
 
 /// Makes refreshed credentials (exec plugin, token file) current before a
 /// head is built and a connection chosen; awaits only when they must be

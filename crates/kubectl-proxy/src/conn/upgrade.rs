@@ -12,7 +12,7 @@ use super::round_trip::fresh_auth;
 use super::{Client, Core};
 use crate::forward;
 use crate::io::{ClientIo, UpstreamIo};
-use crate::protocol::http1::{Framing, RequestHead};
+use protocol::http1::{Framing, RequestHead};
 
 /// Relays an upgrade request (exec, attach, port-forward, websockets) on a
 /// new upstream connection, raw in both directions from the request on.

@@ -10,14 +10,14 @@
 
 pub mod pool;
 // The header logic is sans-I/O, in the protocol crate; the old paths stay.
-pub use crate::protocol::kubectl::static_files::{cond, httpdate, ranges, sniff};
+pub use protocol::kubectl::static_files::{cond, httpdate, ranges, sniff};
 
-/// Extension to MIME type ([`crate::protocol::kubectl::static_files::mime`])
+/// Extension to MIME type ([`protocol::kubectl::static_files::mime`])
 /// and the process-wide table read from the system files.
 pub mod mime {
     use std::sync::OnceLock;
 
-    pub use crate::protocol::kubectl::static_files::mime::*;
+    pub use protocol::kubectl::static_files::mime::*;
 
     /// The process-wide table, read from the system files on first use (call
     /// it off the data-plane cores: it may read files).
@@ -51,8 +51,8 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::forward::{error_response, reason};
 use super::gourl::{clean, escape_path, html_escape};
-use crate::protocol::http1::{self, Header};
 use httpdate::Instant;
+use protocol::http1::{self, Header};
 use ranges::{ByteRange, Piece, RangeError};
 
 /// How much of a file one pool job reads.

@@ -53,8 +53,8 @@ mod tests {
     #[test]
     fn runs_off_the_calling_thread() {
         let here = std::thread::current().id();
-        let there = edgetunnel_engine::runtime::block_on(
-            edgetunnel_engine::runtime::Driver::Legacy,
+        let there = engine::runtime::block_on(
+            engine::runtime::Driver::Legacy,
             super::run(|| std::thread::current().id()),
         )
         .unwrap();
