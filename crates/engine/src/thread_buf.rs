@@ -53,8 +53,7 @@ pub fn held_bytes() -> usize {
 /// `min` bytes (reserving `size` when it has less; a fresh buffer after a
 /// [`release_all`] or while another connection holds it).
 pub fn take(pool: &'static Key, min: usize, size: usize) -> BytesMut {
-    let mut b = pool.with(|p| std::mem::take(&mut *p.0.borrow_mut()));
-    HELD.add(-(b.capacity() as isize));
+    let mut b = empty(pool);
     b.clear();
     if b.capacity() < min {
         b.reserve(size.max(min));
@@ -78,13 +77,20 @@ pub fn give(pool: &'static Key, mut b: BytesMut) {
 /// stays with its connection).
 pub fn release_all() {
     for pool in ALL {
-        let b = pool.with(|p| std::mem::take(&mut *p.0.borrow_mut()));
-        HELD.add(-(b.capacity() as isize));
+        drop(empty(pool));
     }
 }
 
+/// Takes the buffer `pool` holds out of it (and out of the count).
+fn empty(pool: &'static Key) -> BytesMut {
+    let b = pool.with(|p| std::mem::take(&mut *p.0.borrow_mut()));
+    HELD.add(-(b.capacity() as isize));
+    b
+}
+
 /// Capacity this thread's pools hold, in bytes.
-pub fn held_here() -> usize {
+#[cfg(test)]
+fn held_here() -> usize {
     ALL.iter()
         .map(|pool| pool.with(|p| p.0.borrow().capacity()))
         .sum()
